@@ -1,0 +1,483 @@
+//! Bus message bodies (JSON). Every body carries a `schema` field naming its kind and
+//! version, e.g. `"schema": "switchboard.job/1"`.
+//!
+//! The `schema` field is a zero-sized marker type per message: it always serializes as the
+//! right constant, and deserializing a body with any other value fails. So a message that
+//! lands on the wrong queue, or a future incompatible version, is rejected at decode instead
+//! of being half-understood. [`decode`] gives the clearest error: it checks `schema` before
+//! looking at the rest of the body.
+//!
+//! | schema | body | published by → consumed by |
+//! | --- | --- | --- |
+//! | `switchboard.event/1` | [`EventMessage`] | gateway outbox → orchestrator |
+//! | `switchboard.job/1` | [`RunJob`] | orchestrator → worker pool |
+//! | `switchboard.result/1` | [`ResultMessage`] | worker → orchestrator result sink |
+//! | `switchboard.delivery/1` | [`DeliveryMessage`] | result sink (after persistence) → gateway |
+//! | `switchboard.control/1` | [`ControlMessage`] | gateway/orchestrator → worker |
+//!
+//! ```
+//! use sb_protocol::ids::{EventId, WorkspaceId};
+//! use sb_protocol::messages::{decode, encode, DecodeError, EventMessage, RunJob};
+//! let msg = EventMessage::new(WorkspaceId::default_workspace(), EventId::new());
+//! let bytes = encode(&msg);
+//! assert!(std::str::from_utf8(&bytes).unwrap().contains(r#""schema":"switchboard.event/1""#));
+//! assert_eq!(decode::<EventMessage>(&bytes).unwrap(), msg);
+//! assert!(matches!(decode::<RunJob>(&bytes), Err(DecodeError::WrongSchema { .. })));
+//! ```
+
+use std::fmt;
+
+use serde::de::{self, DeserializeOwned, Deserializer};
+use serde::{Deserialize, Serialize, Serializer};
+
+use crate::context::AgentRunContext;
+use crate::ids::{EventId, RunId, WorkspaceId};
+use crate::manifest::RunnerId;
+use crate::result::AgentRunResult;
+
+/// A bus message body with a fixed schema name.
+pub trait BusMessage: Serialize + DeserializeOwned {
+    /// The `schema` value, `switchboard.<kind>/<version>`.
+    const SCHEMA: &'static str;
+}
+
+macro_rules! schema_marker {
+    ($(#[$meta:meta])* $name:ident = $text:literal) => {
+        $(#[$meta])*
+        #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash)]
+        pub struct $name;
+
+        impl $name {
+            /// The schema text.
+            pub const TEXT: &'static str = $text;
+        }
+
+        impl Serialize for $name {
+            fn serialize<S: Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+                serializer.serialize_str($text)
+            }
+        }
+
+        impl<'de> Deserialize<'de> for $name {
+            fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+                let s = <std::borrow::Cow<'de, str>>::deserialize(deserializer)?;
+                if s == $text {
+                    Ok(Self)
+                } else {
+                    Err(de::Error::custom(format_args!(
+                        "expected schema `{}`, found `{}`",
+                        $text, s
+                    )))
+                }
+            }
+        }
+    };
+}
+
+schema_marker!(
+    /// `switchboard.event/1`.
+    EventSchema = "switchboard.event/1"
+);
+schema_marker!(
+    /// `switchboard.job/1`.
+    JobSchema = "switchboard.job/1"
+);
+schema_marker!(
+    /// `switchboard.result/1`.
+    ResultSchema = "switchboard.result/1"
+);
+schema_marker!(
+    /// `switchboard.delivery/1`.
+    DeliverySchema = "switchboard.delivery/1"
+);
+schema_marker!(
+    /// `switchboard.control/1`.
+    ControlSchema = "switchboard.control/1"
+);
+
+/// An event was accepted. A pointer only: the orchestrator loads the envelope from the event
+/// log, which is the source of truth.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct EventMessage {
+    /// Always `switchboard.event/1`.
+    pub schema: EventSchema,
+    /// Tenant.
+    pub workspace_id: WorkspaceId,
+    /// The event-log id.
+    pub event_id: EventId,
+}
+
+impl EventMessage {
+    /// A pointer to an accepted event.
+    #[must_use]
+    pub fn new(workspace_id: WorkspaceId, event_id: EventId) -> Self {
+        Self {
+            schema: EventSchema,
+            workspace_id,
+            event_id,
+        }
+    }
+}
+
+impl BusMessage for EventMessage {
+    const SCHEMA: &'static str = EventSchema::TEXT;
+}
+
+/// A run to execute, published to `switchboard.runs.<pool>`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct RunJob {
+    /// Always `switchboard.job/1`.
+    pub schema: JobSchema,
+    /// The run (equal to `context.run_id`).
+    pub run_id: RunId,
+    /// Tenant.
+    pub workspace_id: WorkspaceId,
+    /// The runner to use.
+    pub runner_id: RunnerId,
+    /// The worker pool.
+    pub pool: String,
+    /// The full context sent to the runner.
+    pub context: AgentRunContext,
+    /// Absolute deadline, epoch milliseconds; `None` = no deadline.
+    #[serde(default)]
+    pub deadline_at_ms: Option<i64>,
+}
+
+impl RunJob {
+    /// A job for `context`; `run_id` and the deadline are taken from the context.
+    #[must_use]
+    pub fn new(
+        workspace_id: WorkspaceId,
+        runner_id: RunnerId,
+        pool: impl Into<String>,
+        context: AgentRunContext,
+    ) -> Self {
+        #[allow(clippy::cast_possible_truncation)]
+        let deadline_at_ms = context
+            .runtime
+            .deadline_at
+            .map(|s| (s * 1000.0).round() as i64);
+        Self {
+            schema: JobSchema,
+            run_id: context.run_id,
+            workspace_id,
+            runner_id,
+            pool: pool.into(),
+            context,
+            deadline_at_ms,
+        }
+    }
+}
+
+impl BusMessage for RunJob {
+    const SCHEMA: &'static str = JobSchema::TEXT;
+}
+
+/// One sequenced result of a run, from the worker.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ResultMessage {
+    /// Always `switchboard.result/1`.
+    pub schema: ResultSchema,
+    /// The run.
+    pub run_id: RunId,
+    /// Tenant.
+    pub workspace_id: WorkspaceId,
+    /// Conversation, for routing deliveries.
+    #[serde(default)]
+    pub conversation_id: Option<String>,
+    /// Transport sequence assigned by the worker: 1, 2, 3, … per run.
+    pub sequence: u64,
+    /// The result (its own `sequence` equals the one above).
+    pub result: AgentRunResult,
+}
+
+impl ResultMessage {
+    /// A result message; sets `result.run_id` and `result.sequence` to match.
+    #[must_use]
+    pub fn new(
+        run_id: RunId,
+        workspace_id: WorkspaceId,
+        conversation_id: Option<String>,
+        sequence: u64,
+        result: AgentRunResult,
+    ) -> Self {
+        let result = result.with_run_id(run_id).with_sequence(sequence);
+        Self {
+            schema: ResultSchema,
+            run_id,
+            workspace_id,
+            conversation_id,
+            sequence,
+            result,
+        }
+    }
+}
+
+impl BusMessage for ResultMessage {
+    const SCHEMA: &'static str = ResultSchema::TEXT;
+}
+
+/// A persisted result, published for live delivery. Same shape as [`ResultMessage`].
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct DeliveryMessage {
+    /// Always `switchboard.delivery/1`.
+    pub schema: DeliverySchema,
+    /// The run.
+    pub run_id: RunId,
+    /// Tenant.
+    pub workspace_id: WorkspaceId,
+    /// Conversation.
+    #[serde(default)]
+    pub conversation_id: Option<String>,
+    /// Transport sequence.
+    pub sequence: u64,
+    /// The result.
+    pub result: AgentRunResult,
+}
+
+impl From<ResultMessage> for DeliveryMessage {
+    fn from(m: ResultMessage) -> Self {
+        Self {
+            schema: DeliverySchema,
+            run_id: m.run_id,
+            workspace_id: m.workspace_id,
+            conversation_id: m.conversation_id,
+            sequence: m.sequence,
+            result: m.result,
+        }
+    }
+}
+
+impl BusMessage for DeliveryMessage {
+    const SCHEMA: &'static str = DeliverySchema::TEXT;
+}
+
+/// A control command, routed by `cancel.<run_id>`.
+///
+/// On the wire: `{"schema": "switchboard.control/1", "type": "cancel", "run_id": …, "reason": …}`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(into = "ControlWire", from = "ControlWire")]
+pub enum ControlMessage {
+    /// Cancel a run cooperatively, then forcefully after the grace period.
+    Cancel {
+        /// The run.
+        run_id: RunId,
+        /// Why (shown in `run.failed` and the audit log).
+        reason: String,
+    },
+}
+
+impl ControlMessage {
+    /// The run the command is about.
+    #[must_use]
+    pub fn run_id(&self) -> RunId {
+        match self {
+            Self::Cancel { run_id, .. } => *run_id,
+        }
+    }
+}
+
+#[derive(Clone, Serialize, Deserialize)]
+struct ControlWire {
+    schema: ControlSchema,
+    #[serde(flatten)]
+    body: ControlBody,
+}
+
+#[derive(Clone, Serialize, Deserialize)]
+#[serde(tag = "type", rename_all = "snake_case")]
+enum ControlBody {
+    Cancel { run_id: RunId, reason: String },
+}
+
+impl From<ControlMessage> for ControlWire {
+    fn from(m: ControlMessage) -> Self {
+        let body = match m {
+            ControlMessage::Cancel { run_id, reason } => ControlBody::Cancel { run_id, reason },
+        };
+        Self {
+            schema: ControlSchema,
+            body,
+        }
+    }
+}
+
+impl From<ControlWire> for ControlMessage {
+    fn from(w: ControlWire) -> Self {
+        match w.body {
+            ControlBody::Cancel { run_id, reason } => Self::Cancel { run_id, reason },
+        }
+    }
+}
+
+impl BusMessage for ControlMessage {
+    const SCHEMA: &'static str = ControlSchema::TEXT;
+}
+
+/// Why a bus body could not be decoded.
+#[derive(Debug, thiserror::Error)]
+pub enum DecodeError {
+    /// Not JSON, or not an object with a string `schema`.
+    #[error("malformed {expected} message: {reason}")]
+    Malformed {
+        /// The expected schema.
+        expected: &'static str,
+        /// What was wrong.
+        reason: String,
+    },
+    /// The `schema` names another message kind or version.
+    #[error("wrong message schema: expected `{expected}`, found `{found}`")]
+    WrongSchema {
+        /// The expected schema.
+        expected: &'static str,
+        /// The schema found.
+        found: String,
+    },
+    /// The schema matched but the body is invalid.
+    #[error("invalid {expected} message: {source}")]
+    Invalid {
+        /// The schema.
+        expected: &'static str,
+        /// The JSON error.
+        #[source]
+        source: serde_json::Error,
+    },
+}
+
+impl crate::error::HasErrorCode for DecodeError {
+    /// A body that cannot be decoded will never decode: dead-letter it.
+    fn code(&self) -> crate::error::ErrorCode {
+        crate::error::ErrorCode::InvalidArgument
+    }
+}
+
+/// Serializes a bus body to JSON bytes.
+#[must_use]
+pub fn encode<M: BusMessage>(message: &M) -> Vec<u8> {
+    // Bodies contain only strings, numbers, maps and ids: serialization cannot fail.
+    serde_json::to_vec(message).unwrap_or_default()
+}
+
+/// Decodes a bus body, checking `schema` first so that a message of the wrong kind or
+/// version gets a [`DecodeError::WrongSchema`] rather than a confusing field error.
+pub fn decode<M: BusMessage>(bytes: &[u8]) -> Result<M, DecodeError> {
+    #[derive(Deserialize)]
+    struct Peek<'a> {
+        #[serde(borrow)]
+        schema: Option<std::borrow::Cow<'a, str>>,
+    }
+    let peek: Peek<'_> = serde_json::from_slice(bytes).map_err(|e| DecodeError::Malformed {
+        expected: M::SCHEMA,
+        reason: e.to_string(),
+    })?;
+    match peek.schema {
+        None => {
+            return Err(DecodeError::Malformed {
+                expected: M::SCHEMA,
+                reason: "missing `schema` field".to_owned(),
+            });
+        }
+        Some(s) if s != M::SCHEMA => {
+            return Err(DecodeError::WrongSchema {
+                expected: M::SCHEMA,
+                found: s.into_owned(),
+            });
+        }
+        Some(_) => {}
+    }
+    serde_json::from_slice(bytes).map_err(|source| DecodeError::Invalid {
+        expected: M::SCHEMA,
+        source,
+    })
+}
+
+impl fmt::Display for ControlMessage {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Self::Cancel { run_id, reason } => write!(f, "cancel {run_id}: {reason}"),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    #[test]
+    fn control_message_wire_shape() {
+        let id = RunId::new();
+        let m = ControlMessage::Cancel {
+            run_id: id,
+            reason: "user".into(),
+        };
+        let v = serde_json::to_value(&m).unwrap();
+        assert_eq!(
+            v,
+            json!({"schema": "switchboard.control/1", "type": "cancel", "run_id": id.to_string(), "reason": "user"})
+        );
+        assert_eq!(decode::<ControlMessage>(&encode(&m)).unwrap(), m);
+        assert_eq!(m.run_id(), id);
+        let bad =
+            json!({"schema": "switchboard.control/1", "type": "pause", "run_id": id.to_string()});
+        assert!(matches!(
+            decode::<ControlMessage>(bad.to_string().as_bytes()),
+            Err(DecodeError::Invalid { .. })
+        ));
+    }
+
+    #[test]
+    fn schema_is_validated() {
+        let m = EventMessage::new(WorkspaceId::default_workspace(), EventId::new());
+        let mut v = serde_json::to_value(&m).unwrap();
+        v["schema"] = json!("switchboard.event/2");
+        let bytes = v.to_string();
+        let err = decode::<EventMessage>(bytes.as_bytes()).unwrap_err();
+        assert_eq!(
+            err.to_string(),
+            "wrong message schema: expected `switchboard.event/1`, found `switchboard.event/2`"
+        );
+        // plain serde also refuses
+        assert!(serde_json::from_value::<EventMessage>(v.clone()).is_err());
+        v.as_object_mut().unwrap().remove("schema");
+        assert!(matches!(
+            decode::<EventMessage>(v.to_string().as_bytes()),
+            Err(DecodeError::Malformed { .. })
+        ));
+        assert!(matches!(
+            decode::<EventMessage>(b"not json"),
+            Err(DecodeError::Malformed { .. })
+        ));
+        assert!(matches!(
+            decode::<EventMessage>(b"[1]"),
+            Err(DecodeError::Malformed { .. })
+        ));
+        let missing_field = json!({"schema": "switchboard.event/1", "workspace_id": "default"});
+        assert!(matches!(
+            decode::<EventMessage>(missing_field.to_string().as_bytes()),
+            Err(DecodeError::Invalid { .. })
+        ));
+    }
+
+    #[test]
+    fn result_and_delivery_share_shape() {
+        let run = RunId::new();
+        let r = ResultMessage::new(
+            run,
+            WorkspaceId::default_workspace(),
+            Some("c1".into()),
+            2,
+            AgentRunResult::delta("hi"),
+        );
+        assert_eq!(r.result.sequence, Some(2));
+        assert_eq!(r.result.run_id, run.to_string());
+        assert_eq!(decode::<ResultMessage>(&encode(&r)).unwrap(), r);
+        let d = DeliveryMessage::from(r.clone());
+        let dv = serde_json::to_value(&d).unwrap();
+        let mut rv = serde_json::to_value(&r).unwrap();
+        rv["schema"] = json!("switchboard.delivery/1");
+        assert_eq!(dv, rv);
+        assert!(decode::<ResultMessage>(&encode(&d)).is_err());
+        assert_eq!(decode::<DeliveryMessage>(&encode(&d)).unwrap(), d);
+    }
+}
