@@ -1,1 +1,22 @@
-fn main() {}
+//! The `switchboard` binary: parses the command line and hands over to [`cli::run`].
+//!
+//! Everything else lives in the `cli` modules and the role crates; this file only wires.
+
+mod cli;
+
+use std::process::ExitCode;
+
+use clap::Parser;
+
+#[tokio::main]
+async fn main() -> ExitCode {
+    let args = cli::Cli::parse();
+    match cli::run(args).await {
+        Ok(code) => code,
+        Err(error) => {
+            // `{:#}` prints the whole context chain on one line: "cannot connect: …: …".
+            eprintln!("error: {error:#}");
+            ExitCode::FAILURE
+        }
+    }
+}
