@@ -1,1 +1,68 @@
-//! (skeleton)
+//! Switchboard persistence: the store traits every role talks to, each with a written
+//! contract, and [`SqlStore`], the one sea-orm implementation of all of them for PostgreSQL
+//! (cluster mode) and SQLite (embedded mode).
+//!
+//! Roles hold a [`Stores`] bundle of `Arc<dyn Trait>`s and never see SQL, so tests and
+//! future backends can swap implementations per trait. The schema itself lives in
+//! `sb-migrations`; [`SqlStore::connect`] can apply it.
+//!
+//! Conventions shared by every trait:
+//! - **Errors:** one [`StoreError`]; expected outcomes (`not_found`, `conflict`,
+//!   `invalid_argument`, `payload_too_large`) are variants callers branch on, and
+//!   [`sb_protocol::error::HasErrorCode`] maps every variant to the protocol code.
+//! - **Pages:** [`Page`] with opaque, tagged cursors; limits are clamped to `[1, 100]`.
+//! - **Time:** `chrono::DateTime<Utc>` with microsecond precision (what both databases
+//!   store), so values read back compare equal to what was written.
+//! - **Positions** (`seq`, result `sequence`, state `revision`) are assigned by the store,
+//!   except result sequences, which the worker assigns; each trait says which.
+//!
+//! # Layout
+//! - [`events`]: [`EventLog`] (append-only host events) and [`Outbox`] (transactional outbox).
+//! - [`runs`]: [`RunLedger`] (runs, result items, claims, cancellation, deadlines).
+//! - [`transcript`]: [`Transcript`] (conversation history, paging, full-text search).
+//! - [`artifacts`]: [`ArtifactStore`] (verified content, ranged reads, expiry).
+//! - [`state`]: [`StateStore`] (scoped JSON with compare-and-set) and [`BlobStorage`].
+//! - [`agents`]: [`AgentStore`], [`RunnerRegistry`], [`Tenancy`] (workspaces, API keys).
+//! - [`page`]: [`Page`], cursors, limit clamping, [`ThreadFilter`].
+//! - [`error`]: [`StoreError`] and its code mapping.
+//! - `sql/`: [`SqlStore`] — connection setup, entities, one file per trait group, and the
+//!   FTS5 query builder.
+//! - `testing` (feature `test-util`): the `store_suite!` conformance suite and per-test
+//!   database constructors (SQLite file / in-memory, fresh Postgres schema).
+
+pub mod agents;
+pub mod artifacts;
+pub mod error;
+pub mod events;
+pub mod page;
+pub mod runs;
+mod sql;
+pub mod state;
+mod stores;
+pub mod transcript;
+
+#[cfg(any(test, feature = "test-util"))]
+pub mod testing;
+
+pub use agents::{
+    AgentRow, AgentStore, ApiKeyRecord, NewAgent, NewApiKey, RunnerRegistry, RunnerRow, Tenancy,
+};
+pub use artifacts::{
+    ArtifactContent, ArtifactRead, ArtifactRecord, ArtifactScope, ArtifactStore, NewArtifact,
+};
+pub use error::{Result, StoreError};
+pub use events::{
+    EventLog, EventQuery, EventRecord, EventStatus, EventStatusUpdate, NewEvent, NewOutboxMessage,
+    Outbox, OutboxMessage,
+};
+pub use page::{Page, ThreadFilter};
+pub use runs::{
+    CancelOutcome, NewRun, NewRunEvent, RunEventRecord, RunFilter, RunLedger, RunOutcome,
+    RunRecord, RunStatus,
+};
+pub use sql::{DEFAULT_MAX_ARTIFACT_BYTES, SqlStore, SqlStoreOptions, StoreLimits};
+pub use state::{BlobStorage, StateEntry, StateStore, StateWrite};
+pub use stores::{Health, Stores};
+pub use transcript::{
+    Direction, NewTranscriptItem, Transcript, TranscriptQuery, TranscriptRecord, TranscriptSearch,
+};

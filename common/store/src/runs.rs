@@ -1,0 +1,378 @@
+//! The run ledger and the result items of every run.
+
+use std::str::FromStr;
+
+use async_trait::async_trait;
+use chrono::{DateTime, Utc};
+use sb_protocol::ids::{AgentId, EventId, RunId, WorkspaceId};
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
+
+use crate::error::{Result, StoreError};
+use crate::page::Page;
+
+/// Largest batch [`RunLedger::events_after`] returns.
+pub const MAX_RUN_EVENTS_BATCH: u64 = 1000;
+
+/// Lifecycle of a run. `queued` and `running` are *active*; the rest are terminal and
+/// never change once reached.
+///
+/// ```text
+/// queued ──claim──▶ running ──finish──▶ completed | failed | cancelled | timeout | interrupted
+///    └────────────────finish (reaper, cancel before start)──────────▲
+/// ```
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum RunStatus {
+    /// Created, job published, no worker has claimed it yet.
+    Queued,
+    /// Claimed by a worker.
+    Running,
+    /// Ended with `run.completed`.
+    Completed,
+    /// Ended with `run.failed`.
+    Failed,
+    /// Cancelled by a user, by `interrupt` concurrency or by shutdown.
+    Cancelled,
+    /// Finalised by the deadline reaper.
+    Timeout,
+    /// Its worker died after it started; never re-executed.
+    Interrupted,
+}
+
+impl RunStatus {
+    /// Statuses a run can still leave.
+    pub const ACTIVE: [RunStatus; 2] = [RunStatus::Queued, RunStatus::Running];
+
+    /// The stored / wire form.
+    #[must_use]
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Queued => "queued",
+            Self::Running => "running",
+            Self::Completed => "completed",
+            Self::Failed => "failed",
+            Self::Cancelled => "cancelled",
+            Self::Timeout => "timeout",
+            Self::Interrupted => "interrupted",
+        }
+    }
+
+    /// Whether the status is final.
+    #[must_use]
+    pub fn is_terminal(self) -> bool {
+        !matches!(self, Self::Queued | Self::Running)
+    }
+}
+
+impl FromStr for RunStatus {
+    type Err = StoreError;
+
+    fn from_str(s: &str) -> Result<Self> {
+        Ok(match s {
+            "queued" => Self::Queued,
+            "running" => Self::Running,
+            "completed" => Self::Completed,
+            "failed" => Self::Failed,
+            "cancelled" => Self::Cancelled,
+            "timeout" => Self::Timeout,
+            "interrupted" => Self::Interrupted,
+            other => return Err(StoreError::invalid(format!("unknown run status: {other}"))),
+        })
+    }
+}
+
+impl std::fmt::Display for RunStatus {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// A run to create (status `queued`).
+#[derive(Debug, Clone, PartialEq)]
+pub struct NewRun {
+    /// The run id; `None` → a fresh UUID v7.
+    pub id: Option<RunId>,
+    /// Workspace.
+    pub workspace_id: WorkspaceId,
+    /// The event that caused the run. Unique: one event has at most one run.
+    pub event_id: EventId,
+    /// Agent whose binding matched.
+    pub agent_id: Option<AgentId>,
+    /// Runner executing it.
+    pub runner_id: String,
+    /// Worker pool the job goes to.
+    pub pool: String,
+    /// Conversation.
+    pub conversation_id: Option<String>,
+    /// Thread.
+    pub thread_id: Option<String>,
+    /// Bot.
+    pub bot_id: Option<String>,
+    /// Hard deadline (`None` = no deadline).
+    pub deadline_at: Option<DateTime<Utc>>,
+    /// Attempt number, starting at 1.
+    pub attempt: i64,
+}
+
+/// A run in the ledger.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct RunRecord {
+    /// Run id.
+    pub id: RunId,
+    /// Workspace.
+    pub workspace_id: WorkspaceId,
+    /// Causing event.
+    pub event_id: EventId,
+    /// Agent.
+    pub agent_id: Option<AgentId>,
+    /// Runner.
+    pub runner_id: String,
+    /// Pool.
+    pub pool: String,
+    /// Conversation.
+    pub conversation_id: Option<String>,
+    /// Thread.
+    pub thread_id: Option<String>,
+    /// Bot.
+    pub bot_id: Option<String>,
+    /// Current status.
+    pub status: RunStatus,
+    /// Error code / reason of a non-successful end (e.g. `runtime_error`, `cancelled`).
+    pub error_code: Option<String>,
+    /// Human-readable error.
+    pub error_message: Option<String>,
+    /// Attempt number.
+    pub attempt: i64,
+    /// Worker that claimed it.
+    pub worker_id: Option<String>,
+    /// Creation time.
+    pub created_at: DateTime<Utc>,
+    /// Claim time.
+    pub started_at: Option<DateTime<Utc>>,
+    /// Terminal time.
+    pub ended_at: Option<DateTime<Utc>>,
+    /// Deadline.
+    pub deadline_at: Option<DateTime<Utc>>,
+    /// When cancellation was first requested.
+    pub cancel_requested_at: Option<DateTime<Utc>>,
+    /// Why.
+    pub cancel_reason: Option<String>,
+    /// Highest result sequence stored so far (0 = none).
+    pub last_sequence: i64,
+    /// Usage reported at the end.
+    pub usage: Option<Value>,
+    /// Set when retention deleted the run's result items (reads answer `expired`).
+    pub events_expired_at: Option<DateTime<Utc>>,
+}
+
+/// How a run ended.
+#[derive(Debug, Clone, PartialEq)]
+pub struct RunOutcome {
+    /// A terminal status.
+    pub status: RunStatus,
+    /// Error code / reason.
+    pub error_code: Option<String>,
+    /// Error message.
+    pub error_message: Option<String>,
+    /// Usage (kept as is when `None`).
+    pub usage: Option<Value>,
+}
+
+impl RunOutcome {
+    /// A successful end.
+    #[must_use]
+    pub fn completed() -> Self {
+        Self {
+            status: RunStatus::Completed,
+            error_code: None,
+            error_message: None,
+            usage: None,
+        }
+    }
+
+    /// A non-successful end with a code and message.
+    #[must_use]
+    pub fn with_error(
+        status: RunStatus,
+        code: impl Into<String>,
+        message: impl Into<String>,
+    ) -> Self {
+        Self {
+            status,
+            error_code: Some(code.into()),
+            error_message: Some(message.into()),
+            usage: None,
+        }
+    }
+}
+
+/// What [`RunLedger::request_cancel`] found.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum CancelOutcome {
+    /// This call recorded the request.
+    Requested,
+    /// An earlier call had already recorded it; nothing changed.
+    AlreadyRequested,
+    /// The run had already ended with this status; nothing changed.
+    AlreadyFinished(RunStatus),
+}
+
+/// Filters of [`RunLedger::list_runs`].
+#[derive(Debug, Clone, PartialEq)]
+pub struct RunFilter {
+    /// Workspace (lists never cross workspaces).
+    pub workspace_id: WorkspaceId,
+    /// Only this conversation.
+    pub conversation_id: Option<String>,
+    /// Only these statuses (empty = all).
+    pub statuses: Vec<RunStatus>,
+    /// Only this agent.
+    pub agent_id: Option<AgentId>,
+    /// Only this runner.
+    pub runner_id: Option<String>,
+}
+
+impl RunFilter {
+    /// All runs of a workspace.
+    #[must_use]
+    pub fn workspace(workspace_id: WorkspaceId) -> Self {
+        Self {
+            workspace_id,
+            conversation_id: None,
+            statuses: Vec::new(),
+            agent_id: None,
+            runner_id: None,
+        }
+    }
+}
+
+/// A result item to store.
+#[derive(Debug, Clone, PartialEq)]
+pub struct NewRunEvent {
+    /// Run.
+    pub run_id: RunId,
+    /// Worker-assigned sequence, ≥ 1.
+    pub sequence: i64,
+    /// `AgentRunResult.type`, e.g. `message.delta`, `run.completed` (≤ 100 chars).
+    pub result_type: String,
+    /// The whole result item.
+    pub data: Value,
+}
+
+/// A stored result item.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct RunEventRecord {
+    /// Run.
+    pub run_id: RunId,
+    /// Sequence.
+    pub sequence: i64,
+    /// Result type.
+    pub result_type: String,
+    /// The result item.
+    pub data: Value,
+    /// Insert time.
+    pub created_at: DateTime<Utc>,
+}
+
+/// The ledger of runs and their result items.
+///
+/// # Contract
+///
+/// - **One run per event.** `create_run` is idempotent on `event_id`, so a redelivered event
+///   reuses its run instead of starting a second one.
+/// - **Exactly one claimer.** `claim_run` is a conditional `queued → running` update: among
+///   any number of concurrent callers exactly one gets `true`.
+/// - **Terminal states are final.** `finish_run` only moves a `queued` or `running` run; the
+///   first finisher wins and later calls return `false` without changing anything.
+/// - **Result sequences** are assigned by the worker: 1, 2, 3, … per run. The ledger stores
+///   each `(run_id, sequence)` once (the first write wins; a duplicate is reported as not
+///   new so side effects are applied once) and keeps `last_sequence` = the highest stored.
+/// - **Reading after a sequence** returns items with `sequence > after`, ascending:
+///
+///   ```text
+///   stored:                1  2  3  4  5
+///   events_after(run, 2) →       3  4  5
+///   events_after(run, 0) → 1  2  3  4  5
+///   ```
+#[async_trait]
+pub trait RunLedger: Send + Sync + 'static {
+    /// Creates a queued run, or returns the run already created for the same event with
+    /// `created = false`. A different event reusing an existing run id is `conflict`.
+    async fn create_run(&self, run: NewRun) -> Result<(RunRecord, bool)>;
+
+    /// The run, if any.
+    async fn get_run(&self, id: RunId) -> Result<Option<RunRecord>>;
+
+    /// Runs matching `filter`, newest first, paged by an opaque cursor (limit clamped to
+    /// [1, 100], default 50).
+    async fn list_runs(
+        &self,
+        filter: RunFilter,
+        cursor: Option<String>,
+        limit: Option<i64>,
+    ) -> Result<Page<RunRecord>>;
+
+    /// `queued → running` for `worker_id`. `true` iff this call made the transition.
+    async fn claim_run(&self, id: RunId, worker_id: &str) -> Result<bool>;
+
+    /// Ends an active run with a terminal status. `true` iff this call ended it;
+    /// `invalid_argument` if `outcome.status` is not terminal.
+    async fn finish_run(&self, id: RunId, outcome: RunOutcome) -> Result<bool>;
+
+    /// Records the intent to cancel (first request wins, its reason is kept). `not_found` if
+    /// there is no such run.
+    async fn request_cancel(&self, id: RunId, reason: Option<String>) -> Result<CancelOutcome>;
+
+    /// Stores one result item. `true` if it was new. `not_found` if the run does not exist;
+    /// `invalid_argument` if `sequence < 1`.
+    async fn insert_event(&self, event: NewRunEvent) -> Result<bool>;
+
+    /// Stores many result items (of any runs) in one transaction. Returns, per input item
+    /// and in input order, whether it was new (a duplicate within the batch is new once).
+    async fn insert_events(&self, events: Vec<NewRunEvent>) -> Result<Vec<bool>>;
+
+    /// Result items with `sequence > after_sequence`, ascending, at most `limit` (clamped to
+    /// [1, 1000]).
+    async fn events_after(
+        &self,
+        run_id: RunId,
+        after_sequence: i64,
+        limit: u64,
+    ) -> Result<Vec<RunEventRecord>>;
+
+    /// Active runs whose deadline is before `now`, earliest deadline first.
+    async fn runs_past_deadline(&self, now: DateTime<Utc>, limit: u64) -> Result<Vec<RunRecord>>;
+
+    /// Active runs of a conversation, oldest first (steering and concurrency policies).
+    async fn active_runs_for_conversation(
+        &self,
+        workspace_id: &WorkspaceId,
+        conversation_id: &str,
+    ) -> Result<Vec<RunRecord>>;
+
+    /// Retention: deletes the result items of up to `batch` runs that ended before
+    /// `ended_before` and marks those runs `events_expired_at`. Returns how many runs.
+    async fn expire_events(&self, ended_before: DateTime<Utc>, batch: u64) -> Result<u64>;
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn statuses_roundtrip_and_classify() {
+        for s in [
+            RunStatus::Queued,
+            RunStatus::Running,
+            RunStatus::Completed,
+            RunStatus::Failed,
+            RunStatus::Cancelled,
+            RunStatus::Timeout,
+            RunStatus::Interrupted,
+        ] {
+            assert_eq!(s.as_str().parse::<RunStatus>().unwrap(), s);
+            assert_eq!(s.is_terminal(), !RunStatus::ACTIVE.contains(&s));
+        }
+    }
+}

@@ -1,0 +1,452 @@
+//! [`EventLog`] and [`Outbox`] on SQL.
+
+use std::time::Duration;
+
+use async_trait::async_trait;
+use chrono::{DateTime, Utc};
+use sb_protocol::ids::{EventId, RunId};
+use sea_orm::sea_query::{Expr, LockBehavior, LockType, OnConflict, Query};
+use sea_orm::{
+    ActiveModelTrait, ActiveValue::NotSet, ColumnTrait, Condition, ConnectionTrait, EntityTrait,
+    IntoActiveModel, QueryFilter, QueryOrder, QuerySelect, Set,
+};
+use serde_json::Value;
+
+use super::entity::{event_log, outbox};
+use super::{
+    ID_LEN, SqlStore, check_len, check_len_opt, check_required, metadata_in, metadata_out, now,
+    workspace,
+};
+use crate::error::{Result, StoreError, is_unique_violation};
+use crate::events::{
+    EventLog, EventQuery, EventRecord, EventStatusUpdate, MAX_INPUT_SUMMARY_CHARS, NewEvent,
+    NewOutboxMessage, Outbox, OutboxMessage, is_valid_idempotency_key, truncate_chars,
+};
+use crate::page::{
+    CursorKind, DEFAULT_PAGE_LIMIT, MAX_PAGE_LIMIT, Page, ThreadFilter, clamp_limit, decode_seq,
+    encode_seq,
+};
+
+/// Largest outbox claim.
+const MAX_OUTBOX_CLAIM: u64 = 1000;
+
+fn validate_event(event: &NewEvent) -> Result<()> {
+    check_required("event_type", &event.event_type, 100)?;
+    check_required("source", &event.source, 50)?;
+    if let Some(key) = &event.idempotency_key {
+        if !is_valid_idempotency_key(key) {
+            return Err(StoreError::invalid(
+                "idempotency key must be 1-128 characters of [A-Za-z0-9-_.:]",
+            ));
+        }
+    }
+    for (field, value, max) in [
+        ("bot_id", &event.bot_id, ID_LEN),
+        ("conversation_id", &event.conversation_id, ID_LEN),
+        ("thread_id", &event.thread_id, ID_LEN),
+        ("actor_type", &event.actor_type, 50),
+        ("actor_id", &event.actor_id, ID_LEN),
+        ("actor_name", &event.actor_name, ID_LEN),
+        ("subject_type", &event.subject_type, 50),
+        ("subject_id", &event.subject_id, ID_LEN),
+        ("raw_ref", &event.raw_ref, ID_LEN),
+        ("runner_id", &event.runner_id, ID_LEN),
+    ] {
+        check_len_opt(field, value.as_deref(), max)?;
+    }
+    Ok(())
+}
+
+fn validate_outbox(message: &NewOutboxMessage) -> Result<()> {
+    check_required("exchange", &message.exchange, ID_LEN)?;
+    check_len("routing_key", &message.routing_key, ID_LEN)
+}
+
+pub(super) fn event_record(m: event_log::Model) -> Result<EventRecord> {
+    Ok(EventRecord {
+        id: EventId::from_uuid(m.id),
+        cursor: encode_seq(CursorKind::Event, m.seq),
+        seq: m.seq,
+        workspace_id: workspace(m.workspace_id)?,
+        idempotency_key: m.idempotency_key,
+        event_type: m.event_type,
+        source: m.source,
+        event_time: m.event_time,
+        bot_id: m.bot_id,
+        conversation_id: m.conversation_id,
+        thread_id: m.thread_id,
+        actor_type: m.actor_type,
+        actor_id: m.actor_id,
+        actor_name: m.actor_name,
+        subject_type: m.subject_type,
+        subject_id: m.subject_id,
+        input_summary: m.input_summary,
+        envelope: m.envelope,
+        raw_ref: m.raw_ref,
+        status: m
+            .status
+            .parse()
+            .map_err(|e: StoreError| StoreError::Corrupt(e.to_string()))?,
+        reason: m.reason,
+        run_id: m.run_id.map(RunId::from_uuid),
+        runner_id: m.runner_id,
+        claimed_by_run_id: m.claimed_by_run_id.map(RunId::from_uuid),
+        metadata: metadata_out(m.metadata),
+        created_at: m.created_at,
+        updated_at: m.updated_at,
+    })
+}
+
+fn outbox_message(m: outbox::Model) -> OutboxMessage {
+    OutboxMessage {
+        id: m.id,
+        exchange: m.exchange,
+        routing_key: m.routing_key,
+        body: m.body,
+        headers: m.headers,
+        created_at: m.created_at,
+        available_at: m.available_at,
+        locked_until: m.locked_until,
+        attempts: m.attempts,
+    }
+}
+
+fn outbox_models(messages: Vec<NewOutboxMessage>, now: DateTime<Utc>) -> Vec<outbox::ActiveModel> {
+    messages
+        .into_iter()
+        .map(|m| outbox::ActiveModel {
+            id: NotSet,
+            exchange: Set(m.exchange),
+            routing_key: Set(m.routing_key),
+            body: Set(m.body),
+            headers: Set(m.headers),
+            created_at: Set(now),
+            available_at: Set(m.available_at.map_or(now, super::micros)),
+            locked_until: Set(None),
+            published_at: Set(None),
+            attempts: Set(0),
+        })
+        .collect()
+}
+
+async fn insert_outbox<C: ConnectionTrait>(
+    db: &C,
+    messages: Vec<NewOutboxMessage>,
+    now: DateTime<Utc>,
+) -> Result<Vec<i64>> {
+    if messages.is_empty() {
+        return Ok(Vec::new());
+    }
+    let mut rows = outbox::Entity::insert_many(outbox_models(messages, now))
+        .exec_with_returning(db)
+        .await?;
+    rows.sort_by_key(|m| m.id);
+    Ok(rows.into_iter().map(|m| m.id).collect())
+}
+
+#[async_trait]
+impl EventLog for SqlStore {
+    async fn append(
+        &self,
+        event: NewEvent,
+        outbox: Vec<NewOutboxMessage>,
+    ) -> Result<(EventRecord, bool)> {
+        validate_event(&event)?;
+        for message in &outbox {
+            validate_outbox(message)?;
+        }
+        let now = now();
+        let id = event.id.unwrap_or_default();
+        let workspace_id = event.workspace_id.as_str().to_owned();
+        let key = event.idempotency_key.clone();
+        let row = event_log::ActiveModel {
+            seq: NotSet,
+            id: Set(id.into_uuid()),
+            workspace_id: Set(workspace_id.clone()),
+            idempotency_key: Set(event.idempotency_key),
+            event_type: Set(event.event_type),
+            source: Set(event.source),
+            event_time: Set(event.event_time.map(super::micros)),
+            bot_id: Set(event.bot_id),
+            conversation_id: Set(event.conversation_id),
+            thread_id: Set(event.thread_id),
+            actor_type: Set(event.actor_type),
+            actor_id: Set(event.actor_id),
+            actor_name: Set(event.actor_name),
+            subject_type: Set(event.subject_type),
+            subject_id: Set(event.subject_id),
+            input_summary: Set(event
+                .input_summary
+                .map(|s| truncate_chars(&s, MAX_INPUT_SUMMARY_CHARS))),
+            envelope: Set(event.envelope),
+            raw_ref: Set(event.raw_ref),
+            status: Set(event.status.as_str().to_owned()),
+            reason: Set(event.reason),
+            run_id: Set(event.run_id.map(RunId::into_uuid)),
+            runner_id: Set(event.runner_id),
+            claimed_by_run_id: Set(event.claimed_by_run_id.map(RunId::into_uuid)),
+            metadata: Set(metadata_in("metadata", event.metadata)?),
+            created_at: Set(now),
+            updated_at: Set(now),
+        };
+
+        let txn = self.write_txn().await?;
+        // ON CONFLICT on the idempotency index only: two appends with the same key (even
+        // racing ones, on Postgres the second waits for the first to commit) end with one
+        // row, and the loser reads the winner's event below.
+        let inserted = event_log::Entity::insert(row)
+            .on_conflict(
+                OnConflict::columns([
+                    event_log::Column::WorkspaceId,
+                    event_log::Column::IdempotencyKey,
+                ])
+                .do_nothing()
+                .to_owned(),
+            )
+            .exec_with_returning_many(&txn)
+            .await
+            .map_err(|e| {
+                if is_unique_violation(&e) {
+                    StoreError::Conflict(format!("event {id} already exists"))
+                } else {
+                    e.into()
+                }
+            })?;
+        let (model, created) = match inserted.into_iter().next() {
+            Some(model) => {
+                insert_outbox(&txn, outbox, now).await?;
+                (model, true)
+            }
+            None => {
+                let existing = event_log::Entity::find()
+                    .filter(event_log::Column::WorkspaceId.eq(workspace_id))
+                    .filter(event_log::Column::IdempotencyKey.eq(key))
+                    .one(&txn)
+                    .await?
+                    .ok_or_else(|| {
+                        StoreError::Corrupt("idempotency conflict without a stored event".into())
+                    })?;
+                (existing, false)
+            }
+        };
+        txn.commit().await?;
+        Ok((event_record(model)?, created))
+    }
+
+    async fn get(&self, id: EventId) -> Result<Option<EventRecord>> {
+        event_log::Entity::find()
+            .filter(event_log::Column::Id.eq(id.into_uuid()))
+            .one(&self.db)
+            .await?
+            .map(event_record)
+            .transpose()
+    }
+
+    async fn update_status(&self, id: EventId, update: EventStatusUpdate) -> Result<EventRecord> {
+        let merge = match update.metadata_merge {
+            None => None,
+            Some(Value::Object(map)) => Some(map),
+            Some(_) => return Err(StoreError::invalid("metadata_merge must be a JSON object")),
+        };
+        let txn = self.write_txn().await?;
+        // Row lock on Postgres (SQLite's write lock is already held) so concurrent merges
+        // serialise instead of overwriting each other.
+        let current = event_log::Entity::find()
+            .filter(event_log::Column::Id.eq(id.into_uuid()))
+            .lock(LockType::Update)
+            .one(&txn)
+            .await?
+            .ok_or_else(|| StoreError::not_found(format!("event {id}")))?;
+        let mut metadata = match current.metadata.clone() {
+            Some(Value::Object(map)) => map,
+            _ => serde_json::Map::new(),
+        };
+        let mut row = current.into_active_model();
+        row.status = Set(update.status.as_str().to_owned());
+        if let Some(reason) = update.reason {
+            row.reason = Set(Some(reason));
+        }
+        if let Some(run_id) = update.run_id {
+            row.run_id = Set(Some(run_id.into_uuid()));
+        }
+        if let Some(run_id) = update.claimed_by_run_id {
+            row.claimed_by_run_id = Set(Some(run_id.into_uuid()));
+        }
+        if let Some(merge) = merge {
+            for (k, v) in merge {
+                if v.is_null() {
+                    metadata.remove(&k);
+                } else {
+                    metadata.insert(k, v);
+                }
+            }
+            row.metadata = Set(metadata_in("metadata", Value::Object(metadata))?);
+        }
+        row.updated_at = Set(now());
+        let model = row.update(&txn).await?;
+        txn.commit().await?;
+        event_record(model)
+    }
+
+    async fn page(&self, query: EventQuery) -> Result<Page<EventRecord>> {
+        let limit = clamp_limit(query.limit, DEFAULT_PAGE_LIMIT, MAX_PAGE_LIMIT);
+        let before = query
+            .before_cursor
+            .as_deref()
+            .map(|c| decode_seq(CursorKind::Event, c))
+            .transpose()?;
+        let after = query
+            .after_cursor
+            .as_deref()
+            .map(|c| decode_seq(CursorKind::Event, c))
+            .transpose()?;
+        let mut select = event_log::Entity::find()
+            .filter(event_log::Column::WorkspaceId.eq(query.workspace_id.as_str()));
+        if let Some(conversation) = query.conversation_id {
+            select = select.filter(event_log::Column::ConversationId.eq(conversation));
+        }
+        if let Some(bot) = query.bot_id {
+            select = select.filter(event_log::Column::BotId.eq(bot));
+        }
+        match query.thread {
+            ThreadFilter::Any => {}
+            ThreadFilter::Exactly(Some(thread)) => {
+                select = select.filter(event_log::Column::ThreadId.eq(thread));
+            }
+            ThreadFilter::Exactly(None) => {
+                select = select.filter(event_log::Column::ThreadId.is_null());
+            }
+        }
+        if !query.event_types.is_empty() {
+            select = select.filter(event_log::Column::EventType.is_in(query.event_types));
+        }
+        if let Some(before) = before {
+            select = select.filter(event_log::Column::Seq.lt(before));
+        }
+        select = if let Some(after) = after {
+            select
+                .filter(event_log::Column::Seq.gt(after))
+                .order_by_asc(event_log::Column::Seq)
+        } else {
+            select.order_by_desc(event_log::Column::Seq)
+        };
+        let rows = select.limit(limit + 1).all(&self.db).await?;
+        let records = rows
+            .into_iter()
+            .map(event_record)
+            .collect::<Result<Vec<_>>>()?;
+        Ok(Page::from_overfetch(records, limit, |r| r.cursor.clone()))
+    }
+
+    async fn delete_older_than(&self, before: DateTime<Utc>, batch: u64) -> Result<u64> {
+        let victims = Query::select()
+            .column(event_log::Column::Seq)
+            .from(event_log::Entity)
+            .and_where(event_log::Column::CreatedAt.lt(before))
+            .order_by(event_log::Column::Seq, sea_orm::Order::Asc)
+            .limit(batch.max(1))
+            .to_owned();
+        let res = event_log::Entity::delete_many()
+            .filter(event_log::Column::Seq.in_subquery(victims))
+            .exec(&self.db)
+            .await?;
+        Ok(res.rows_affected)
+    }
+}
+
+#[async_trait]
+impl Outbox for SqlStore {
+    async fn enqueue(&self, messages: Vec<NewOutboxMessage>) -> Result<Vec<i64>> {
+        for message in &messages {
+            validate_outbox(message)?;
+        }
+        insert_outbox(&self.db, messages, now()).await
+    }
+
+    async fn claim(&self, limit: u64, lease: Duration) -> Result<Vec<OutboxMessage>> {
+        let limit = limit.clamp(1, MAX_OUTBOX_CLAIM);
+        let now = now();
+        let until = now
+            + chrono::Duration::from_std(lease)
+                .map_err(|_| StoreError::invalid("lease is too long"))?;
+        let lease_free = || {
+            Condition::any()
+                .add(outbox::Column::LockedUntil.is_null())
+                .add(outbox::Column::LockedUntil.lte(now))
+        };
+        // Postgres: the subquery skips rows another relay is claiming right now, and the
+        // outer conditions are re-checked on the locked row version. SQLite: the statement
+        // runs under the database write lock (the lock clause is not rendered).
+        let candidates = Query::select()
+            .column(outbox::Column::Id)
+            .from(outbox::Entity)
+            .and_where(outbox::Column::PublishedAt.is_null())
+            .and_where(outbox::Column::AvailableAt.lte(now))
+            .cond_where(lease_free())
+            .order_by(outbox::Column::Id, sea_orm::Order::Asc)
+            .limit(limit)
+            .lock_with_behavior(LockType::Update, LockBehavior::SkipLocked)
+            .to_owned();
+        let mut rows = outbox::Entity::update_many()
+            .col_expr(outbox::Column::LockedUntil, Expr::value(until))
+            .col_expr(
+                outbox::Column::Attempts,
+                // Fully qualified: importing `ExprTrait` would shadow `Ord::max` & co.
+                sea_orm::sea_query::ExprTrait::add(Expr::col(outbox::Column::Attempts), 1),
+            )
+            .filter(outbox::Column::Id.in_subquery(candidates))
+            .filter(outbox::Column::PublishedAt.is_null())
+            .filter(lease_free())
+            .exec_with_returning(&self.db)
+            .await?;
+        rows.sort_by_key(|m| m.id);
+        Ok(rows.into_iter().map(outbox_message).collect())
+    }
+
+    async fn mark_published(&self, ids: &[i64]) -> Result<()> {
+        let now = now();
+        for chunk in ids.chunks(super::IN_CHUNK) {
+            outbox::Entity::update_many()
+                .col_expr(outbox::Column::PublishedAt, Expr::value(now))
+                .col_expr(
+                    outbox::Column::LockedUntil,
+                    Expr::value(Option::<DateTime<Utc>>::None),
+                )
+                .filter(outbox::Column::Id.is_in(chunk.iter().copied()))
+                .filter(outbox::Column::PublishedAt.is_null())
+                .exec(&self.db)
+                .await?;
+        }
+        Ok(())
+    }
+
+    async fn release(&self, ids: &[i64]) -> Result<()> {
+        for chunk in ids.chunks(super::IN_CHUNK) {
+            outbox::Entity::update_many()
+                .col_expr(
+                    outbox::Column::LockedUntil,
+                    Expr::value(Option::<DateTime<Utc>>::None),
+                )
+                .filter(outbox::Column::Id.is_in(chunk.iter().copied()))
+                .filter(outbox::Column::PublishedAt.is_null())
+                .exec(&self.db)
+                .await?;
+        }
+        Ok(())
+    }
+
+    async fn delete_published_before(&self, before: DateTime<Utc>, batch: u64) -> Result<u64> {
+        let victims = Query::select()
+            .column(outbox::Column::Id)
+            .from(outbox::Entity)
+            .and_where(outbox::Column::PublishedAt.lt(before))
+            .order_by(outbox::Column::Id, sea_orm::Order::Asc)
+            .limit(batch.max(1))
+            .to_owned();
+        let res = outbox::Entity::delete_many()
+            .filter(outbox::Column::Id.in_subquery(victims))
+            .exec(&self.db)
+            .await?;
+        Ok(res.rows_affected)
+    }
+}

@@ -1,0 +1,325 @@
+//! [`SqlStore`]: the one sea-orm implementation of every store trait, for PostgreSQL and
+//! SQLite.
+//!
+//! All SQL is built with sea-query so it is rendered per backend; the code branches on
+//! [`DbBackend`] only for full-text search, where the two databases have no common syntax.
+//!
+//! Write transactions start with `BEGIN IMMEDIATE` on SQLite: taking the write lock up front
+//! means a transaction that reads before it writes cannot fail with `SQLITE_BUSY` half way
+//! (the busy timeout applies to `BEGIN` instead). Postgres ignores the mode.
+
+use std::time::Duration;
+
+use chrono::{DateTime, Utc};
+use sb_protocol::ids::WorkspaceId;
+use sea_orm::{
+    ConnectOptions, ConnectionTrait, Database, DatabaseConnection, DatabaseTransaction, DbBackend,
+    SqliteTransactionMode, TransactionOptions, TransactionTrait,
+};
+use serde_json::Value;
+
+use crate::error::{Result, StoreError};
+use crate::state::{DEFAULT_MAX_STATE_VALUE_BYTES, DEFAULT_MAX_STORAGE_VALUE_BYTES};
+
+mod agents;
+mod artifacts;
+mod entity;
+mod events;
+mod fts;
+mod runs;
+mod state;
+mod transcript;
+
+/// Default cap of inline artifact content stored by [`crate::ArtifactStore::put`].
+pub const DEFAULT_MAX_ARTIFACT_BYTES: usize = 10 * 1024 * 1024;
+
+/// Size caps enforced by the store.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct StoreLimits {
+    /// Largest state value, as UTF-8 JSON (default 256 KiB).
+    pub max_state_value_bytes: usize,
+    /// Largest plugin/workspace storage value (default 10 MiB); `None` disables the check.
+    pub max_storage_value_bytes: Option<usize>,
+    /// Largest inline artifact (default 10 MiB). Runner-created artifacts have a tighter
+    /// 1 MiB cap that the result sink enforces before calling the store.
+    pub max_artifact_bytes: usize,
+}
+
+impl Default for StoreLimits {
+    fn default() -> Self {
+        Self {
+            // SPEC §13: state value 256 KiB JSON.
+            max_state_value_bytes: DEFAULT_MAX_STATE_VALUE_BYTES,
+            // SPEC §13: plugin/workspace storage value 10 MiB.
+            max_storage_value_bytes: Some(DEFAULT_MAX_STORAGE_VALUE_BYTES),
+            // Same as the largest artifact read, so anything stored can be read in one go.
+            max_artifact_bytes: DEFAULT_MAX_ARTIFACT_BYTES,
+        }
+    }
+}
+
+/// Connection and behaviour options of [`SqlStore`].
+#[derive(Debug, Clone)]
+pub struct SqlStoreOptions {
+    /// Pool size. Ignored for in-memory SQLite, which always uses one connection (every
+    /// connection of an in-memory database would otherwise see its own empty database).
+    pub max_connections: u32,
+    /// Connections kept open when idle.
+    pub min_connections: u32,
+    /// How long an operation waits for a free pooled connection before failing with an
+    /// `unavailable` error.
+    pub acquire_timeout: Duration,
+    /// How long SQLite waits for the write lock held by another connection.
+    pub sqlite_busy_timeout: Duration,
+    /// Apply pending migrations after connecting.
+    pub migrate: bool,
+    /// Size caps.
+    pub limits: StoreLimits,
+}
+
+impl Default for SqlStoreOptions {
+    fn default() -> Self {
+        Self {
+            // Enough for a role's concurrent handlers; Postgres' default limit is 100 in all.
+            max_connections: 10,
+            min_connections: 1,
+            // Long enough to ride out a burst, short enough that a dead database surfaces.
+            acquire_timeout: Duration::from_secs(10),
+            // SQLite writers queue on one lock; transactions here are short.
+            sqlite_busy_timeout: Duration::from_secs(10),
+            migrate: false,
+            limits: StoreLimits::default(),
+        }
+    }
+}
+
+/// The sea-orm store. Cheap to clone (the pool is shared).
+#[derive(Debug, Clone)]
+pub struct SqlStore {
+    db: DatabaseConnection,
+    limits: StoreLimits,
+}
+
+impl SqlStore {
+    /// Connects to `url`: `postgres://…`, `sqlite://path?mode=rwc` (WAL journal, busy
+    /// timeout, foreign keys on) or `sqlite::memory:`. Runs migrations when
+    /// `options.migrate`.
+    pub async fn connect(url: &str, options: &SqlStoreOptions) -> Result<Self> {
+        Self::connect_inner(url, None, options).await
+    }
+
+    /// Connects to Postgres with every pooled connection's `search_path` set to `schema`,
+    /// creating the schema first. Tables are then created and used in that schema only,
+    /// which isolates e.g. parallel tests sharing one database. `schema` must match
+    /// `[a-z_][a-z0-9_]{0,62}`.
+    pub async fn connect_with_schema(
+        url: &str,
+        schema: &str,
+        options: &SqlStoreOptions,
+    ) -> Result<Self> {
+        validate_schema_name(schema)?;
+        if !is_postgres_url(url) {
+            return Err(StoreError::invalid(
+                "a schema can only be used with postgres",
+            ));
+        }
+        let admin = connect_admin(url).await?;
+        admin
+            .execute_unprepared(&format!("CREATE SCHEMA IF NOT EXISTS \"{schema}\""))
+            .await?;
+        admin.close().await?;
+        Self::connect_inner(url, Some(schema), options).await
+    }
+
+    /// Drops a Postgres schema and everything in it (test cleanup).
+    pub async fn drop_schema(url: &str, schema: &str) -> Result<()> {
+        validate_schema_name(schema)?;
+        let admin = connect_admin(url).await?;
+        admin
+            .execute_unprepared(&format!("DROP SCHEMA IF EXISTS \"{schema}\" CASCADE"))
+            .await?;
+        admin.close().await?;
+        Ok(())
+    }
+
+    async fn connect_inner(
+        url: &str,
+        schema: Option<&str>,
+        options: &SqlStoreOptions,
+    ) -> Result<Self> {
+        let mut opts = ConnectOptions::new(url.to_owned());
+        opts.max_connections(options.max_connections.max(1))
+            .min_connections(options.min_connections.min(options.max_connections.max(1)))
+            .acquire_timeout(options.acquire_timeout)
+            .sqlx_logging(false);
+        if url.starts_with("sqlite:") {
+            let memory = url.contains(":memory:") || url.contains("mode=memory");
+            let busy = options.sqlite_busy_timeout;
+            opts.map_sqlx_sqlite_opts(move |o| {
+                use sea_orm::sqlx::sqlite::{SqliteJournalMode, SqliteSynchronous};
+                let o = o.busy_timeout(busy).foreign_keys(true);
+                if memory {
+                    o
+                } else {
+                    // WAL: readers never block the writer. NORMAL is durable in WAL mode
+                    // except for the last transactions before a power loss.
+                    o.create_if_missing(true)
+                        .journal_mode(SqliteJournalMode::Wal)
+                        .synchronous(SqliteSynchronous::Normal)
+                }
+            });
+            if memory {
+                opts.max_connections(1)
+                    .min_connections(1)
+                    .idle_timeout(None)
+                    .max_lifetime(None);
+            }
+        }
+        if let Some(schema) = schema {
+            opts.set_schema_search_path(schema.to_owned());
+        }
+        let db = Database::connect(opts).await?;
+        tracing::debug!(backend = ?db.get_database_backend(), schema, "database connected");
+        if options.migrate {
+            sb_migrations::migrate(&db).await?;
+            tracing::info!("database migrations applied");
+        }
+        Ok(Self::from_connection(db, options.limits.clone()))
+    }
+
+    /// Wraps an existing connection (migrations are the caller's business).
+    #[must_use]
+    pub fn from_connection(db: DatabaseConnection, limits: StoreLimits) -> Self {
+        Self { db, limits }
+    }
+
+    /// Applies pending migrations.
+    pub async fn migrate(&self) -> Result<()> {
+        sb_migrations::migrate(&self.db).await?;
+        Ok(())
+    }
+
+    /// The underlying connection pool, for stores added later (models, tools, knowledge).
+    #[must_use]
+    pub fn connection(&self) -> &DatabaseConnection {
+        &self.db
+    }
+
+    /// The backend in use.
+    #[must_use]
+    pub fn backend(&self) -> DbBackend {
+        self.db.get_database_backend()
+    }
+
+    /// Checks that the database answers (readiness probes).
+    pub async fn ping(&self) -> Result<()> {
+        self.db.ping().await?;
+        Ok(())
+    }
+
+    /// Closes the pool.
+    pub async fn close(self) -> Result<()> {
+        self.db.close().await?;
+        Ok(())
+    }
+
+    /// Begins a write transaction (`BEGIN IMMEDIATE` on SQLite).
+    async fn write_txn(&self) -> Result<DatabaseTransaction> {
+        Ok(self
+            .db
+            .begin_with_options(TransactionOptions {
+                sqlite_transaction_mode: Some(SqliteTransactionMode::Immediate),
+                ..Default::default()
+            })
+            .await?)
+    }
+}
+
+async fn connect_admin(url: &str) -> Result<DatabaseConnection> {
+    let mut opts = ConnectOptions::new(url.to_owned());
+    opts.max_connections(1)
+        .min_connections(0)
+        .sqlx_logging(false);
+    Ok(Database::connect(opts).await?)
+}
+
+fn is_postgres_url(url: &str) -> bool {
+    url.starts_with("postgres://") || url.starts_with("postgresql://")
+}
+
+fn validate_schema_name(schema: &str) -> Result<()> {
+    let mut chars = schema.chars();
+    let ok = matches!(chars.next(), Some(c) if c.is_ascii_lowercase() || c == '_')
+        && chars.all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '_')
+        && schema.len() <= 63;
+    if ok {
+        Ok(())
+    } else {
+        Err(StoreError::invalid(format!(
+            "invalid schema name: {schema:?}"
+        )))
+    }
+}
+
+/// Now, truncated to microseconds: the precision both backends store, so a value written
+/// and read back compares equal.
+pub(crate) fn now() -> DateTime<Utc> {
+    micros(Utc::now())
+}
+
+/// Truncates to microseconds.
+pub(crate) fn micros(at: DateTime<Utc>) -> DateTime<Utc> {
+    DateTime::<Utc>::from_timestamp_micros(at.timestamp_micros()).unwrap_or(at)
+}
+
+/// A stored workspace id back into its type.
+pub(crate) fn workspace(id: String) -> Result<WorkspaceId> {
+    WorkspaceId::new(id).map_err(|e| StoreError::Corrupt(e.to_string()))
+}
+
+/// Rejects a text argument longer than its column (Postgres would reject it, SQLite would
+/// not: checking here keeps both backends identical).
+pub(crate) fn check_len(field: &str, value: &str, max_chars: usize) -> Result<()> {
+    if value.chars().count() > max_chars {
+        return Err(StoreError::invalid(format!(
+            "{field} is longer than {max_chars} characters"
+        )));
+    }
+    Ok(())
+}
+
+/// [`check_len`] for an optional value.
+pub(crate) fn check_len_opt(field: &str, value: Option<&str>, max_chars: usize) -> Result<()> {
+    value.map_or(Ok(()), |v| check_len(field, v, max_chars))
+}
+
+/// Rejects an empty or over-long required text argument.
+pub(crate) fn check_required(field: &str, value: &str, max_chars: usize) -> Result<()> {
+    if value.is_empty() {
+        return Err(StoreError::invalid(format!("{field} is required")));
+    }
+    check_len(field, value, max_chars)
+}
+
+/// Length of id-like columns.
+pub(crate) const ID_LEN: usize = 255;
+
+/// Stored form of a metadata object: `None` for an empty object / null.
+pub(crate) fn metadata_in(field: &str, value: Value) -> Result<Option<Value>> {
+    match value {
+        Value::Null => Ok(None),
+        Value::Object(map) if map.is_empty() => Ok(None),
+        v @ Value::Object(_) => Ok(Some(v)),
+        _ => Err(StoreError::invalid(format!(
+            "{field} must be a JSON object"
+        ))),
+    }
+}
+
+/// Read form of a metadata object: `{}` for none.
+pub(crate) fn metadata_out(value: Option<Value>) -> Value {
+    value.unwrap_or_else(|| Value::Object(serde_json::Map::new()))
+}
+
+/// Splits ids into chunks that stay well below every backend's bind-parameter limit.
+pub(crate) const IN_CHUNK: usize = 500;

@@ -1,0 +1,431 @@
+//! [`RunLedger`] on SQL.
+
+use std::collections::{HashMap, HashSet};
+
+use async_trait::async_trait;
+use chrono::{DateTime, Utc};
+use sb_protocol::ids::{AgentId, EventId, RunId, WorkspaceId};
+use sea_orm::sea_query::{Expr, OnConflict};
+use sea_orm::{
+    ActiveValue::Set, ColumnTrait, Condition, ConnectionTrait, EntityTrait, QueryFilter,
+    QueryOrder, QuerySelect,
+};
+use uuid::Uuid;
+
+use super::entity::{run, run_event};
+use super::{ID_LEN, SqlStore, check_len, check_len_opt, check_required, now, workspace};
+use crate::error::{Result, StoreError, is_foreign_key_violation, is_unique_violation};
+use crate::page::{
+    CursorKind, DEFAULT_PAGE_LIMIT, MAX_PAGE_LIMIT, Page, clamp_limit, decode_time_id,
+    encode_time_id,
+};
+use crate::runs::{
+    CancelOutcome, MAX_RUN_EVENTS_BATCH, NewRun, NewRunEvent, RunEventRecord, RunFilter, RunLedger,
+    RunOutcome, RunRecord, RunStatus,
+};
+
+/// Rows per multi-row insert (5 parameters each: far below every backend's limit).
+const INSERT_CHUNK: usize = 500;
+
+fn run_record(m: run::Model) -> Result<RunRecord> {
+    Ok(RunRecord {
+        id: RunId::from_uuid(m.id),
+        workspace_id: workspace(m.workspace_id)?,
+        event_id: EventId::from_uuid(m.event_id),
+        agent_id: m.agent_id.map(AgentId::from_uuid),
+        runner_id: m.runner_id,
+        pool: m.pool,
+        conversation_id: m.conversation_id,
+        thread_id: m.thread_id,
+        bot_id: m.bot_id,
+        status: m
+            .status
+            .parse()
+            .map_err(|e: StoreError| StoreError::Corrupt(e.to_string()))?,
+        error_code: m.error_code,
+        error_message: m.error_message,
+        attempt: m.attempt,
+        worker_id: m.worker_id,
+        created_at: m.created_at,
+        started_at: m.started_at,
+        ended_at: m.ended_at,
+        deadline_at: m.deadline_at,
+        cancel_requested_at: m.cancel_requested_at,
+        cancel_reason: m.cancel_reason,
+        last_sequence: m.last_sequence,
+        usage: m.usage,
+        events_expired_at: m.events_expired_at,
+    })
+}
+
+fn run_event_record(m: run_event::Model) -> RunEventRecord {
+    RunEventRecord {
+        run_id: RunId::from_uuid(m.run_id),
+        sequence: m.sequence,
+        result_type: m.result_type,
+        data: m.data,
+        created_at: m.created_at,
+    }
+}
+
+fn records(rows: Vec<run::Model>) -> Result<Vec<RunRecord>> {
+    rows.into_iter().map(run_record).collect()
+}
+
+fn active() -> Vec<&'static str> {
+    RunStatus::ACTIVE.iter().map(|s| s.as_str()).collect()
+}
+
+fn validate_run_event(event: &NewRunEvent) -> Result<()> {
+    if event.sequence < 1 {
+        return Err(StoreError::invalid("sequence must be >= 1"));
+    }
+    check_required("result_type", &event.result_type, 100)
+}
+
+fn run_event_model(event: NewRunEvent, now: DateTime<Utc>) -> run_event::ActiveModel {
+    run_event::ActiveModel {
+        run_id: Set(event.run_id.into_uuid()),
+        sequence: Set(event.sequence),
+        result_type: Set(event.result_type),
+        data: Set(event.data),
+        created_at: Set(now),
+    }
+}
+
+fn on_conflict_sequence() -> OnConflict {
+    OnConflict::columns([run_event::Column::RunId, run_event::Column::Sequence])
+        .do_nothing()
+        .to_owned()
+}
+
+fn run_missing(err: sea_orm::DbErr, what: &str) -> StoreError {
+    if is_foreign_key_violation(&err) {
+        StoreError::not_found(what)
+    } else {
+        err.into()
+    }
+}
+
+/// Raises `runs.last_sequence` to `sequence` (never lowers it).
+async fn bump_last_sequence<C: ConnectionTrait>(db: &C, run_id: Uuid, sequence: i64) -> Result<()> {
+    run::Entity::update_many()
+        .col_expr(run::Column::LastSequence, Expr::value(sequence))
+        .filter(run::Column::Id.eq(run_id))
+        .filter(run::Column::LastSequence.lt(sequence))
+        .exec(db)
+        .await?;
+    Ok(())
+}
+
+#[async_trait]
+impl RunLedger for SqlStore {
+    async fn create_run(&self, new: NewRun) -> Result<(RunRecord, bool)> {
+        check_required("runner_id", &new.runner_id, ID_LEN)?;
+        check_required("pool", &new.pool, ID_LEN)?;
+        check_len_opt("conversation_id", new.conversation_id.as_deref(), ID_LEN)?;
+        check_len_opt("thread_id", new.thread_id.as_deref(), ID_LEN)?;
+        check_len_opt("bot_id", new.bot_id.as_deref(), ID_LEN)?;
+        if new.attempt < 1 {
+            return Err(StoreError::invalid("attempt must be >= 1"));
+        }
+        let id = new.id.unwrap_or_default();
+        let event_id = new.event_id;
+        let row = run::ActiveModel {
+            id: Set(id.into_uuid()),
+            workspace_id: Set(new.workspace_id.as_str().to_owned()),
+            event_id: Set(event_id.into_uuid()),
+            agent_id: Set(new.agent_id.map(AgentId::into_uuid)),
+            runner_id: Set(new.runner_id),
+            pool: Set(new.pool),
+            conversation_id: Set(new.conversation_id),
+            thread_id: Set(new.thread_id),
+            bot_id: Set(new.bot_id),
+            status: Set(RunStatus::Queued.as_str().to_owned()),
+            error_code: Set(None),
+            error_message: Set(None),
+            attempt: Set(new.attempt),
+            worker_id: Set(None),
+            created_at: Set(now()),
+            started_at: Set(None),
+            ended_at: Set(None),
+            deadline_at: Set(new.deadline_at.map(super::micros)),
+            cancel_requested_at: Set(None),
+            cancel_reason: Set(None),
+            last_sequence: Set(0),
+            usage: Set(None),
+            events_expired_at: Set(None),
+        };
+        let inserted = run::Entity::insert(row)
+            .on_conflict(
+                OnConflict::column(run::Column::EventId)
+                    .do_nothing()
+                    .to_owned(),
+            )
+            .exec_with_returning_many(&self.db)
+            .await
+            .map_err(|e| {
+                if is_unique_violation(&e) {
+                    StoreError::Conflict(format!("run {id} already exists for another event"))
+                } else {
+                    e.into()
+                }
+            })?;
+        if let Some(model) = inserted.into_iter().next() {
+            return Ok((run_record(model)?, true));
+        }
+        let existing = run::Entity::find()
+            .filter(run::Column::EventId.eq(event_id.into_uuid()))
+            .one(&self.db)
+            .await?
+            .ok_or_else(|| StoreError::Corrupt("event conflict without a stored run".into()))?;
+        Ok((run_record(existing)?, false))
+    }
+
+    async fn get_run(&self, id: RunId) -> Result<Option<RunRecord>> {
+        run::Entity::find_by_id(id.into_uuid())
+            .one(&self.db)
+            .await?
+            .map(run_record)
+            .transpose()
+    }
+
+    async fn list_runs(
+        &self,
+        filter: RunFilter,
+        cursor: Option<String>,
+        limit: Option<i64>,
+    ) -> Result<Page<RunRecord>> {
+        let limit = clamp_limit(limit, DEFAULT_PAGE_LIMIT, MAX_PAGE_LIMIT);
+        let mut select =
+            run::Entity::find().filter(run::Column::WorkspaceId.eq(filter.workspace_id.as_str()));
+        if let Some(conversation) = filter.conversation_id {
+            select = select.filter(run::Column::ConversationId.eq(conversation));
+        }
+        if !filter.statuses.is_empty() {
+            select = select
+                .filter(run::Column::Status.is_in(filter.statuses.iter().map(|s| s.as_str())));
+        }
+        if let Some(agent) = filter.agent_id {
+            select = select.filter(run::Column::AgentId.eq(agent.into_uuid()));
+        }
+        if let Some(runner) = filter.runner_id {
+            select = select.filter(run::Column::RunnerId.eq(runner));
+        }
+        if let Some(cursor) = cursor {
+            let (at, id) = decode_time_id(CursorKind::Run, &cursor)?;
+            select = select.filter(
+                Condition::any().add(run::Column::CreatedAt.lt(at)).add(
+                    Condition::all()
+                        .add(run::Column::CreatedAt.eq(at))
+                        .add(run::Column::Id.lt(id)),
+                ),
+            );
+        }
+        let rows = select
+            .order_by_desc(run::Column::CreatedAt)
+            .order_by_desc(run::Column::Id)
+            .limit(limit + 1)
+            .all(&self.db)
+            .await?;
+        Ok(Page::from_overfetch(records(rows)?, limit, |r| {
+            encode_time_id(CursorKind::Run, r.created_at, r.id.into_uuid())
+        }))
+    }
+
+    async fn claim_run(&self, id: RunId, worker_id: &str) -> Result<bool> {
+        check_required("worker_id", worker_id, ID_LEN)?;
+        let res = run::Entity::update_many()
+            .col_expr(
+                run::Column::Status,
+                Expr::value(RunStatus::Running.as_str()),
+            )
+            .col_expr(run::Column::WorkerId, Expr::value(worker_id))
+            .col_expr(run::Column::StartedAt, Expr::value(now()))
+            .filter(run::Column::Id.eq(id.into_uuid()))
+            .filter(run::Column::Status.eq(RunStatus::Queued.as_str()))
+            .exec(&self.db)
+            .await?;
+        Ok(res.rows_affected == 1)
+    }
+
+    async fn finish_run(&self, id: RunId, outcome: RunOutcome) -> Result<bool> {
+        if !outcome.status.is_terminal() {
+            return Err(StoreError::invalid(format!(
+                "{} is not a terminal run status",
+                outcome.status
+            )));
+        }
+        check_len_opt("error_code", outcome.error_code.as_deref(), 64)?;
+        let mut update = run::Entity::update_many()
+            .col_expr(run::Column::Status, Expr::value(outcome.status.as_str()))
+            .col_expr(run::Column::ErrorCode, Expr::value(outcome.error_code))
+            .col_expr(
+                run::Column::ErrorMessage,
+                Expr::value(outcome.error_message),
+            )
+            .col_expr(run::Column::EndedAt, Expr::value(now()));
+        if let Some(usage) = outcome.usage {
+            update = update.col_expr(run::Column::Usage, Expr::value(usage));
+        }
+        let res = update
+            .filter(run::Column::Id.eq(id.into_uuid()))
+            .filter(run::Column::Status.is_in(active()))
+            .exec(&self.db)
+            .await?;
+        Ok(res.rows_affected == 1)
+    }
+
+    async fn request_cancel(&self, id: RunId, reason: Option<String>) -> Result<CancelOutcome> {
+        let res = run::Entity::update_many()
+            .col_expr(run::Column::CancelRequestedAt, Expr::value(now()))
+            .col_expr(run::Column::CancelReason, Expr::value(reason))
+            .filter(run::Column::Id.eq(id.into_uuid()))
+            .filter(run::Column::Status.is_in(active()))
+            .filter(run::Column::CancelRequestedAt.is_null())
+            .exec(&self.db)
+            .await?;
+        if res.rows_affected == 1 {
+            return Ok(CancelOutcome::Requested);
+        }
+        let current = self
+            .get_run(id)
+            .await?
+            .ok_or_else(|| StoreError::not_found(format!("run {id}")))?;
+        Ok(if current.status.is_terminal() {
+            CancelOutcome::AlreadyFinished(current.status)
+        } else {
+            CancelOutcome::AlreadyRequested
+        })
+    }
+
+    async fn insert_event(&self, event: NewRunEvent) -> Result<bool> {
+        validate_run_event(&event)?;
+        let (run_id, sequence) = (event.run_id, event.sequence);
+        let txn = self.write_txn().await?;
+        let inserted = run_event::Entity::insert(run_event_model(event, now()))
+            .on_conflict(on_conflict_sequence())
+            .exec_without_returning(&txn)
+            .await
+            .map_err(|e| run_missing(e, &format!("run {run_id}")))?;
+        if inserted == 1 {
+            bump_last_sequence(&txn, run_id.into_uuid(), sequence).await?;
+        }
+        txn.commit().await?;
+        Ok(inserted == 1)
+    }
+
+    async fn insert_events(&self, events: Vec<NewRunEvent>) -> Result<Vec<bool>> {
+        for event in &events {
+            validate_run_event(event)?;
+        }
+        if events.is_empty() {
+            return Ok(Vec::new());
+        }
+        let keys: Vec<(Uuid, i64)> = events
+            .iter()
+            .map(|e| (e.run_id.into_uuid(), e.sequence))
+            .collect();
+        let now = now();
+        let txn = self.write_txn().await?;
+        let mut new_keys: HashSet<(Uuid, i64)> = HashSet::new();
+        let mut events = events.into_iter().peekable();
+        while events.peek().is_some() {
+            let chunk: Vec<_> = events
+                .by_ref()
+                .take(INSERT_CHUNK)
+                .map(|e| run_event_model(e, now))
+                .collect();
+            let rows = run_event::Entity::insert_many(chunk)
+                .on_conflict(on_conflict_sequence())
+                .exec_with_returning(&txn)
+                .await
+                .map_err(|e| run_missing(e, "run of a result item"))?;
+            new_keys.extend(rows.into_iter().map(|m| (m.run_id, m.sequence)));
+        }
+        let mut max_new: HashMap<Uuid, i64> = HashMap::new();
+        for (run_id, sequence) in &new_keys {
+            let max = max_new.entry(*run_id).or_insert(*sequence);
+            *max = (*max).max(*sequence);
+        }
+        for (run_id, sequence) in max_new {
+            bump_last_sequence(&txn, run_id, sequence).await?;
+        }
+        txn.commit().await?;
+        // A key inserted by this call is new for its first occurrence in the input only.
+        Ok(keys.into_iter().map(|key| new_keys.remove(&key)).collect())
+    }
+
+    async fn events_after(
+        &self,
+        run_id: RunId,
+        after_sequence: i64,
+        limit: u64,
+    ) -> Result<Vec<RunEventRecord>> {
+        let rows = run_event::Entity::find()
+            .filter(run_event::Column::RunId.eq(run_id.into_uuid()))
+            .filter(run_event::Column::Sequence.gt(after_sequence))
+            .order_by_asc(run_event::Column::Sequence)
+            .limit(limit.clamp(1, MAX_RUN_EVENTS_BATCH))
+            .all(&self.db)
+            .await?;
+        Ok(rows.into_iter().map(run_event_record).collect())
+    }
+
+    async fn runs_past_deadline(&self, now: DateTime<Utc>, limit: u64) -> Result<Vec<RunRecord>> {
+        let rows = run::Entity::find()
+            .filter(run::Column::Status.is_in(active()))
+            .filter(run::Column::DeadlineAt.is_not_null())
+            .filter(run::Column::DeadlineAt.lt(now))
+            .order_by_asc(run::Column::DeadlineAt)
+            .limit(limit.clamp(1, MAX_RUN_EVENTS_BATCH))
+            .all(&self.db)
+            .await?;
+        records(rows)
+    }
+
+    async fn active_runs_for_conversation(
+        &self,
+        workspace_id: &WorkspaceId,
+        conversation_id: &str,
+    ) -> Result<Vec<RunRecord>> {
+        check_len("conversation_id", conversation_id, ID_LEN)?;
+        let rows = run::Entity::find()
+            .filter(run::Column::WorkspaceId.eq(workspace_id.as_str()))
+            .filter(run::Column::ConversationId.eq(conversation_id))
+            .filter(run::Column::Status.is_in(active()))
+            .order_by_asc(run::Column::CreatedAt)
+            .order_by_asc(run::Column::Id)
+            .all(&self.db)
+            .await?;
+        records(rows)
+    }
+
+    async fn expire_events(&self, ended_before: DateTime<Utc>, batch: u64) -> Result<u64> {
+        let txn = self.write_txn().await?;
+        let ids: Vec<Uuid> = run::Entity::find()
+            .select_only()
+            .column(run::Column::Id)
+            .filter(run::Column::EndedAt.lt(ended_before))
+            .filter(run::Column::EventsExpiredAt.is_null())
+            .order_by_asc(run::Column::EndedAt)
+            .limit(batch.clamp(1, super::IN_CHUNK as u64))
+            .into_tuple()
+            .all(&txn)
+            .await?;
+        if ids.is_empty() {
+            return Ok(0);
+        }
+        run_event::Entity::delete_many()
+            .filter(run_event::Column::RunId.is_in(ids.iter().copied()))
+            .exec(&txn)
+            .await?;
+        run::Entity::update_many()
+            .col_expr(run::Column::EventsExpiredAt, Expr::value(now()))
+            .filter(run::Column::Id.is_in(ids.iter().copied()))
+            .exec(&txn)
+            .await?;
+        txn.commit().await?;
+        Ok(ids.len() as u64)
+    }
+}

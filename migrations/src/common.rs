@@ -1,0 +1,218 @@
+//! Column helpers shared by the migration files, and the backend-specific DDL.
+//!
+//! Applied migrations must keep producing the same DDL: change a helper only in a way that
+//! leaves the statements it emits for existing migrations untouched.
+
+use sea_orm_migration::prelude::*;
+use sea_orm_migration::sea_orm::DbBackend;
+
+/// Length of id-like text columns (workspace, conversation, bot, runner ids, …).
+pub const ID_LEN: u32 = 255;
+
+/// A non-null `varchar(255)`.
+pub fn id<T: IntoIden>(col: T) -> ColumnDef {
+    ColumnDef::new(col).string_len(ID_LEN).not_null().take()
+}
+
+/// A nullable `varchar(255)`.
+pub fn id_null<T: IntoIden>(col: T) -> ColumnDef {
+    ColumnDef::new(col).string_len(ID_LEN).null().take()
+}
+
+/// A non-null `varchar(len)`.
+pub fn str_len<T: IntoIden>(col: T, len: u32) -> ColumnDef {
+    ColumnDef::new(col).string_len(len).not_null().take()
+}
+
+/// A nullable `varchar(len)`.
+pub fn str_len_null<T: IntoIden>(col: T, len: u32) -> ColumnDef {
+    ColumnDef::new(col).string_len(len).null().take()
+}
+
+/// A non-null timestamp with time zone.
+pub fn ts<T: IntoIden>(col: T) -> ColumnDef {
+    ColumnDef::new(col)
+        .timestamp_with_time_zone()
+        .not_null()
+        .take()
+}
+
+/// A nullable timestamp with time zone.
+pub fn ts_null<T: IntoIden>(col: T) -> ColumnDef {
+    ColumnDef::new(col).timestamp_with_time_zone().null().take()
+}
+
+/// A non-null JSON document (`jsonb` on Postgres).
+pub fn json<T: IntoIden>(col: T) -> ColumnDef {
+    ColumnDef::new(col).json_binary().not_null().take()
+}
+
+/// A nullable JSON document (`jsonb` on Postgres).
+pub fn json_null<T: IntoIden>(col: T) -> ColumnDef {
+    ColumnDef::new(col).json_binary().null().take()
+}
+
+/// A non-null UUID.
+pub fn uuid<T: IntoIden>(col: T) -> ColumnDef {
+    ColumnDef::new(col).uuid().not_null().take()
+}
+
+/// A nullable UUID.
+pub fn uuid_null<T: IntoIden>(col: T) -> ColumnDef {
+    ColumnDef::new(col).uuid().null().take()
+}
+
+/// A non-null `bigint`.
+pub fn bigint<T: IntoIden>(col: T) -> ColumnDef {
+    ColumnDef::new(col).big_integer().not_null().take()
+}
+
+/// A nullable `bigint`.
+pub fn bigint_null<T: IntoIden>(col: T) -> ColumnDef {
+    ColumnDef::new(col).big_integer().null().take()
+}
+
+/// An auto-increment `bigint` primary key: identity on Postgres, a rowid alias with
+/// `AUTOINCREMENT` on SQLite (so values are never reused after deletes, which matters for
+/// cursors).
+pub fn seq_pk<T: IntoIden>(col: T) -> ColumnDef {
+    ColumnDef::new(col)
+        .big_integer()
+        .not_null()
+        .auto_increment()
+        .primary_key()
+        .take()
+}
+
+/// A non-null key column whose ordering and prefix matching must be bytewise on both
+/// backends (SQLite's default `BINARY` collation; `"C"` on Postgres).
+pub fn ordered_key<T: IntoIden>(col: T, len: u32, backend: DbBackend) -> ColumnDef {
+    let mut def = ColumnDef::new(col).string_len(len).not_null().take();
+    if backend == DbBackend::Postgres {
+        def.extra("COLLATE \"C\"");
+    }
+    def
+}
+
+/// Makes `table.text_col` full-text searchable.
+///
+/// - Postgres: a stored generated column `<text_col>_tsv = to_tsvector('simple', …)` and a
+///   GIN index on it. `simple` = lower-casing, no stemming, no stop words.
+/// - SQLite: an external-content FTS5 table `<table>_fts` over `text_col`, keyed by the
+///   table's integer primary key `rowid_col`, plus insert/update/delete triggers. The
+///   `unicode61` tokenizer with `remove_diacritics 0` matches Postgres' `simple` behaviour.
+pub async fn create_full_text(
+    manager: &SchemaManager<'_>,
+    table: &str,
+    text_col: &str,
+    rowid_col: &str,
+) -> Result<(), DbErr> {
+    let db = manager.get_connection();
+    match manager.get_database_backend() {
+        DbBackend::Postgres => {
+            db.execute_unprepared(&format!(
+                "ALTER TABLE \"{table}\" ADD COLUMN \"{text_col}_tsv\" tsvector \
+                 GENERATED ALWAYS AS (to_tsvector('simple'::regconfig, coalesce(\"{text_col}\", ''))) STORED"
+            ))
+            .await?;
+            db.execute_unprepared(&format!(
+                "CREATE INDEX \"ix_{table}_{text_col}_tsv\" ON \"{table}\" USING GIN (\"{text_col}_tsv\")"
+            ))
+            .await?;
+        }
+        DbBackend::Sqlite => {
+            db.execute_unprepared(&format!(
+                "CREATE VIRTUAL TABLE \"{table}_fts\" USING fts5(\"{text_col}\", \
+                 content='{table}', content_rowid='{rowid_col}', \
+                 tokenize='unicode61 remove_diacritics 0')"
+            ))
+            .await?;
+            db.execute_unprepared(&format!(
+                "CREATE TRIGGER \"{table}_fts_ai\" AFTER INSERT ON \"{table}\" BEGIN \
+                 INSERT INTO \"{table}_fts\"(rowid, \"{text_col}\") VALUES (new.\"{rowid_col}\", new.\"{text_col}\"); \
+                 END"
+            ))
+            .await?;
+            db.execute_unprepared(&format!(
+                "CREATE TRIGGER \"{table}_fts_ad\" AFTER DELETE ON \"{table}\" BEGIN \
+                 INSERT INTO \"{table}_fts\"(\"{table}_fts\", rowid, \"{text_col}\") VALUES ('delete', old.\"{rowid_col}\", old.\"{text_col}\"); \
+                 END"
+            ))
+            .await?;
+            db.execute_unprepared(&format!(
+                "CREATE TRIGGER \"{table}_fts_au\" AFTER UPDATE OF \"{text_col}\" ON \"{table}\" BEGIN \
+                 INSERT INTO \"{table}_fts\"(\"{table}_fts\", rowid, \"{text_col}\") VALUES ('delete', old.\"{rowid_col}\", old.\"{text_col}\"); \
+                 INSERT INTO \"{table}_fts\"(rowid, \"{text_col}\") VALUES (new.\"{rowid_col}\", new.\"{text_col}\"); \
+                 END"
+            ))
+            .await?;
+        }
+        other => {
+            return Err(DbErr::Migration(format!(
+                "full-text search is not supported on {other:?}"
+            )));
+        }
+    }
+    Ok(())
+}
+
+/// Reverts [`create_full_text`] (the Postgres column goes away with its table).
+pub async fn drop_full_text(manager: &SchemaManager<'_>, table: &str) -> Result<(), DbErr> {
+    if manager.get_database_backend() == DbBackend::Sqlite {
+        let db = manager.get_connection();
+        for suffix in ["ai", "ad", "au"] {
+            db.execute_unprepared(&format!("DROP TRIGGER IF EXISTS \"{table}_fts_{suffix}\""))
+                .await?;
+        }
+        db.execute_unprepared(&format!("DROP TABLE IF EXISTS \"{table}_fts\""))
+            .await?;
+    }
+    Ok(())
+}
+
+/// `CREATE INDEX name ON table (cols…)`.
+pub fn index<T, C>(name: &str, table: T, cols: C) -> IndexCreateStatement
+where
+    T: IntoTableRef,
+    C: IntoIterator,
+    C::Item: IntoIndexColumn,
+{
+    let mut stmt = Index::create();
+    stmt.name(name).table(table);
+    for col in cols {
+        stmt.col(col);
+    }
+    stmt
+}
+
+/// `CREATE UNIQUE INDEX name ON table (cols…)`.
+pub fn unique_index<T, C>(name: &str, table: T, cols: C) -> IndexCreateStatement
+where
+    T: IntoTableRef,
+    C: IntoIterator,
+    C::Item: IntoIndexColumn,
+{
+    let mut stmt = index(name, table, cols);
+    stmt.unique();
+    stmt
+}
+
+/// A non-null unbounded text column.
+pub fn text<T: IntoIden>(col: T) -> ColumnDef {
+    ColumnDef::new(col).text().not_null().take()
+}
+
+/// A nullable unbounded text column.
+pub fn text_null<T: IntoIden>(col: T) -> ColumnDef {
+    ColumnDef::new(col).text().null().take()
+}
+
+/// A non-null boolean.
+pub fn boolean<T: IntoIden>(col: T) -> ColumnDef {
+    ColumnDef::new(col).boolean().not_null().take()
+}
+
+/// A non-null binary payload (`bytea` / `blob`).
+pub fn bytes<T: IntoIden>(col: T) -> ColumnDef {
+    ColumnDef::new(col).blob().not_null().take()
+}

@@ -1,0 +1,126 @@
+//! The migration set applies, rolls back completely, and re-applies on both backends.
+
+use sb_migrations::{Migrator, MigratorTrait, migrate};
+use sea_orm_migration::SchemaManager;
+use sea_orm_migration::sea_orm::{ConnectOptions, ConnectionTrait, Database, DatabaseConnection};
+
+const TABLES: &[&str] = &[
+    "workspaces",
+    "api_keys",
+    "runners",
+    "agents",
+    "event_log",
+    "outbox",
+    "runs",
+    "run_events",
+    "transcript",
+    "artifacts",
+    "artifact_blobs",
+    "agent_state",
+    "storage",
+    "schedules",
+    "turn_sessions",
+    "turn_idempotency",
+    "models",
+    "tools",
+    "knowledge_bases",
+    "kb_documents",
+    "kb_chunks",
+];
+
+async fn tables_present(db: &DatabaseConnection) -> Vec<&'static str> {
+    let manager = SchemaManager::new(db);
+    let mut present = Vec::new();
+    for table in TABLES {
+        if manager.has_table(*table).await.unwrap() {
+            present.push(*table);
+        }
+    }
+    present
+}
+
+async fn roundtrip(db: &DatabaseConnection) {
+    migrate(db).await.unwrap();
+    assert_eq!(tables_present(db).await, TABLES);
+    // Applying again is a no-op.
+    migrate(db).await.unwrap();
+    assert!(
+        Migrator::get_pending_migrations(db)
+            .await
+            .unwrap()
+            .is_empty()
+    );
+
+    // Full rollback removes every table (and the SQLite FTS tables and triggers).
+    Migrator::down(db, None).await.unwrap();
+    assert!(tables_present(db).await.is_empty());
+    migrate(db).await.unwrap();
+    assert_eq!(tables_present(db).await, TABLES);
+}
+
+#[tokio::test]
+async fn sqlite_up_down_up() {
+    let db = Database::connect("sqlite::memory:").await.unwrap();
+    roundtrip(&db).await;
+    // The FTS5 index follows the table through its triggers.
+    db.execute_unprepared(
+        "INSERT INTO transcript (id, workspace_id, conversation_id, event_id, role, item_type, content, created_at) \
+         VALUES ('t1', 'w', 'c', 'e', 'user', 'message', 'hello searchable world', '2025-01-01T00:00:00+00:00')",
+    )
+    .await
+    .unwrap();
+    let hits = db
+        .query_all_raw(sea_orm_migration::sea_orm::Statement::from_string(
+            db.get_database_backend(),
+            "SELECT rowid FROM transcript_fts WHERE transcript_fts MATCH 'searchable'",
+        ))
+        .await
+        .unwrap();
+    assert_eq!(hits.len(), 1);
+    db.execute_unprepared("DELETE FROM transcript")
+        .await
+        .unwrap();
+    let hits = db
+        .query_all_raw(sea_orm_migration::sea_orm::Statement::from_string(
+            db.get_database_backend(),
+            "SELECT rowid FROM transcript_fts WHERE transcript_fts MATCH 'searchable'",
+        ))
+        .await
+        .unwrap();
+    assert!(hits.is_empty());
+}
+
+#[tokio::test]
+async fn postgres_up_down_up() {
+    let url = std::env::var("SWITCHBOARD_TEST_DATABASE_URL")
+        .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/test".to_owned());
+    let schema = format!("sbm_{}", std::process::id());
+    let admin = Database::connect(&url).await.unwrap();
+    admin
+        .execute_unprepared(&format!(
+            "DROP SCHEMA IF EXISTS \"{schema}\" CASCADE; CREATE SCHEMA \"{schema}\""
+        ))
+        .await
+        .unwrap();
+    let mut opts = ConnectOptions::new(url.clone());
+    opts.set_schema_search_path(schema.clone());
+    let db = Database::connect(opts).await.unwrap();
+    roundtrip(&db).await;
+    // The generated tsvector column exists and is indexed.
+    let row = db
+        .query_one_raw(sea_orm_migration::sea_orm::Statement::from_string(
+            db.get_database_backend(),
+            "SELECT count(*) AS n FROM pg_indexes WHERE schemaname = current_schema() \
+             AND indexname IN ('ix_transcript_content_tsv', 'ix_kb_chunks_content_tsv')",
+        ))
+        .await
+        .unwrap()
+        .unwrap();
+    let n: i64 = row.try_get("", "n").unwrap();
+    assert_eq!(n, 2);
+    db.close().await.unwrap();
+    admin
+        .execute_unprepared(&format!("DROP SCHEMA \"{schema}\" CASCADE"))
+        .await
+        .unwrap();
+}
