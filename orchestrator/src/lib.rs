@@ -1,1 +1,49 @@
-//! (skeleton)
+//! Switchboard orchestrator: turns events into runs and run results into a persisted,
+//! delivered stream (SPEC §2 steps 2 and 4, §5, §6, §11).
+//!
+//! ```text
+//!  switchboard.events.<k> ──▶ events::EventRouter ──▶ runs row, session, switchboard.runs.<pool>
+//!                                 (bindings → access → context → plan)
+//!  switchboard.results.<k> ─▶ sink::ResultSink ─────▶ ledger, transcript/state/artifacts,
+//!                                 (journal)              switchboard.deliveries
+//!  reaper (timer) ──────────▶ runs past deadline + grace → timeout, synthetic run.failed
+//! ```
+//!
+//! The decisions are pure functions over data (STYLE §3.8) and unit-tested on their own;
+//! the services only look things up, call them, and apply what they return.
+//!
+//! # Layout
+//! - [`bindings`]: which single agent handles an event (scope specificity, event types,
+//!   filters; ties are ambiguous, never fanned out). Pure.
+//! - [`access`]: effective access = manifest ∩ policy ∩ config ∩ what exists, and the
+//!   `available_apis` table. Pure.
+//! - [`context`]: the `AgentRunContext` builder, run timeout/deadline, state snapshot. Pure.
+//! - [`plan`]: event + resolution + registry → unrouted or dispatch; the frozen snapshot and
+//!   the job of a run. Pure.
+//! - [`state_keys`]: deterministic state scope keys and state key/value rules, shared with
+//!   the worker's Host API. Pure.
+//! - [`journal`]: transcript rows, state writes, artifacts and run outcomes built from
+//!   results, with deterministic ids for idempotency. Pure.
+//! - [`catalog`]: the [`catalog::ResourceCatalog`] boundary (which models, tools, knowledge
+//!   bases and skills exist).
+//! - [`events`]: the event consumer (one loop per events shard).
+//! - [`sink`]: the result sink (one loop per results shard, batched ledger writes).
+//! - [`reaper`]: finalizes overdue runs as `timeout`.
+//! - [`service`]: [`Orchestrator::spawn`], dependencies, options, message settlement.
+//! - [`error`]: [`OrchestratorError`] and its error codes.
+
+pub mod access;
+pub mod bindings;
+pub mod catalog;
+pub mod context;
+pub mod error;
+pub mod events;
+pub mod journal;
+pub mod plan;
+pub mod reaper;
+pub mod service;
+pub mod sink;
+pub use sb_protocol::state_keys;
+
+pub use error::{OrchestratorError, Result};
+pub use service::{Orchestrator, OrchestratorDeps, OrchestratorOptions};

@@ -15,6 +15,7 @@
 //! - [`host`]: host-internal models (event envelope, agent config, binding, policies, descriptor,
 //!   authorization snapshot).
 //! - [`wire`]: newline-delimited JSON messages between a worker and a runner process.
+//! - [`state_keys`]: deterministic state scope keys and the state key/value rules (host-behaviour §2, §10).
 //! - [`messages`]: bus message bodies (`switchboard.event/1`, `switchboard.job/1`, …).
 
 pub mod content;
@@ -26,4 +27,5 @@ pub mod manifest;
 pub mod messages;
 pub mod proxy;
 pub mod result;
+pub mod state_keys;
 pub mod wire;

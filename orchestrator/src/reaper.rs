@@ -1,0 +1,102 @@
+//! The deadline reaper: finalizes runs still active past `deadline + grace` as `timeout`
+//! (SPEC §11).
+//!
+//! The worker enforces deadlines itself; the reaper is the safety net for a run whose
+//! worker died or whose terminal result never arrived. Per overdue run:
+//!
+//! 1. `finish_run(timeout)` — conditional, so among several orchestrators (and a late worker
+//!    result) exactly one finalizes the run; the others skip it;
+//! 2. the winner stores a synthetic terminal item `run.failed {code: "timeout"}` through the
+//!    result sink ([`ResultSink::persist_synthetic`]: ledger, side effects, live delivery),
+//!    so every stream of the run ends;
+//! 3. it ends the run's session, so Host API calls still made for the run are refused.
+
+use std::sync::Arc;
+
+use chrono::Utc;
+use sb_common::shutdown::Shutdown;
+use sb_protocol::error::run_failure;
+use sb_protocol::result::AgentRunResult;
+use sb_store::{RunOutcome, RunStatus};
+
+use crate::error::Result;
+use crate::service::{OrchestratorDeps, OrchestratorOptions};
+use crate::sink::ResultSink;
+
+/// The message of a reaped run.
+pub const TIMEOUT_MESSAGE: &str = "run exceeded its deadline";
+
+/// Finalizes overdue runs.
+#[derive(Debug)]
+pub struct Reaper {
+    deps: OrchestratorDeps,
+    options: Arc<OrchestratorOptions>,
+    sink: Arc<ResultSink>,
+}
+
+impl Reaper {
+    /// A reaper writing through `sink`.
+    #[must_use]
+    pub fn new(
+        deps: OrchestratorDeps,
+        options: Arc<OrchestratorOptions>,
+        sink: Arc<ResultSink>,
+    ) -> Self {
+        Self {
+            deps,
+            options,
+            sink,
+        }
+    }
+
+    /// One scan: finalizes up to `reaper_batch` runs whose deadline passed more than
+    /// `session_grace` ago. Returns the runs this call finalized.
+    pub async fn reap_once(&self) -> Result<Vec<sb_protocol::ids::RunId>> {
+        let grace = chrono::Duration::from_std(self.options.session_grace)
+            .unwrap_or(chrono::Duration::zero());
+        let cutoff = Utc::now() - grace;
+        let overdue = self
+            .deps
+            .stores
+            .runs
+            .runs_past_deadline(cutoff, self.options.reaper_batch)
+            .await?;
+        let mut reaped = Vec::new();
+        for run in overdue {
+            let outcome =
+                RunOutcome::with_error(RunStatus::Timeout, run_failure::TIMEOUT, TIMEOUT_MESSAGE);
+            if !self.deps.stores.runs.finish_run(run.id, outcome).await? {
+                continue; // someone else ended it meanwhile
+            }
+            let result = AgentRunResult::run_failed(
+                run_failure::TIMEOUT,
+                TIMEOUT_MESSAGE,
+                run_failure::default_retryable(run_failure::TIMEOUT),
+            );
+            let sequence = self.sink.persist_synthetic(&run, result).await?;
+            if let Err(error) = self.deps.sessions.end_session(&run.id).await {
+                tracing::warn!(run_id = %run.id, %error, "could not end the session of a reaped run; it expires with its ttl");
+            }
+            tracing::warn!(run_id = %run.id, sequence, "run reaped after its deadline");
+            reaped.push(run.id);
+        }
+        Ok(reaped)
+    }
+
+    /// Scans every `reaper_interval` until shutdown.
+    pub async fn run(self, shutdown: Shutdown) {
+        let mut interval = tokio::time::interval(self.options.reaper_interval);
+        interval.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        loop {
+            tokio::select! {
+                biased;
+                _ = shutdown.cancelled() => return,
+                _ = interval.tick() => {
+                    if let Err(error) = self.reap_once().await {
+                        tracing::warn!(%error, "reaper scan failed; retrying at the next tick");
+                    }
+                }
+            }
+        }
+    }
+}

@@ -1,0 +1,553 @@
+//! The result sink: one loop per results shard persisting `switchboard.result/1` items and
+//! publishing them for live delivery (SPEC §2 step 4).
+//!
+//! Per batch (up to `sink_batch` deliveries that are ready at once, possibly of many runs):
+//!
+//! 1. decode; an undecodable body is dead-lettered;
+//! 2. insert every item into the ledger in **one call**, idempotently on
+//!    `(run_id, sequence)` (the first write wins);
+//! 3. in queue order, for each item that is **new** — or that was redelivered, in case a
+//!    crash fell between its insert and its side effects — apply its side effects
+//!    ([`crate::journal`]): run status on a terminal item (`completed`, `failed(code)`,
+//!    `cancelled`, `timeout`, `interrupted`; `running` is the worker's claim), the assistant
+//!    transcript (from the first complete message, or assembled from the deltas at the
+//!    terminal item when the runner only streamed), `state.updated` under the run's frozen
+//!    policy, `artifact.created` with its checks. Every side effect has a deterministic
+//!    identity or is a last-writer-wins write replayed in order, so applying it again is
+//!    harmless;
+//! 4. publish those items to `switchboard.deliveries` (after the ledger write, so a client
+//!    that reads the ledger and then follows live items misses nothing);
+//! 5. ack each delivery once its publish is confirmed.
+//!
+//! A plain duplicate (the same result published twice) is neither applied nor delivered
+//! again. When an item fails transiently, it and every later item of the batch are requeued,
+//! so a run's items are still applied in sequence order.
+//!
+//! Failures of a *result's own content* (a state update outside the policy, an oversized or
+//! mismatching artifact) never fail the message: they are logged and the item is still
+//! stored and delivered, as the seed host does (host-behaviour §10, §14).
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+
+use futures::FutureExt;
+use sb_common::bus::topology::deliveries_routing_key;
+use sb_common::bus::{ConsumeOptions, Delivery, Outgoing, PublishOptions};
+use sb_common::shutdown::Shutdown;
+use sb_common::telemetry::{Registry, names};
+use sb_protocol::content::Message;
+use sb_protocol::host::AuthorizationSnapshot;
+use sb_protocol::ids::RunId;
+use sb_protocol::messages::{self, DeliveryMessage, ResultMessage};
+use sb_protocol::result::{AgentRunResult, ArtifactCreated, StateUpdated};
+use sb_store::{NewRunEvent, RunOutcome, RunRecord, StoreError};
+use serde_json::Value;
+
+use crate::error::{OrchestratorError, Result};
+use crate::journal::{self, Effect, RunInfo};
+use crate::service::{OrchestratorDeps, OrchestratorOptions, pause, settle};
+
+/// Runs whose facts are cached; the cache is cleared when it grows past this (a run's entry
+/// is also dropped at its terminal item).
+const RUN_CACHE_CAP: usize = 10_000;
+
+/// Persists and delivers results; shared by the shard loops and the reaper.
+#[derive(Debug)]
+pub struct ResultSink {
+    deps: OrchestratorDeps,
+    options: Arc<OrchestratorOptions>,
+    /// Immutable facts of active runs (ledger row + frozen snapshot), so a streaming run
+    /// costs one ledger insert per batch instead of two extra reads per item.
+    runs: Mutex<HashMap<RunId, Arc<RunInfo>>>,
+}
+
+/// One decoded delivery of a batch.
+struct Item {
+    delivery: Delivery,
+    message: ResultMessage,
+}
+
+impl ResultSink {
+    /// A sink over `deps`.
+    #[must_use]
+    pub fn new(deps: OrchestratorDeps, options: Arc<OrchestratorOptions>) -> Self {
+        Self {
+            deps,
+            options,
+            runs: Mutex::new(HashMap::new()),
+        }
+    }
+
+    fn cache(&self) -> std::sync::MutexGuard<'_, HashMap<RunId, Arc<RunInfo>>> {
+        // Plain inserts and removes: a poisoned lock still holds a consistent map.
+        self.runs.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// The facts of a run: the ledger row, and the frozen snapshot kept on its event.
+    async fn run_info(&self, run_id: RunId) -> Result<Arc<RunInfo>> {
+        if let Some(info) = self.cache().get(&run_id) {
+            return Ok(Arc::clone(info));
+        }
+        let run = self
+            .deps
+            .stores
+            .runs
+            .get_run(run_id)
+            .await?
+            .ok_or(OrchestratorError::RunNotFound(run_id))?;
+        let snapshot = match self.deps.stores.events.get(run.event_id).await? {
+            Some(event) => event
+                .metadata
+                .get("authorization")
+                .cloned()
+                .and_then(|v| serde_json::from_value::<AuthorizationSnapshot>(v).ok()),
+            None => None,
+        };
+        if snapshot.is_none() {
+            tracing::warn!(run_id = %run_id, "no authorization snapshot for the run; state updates will be refused");
+        }
+        let info = Arc::new(run_info_from(&run, snapshot));
+        let mut cache = self.cache();
+        if cache.len() >= RUN_CACHE_CAP {
+            cache.clear();
+        }
+        cache.insert(run_id, Arc::clone(&info));
+        Ok(info)
+    }
+
+    /// The run's stored items, ascending (for transcript assembly).
+    async fn stored_items(&self, run_id: RunId) -> Result<Vec<(u64, AgentRunResult)>> {
+        let mut items = Vec::new();
+        let mut after = 0i64;
+        loop {
+            let page = self
+                .deps
+                .stores
+                .runs
+                .events_after(run_id, after, sb_store::runs::MAX_RUN_EVENTS_BATCH)
+                .await?;
+            let full = page.len() as u64 >= sb_store::runs::MAX_RUN_EVENTS_BATCH;
+            for record in page {
+                after = record.sequence;
+                if let Ok(result) = serde_json::from_value::<AgentRunResult>(record.data) {
+                    items.push((u64::try_from(record.sequence).unwrap_or_default(), result));
+                }
+            }
+            if !full {
+                return Ok(items);
+            }
+        }
+    }
+
+    /// Applies the side effects of one stored item (see the module docs).
+    async fn apply(&self, info: &RunInfo, message: &ResultMessage) -> Result<()> {
+        let plan = journal::plan_item(&message.result);
+        Registry::global().inc(
+            names::RUN_RESULTS_TOTAL,
+            &[("type", result_type_label(&message.result))],
+        );
+        match &plan.effect {
+            Effect::None => {}
+            Effect::AssistantMessage(m) => self.write_assistant(info, message.sequence, m).await?,
+            Effect::State(update) => self.apply_state(info, update).await?,
+            Effect::Artifact(created) => {
+                self.store_artifact(info, message.sequence, created).await?
+            }
+        }
+        if let Some(outcome) = plan.outcome {
+            self.finish(info, outcome).await?;
+        }
+        Ok(())
+    }
+
+    async fn write_assistant(
+        &self,
+        info: &RunInfo,
+        sequence: u64,
+        message: &Message,
+    ) -> Result<()> {
+        if info.conversation_id.is_none() {
+            return Ok(());
+        }
+        let items = self.stored_items(info.run_id).await?;
+        let refs = journal::artifact_refs_before(&info.run_id, &items, sequence);
+        if let Some(row) = journal::assistant_transcript(info, message, refs) {
+            append_once(&self.deps, row).await?;
+        }
+        Ok(())
+    }
+
+    async fn apply_state(&self, info: &RunInfo, update: &StateUpdated) -> Result<()> {
+        let Some(snapshot) = &info.snapshot else {
+            tracing::warn!(run_id = %info.run_id, key = %update.key, "state.updated ignored: no authorization snapshot");
+            return Ok(());
+        };
+        let write = match journal::plan_state_write(
+            snapshot,
+            update,
+            self.options.max_state_value_bytes,
+        ) {
+            Ok(w) => w,
+            Err(reason) => {
+                tracing::warn!(run_id = %info.run_id, scope = %update.scope, key = %update.key, %reason, "state.updated rejected");
+                return Ok(());
+            }
+        };
+        match self.deps.stores.state.set(write).await {
+            Ok(_) => Ok(()),
+            Err(
+                e @ (StoreError::PayloadTooLarge(_)
+                | StoreError::InvalidArgument(_)
+                | StoreError::Conflict(_)),
+            ) => {
+                tracing::warn!(run_id = %info.run_id, key = %update.key, reason = %e, "state.updated rejected by the store");
+                Ok(())
+            }
+            Err(e) => Err(e.into()),
+        }
+    }
+
+    async fn store_artifact(
+        &self,
+        info: &RunInfo,
+        sequence: u64,
+        created: &ArtifactCreated,
+    ) -> Result<()> {
+        let artifact = match journal::plan_artifact(
+            info,
+            sequence,
+            created,
+            self.options.max_inline_artifact_bytes,
+        ) {
+            Ok(a) => a,
+            Err(reason) => {
+                tracing::warn!(run_id = %info.run_id, sequence, %reason, "artifact.created rejected");
+                return Ok(());
+            }
+        };
+        let id = artifact.id.clone().unwrap_or_default();
+        match self.deps.stores.artifacts.put(artifact.clone()).await {
+            Ok(_) => {}
+            Err(StoreError::Conflict(_)) => {
+                // Stored by an earlier attempt of this item, or an id another run took.
+                let ours = match self.deps.stores.artifacts.metadata(&id).await {
+                    Ok(existing) => existing.run_id == Some(info.run_id),
+                    Err(StoreError::NotFound(_)) => false,
+                    Err(e) => return Err(e.into()),
+                };
+                if !ours {
+                    tracing::warn!(run_id = %info.run_id, artifact_id = %id, "artifact.created rejected: the id is taken");
+                    return Ok(());
+                }
+            }
+            Err(e @ (StoreError::InvalidArgument(_) | StoreError::PayloadTooLarge(_))) => {
+                tracing::warn!(run_id = %info.run_id, artifact_id = %id, reason = %e, "artifact.created rejected by the store");
+                return Ok(());
+            }
+            Err(e) => return Err(e.into()),
+        }
+        self.deps
+            .stores
+            .events
+            .append(
+                journal::artifact_event(info, sequence, &artifact),
+                Vec::new(),
+            )
+            .await?;
+        Ok(())
+    }
+
+    async fn finish(&self, info: &RunInfo, outcome: RunOutcome) -> Result<()> {
+        let status = outcome.status;
+        if self
+            .deps
+            .stores
+            .runs
+            .finish_run(info.run_id, outcome)
+            .await?
+        {
+            Registry::global().inc(names::RUNS_TOTAL, &[("status", status.as_str())]);
+            tracing::info!(run_id = %info.run_id, status = status.as_str(), "run finished");
+        }
+        // A runner that only streamed leaves no complete message: the transcript gets the
+        // assembled deltas instead (the seed host stored nothing, host-behaviour §26.13).
+        if info.conversation_id.is_some() {
+            let items = self.stored_items(info.run_id).await?;
+            if !journal::has_complete_message(&items) {
+                if let Some(text) = journal::assembled_deltas(&items) {
+                    let refs = journal::artifact_refs_before(&info.run_id, &items, u64::MAX);
+                    if let Some(row) =
+                        journal::assistant_transcript(info, &Message::assistant(text), refs)
+                    {
+                        append_once(&self.deps, row).await?;
+                    }
+                }
+            }
+        }
+        self.cache().remove(&info.run_id);
+        Ok(())
+    }
+
+    fn outgoing(&self, message: &ResultMessage) -> Outgoing {
+        let delivery = DeliveryMessage::from(message.clone());
+        Outgoing {
+            exchange: self.deps.topology.deliveries_exchange(),
+            routing_key: deliveries_routing_key(
+                message.workspace_id.as_str(),
+                message.conversation_id.as_deref(),
+                &message.run_id,
+            ),
+            body: messages::encode(&delivery).into(),
+            // Nobody may be streaming this run: live delivery is best effort, the ledger is
+            // the source of truth for every reader.
+            options: PublishOptions::best_effort(),
+        }
+    }
+
+    /// Persists, applies and delivers one batch of result deliveries, then settles them.
+    pub(crate) async fn process_batch(
+        &self,
+        deliveries: Vec<Delivery>,
+        queue: &str,
+        shutdown: &Shutdown,
+    ) {
+        let options = &self.options;
+        let mut items: Vec<Item> = Vec::with_capacity(deliveries.len());
+        for delivery in deliveries {
+            match messages::decode::<ResultMessage>(&delivery.body) {
+                Ok(message) => items.push(Item { delivery, message }),
+                Err(e) => settle(delivery, &Err(e.into()), queue, options, shutdown).await,
+            }
+        }
+        if items.is_empty() {
+            return;
+        }
+
+        // 2. One ledger call for the whole batch.
+        let rows: Vec<NewRunEvent> = items.iter().map(|i| ledger_row(&i.message)).collect();
+        let inserted: Vec<Result<bool>> =
+            match self.deps.stores.runs.insert_events(rows.clone()).await {
+                Ok(flags) if flags.len() == rows.len() => flags.into_iter().map(Ok).collect(),
+                Ok(_) | Err(_) => {
+                    // Find out per item (one missing run must not fail the others).
+                    let mut each = Vec::with_capacity(rows.len());
+                    for row in rows {
+                        each.push(
+                            self.deps
+                                .stores
+                                .runs
+                                .insert_event(row)
+                                .await
+                                .map_err(Into::into),
+                        );
+                    }
+                    each
+                }
+            };
+
+        // 3. Side effects, in queue order; stop at the first transient failure.
+        let mut outcomes: Vec<Result<bool>> = Vec::with_capacity(items.len());
+        let mut halted = false;
+        for (item, inserted) in items.iter().zip(inserted) {
+            if halted {
+                outcomes.push(Err(OrchestratorError::Deferred));
+                continue;
+            }
+            let outcome = match inserted {
+                Err(e) => Err(e),
+                Ok(new) if !new && !item.delivery.redelivered => Ok(false),
+                Ok(_) => match self.run_info(item.message.run_id).await {
+                    Ok(info) => self.apply(&info, &item.message).await.map(|()| true),
+                    Err(e) => Err(e),
+                },
+            };
+            if let Err(e) = &outcome {
+                use sb_protocol::error::{Disposition, HasErrorCode};
+                halted = e.code().disposition() == Disposition::Retry;
+            }
+            outcomes.push(outcome);
+        }
+
+        // 4. Deliveries, after the ledger write.
+        let to_publish: Vec<usize> = outcomes
+            .iter()
+            .enumerate()
+            .filter_map(|(i, o)| matches!(o, Ok(true)).then_some(i))
+            .collect();
+        if !to_publish.is_empty() {
+            let batch = to_publish
+                .iter()
+                .map(|&i| self.outgoing(&items[i].message))
+                .collect();
+            match self.deps.bus.publish_batch(batch).await {
+                Ok(()) => {
+                    Registry::global().add(
+                        names::BUS_PUBLISHED_TOTAL,
+                        &[("exchange", "deliveries")],
+                        to_publish.len() as u64,
+                    );
+                }
+                Err(error) => {
+                    // Requeue from the first failed item on, keeping the run order.
+                    let first_failed = error.failed.first().map_or(0, |(i, _)| *i);
+                    let cut = to_publish[first_failed];
+                    tracing::warn!(%error, "publishing deliveries failed; requeueing");
+                    for (i, outcome) in outcomes.iter_mut().enumerate().skip(cut) {
+                        if i == cut {
+                            *outcome = Err(OrchestratorError::Bus(
+                                sb_common::bus::BusError::Unavailable(format!(
+                                    "delivery publish failed: {error}"
+                                )),
+                            ));
+                        } else if outcome.is_ok() {
+                            *outcome = Err(OrchestratorError::Deferred);
+                        }
+                    }
+                }
+            }
+        }
+
+        // 5. Settle in order.
+        for (item, outcome) in items.into_iter().zip(outcomes) {
+            match outcome {
+                Err(OrchestratorError::Deferred) => {
+                    if let Err(error) = item.delivery.nack(true).await {
+                        tracing::warn!(%error, queue, "could not requeue a deferred delivery");
+                    }
+                }
+                other => settle(item.delivery, &other.map(|_| ()), queue, options, shutdown).await,
+            }
+        }
+    }
+
+    /// Stores a host-made terminal item for `run` (the reaper's `run.failed {code: "timeout"}`)
+    /// at the first free sequence after the run's last, applies it like any other item and
+    /// publishes it for live delivery, so streams of the run end. Returns the sequence used.
+    pub async fn persist_synthetic(&self, run: &RunRecord, result: AgentRunResult) -> Result<u64> {
+        let info = self.run_info(run.id).await?;
+        let mut sequence = u64::try_from(run.last_sequence.max(0)).unwrap_or_default() + 1;
+        // Items still in flight may take the next sequences; the first free one is ours.
+        let message = loop {
+            let message = ResultMessage::new(
+                run.id,
+                run.workspace_id.clone(),
+                run.conversation_id.clone(),
+                sequence,
+                result.clone(),
+            );
+            if self
+                .deps
+                .stores
+                .runs
+                .insert_event(ledger_row(&message))
+                .await?
+            {
+                break message;
+            }
+            sequence += 1;
+        };
+        self.apply(&info, &message).await?;
+        self.deps
+            .bus
+            .publish_batch(vec![self.outgoing(&message)])
+            .await?;
+        Ok(sequence)
+    }
+}
+
+fn run_info_from(run: &RunRecord, snapshot: Option<AuthorizationSnapshot>) -> RunInfo {
+    RunInfo {
+        run_id: run.id,
+        workspace_id: run.workspace_id.clone(),
+        event_id: run.event_id,
+        runner_id: run.runner_id.clone(),
+        conversation_id: run.conversation_id.clone(),
+        thread_id: run.thread_id.clone(),
+        bot_id: run.bot_id.clone(),
+        snapshot,
+    }
+}
+
+fn ledger_row(message: &ResultMessage) -> NewRunEvent {
+    NewRunEvent {
+        run_id: message.run_id,
+        sequence: i64::try_from(message.sequence).unwrap_or(i64::MAX),
+        result_type: message.result.result_type.clone(),
+        data: serde_json::to_value(&message.result).unwrap_or(Value::Null),
+    }
+}
+
+/// A low-cardinality label for a result type (unknown types share one label).
+fn result_type_label(result: &AgentRunResult) -> &'static str {
+    result.known_type().map_or("unknown", |t| t.as_str())
+}
+
+async fn append_once(deps: &OrchestratorDeps, row: sb_store::NewTranscriptItem) -> Result<()> {
+    match deps.stores.transcript.append(row).await {
+        // Conflict: the row with this deterministic id already exists (written once).
+        Ok(_) | Err(StoreError::Conflict(_)) => Ok(()),
+        Err(e) => Err(e.into()),
+    }
+}
+
+/// Consumes results shard `shard` until shutdown, in batches of the deliveries that are
+/// ready at once.
+pub async fn run_shard(sink: Arc<ResultSink>, shard: u32, shutdown: Shutdown) {
+    let queue = sink.deps.topology.results_queue(shard);
+    let options = Arc::clone(&sink.options);
+    let max_batch = options.sink_batch.max(1);
+    'subscribe: loop {
+        let subscribe = tokio::select! {
+            biased;
+            _ = shutdown.cancelled() => return,
+            s = sink.deps.bus.subscribe(&queue, ConsumeOptions::prefetch(options.prefetch)) => s,
+        };
+        let mut subscription = match subscribe {
+            Ok(s) => s,
+            Err(error) => {
+                tracing::warn!(%error, queue = %queue.name, "cannot subscribe; retrying");
+                if !pause(options.retry_backoff_max, &shutdown).await {
+                    return;
+                }
+                continue 'subscribe;
+            }
+        };
+        loop {
+            let first = tokio::select! {
+                biased;
+                _ = shutdown.cancelled() => return,
+                d = subscription.next() => d,
+            };
+            let mut lost = false;
+            let mut batch = match first {
+                Ok(d) => vec![d],
+                Err(error) => {
+                    tracing::warn!(%error, queue = %queue.name, "subscription ended; resubscribing");
+                    Vec::new()
+                }
+            };
+            if batch.is_empty() {
+                lost = true;
+            }
+            // Take whatever else is ready now, without waiting (`next` is cancel-safe).
+            while !lost && batch.len() < max_batch {
+                match subscription.next().now_or_never() {
+                    Some(Ok(d)) => batch.push(d),
+                    Some(Err(_)) => {
+                        lost = true;
+                    }
+                    None => break,
+                }
+            }
+            if !batch.is_empty() {
+                sink.process_batch(batch, &queue.name, &shutdown).await;
+            }
+            if lost {
+                if !pause(options.retry_backoff, &shutdown).await {
+                    return;
+                }
+                continue 'subscribe;
+            }
+        }
+    }
+}

@@ -1,0 +1,972 @@
+//! Service tests of the orchestrator on the embedded backends: `MemoryBus`,
+//! `MemorySessionStore` and an in-memory SQLite `SqlStore`.
+
+use std::future::Future;
+use std::num::NonZeroU32;
+use std::sync::Arc;
+use std::time::Duration;
+
+use base64::Engine as _;
+use chrono::Utc;
+use sb_common::bus::memory::MemoryBus;
+use sb_common::bus::topology::{Topology, TopologyOptions, declare_topology};
+use sb_common::bus::{Bus, ConsumeOptions, PublishOptions, QueueSpec, QueueType, Subscription};
+use sb_common::session::SessionStore;
+use sb_common::session::memory::MemorySessionStore;
+use sb_common::shutdown::Shutdown;
+use sb_orchestrator::access::Catalog;
+use sb_orchestrator::events::{EventRouter, RouteOutcome};
+use sb_orchestrator::plan::UnroutedReason;
+use sb_orchestrator::reaper::Reaper;
+use sb_orchestrator::sink::ResultSink;
+use sb_orchestrator::state_keys::{StateKeyParts, scope_key};
+use sb_orchestrator::{Orchestrator, OrchestratorDeps, OrchestratorOptions};
+use sb_protocol::context::{ActorContext, AgentInput, DeliveryContext, StateScope};
+use sb_protocol::host::{AgentEventEnvelope, AuthorizationSnapshot};
+use sb_protocol::ids::{EventId, RunId, WorkspaceId};
+use sb_protocol::messages::{self, DeliveryMessage, EventMessage, ResultMessage, RunJob};
+use sb_protocol::result::AgentRunResult;
+use sb_store::{
+    AgentRow, EventStatus, NewAgent, NewEvent, RunFilter, RunStatus, RunnerRow, SqlStore,
+    SqlStoreOptions, Stores, TranscriptQuery,
+};
+use serde_json::{Value, json};
+
+const WS: &str = "default";
+const RUNNER: &str = "plugin:acme/echo/default";
+
+struct Harness {
+    bus: Arc<MemoryBus>,
+    sessions: Arc<MemorySessionStore>,
+    stores: Stores,
+    topology: Topology,
+}
+
+fn ws() -> WorkspaceId {
+    WorkspaceId::new(WS).unwrap()
+}
+
+async fn harness() -> Harness {
+    let store = SqlStore::connect(
+        "sqlite::memory:",
+        &SqlStoreOptions {
+            migrate: true,
+            ..Default::default()
+        },
+    )
+    .await
+    .expect("sqlite");
+    let bus = Arc::new(MemoryBus::new());
+    let options = TopologyOptions {
+        name_prefix: format!("t-{}.switchboard", uuid::Uuid::new_v4().simple()),
+        events_shards: NonZeroU32::new(2).unwrap(),
+        results_shards: NonZeroU32::new(2).unwrap(),
+        pools: vec!["default".into()],
+        queue_type: QueueType::Classic,
+        delivery_limit: None,
+    };
+    let topology = declare_topology(bus.as_ref(), &options)
+        .await
+        .expect("topology");
+    Harness {
+        bus,
+        sessions: Arc::new(MemorySessionStore::new()),
+        stores: Stores::from_sql(store),
+        topology,
+    }
+}
+
+impl Harness {
+    fn deps(&self) -> OrchestratorDeps {
+        OrchestratorDeps {
+            bus: self.bus.clone(),
+            sessions: self.sessions.clone(),
+            stores: self.stores.clone(),
+            topology: self.topology.clone(),
+            catalog: Arc::new(Catalog::default()),
+        }
+    }
+
+    fn options(&self) -> OrchestratorOptions {
+        OrchestratorOptions {
+            retry_backoff: Duration::from_millis(10),
+            ..OrchestratorOptions::default()
+        }
+    }
+
+    fn router(&self) -> EventRouter {
+        EventRouter::new(self.deps(), Arc::new(self.options()))
+    }
+
+    async fn register_runner(&self, id: &str, permissions: Value, capabilities: Value) {
+        let parsed: sb_protocol::manifest::RunnerId = id.parse().unwrap();
+        let descriptor = json!({
+            "id": id,
+            "label": {"en_US": "Echo"},
+            "plugin_author": parsed.author(),
+            "plugin_name": parsed.plugin(),
+            "runner_name": parsed.runner(),
+            "pool": "default",
+            "permissions": permissions,
+            "capabilities": capabilities,
+        });
+        self.stores
+            .runners
+            .upsert(RunnerRow {
+                id: id.into(),
+                plugin_id: parsed.plugin_id(),
+                pool: "default".into(),
+                version: "1.0.0".into(),
+                descriptor,
+                seen_at: Utc::now(),
+            })
+            .await
+            .unwrap();
+    }
+
+    async fn create_agent(
+        &self,
+        name: &str,
+        runner: &str,
+        scope: Value,
+        runner_config: Value,
+        state_policy: Value,
+    ) -> AgentRow {
+        self.stores
+            .agents
+            .create(NewAgent {
+                id: None,
+                workspace_id: ws(),
+                name: name.into(),
+                description: None,
+                runner_id: runner.into(),
+                runner_config,
+                event_types: json!(["message.received"]),
+                scope,
+                filters: json!([]),
+                resource_policy: json!({}),
+                state_policy,
+                delivery_policy: json!({}),
+                enabled: true,
+            })
+            .await
+            .unwrap()
+    }
+
+    /// Appends a `message.received` event (as the gateway would) and returns its id.
+    async fn ingest(&self, conversation: Option<&str>, text: &str) -> EventId {
+        let event_id = EventId::new();
+        let envelope = AgentEventEnvelope {
+            event_id,
+            workspace_id: ws(),
+            event_type: "message.received".into(),
+            event_time: Some(Utc::now().timestamp()),
+            source: "api".into(),
+            source_event_type: None,
+            bot_id: Some("bot1".into()),
+            conversation_id: conversation.map(Into::into),
+            thread_id: None,
+            actor: Some(ActorContext {
+                actor_type: "user".into(),
+                actor_id: Some("alice".into()),
+                actor_name: None,
+                metadata: Default::default(),
+            }),
+            subject: None,
+            input: AgentInput {
+                text: Some(text.into()),
+                ..Default::default()
+            },
+            delivery: DeliveryContext {
+                supports_streaming: true,
+                ..DeliveryContext::new("api")
+            },
+            raw_ref: None,
+            data: Default::default(),
+            metadata: Default::default(),
+        };
+        let mut event = NewEvent::new(ws(), "message.received", "api");
+        event.id = Some(event_id);
+        event.conversation_id = conversation.map(Into::into);
+        event.input_summary = Some(text.into());
+        event.envelope = Some(serde_json::to_value(&envelope).unwrap());
+        self.stores.events.append(event, Vec::new()).await.unwrap();
+        event_id
+    }
+
+    async fn publish_event(&self, event_id: EventId, conversation: Option<&str>) {
+        let msg = EventMessage::new(ws(), event_id);
+        self.bus
+            .publish(
+                &self.topology.events_exchange(),
+                &self.topology.events_routing_key(WS, conversation),
+                messages::encode(&msg).into(),
+                PublishOptions::default(),
+            )
+            .await
+            .unwrap();
+    }
+
+    async fn publish_result(
+        &self,
+        run_id: RunId,
+        conversation: Option<&str>,
+        sequence: u64,
+        result: Value,
+    ) {
+        let result: AgentRunResult = serde_json::from_value(result).unwrap();
+        let msg = ResultMessage::new(run_id, ws(), conversation.map(Into::into), sequence, result);
+        self.bus
+            .publish(
+                &self.topology.results_exchange(),
+                &self.topology.results_routing_key(&run_id),
+                messages::encode(&msg).into(),
+                PublishOptions::default(),
+            )
+            .await
+            .unwrap();
+    }
+
+    async fn jobs(&self) -> Subscription {
+        self.bus
+            .subscribe(
+                &self.topology.runs_queue("default"),
+                ConsumeOptions::prefetch(100),
+            )
+            .await
+            .unwrap()
+    }
+
+    async fn deliveries(&self) -> Subscription {
+        let queue = QueueSpec::exclusive(format!("{}.test", self.topology.deliveries_exchange()))
+            .bind(self.topology.deliveries_exchange(), "#");
+        self.bus
+            .subscribe(&queue, ConsumeOptions::prefetch(1000))
+            .await
+            .unwrap()
+    }
+
+    async fn run_count(&self) -> usize {
+        self.stores
+            .runs
+            .list_runs(RunFilter::workspace(ws()), None, Some(100))
+            .await
+            .unwrap()
+            .items
+            .len()
+    }
+}
+
+async fn next_job(sub: &mut Subscription) -> RunJob {
+    let d = tokio::time::timeout(Duration::from_secs(5), sub.next())
+        .await
+        .expect("a job in time")
+        .unwrap();
+    let job = messages::decode::<RunJob>(&d.body).unwrap();
+    d.ack().await.unwrap();
+    job
+}
+
+/// Every delivery that arrives until `quiet` passes without one.
+async fn drain(sub: &mut Subscription, quiet: Duration) -> Vec<DeliveryMessage> {
+    let mut out = Vec::new();
+    while let Ok(d) = tokio::time::timeout(quiet, sub.next()).await {
+        let d = d.unwrap();
+        out.push(messages::decode::<DeliveryMessage>(&d.body).unwrap());
+        d.ack().await.unwrap();
+    }
+    out
+}
+
+async fn eventually<F, Fut>(what: &str, mut check: F)
+where
+    F: FnMut() -> Fut,
+    Fut: Future<Output = bool>,
+{
+    for _ in 0..500 {
+        if check().await {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    panic!("timed out waiting for {what}");
+}
+
+async fn standard_setup(h: &Harness, runner_config: Value) -> AgentRow {
+    h.register_runner(
+        RUNNER,
+        json!({"history": ["page", "search"], "events": ["get"], "artifacts": ["read"], "storage": ["plugin"]}),
+        json!({"streaming": true}),
+    )
+    .await;
+    h.create_agent(
+        "echo",
+        RUNNER,
+        json!({}),
+        runner_config,
+        json!({"state_scopes": ["conversation", "actor"]}),
+    )
+    .await
+}
+
+#[tokio::test]
+async fn event_is_routed_to_a_job_with_the_right_context() {
+    let h = harness().await;
+    let agent = standard_setup(&h, json!({"greeting": "hi"})).await;
+    let shutdown = Shutdown::new();
+    let orchestrator = Orchestrator::spawn(h.deps(), h.options(), &shutdown)
+        .await
+        .unwrap();
+    assert_eq!(orchestrator.task_count(), 2 + 2 + 1);
+    let mut jobs = h.jobs().await;
+
+    let before = Utc::now().timestamp_millis();
+    let event_id = h.ingest(Some("conv-1"), "hello there").await;
+    h.publish_event(event_id, Some("conv-1")).await;
+    let job = next_job(&mut jobs).await;
+
+    // the job and its context
+    let ctx = &job.context;
+    assert_eq!(job.run_id, ctx.run_id);
+    assert_eq!(ctx.runtime.trace_id, job.run_id.to_string());
+    assert_eq!(job.pool, "default");
+    assert_eq!(job.runner_id.to_string(), RUNNER);
+    assert_eq!(ctx.event.event_id, event_id.to_string());
+    assert_eq!(ctx.input.text.as_deref(), Some("hello there"));
+    assert_eq!(ctx.config["greeting"], "hi");
+    let deadline_ms = job
+        .deadline_at_ms
+        .expect("default timeout gives a deadline");
+    assert!(
+        (before + 299_000..=Utc::now().timestamp_millis() + 301_000).contains(&deadline_ms),
+        "{deadline_ms}"
+    );
+    assert_eq!(
+        ctx.context.latest_cursor, None,
+        "no history before the first message"
+    );
+    let apis = ctx.context.available_apis;
+    assert!(
+        apis.history_page
+            && apis.history_search
+            && apis.event_get
+            && apis.artifact_read
+            && apis.state
+            && apis.storage
+    );
+    assert!(!apis.event_page && !apis.artifact_metadata && !apis.steering_pull);
+    assert!(ctx.resources.storage.plugin_storage && !ctx.resources.storage.workspace_storage);
+    assert_eq!(ctx.state.conversation["external.conversation_id"], "conv-1");
+    assert_eq!(
+        ctx.conversation.as_ref().unwrap().sender_id.as_deref(),
+        Some("alice")
+    );
+
+    // the run, the event, the session, the transcript
+    let run = h.stores.runs.get_run(job.run_id).await.unwrap().unwrap();
+    assert_eq!(run.status, RunStatus::Queued);
+    assert_eq!(run.event_id, event_id);
+    assert_eq!(run.agent_id, Some(agent.id));
+    assert_eq!(run.deadline_at.unwrap().timestamp_millis(), deadline_ms);
+    let event = h.stores.events.get(event_id).await.unwrap().unwrap();
+    assert_eq!(event.status, EventStatus::Dispatched);
+    assert_eq!(event.run_id, Some(job.run_id));
+    let snapshot: AuthorizationSnapshot = serde_json::from_value(
+        h.sessions
+            .get_session(&job.run_id)
+            .await
+            .unwrap()
+            .expect("session"),
+    )
+    .unwrap();
+    assert_eq!(snapshot.run_id, job.run_id);
+    assert_eq!(snapshot.plugin_id, "acme/echo");
+    assert_eq!(snapshot.resources, ctx.resources);
+    assert_eq!(snapshot.available_apis, ctx.context.available_apis);
+    assert_eq!(snapshot.deadline_at, ctx.runtime.deadline_at);
+    assert_eq!(
+        event.metadata["authorization"],
+        serde_json::to_value(&snapshot).unwrap()
+    );
+    let page = h
+        .stores
+        .transcript
+        .page(TranscriptQuery::new(ws(), "conv-1"))
+        .await
+        .unwrap();
+    assert_eq!(page.items.len(), 1);
+    assert_eq!(page.items[0].role, "user");
+    assert_eq!(page.items[0].content.as_deref(), Some("hello there"));
+
+    // the event delivery was acked
+    let shard_queues: Vec<String> = (0..2).map(|k| h.topology.events_queue(k).name).collect();
+    eventually("event ack", || async {
+        shard_queues
+            .iter()
+            .all(|q| h.bus.ready_count(q) == Some(0) && h.bus.unacked_count(q) == Some(0))
+    })
+    .await;
+
+    // a second message in the conversation sees the first in its cursor
+    let second = h.ingest(Some("conv-1"), "again").await;
+    h.publish_event(second, Some("conv-1")).await;
+    let job2 = next_job(&mut jobs).await;
+    assert_ne!(job2.run_id, job.run_id);
+    assert!(job2.context.context.latest_cursor.is_some());
+    assert!(job2.context.context.has_history_before);
+
+    shutdown.trigger();
+    tokio::time::timeout(Duration::from_secs(5), orchestrator.join())
+        .await
+        .expect("tasks stop on shutdown");
+}
+
+#[tokio::test]
+async fn unrouted_events_get_a_reason_and_no_run() {
+    let h = harness().await;
+    let router = h.router();
+
+    // no agent at all
+    let e1 = h.ingest(Some("c"), "x").await;
+    let out = router.route(&EventMessage::new(ws(), e1)).await.unwrap();
+    assert_eq!(out, RouteOutcome::Unrouted(UnroutedReason::BindingNotFound));
+    let rec = h.stores.events.get(e1).await.unwrap().unwrap();
+    assert_eq!(rec.status, EventStatus::Unrouted);
+    assert_eq!(rec.reason.as_deref(), Some("binding.not_found"));
+
+    // an agent whose runner no worker registered
+    h.create_agent(
+        "ghost",
+        "plugin:acme/ghost/default",
+        json!({}),
+        json!({}),
+        json!({}),
+    )
+    .await;
+    let e2 = h.ingest(Some("c"), "x").await;
+    let out = router.route(&EventMessage::new(ws(), e2)).await.unwrap();
+    assert_eq!(out, RouteOutcome::Unrouted(UnroutedReason::RunnerNotFound));
+    let rec = h.stores.events.get(e2).await.unwrap().unwrap();
+    assert_eq!(rec.reason.as_deref(), Some("runner.not_found"));
+    assert_eq!(
+        rec.metadata["routing"]["runner_id"],
+        "plugin:acme/ghost/default"
+    );
+
+    // two agents at the same (bot) level: ambiguous, even though one runner exists
+    h.register_runner(RUNNER, json!({}), json!({})).await;
+    let a = h
+        .create_agent("a", RUNNER, json!({"bot_id": "bot1"}), json!({}), json!({}))
+        .await;
+    let b = h
+        .create_agent("b", RUNNER, json!({"bot_id": "bot1"}), json!({}), json!({}))
+        .await;
+    let e3 = h.ingest(Some("c"), "x").await;
+    let out = router.route(&EventMessage::new(ws(), e3)).await.unwrap();
+    assert_eq!(
+        out,
+        RouteOutcome::Unrouted(UnroutedReason::BindingAmbiguous)
+    );
+    let rec = h.stores.events.get(e3).await.unwrap().unwrap();
+    assert_eq!(rec.reason.as_deref(), Some("binding.ambiguous"));
+    let ids = rec.metadata["routing"]["binding_ids"]
+        .as_array()
+        .unwrap()
+        .clone();
+    assert_eq!(ids.len(), 2);
+    for agent in [&a, &b] {
+        assert!(ids.contains(&json!(format!("agent_{}_{RUNNER}", agent.id))));
+    }
+
+    assert_eq!(h.run_count().await, 0, "never a run");
+    // routing an unrouted event again changes nothing
+    assert_eq!(
+        router.route(&EventMessage::new(ws(), e3)).await.unwrap(),
+        RouteOutcome::AlreadyHandled
+    );
+
+    // a more specific agent resolves the tie
+    let conv = h
+        .create_agent(
+            "conv",
+            RUNNER,
+            json!({"conversation_id": "c"}),
+            json!({}),
+            json!({}),
+        )
+        .await;
+    let e4 = h.ingest(Some("c"), "x").await;
+    let RouteOutcome::Dispatched { run_id, .. } =
+        router.route(&EventMessage::new(ws(), e4)).await.unwrap()
+    else {
+        panic!("dispatched")
+    };
+    assert_eq!(
+        h.stores
+            .runs
+            .get_run(run_id)
+            .await
+            .unwrap()
+            .unwrap()
+            .agent_id,
+        Some(conv.id)
+    );
+
+    // a pointer to a missing event is a final not_found
+    let err = router
+        .route(&EventMessage::new(ws(), EventId::new()))
+        .await
+        .unwrap_err();
+    assert_eq!(
+        sb_protocol::error::HasErrorCode::code(&err),
+        sb_protocol::error::ErrorCode::NotFound
+    );
+}
+
+#[tokio::test]
+async fn redelivered_event_reuses_its_run() {
+    let h = harness().await;
+    standard_setup(&h, json!({})).await;
+    let router = h.router();
+    let mut jobs = h.jobs().await;
+    let event_id = h.ingest(Some("c1"), "hello").await;
+    let msg = EventMessage::new(ws(), event_id);
+
+    let first = router.route(&msg).await.unwrap();
+    let RouteOutcome::Dispatched {
+        run_id,
+        created: true,
+    } = first
+    else {
+        panic!("{first:?}")
+    };
+    // redelivery while the run is still queued: same run, job published again
+    let second = router.route(&msg).await.unwrap();
+    assert_eq!(
+        second,
+        RouteOutcome::Dispatched {
+            run_id,
+            created: false
+        }
+    );
+    assert_eq!(h.run_count().await, 1);
+    let j1 = next_job(&mut jobs).await;
+    let j2 = next_job(&mut jobs).await;
+    assert_eq!((j1.run_id, j2.run_id), (run_id, run_id));
+    assert_eq!(
+        j1.deadline_at_ms, j2.deadline_at_ms,
+        "the deadline is fixed by the first attempt"
+    );
+    // one user transcript row
+    let page = h
+        .stores
+        .transcript
+        .page(TranscriptQuery::new(ws(), "c1"))
+        .await
+        .unwrap();
+    assert_eq!(page.items.len(), 1);
+
+    // once a worker claimed the run, a redelivery does nothing
+    assert!(h.stores.runs.claim_run(run_id, "w1").await.unwrap());
+    assert_eq!(
+        router.route(&msg).await.unwrap(),
+        RouteOutcome::AlreadyHandled
+    );
+    assert!(
+        tokio::time::timeout(Duration::from_millis(100), jobs.next())
+            .await
+            .is_err(),
+        "no third job"
+    );
+    assert_eq!(h.run_count().await, 1);
+}
+
+/// Starts the orchestrator and routes one event; returns the run id.
+async fn running_run(
+    h: &Harness,
+    shutdown: &Shutdown,
+    conversation: Option<&str>,
+) -> (Orchestrator, RunId) {
+    let orchestrator = Orchestrator::spawn(h.deps(), h.options(), shutdown)
+        .await
+        .unwrap();
+    let event_id = h.ingest(conversation, "hello").await;
+    let RouteOutcome::Dispatched { run_id, .. } = h
+        .router()
+        .route(&EventMessage::new(ws(), event_id))
+        .await
+        .unwrap()
+    else {
+        panic!("dispatched")
+    };
+    assert!(h.stores.runs.claim_run(run_id, "w1").await.unwrap());
+    (orchestrator, run_id)
+}
+
+async fn wait_status(h: &Harness, run_id: RunId, status: RunStatus) {
+    eventually(&format!("run {status}"), || async {
+        h.stores.runs.get_run(run_id).await.unwrap().unwrap().status == status
+    })
+    .await;
+}
+
+#[tokio::test]
+async fn result_sink_is_idempotent() {
+    let h = harness().await;
+    standard_setup(&h, json!({})).await;
+    let shutdown = Shutdown::new();
+    let mut deliveries = h.deliveries().await;
+    let (orchestrator, run_id) = running_run(&h, &shutdown, Some("c1")).await;
+
+    let delta = json!({"type": "message.delta", "data": {"chunk": {"role": "assistant", "content": "hel"}}});
+    h.publish_result(run_id, Some("c1"), 1, delta.clone()).await;
+    h.publish_result(run_id, Some("c1"), 1, delta).await; // the same result again
+    h.publish_result(
+        run_id,
+        Some("c1"),
+        2,
+        json!({"type": "message.delta", "data": {"chunk": {"content": "lo"}}}),
+    )
+    .await;
+    h.publish_result(
+        run_id,
+        Some("c1"),
+        3,
+        json!({"type": "run.completed", "data": {"finish_reason": "stop"}}),
+    )
+    .await;
+    wait_status(&h, run_id, RunStatus::Completed).await;
+
+    let rows = h.stores.runs.events_after(run_id, 0, 100).await.unwrap();
+    assert_eq!(
+        rows.iter().map(|r| r.sequence).collect::<Vec<_>>(),
+        [1, 2, 3],
+        "one ledger row per sequence"
+    );
+    let delivered = drain(&mut deliveries, Duration::from_millis(200)).await;
+    assert_eq!(
+        delivered.iter().map(|d| d.sequence).collect::<Vec<_>>(),
+        [1, 2, 3],
+        "one delivery per sequence"
+    );
+    assert!(
+        delivered
+            .iter()
+            .all(|d| d.run_id == run_id && d.conversation_id.as_deref() == Some("c1"))
+    );
+    assert_eq!(delivered[2].result.result_type, "run.completed");
+
+    // a streaming-only runner still gets an assistant transcript, once
+    let page = h
+        .stores
+        .transcript
+        .page(TranscriptQuery::new(ws(), "c1"))
+        .await
+        .unwrap();
+    let assistant: Vec<_> = page
+        .items
+        .iter()
+        .filter(|i| i.role == "assistant")
+        .collect();
+    assert_eq!(assistant.len(), 1);
+    assert_eq!(assistant[0].content.as_deref(), Some("hello"));
+    assert_eq!(assistant[0].run_id, Some(run_id));
+
+    // a late duplicate of the terminal changes nothing and is not delivered again
+    h.publish_result(
+        run_id,
+        Some("c1"),
+        3,
+        json!({"type": "run.failed", "data": {"code": "x", "error": "late"}}),
+    )
+    .await;
+    assert!(
+        drain(&mut deliveries, Duration::from_millis(200))
+            .await
+            .is_empty()
+    );
+    assert_eq!(
+        h.stores.runs.get_run(run_id).await.unwrap().unwrap().status,
+        RunStatus::Completed
+    );
+
+    let queues: Vec<String> = (0..2).map(|k| h.topology.results_queue(k).name).collect();
+    eventually("result acks", || async {
+        queues
+            .iter()
+            .all(|q| h.bus.ready_count(q) == Some(0) && h.bus.unacked_count(q) == Some(0))
+    })
+    .await;
+    shutdown.trigger();
+    orchestrator.join().await;
+}
+
+#[tokio::test]
+async fn transcript_state_and_artifact_side_effects() {
+    let h = harness().await;
+    standard_setup(&h, json!({})).await;
+    let shutdown = Shutdown::new();
+    let mut deliveries = h.deliveries().await;
+    let (orchestrator, run_id) = running_run(&h, &shutdown, Some("c1")).await;
+
+    let content = b"hello artifact".to_vec();
+    let b64 = base64::engine::general_purpose::STANDARD.encode(&content);
+    let sha = hex::encode(<sha2::Sha256 as sha2::Digest>::digest(&content));
+    let items = [
+        json!({"type": "state.updated", "data": {"scope": "conversation", "key": "conversation_id", "value": "ext-1"}}),
+        json!({"type": "state.updated", "data": {"scope": "actor", "key": "prefs", "value": {"lang": "fr"}}}),
+        // runner scope is not enabled by the agent's policy: refused, the run goes on
+        json!({"type": "state.updated", "data": {"scope": "runner", "key": "k", "value": 1}}),
+        json!({"type": "artifact.created", "data": {"artifact_type": "file", "name": "a.txt", "mime_type": "text/plain",
+               "content_base64": b64, "sha256": sha, "size_bytes": content.len()}}),
+        // a declared sha256 that does not match the bytes: refused by the store's check
+        json!({"type": "artifact.created", "data": {"artifact_type": "file", "artifact_id": "bad", "content_base64": b64,
+               "sha256": "0".repeat(64)}}),
+        json!({"type": "message.completed", "data": {"message": {"role": "assistant", "content": "done!"}}}),
+        json!({"type": "run.failed", "data": {"code": "runner.crashed", "error": "boom"}}),
+    ];
+    for (i, item) in items.iter().enumerate() {
+        h.publish_result(run_id, Some("c1"), i as u64 + 1, item.clone())
+            .await;
+    }
+    wait_status(&h, run_id, RunStatus::Failed).await;
+    let run = h.stores.runs.get_run(run_id).await.unwrap().unwrap();
+    assert_eq!(run.error_code.as_deref(), Some("runner.crashed"));
+    assert_eq!(run.error_message.as_deref(), Some("boom"));
+    assert_eq!(
+        drain(&mut deliveries, Duration::from_millis(200))
+            .await
+            .len(),
+        items.len(),
+        "every item is delivered"
+    );
+
+    // state, under the deterministic keys of this run's binding
+    let snapshot: AuthorizationSnapshot = serde_json::from_value(
+        h.stores
+            .events
+            .get(run.event_id)
+            .await
+            .unwrap()
+            .unwrap()
+            .metadata["authorization"]
+            .clone(),
+    )
+    .unwrap();
+    let parts = StateKeyParts::from_snapshot(&snapshot);
+    let conv_key = scope_key(StateScope::Conversation, &parts).unwrap();
+    let actor_key = scope_key(StateScope::Actor, &parts).unwrap();
+    let runner_key = scope_key(StateScope::Runner, &parts).unwrap();
+    let v = h
+        .stores
+        .state
+        .get(&conv_key, "external.conversation_id")
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(v.value, json!("ext-1"), "the alias was applied");
+    let v = h
+        .stores
+        .state
+        .get(&actor_key, "prefs")
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(v.value, json!({"lang": "fr"}));
+    assert!(
+        h.stores
+            .state
+            .get(&runner_key, "k")
+            .await
+            .unwrap()
+            .is_none()
+    );
+
+    // artifacts: the good one stored and logged, the mismatching one not
+    let art = h
+        .stores
+        .artifacts
+        .metadata(&format!("{run_id}:4"))
+        .await
+        .unwrap();
+    assert_eq!(art.run_id, Some(run_id));
+    assert_eq!(art.size_bytes, Some(content.len() as i64));
+    assert_eq!(art.scope, sb_store::ArtifactScope::Conversation);
+    let read = h.stores.artifacts.read(&art.id, 0, None).await.unwrap();
+    assert_eq!(read.content.as_deref(), Some(content.as_slice()));
+    assert!(h.stores.artifacts.metadata("bad").await.is_err());
+    let mut q = sb_store::EventQuery::new(ws());
+    q.event_types = vec!["artifact.created".into()];
+    let logged = h.stores.events.page(q).await.unwrap();
+    assert_eq!(logged.items.len(), 1);
+    assert_eq!(logged.items[0].run_id, Some(run_id));
+
+    // transcript: user, then the assistant's complete message with the artifact ref
+    let page = h
+        .stores
+        .transcript
+        .page(TranscriptQuery::new(ws(), "c1"))
+        .await
+        .unwrap();
+    let mut roles: Vec<_> = page
+        .items
+        .iter()
+        .map(|i| (i.role.clone(), i.content.clone()))
+        .collect();
+    roles.reverse();
+    assert_eq!(
+        roles,
+        [
+            ("user".to_owned(), Some("hello".to_owned())),
+            ("assistant".to_owned(), Some("done!".to_owned()))
+        ]
+    );
+    let assistant = page.items.iter().find(|i| i.role == "assistant").unwrap();
+    assert_eq!(
+        assistant.artifact_refs.as_ref().unwrap()[0]["artifact_id"],
+        format!("{run_id}:4")
+    );
+
+    shutdown.trigger();
+    orchestrator.join().await;
+}
+
+#[tokio::test]
+async fn reaper_times_out_overdue_runs() {
+    let h = harness().await;
+    standard_setup(&h, json!({"timeout": 0.05})).await;
+    let mut deliveries = h.deliveries().await;
+    let event_id = h.ingest(Some("c1"), "slow").await;
+    let RouteOutcome::Dispatched { run_id, .. } = h
+        .router()
+        .route(&EventMessage::new(ws(), event_id))
+        .await
+        .unwrap()
+    else {
+        panic!()
+    };
+    assert!(h.stores.runs.claim_run(run_id, "w1").await.unwrap());
+    // a result that did arrive
+    let msg = ResultMessage::new(
+        run_id,
+        ws(),
+        Some("c1".into()),
+        1,
+        serde_json::from_value(
+            json!({"type": "message.delta", "data": {"chunk": {"content": "par"}}}),
+        )
+        .unwrap(),
+    );
+    let seq1 = sb_store::NewRunEvent {
+        run_id,
+        sequence: 1,
+        result_type: "message.delta".into(),
+        data: serde_json::to_value(&msg.result).unwrap(),
+    };
+    assert!(h.stores.runs.insert_event(seq1).await.unwrap());
+    assert!(h.sessions.get_session(&run_id).await.unwrap().is_some());
+
+    let options = Arc::new(OrchestratorOptions {
+        session_grace: Duration::ZERO,
+        ..h.options()
+    });
+    let sink = Arc::new(ResultSink::new(h.deps(), Arc::clone(&options)));
+    let reaper = Reaper::new(h.deps(), options, sink);
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    let reaped = reaper.reap_once().await.unwrap();
+    assert_eq!(reaped, [run_id]);
+    let run = h.stores.runs.get_run(run_id).await.unwrap().unwrap();
+    assert_eq!(run.status, RunStatus::Timeout);
+    assert_eq!(run.error_code.as_deref(), Some("timeout"));
+
+    let rows = h.stores.runs.events_after(run_id, 0, 100).await.unwrap();
+    assert_eq!(rows.len(), 2);
+    assert_eq!(rows[1].sequence, 2);
+    assert_eq!(rows[1].result_type, "run.failed");
+    assert_eq!(rows[1].data["data"]["code"], "timeout");
+    let delivered = drain(&mut deliveries, Duration::from_millis(100)).await;
+    assert_eq!(delivered.len(), 1);
+    assert_eq!(
+        (
+            delivered[0].sequence,
+            delivered[0].result.result_type.as_str()
+        ),
+        (2, "run.failed")
+    );
+    assert!(
+        h.sessions.get_session(&run_id).await.unwrap().is_none(),
+        "session ended"
+    );
+    // what was streamed is kept in the transcript
+    let page = h
+        .stores
+        .transcript
+        .page(TranscriptQuery::new(ws(), "c1"))
+        .await
+        .unwrap();
+    assert!(
+        page.items
+            .iter()
+            .any(|i| i.role == "assistant" && i.content.as_deref() == Some("par"))
+    );
+
+    // a second scan finds nothing to do
+    assert!(reaper.reap_once().await.unwrap().is_empty());
+    assert_eq!(
+        h.stores.runs.get_run(run_id).await.unwrap().unwrap().status,
+        RunStatus::Timeout
+    );
+}
+
+#[tokio::test]
+async fn results_for_unknown_runs_are_dropped_and_garbage_is_dead_lettered() {
+    let h = harness().await;
+    let shutdown = Shutdown::new();
+    let orchestrator = Orchestrator::spawn(h.deps(), h.options(), &shutdown)
+        .await
+        .unwrap();
+    let mut deliveries = h.deliveries().await;
+
+    // a result of a run that does not exist: not_found → acked, nothing stored or delivered
+    let ghost = RunId::new();
+    h.publish_result(ghost, None, 1, json!({"type": "run.completed", "data": {}}))
+        .await;
+    // a body that is not a result message: invalid_argument → dead-lettered
+    h.bus
+        .publish(
+            &h.topology.results_exchange(),
+            &h.topology.results_routing_key(&ghost),
+            b"{not json".to_vec().into(),
+            PublishOptions::default(),
+        )
+        .await
+        .unwrap();
+    let dead = h.topology.dead_queue().name;
+    eventually("dead-lettered garbage", || async {
+        h.bus.ready_count(&dead) == Some(1)
+    })
+    .await;
+    let queues: Vec<String> = (0..2).map(|k| h.topology.results_queue(k).name).collect();
+    eventually("results settled", || async {
+        queues
+            .iter()
+            .all(|q| h.bus.ready_count(q) == Some(0) && h.bus.unacked_count(q) == Some(0))
+    })
+    .await;
+    assert!(
+        h.stores
+            .runs
+            .events_after(ghost, 0, 10)
+            .await
+            .unwrap()
+            .is_empty()
+    );
+    assert!(
+        drain(&mut deliveries, Duration::from_millis(100))
+            .await
+            .is_empty()
+    );
+
+    shutdown.trigger();
+    orchestrator.join().await;
+}

@@ -1,0 +1,302 @@
+//! The Host API gate: the checks every runner call passes before any action code runs
+//! (SPEC §8 validation steps 1–3), in front of an inner [`Dispatcher`] that serves the action.
+//!
+//! ```text
+//!  runner ──api{id, run_id, action}──▶ runner host ──(run_id is an active run of this process?)──▶ ApiGate::call
+//!                                        (answers not_found itself otherwise)                           │
+//!   1. session exists in the session store ───────── no ──▶ not_found "run session <id> not found or expired"
+//!   2. caller plugin identity = session's plugin_id ── no ──▶ unauthorized
+//!   3. session deadline not passed ─────────────────── no ──▶ deadline_exceeded
+//!   4+. Dispatcher::dispatch(call with the frozen snapshot) (grants, scope, arguments, budgets, the action)
+//! ```
+//!
+//! The order matters and is the seed host's: a run that ended (its session removed
+//! atomically by the worker, SPEC §4.4) answers `not_found` even to its own process, and a
+//! process can never learn anything about another plugin's run beyond "unauthorized". The
+//! caller identity comes from the runner host (the process connection), never from the
+//! message. Authorization is always checked against the snapshot frozen in the session, never
+//! re-derived from current configuration (SPEC §6).
+//!
+//! Every call is counted in `sb_proxy_calls_total{action, result}` (result = `ok` or the error
+//! code) and timed in `sb_proxy_call_duration_seconds{action}`; action names outside the
+//! protocol's closed set are counted as `unknown` so a runner cannot blow up label
+//! cardinality.
+
+use std::sync::Arc;
+use std::time::{Instant, SystemTime, UNIX_EPOCH};
+
+use async_trait::async_trait;
+use sb_common::session::SessionStore;
+use sb_common::telemetry::{Registry, names};
+use sb_protocol::error::{AgentApiError, ErrorCode};
+use sb_protocol::host::AuthorizationSnapshot;
+use sb_protocol::ids::RunId;
+use serde_json::{Value, json};
+
+use crate::runner::api::{ApiStream, CallerIdentity, HOST_VERSION, HostApi, KNOWN_ACTIONS};
+
+/// The Host API protocol version reported by `get_host_version`.
+pub const PROTOCOL_VERSION: &str = "v1";
+
+/// A call that passed the gate: the action code gets the frozen snapshot with it.
+#[derive(Debug, Clone, Copy)]
+pub struct GatedCall<'a> {
+    /// Who is calling (from the process connection).
+    pub caller: &'a CallerIdentity,
+    /// The run.
+    pub run_id: RunId,
+    /// The action name as sent by the runner.
+    pub action: &'a str,
+    /// The run's authorization, as frozen at run start.
+    pub snapshot: &'a AuthorizationSnapshot,
+}
+
+/// Serves Host API actions after the gate.
+///
+/// # Contract
+/// - Called only for calls that passed steps 1–3 of SPEC §8; the implementation performs the
+///   remaining steps (4: API flag / resource grant in `call.snapshot`, 5: scope, 6: arguments,
+///   7: size, rate, budgets) in that order, then the action.
+/// - An action it does not know is `not_found`; a known action it cannot serve for this run is
+///   `unauthorized` (never a fake success).
+/// - May stream parts of the answer through `stream` before returning the final data.
+/// - Must tolerate being dropped at any await point (the run ended).
+#[async_trait]
+pub trait Dispatcher: Send + Sync + 'static {
+    /// Serves one gated call.
+    async fn dispatch(
+        &self,
+        call: GatedCall<'_>,
+        params: Value,
+        stream: &ApiStream,
+    ) -> Result<Value, AgentApiError>;
+}
+
+#[async_trait]
+impl<D: Dispatcher + ?Sized> Dispatcher for Arc<D> {
+    async fn dispatch(
+        &self,
+        call: GatedCall<'_>,
+        params: Value,
+        stream: &ApiStream,
+    ) -> Result<Value, AgentApiError> {
+        (**self).dispatch(call, params, stream).await
+    }
+}
+
+/// The dispatcher of a worker without resource providers yet: answers `get_host_version` and
+/// `ping`; every other known action is `unauthorized` (nothing can be granted without a
+/// provider), unknown actions are `not_found`.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct BasicDispatcher;
+
+#[async_trait]
+impl Dispatcher for BasicDispatcher {
+    async fn dispatch(
+        &self,
+        call: GatedCall<'_>,
+        _params: Value,
+        _stream: &ApiStream,
+    ) -> Result<Value, AgentApiError> {
+        match call.action {
+            "get_host_version" => Ok(json!({
+                "version": HOST_VERSION,
+                "protocol": PROTOCOL_VERSION,
+                "host": "switchboard",
+            })),
+            "ping" => Ok(json!({})),
+            known if KNOWN_ACTIONS.contains(&known) => Err(AgentApiError::new(
+                ErrorCode::Unauthorized,
+                format!("{known} is not available to this agent run"),
+            )),
+            unknown => Err(AgentApiError::new(
+                ErrorCode::NotFound,
+                format!("unknown host api action `{unknown}`"),
+            )),
+        }
+    }
+}
+
+/// Current time as epoch seconds (the unit of `deadline_at`).
+pub type Clock = Arc<dyn Fn() -> f64 + Send + Sync>;
+
+/// The system clock in epoch seconds.
+#[must_use]
+pub fn system_clock() -> Clock {
+    Arc::new(|| {
+        SystemTime::now()
+            .duration_since(UNIX_EPOCH)
+            .map_or(0.0, |d| d.as_secs_f64())
+    })
+}
+
+/// The [`HostApi`] the worker injects into its runner hosts: the gate, then `inner`.
+pub struct ApiGate<D = BasicDispatcher> {
+    sessions: Arc<dyn SessionStore>,
+    inner: D,
+    clock: Clock,
+    metrics: &'static Registry,
+}
+
+impl<D> std::fmt::Debug for ApiGate<D> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ApiGate").finish_non_exhaustive()
+    }
+}
+
+impl<D: Dispatcher> ApiGate<D> {
+    /// A gate reading sessions from `sessions`, with the system clock.
+    pub fn new(sessions: Arc<dyn SessionStore>, inner: D) -> Self {
+        Self {
+            sessions,
+            inner,
+            clock: system_clock(),
+            metrics: Registry::global(),
+        }
+    }
+
+    /// Replaces the clock (tests).
+    #[must_use]
+    pub fn with_clock(mut self, clock: Clock) -> Self {
+        self.clock = clock;
+        self
+    }
+
+    /// Steps 1–3 of SPEC §8. Returns the frozen snapshot of the run.
+    async fn check(
+        &self,
+        caller: &CallerIdentity,
+        run_id: RunId,
+    ) -> Result<AuthorizationSnapshot, AgentApiError> {
+        let session = match self.sessions.get_session(&run_id).await {
+            Ok(Some(session)) => session,
+            Ok(None) => return Err(session_not_found(run_id)),
+            Err(error) => {
+                tracing::warn!(%run_id, %error, "session store unreachable for a host api call");
+                return Err(AgentApiError::new(
+                    ErrorCode::Unavailable,
+                    "run session store is unavailable",
+                ));
+            }
+        };
+        let snapshot = decode_snapshot(session).map_err(|reason| {
+            tracing::error!(%run_id, %reason, "run session does not hold an authorization snapshot");
+            AgentApiError::new(ErrorCode::Internal, "internal host error")
+        })?;
+        if snapshot.run_id != run_id {
+            tracing::error!(%run_id, stored = %snapshot.run_id, "run session belongs to another run");
+            return Err(AgentApiError::new(
+                ErrorCode::Internal,
+                "internal host error",
+            ));
+        }
+        if snapshot.plugin_id != caller.plugin_id {
+            return Err(AgentApiError::new(
+                ErrorCode::Unauthorized,
+                format!(
+                    "plugin {} is not authorized for run {run_id}",
+                    caller.plugin_id
+                ),
+            ));
+        }
+        if snapshot.is_expired((self.clock)()) {
+            return Err(AgentApiError::new(
+                ErrorCode::DeadlineExceeded,
+                format!("run {run_id} deadline exceeded"),
+            ));
+        }
+        Ok(snapshot)
+    }
+}
+
+/// The `not_found` answer for a run without a session (the seed host's message).
+#[must_use]
+pub fn session_not_found(run_id: RunId) -> AgentApiError {
+    AgentApiError::new(
+        ErrorCode::NotFound,
+        format!("run session {run_id} not found or expired"),
+    )
+}
+
+/// Reads the authorization snapshot out of a stored run session. The session value *is* the
+/// snapshot's JSON (`sb_protocol::host::AuthorizationSnapshot`, as its docs say), written by
+/// the orchestrator before it publishes the job.
+pub fn decode_snapshot(session: Value) -> Result<AuthorizationSnapshot, String> {
+    serde_json::from_value(session).map_err(|e| e.to_string())
+}
+
+/// The metric label for an action: its name if it is one of the protocol's, else `unknown`.
+fn action_label(action: &str) -> &str {
+    if KNOWN_ACTIONS.contains(&action) {
+        action
+    } else {
+        "unknown"
+    }
+}
+
+#[async_trait]
+impl<D: Dispatcher> HostApi for ApiGate<D> {
+    async fn call(
+        &self,
+        caller: &CallerIdentity,
+        run_id: RunId,
+        action: &str,
+        params: Value,
+        stream: &ApiStream,
+    ) -> Result<Value, AgentApiError> {
+        let started = Instant::now();
+        let outcome = match self.check(caller, run_id).await {
+            Ok(snapshot) => {
+                let call = GatedCall {
+                    caller,
+                    run_id,
+                    action,
+                    snapshot: &snapshot,
+                };
+                self.inner.dispatch(call, params, stream).await
+            }
+            Err(error) => Err(error),
+        };
+        let label = action_label(action);
+        let result = match &outcome {
+            Ok(_) => "ok",
+            Err(e) => e.error_code().map_or("runtime_error", ErrorCode::as_str),
+        };
+        self.metrics.inc(
+            names::PROXY_CALLS_TOTAL,
+            &[("action", label), ("result", result)],
+        );
+        self.metrics.observe(
+            names::PROXY_CALL_DURATION_SECONDS,
+            &[("action", label)],
+            started.elapsed().as_secs_f64(),
+        );
+        if let Err(e) = &outcome {
+            tracing::debug!(%run_id, action = label, code = %e.code, message = %e.message, "host api call refused");
+        }
+        outcome
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn action_labels_are_bounded() {
+        assert_eq!(action_label("get_host_version"), "get_host_version");
+        assert_eq!(action_label("drop_tables; --"), "unknown");
+    }
+
+    #[test]
+    fn snapshot_decodes_from_the_session_value() {
+        let run_id = RunId::new();
+        let snap = json!({
+            "run_id": run_id, "plugin_id": "acme/echo", "runner_id": "plugin:acme/echo/default",
+            "binding_id": "b", "workspace_id": "default", "resources": {},
+            "available_apis": {}, "state_policy": {}, "budgets": {}
+        });
+        assert_eq!(decode_snapshot(snap).unwrap().plugin_id, "acme/echo");
+        assert!(decode_snapshot(json!({"plugin_id": 3})).is_err());
+    }
+}

@@ -1,0 +1,178 @@
+//! The Host API boundary as the runner host sees it (SPEC §8).
+//!
+//! The host validates the *connection* side of a call — the caller is the plugin whose process
+//! sent the line, and the run is an active run of that very process (see
+//! [`super::session`]) — and then hands the call to a [`HostApi`], which the worker implements
+//! against the session store, the authorization snapshot and the resource providers.
+
+use async_trait::async_trait;
+use sb_protocol::error::{AgentApiError, ErrorCode};
+use sb_protocol::ids::RunId;
+use sb_protocol::manifest::RunnerId;
+use sb_protocol::wire::HostToRunner;
+use serde_json::{Value, json};
+use tokio::sync::mpsc;
+
+/// Who is calling: derived by the worker from the process connection, **never** read from
+/// a message (a runner cannot claim to be another plugin).
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct CallerIdentity {
+    /// The runner the process was started for.
+    pub runner_id: RunnerId,
+    /// `<author>/<plugin>`: the identity compared with the run session's plugin identity.
+    pub plugin_id: String,
+}
+
+impl CallerIdentity {
+    #[must_use]
+    pub fn for_runner(runner_id: &RunnerId) -> Self {
+        Self { runner_id: runner_id.clone(), plugin_id: runner_id.plugin_id() }
+    }
+}
+
+/// Sends the streamed parts (`api_chunk`) of one call's answer.
+#[derive(Debug, Clone)]
+pub struct ApiStream {
+    call_id: String,
+    out: mpsc::Sender<HostToRunner>,
+}
+
+impl ApiStream {
+    /// A stream writing `api_chunk {id: call_id}` messages into `out` (the process writer;
+    /// a plain channel in tests).
+    #[must_use]
+    pub fn new(call_id: impl Into<String>, out: mpsc::Sender<HostToRunner>) -> Self {
+        Self { call_id: call_id.into(), out }
+    }
+
+    /// The call id chunks are tagged with.
+    #[must_use]
+    pub fn call_id(&self) -> &str {
+        &self.call_id
+    }
+
+    /// Sends one chunk. Returns false if the process is gone (stop producing chunks).
+    pub async fn send(&self, data: Value) -> bool {
+        self.out
+            .send(HostToRunner::ApiChunk { id: self.call_id.clone(), data })
+            .await
+            .is_ok()
+    }
+}
+
+/// Serves Host API actions for runner processes.
+///
+/// Contract:
+/// - Called only for a `run_id` that is an active run of the calling process; `caller` is
+///   that process's identity. The implementation still performs every check of SPEC §8 that
+///   needs host state (session exists, identity matches the session, deadline, snapshot,
+///   scope, arguments, size, rate and budgets), in that order.
+/// - Streams parts of the answer through `stream` (e.g. `invoke_llm_stream`), then returns
+///   the final `data`; chunks sent after returning are not allowed.
+/// - The future may be dropped when the run ends (cancel, deadline, crash): implementations
+///   must tolerate cancellation at any await point.
+/// - Errors are structured [`AgentApiError`]s with codes from the closed set.
+#[async_trait]
+pub trait HostApi: Send + Sync + 'static {
+    async fn call(
+        &self,
+        caller: &CallerIdentity,
+        run_id: RunId,
+        action: &str,
+        params: Value,
+        stream: &ApiStream,
+    ) -> Result<Value, AgentApiError>;
+}
+
+/// The Host API of a worker without resource providers: answers `get_host_version` and
+/// `ping`, refuses every other known action as `unauthorized` (nothing is granted) and
+/// unknown actions as `not_found`.
+#[derive(Debug, Clone, Default)]
+pub struct BasicHostApi;
+
+/// Every action name of the Host API (PROTOCOL_V1 §8, host-behaviour Appendix A).
+pub const KNOWN_ACTIONS: &[&str] = &[
+    "invoke_llm",
+    "invoke_llm_stream",
+    "invoke_rerank",
+    "get_tool_detail",
+    "call_tool",
+    "retrieve_knowledge",
+    "get_prompt",
+    "history_page",
+    "history_search",
+    "event_get",
+    "event_page",
+    "steering_pull",
+    "artifact_metadata",
+    "artifact_read",
+    "state_get",
+    "state_set",
+    "state_delete",
+    "state_list",
+    "get_binary_storage",
+    "set_binary_storage",
+    "delete_binary_storage",
+    "get_binary_storage_keys",
+    "get_config_file",
+    "get_host_version",
+    "ping",
+];
+
+/// The host version reported to runners.
+pub const HOST_VERSION: &str = env!("CARGO_PKG_VERSION");
+
+#[async_trait]
+impl HostApi for BasicHostApi {
+    async fn call(
+        &self,
+        _caller: &CallerIdentity,
+        _run_id: RunId,
+        action: &str,
+        _params: Value,
+        _stream: &ApiStream,
+    ) -> Result<Value, AgentApiError> {
+        match action {
+            "get_host_version" => Ok(json!({ "version": HOST_VERSION, "host": "switchboard" })),
+            "ping" => Ok(json!({})),
+            known if KNOWN_ACTIONS.contains(&known) => Err(AgentApiError::new(
+                ErrorCode::Unauthorized,
+                format!("{known} is not available to this agent run"),
+            )),
+            unknown => Err(AgentApiError::new(
+                ErrorCode::NotFound,
+                format!("unknown host api action `{unknown}`"),
+            )),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test]
+    async fn basic_host_api_answers() {
+        let (tx, _rx) = mpsc::channel(1);
+        let stream = ApiStream::new("1", tx);
+        let caller = CallerIdentity::for_runner(&"plugin:a/b/c".parse().unwrap());
+        assert_eq!(caller.plugin_id, "a/b");
+        let api = BasicHostApi;
+        let v = api.call(&caller, RunId::new(), "get_host_version", json!({}), &stream).await.unwrap();
+        assert_eq!(v["version"], HOST_VERSION);
+        let e = api.call(&caller, RunId::new(), "call_tool", json!({}), &stream).await.unwrap_err();
+        assert_eq!(e.code, "unauthorized");
+        let e = api.call(&caller, RunId::new(), "teleport", json!({}), &stream).await.unwrap_err();
+        assert_eq!(e.code, "not_found");
+    }
+
+    #[tokio::test]
+    async fn api_stream_tags_chunks_with_the_call_id() {
+        let (tx, mut rx) = mpsc::channel(4);
+        let stream = ApiStream::new("42", tx);
+        assert!(stream.send(json!("part")).await);
+        assert_eq!(rx.recv().await, Some(HostToRunner::ApiChunk { id: "42".into(), data: json!("part") }));
+        drop(rx);
+        assert!(!stream.send(json!("x")).await);
+    }
+}

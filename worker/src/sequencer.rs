@@ -1,0 +1,481 @@
+//! Per-run result sequencing and validation (SPEC §4.3, §4.4): the pure core between a
+//! runner's raw output and the ordered stream the worker publishes.
+//!
+//! A [`RunSequencer`] sees every raw result of one run, in arrival order, and decides:
+//!
+//! ```text
+//!  raw result ──▶ after terminal? ──yes──▶ Skip(Late)                 (late completion isolation)
+//!                     │ no
+//!                     ▼
+//!              envelope run_id ≠ run? ──yes──▶ Fail(runner.protocol_error)
+//!                     │ no
+//!                     ▼
+//!              runner `sequence` seen? ──yes──▶ Skip(Duplicate)        (gaps/out-of-order: warn)
+//!                     │ no
+//!                     ▼
+//!              classify (sb_protocol::result::classify)
+//!                Valid / Telemetry ──▶ Deliver(item with transport sequence n+1)
+//!                Dropped           ──▶ Skip(Invalid)                  (unknown type, bad strict payload)
+//!                ProtocolError     ──▶ Fail(runner.protocol_error)     (missing type, oversize, …)
+//! ```
+//!
+//! Transport sequences are assigned here and only here: 1, 2, 3, … with no gaps, over the
+//! items actually delivered (skipped results do not consume a number). The runner's own
+//! `sequence` is only used to drop duplicates; it is replaced in the delivered envelope.
+//!
+//! Exactly one terminal item is produced per run: the runner's own `run.completed` /
+//! `run.failed`, or one synthesized by [`RunSequencer::fail`] / [`RunSequencer::end`]
+//! (`runner.empty_output` for a run that ends with no message and no terminal, SPEC's "no
+//! silent success"; `run.completed {finish_reason: "stop"}` for one that produced messages).
+//! After the terminal item everything is skipped.
+
+use std::collections::BTreeSet;
+use std::time::{SystemTime, UNIX_EPOCH};
+
+use sb_protocol::error::run_failure;
+use sb_protocol::ids::RunId;
+use sb_protocol::result::{AgentRunResult, Classified, ResultLimits, ResultType, classify};
+use serde_json::Value;
+
+/// One delivered result with its transport sequence.
+#[derive(Debug, Clone, PartialEq)]
+pub struct RunItem {
+    /// Transport sequence (1, 2, 3, … per run). Also written into `result.sequence`.
+    pub sequence: u64,
+    /// The envelope, with `run_id` and `sequence` set by the host.
+    pub result: AgentRunResult,
+}
+
+impl RunItem {
+    /// Whether this item ends the run.
+    #[must_use]
+    pub fn is_terminal(&self) -> bool {
+        self.result.is_terminal()
+    }
+
+    /// For a terminal `run.failed`: its `code`.
+    #[must_use]
+    pub fn failure_code(&self) -> Option<&str> {
+        if self.result.known_type() == Some(ResultType::RunFailed) {
+            self.result.data.get("code").and_then(Value::as_str)
+        } else {
+            None
+        }
+    }
+}
+
+/// What [`RunSequencer::admit`] decided.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Admission {
+    /// Deliver this item (it may be the terminal one).
+    Deliver(RunItem),
+    /// Do not deliver; log `reason` and go on.
+    Skip(SkipReason),
+    /// The runner broke the protocol: deliver this synthesized terminal `run.failed`
+    /// (`runner.protocol_error`); the run is over.
+    Fail(RunItem),
+}
+
+/// Why a result was not delivered.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum SkipReason {
+    /// The run already has its terminal item.
+    Late,
+    /// A runner `sequence` that was already delivered.
+    Duplicate { sequence: u64 },
+    /// Dropped by classification (unknown type, invalid strict payload).
+    Invalid { reason: String },
+}
+
+/// How a run's stream ended without (necessarily) a terminal result from the runner.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum EndCause {
+    /// The runner sent `done` (or a `per_run` process exited cleanly).
+    Done,
+    /// The host cancelled the run and the grace period passed.
+    Cancelled { reason: String },
+    /// The run's deadline passed.
+    TimedOut,
+    /// The process died with the run in flight.
+    Crashed { detail: String },
+    /// The process broke the wire protocol in a way attributable to this run.
+    ProtocolError { detail: String },
+    /// The worker stopped hosting the run (forced shutdown).
+    Interrupted { detail: String },
+}
+
+/// Runner-side sequence bookkeeping: which runner sequences were seen, compactly (a dense
+/// prefix plus a sparse set above it), so a run with a million results keeps O(1) state when
+/// the runner numbers densely.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct SeenSequences {
+    /// Every sequence in `1..=dense_upto` has been seen.
+    dense_upto: u64,
+    /// Seen sequences above `dense_upto + 1`.
+    sparse: BTreeSet<u64>,
+    /// The largest sequence seen.
+    max_seen: u64,
+}
+
+/// What a runner sequence means relative to what was seen before.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum SeqCheck {
+    /// The next expected one (or the first).
+    InOrder,
+    /// Larger than expected: `expected..sequence` are missing (so far).
+    Gap { expected: u64 },
+    /// Smaller than the largest seen but new (a late arrival; delivered, logged).
+    OutOfOrder { max_seen: u64 },
+    /// Already seen: drop.
+    Duplicate,
+}
+
+impl SeenSequences {
+    /// Records `sequence` and says how it relates to the previous ones. Sequence 0 (invalid per
+    /// protocol, which starts at 1) is treated like any other number.
+    pub fn record(&mut self, sequence: u64) -> SeqCheck {
+        if sequence <= self.dense_upto && sequence != 0 || self.sparse.contains(&sequence) {
+            return SeqCheck::Duplicate;
+        }
+        let check = if sequence == self.max_seen + 1 {
+            SeqCheck::InOrder
+        } else if sequence > self.max_seen {
+            SeqCheck::Gap { expected: self.max_seen + 1 }
+        } else {
+            SeqCheck::OutOfOrder { max_seen: self.max_seen }
+        };
+        if sequence == 0 {
+            // Outside the protocol's numbering; remember it in the sparse set only.
+            self.sparse.insert(0);
+            return check;
+        }
+        self.max_seen = self.max_seen.max(sequence);
+        if sequence == self.dense_upto + 1 {
+            self.dense_upto = sequence;
+            while self.sparse.remove(&(self.dense_upto + 1)) {
+                self.dense_upto += 1;
+            }
+        } else {
+            self.sparse.insert(sequence);
+        }
+        check
+    }
+}
+
+/// The per-run state machine over results. Pure: no I/O, no clock except for filling a
+/// missing `timestamp` (see [`RunSequencer::with_clock`]).
+#[derive(Debug, Clone)]
+pub struct RunSequencer {
+    run_id: RunId,
+    run_id_text: String,
+    limits: ResultLimits,
+    /// The transport sequence of the next delivered item.
+    next_sequence: u64,
+    seen: SeenSequences,
+    /// Whether any `message.*` item was delivered (no-silent-success rule).
+    saw_message: bool,
+    /// Set once the terminal item was produced.
+    finished: bool,
+    clock: fn() -> i64,
+}
+
+fn epoch_now() -> i64 {
+    SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_secs() as i64)
+}
+
+impl RunSequencer {
+    #[must_use]
+    pub fn new(run_id: RunId, limits: ResultLimits) -> Self {
+        Self {
+            run_id,
+            run_id_text: run_id.to_string(),
+            limits,
+            next_sequence: 1,
+            seen: SeenSequences::default(),
+            saw_message: false,
+            finished: false,
+            clock: epoch_now,
+        }
+    }
+
+    /// Replaces the clock used for missing timestamps (tests).
+    #[must_use]
+    pub fn with_clock(mut self, clock: fn() -> i64) -> Self {
+        self.clock = clock;
+        self
+    }
+
+    #[must_use]
+    pub fn run_id(&self) -> RunId {
+        self.run_id
+    }
+
+    /// Whether the terminal item was produced.
+    #[must_use]
+    pub fn is_finished(&self) -> bool {
+        self.finished
+    }
+
+    /// Number of items delivered so far.
+    #[must_use]
+    pub fn delivered(&self) -> u64 {
+        self.next_sequence - 1
+    }
+
+    /// Decides what to do with one raw result of this run.
+    pub fn admit(&mut self, raw: &Value) -> Admission {
+        if self.finished {
+            return Admission::Skip(SkipReason::Late);
+        }
+        let foreign_run = raw
+            .get("run_id")
+            .and_then(Value::as_str)
+            .filter(|inner| !inner.is_empty() && *inner != self.run_id_text);
+        if let Some(inner) = foreign_run {
+            return Admission::Fail(self.terminal_failure(
+                run_failure::RUNNER_PROTOCOL_ERROR,
+                format!("result names run `{inner}` on the stream of run {}", self.run_id_text),
+            ));
+        }
+        if let Some(seq) = raw.get("sequence").and_then(Value::as_u64) {
+            match self.seen.record(seq) {
+                SeqCheck::Duplicate => return Admission::Skip(SkipReason::Duplicate { sequence: seq }),
+                SeqCheck::Gap { expected } => tracing::warn!(
+                    run_id = %self.run_id, expected, got = seq,
+                    "runner sequence gap"
+                ),
+                SeqCheck::OutOfOrder { max_seen } => tracing::warn!(
+                    run_id = %self.run_id, max_seen, got = seq,
+                    "runner sequence out of order"
+                ),
+                SeqCheck::InOrder => {}
+            }
+        }
+        let result = match classify(raw, &self.limits) {
+            Classified::Valid(typed) => typed.to_result(),
+            Classified::Telemetry(telemetry) => telemetry.to_result(),
+            Classified::Dropped { reason } => return Admission::Skip(SkipReason::Invalid { reason }),
+            Classified::ProtocolError { reason } => {
+                return Admission::Fail(
+                    self.terminal_failure(run_failure::RUNNER_PROTOCOL_ERROR, reason),
+                );
+            }
+        };
+        Admission::Deliver(self.deliver(result))
+    }
+
+    /// Ends the run because of `cause`, unless it already ended. Returns the synthesized
+    /// terminal item, or `None` if the runner's own terminal item was already delivered.
+    pub fn end(&mut self, cause: EndCause) -> Option<RunItem> {
+        if self.finished {
+            return None;
+        }
+        let item = match cause {
+            EndCause::Done if self.saw_message => self.deliver(AgentRunResult::run_completed()),
+            EndCause::Done => self.terminal_failure(
+                run_failure::RUNNER_EMPTY_OUTPUT,
+                "runner ended the run without any message or terminal result".to_owned(),
+            ),
+            EndCause::Cancelled { reason } => {
+                self.terminal_failure(run_failure::CANCELLED, format!("run cancelled: {reason}"))
+            }
+            EndCause::TimedOut => {
+                self.terminal_failure(run_failure::TIMEOUT, "run deadline exceeded".to_owned())
+            }
+            EndCause::Crashed { detail } => self.terminal_failure(
+                run_failure::RUNNER_CRASHED,
+                format!("runner process crashed: {detail}"),
+            ),
+            EndCause::ProtocolError { detail } => {
+                self.terminal_failure(run_failure::RUNNER_PROTOCOL_ERROR, detail)
+            }
+            EndCause::Interrupted { detail } => self.terminal_failure(
+                run_failure::INTERRUPTED,
+                format!("run interrupted: {detail}"),
+            ),
+        };
+        Some(item)
+    }
+
+    fn terminal_failure(&mut self, code: &str, error: String) -> RunItem {
+        let retryable = run_failure::default_retryable(code);
+        self.deliver(AgentRunResult::run_failed(code, error, retryable))
+    }
+
+    fn deliver(&mut self, mut result: AgentRunResult) -> RunItem {
+        let sequence = self.next_sequence;
+        self.next_sequence += 1;
+        result.run_id.clone_from(&self.run_id_text);
+        result.sequence = Some(sequence);
+        if result.timestamp.is_none() {
+            result.timestamp = Some((self.clock)());
+        }
+        match result.known_type() {
+            Some(t) if t.is_message() => self.saw_message = true,
+            Some(t) if t.is_terminal() => self.finished = true,
+            _ => {}
+        }
+        RunItem { sequence, result }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    fn seq() -> RunSequencer {
+        RunSequencer::new(RunId::new(), ResultLimits::default()).with_clock(|| 42)
+    }
+
+    fn delta(text: &str, sequence: Option<u64>) -> Value {
+        let mut v = json!({"type": "message.delta", "data": {"chunk": {"role": "assistant", "content": text}}});
+        if let Some(s) = sequence {
+            v["sequence"] = json!(s);
+        }
+        v
+    }
+
+    fn delivered(a: Admission) -> RunItem {
+        match a {
+            Admission::Deliver(item) => item,
+            other => panic!("expected delivery, got {other:?}"),
+        }
+    }
+
+    #[test]
+    fn seen_sequences_classify_and_stay_compact() {
+        let mut s = SeenSequences::default();
+        assert_eq!(s.record(1), SeqCheck::InOrder);
+        assert_eq!(s.record(2), SeqCheck::InOrder);
+        assert_eq!(s.record(2), SeqCheck::Duplicate);
+        assert_eq!(s.record(5), SeqCheck::Gap { expected: 3 });
+        assert_eq!(s.record(3), SeqCheck::OutOfOrder { max_seen: 5 });
+        assert_eq!(s.record(5), SeqCheck::Duplicate);
+        assert_eq!(s.record(4), SeqCheck::OutOfOrder { max_seen: 5 });
+        assert_eq!(s.record(6), SeqCheck::InOrder);
+        assert!(s.sparse.is_empty(), "dense prefix absorbed the sparse set: {s:?}");
+        assert_eq!(s.dense_upto, 6);
+        for n in 7..10_000 {
+            s.record(n);
+        }
+        assert!(s.sparse.is_empty());
+    }
+
+    #[test]
+    fn transport_sequences_are_dense_and_replace_the_runners() {
+        let mut s = seq();
+        let a = delivered(s.admit(&delta("a", Some(10))));
+        let b = delivered(s.admit(&delta("b", None)));
+        let c = delivered(s.admit(&delta("c", Some(12))));
+        assert_eq!((a.sequence, b.sequence, c.sequence), (1, 2, 3));
+        assert_eq!(c.result.sequence, Some(3));
+        assert_eq!(c.result.run_id, s.run_id().to_string());
+        assert_eq!(c.result.timestamp, Some(42));
+    }
+
+    #[test]
+    fn duplicates_are_dropped_without_consuming_a_sequence() {
+        let mut s = seq();
+        delivered(s.admit(&delta("a", Some(1))));
+        assert_eq!(s.admit(&delta("a", Some(1))), Admission::Skip(SkipReason::Duplicate { sequence: 1 }));
+        let b = delivered(s.admit(&delta("b", Some(2))));
+        assert_eq!(b.sequence, 2);
+    }
+
+    #[test]
+    fn unknown_and_invalid_results_are_skipped_missing_type_fails() {
+        let mut s = seq();
+        assert!(matches!(
+            s.admit(&json!({"type": "telepathy", "data": {}})),
+            Admission::Skip(SkipReason::Invalid { .. })
+        ));
+        assert!(matches!(
+            s.admit(&json!({"type": "message.delta", "data": {"chunk": {"content": "x", "extra": 1}}})),
+            Admission::Skip(SkipReason::Invalid { .. })
+        ));
+        assert_eq!(s.delivered(), 0);
+        let Admission::Fail(item) = s.admit(&json!({"data": {}})) else { panic!() };
+        assert_eq!(item.sequence, 1);
+        assert_eq!(item.failure_code(), Some("runner.protocol_error"));
+        assert!(item.is_terminal());
+        assert!(s.is_finished());
+        assert_eq!(s.admit(&delta("late", None)), Admission::Skip(SkipReason::Late));
+        assert_eq!(s.end(EndCause::Done), None);
+    }
+
+    #[test]
+    fn telemetry_is_delivered_and_does_not_count_as_a_message() {
+        let mut s = seq();
+        let t = delivered(s.admit(&json!({"type": "tool.call.started", "data": "junk"})));
+        assert_eq!(t.result.result_type, "tool.call.started");
+        let end = s.end(EndCause::Done).unwrap();
+        assert_eq!(end.failure_code(), Some("runner.empty_output"));
+        assert_eq!(end.sequence, 2);
+    }
+
+    #[test]
+    fn done_after_messages_completes_with_stop() {
+        let mut s = seq();
+        delivered(s.admit(&json!({"type": "message.completed", "data": {"message": {"role": "assistant", "content": "hi"}}})));
+        let end = s.end(EndCause::Done).unwrap();
+        assert_eq!(end.result.result_type, "run.completed");
+        assert_eq!(end.result.data["finish_reason"], "stop");
+        assert_eq!(end.sequence, 2);
+        assert!(s.is_finished());
+    }
+
+    #[test]
+    fn the_runners_terminal_wins_and_later_results_are_late() {
+        let mut s = seq();
+        let t = delivered(s.admit(&json!({"type": "run.failed", "data": {"code": "runner.error", "error": "x", "retryable": false}})));
+        assert!(t.is_terminal());
+        assert_eq!(s.admit(&delta("after", None)), Admission::Skip(SkipReason::Late));
+        assert_eq!(s.end(EndCause::Crashed { detail: "exit 1".into() }), None);
+    }
+
+    #[test]
+    fn end_causes_map_to_codes() {
+        for (cause, code, retryable) in [
+            (EndCause::Cancelled { reason: "user".into() }, "cancelled", false),
+            (EndCause::TimedOut, "timeout", true),
+            (EndCause::Crashed { detail: "signal 9".into() }, "runner.crashed", false),
+            (EndCause::ProtocolError { detail: "bad".into() }, "runner.protocol_error", false),
+            (EndCause::Interrupted { detail: "shutdown".into() }, "interrupted", true),
+        ] {
+            let mut s = seq();
+            delivered(s.admit(&delta("x", None)));
+            let end = s.end(cause).unwrap();
+            assert_eq!(end.failure_code(), Some(code));
+            assert_eq!(end.result.data["retryable"], json!(retryable));
+            assert_eq!(end.sequence, 2);
+        }
+    }
+
+    #[test]
+    fn a_foreign_run_id_in_the_envelope_is_a_protocol_error() {
+        let mut s = seq();
+        let mut raw = delta("x", None);
+        raw["run_id"] = json!(RunId::new().to_string());
+        assert!(matches!(s.admit(&raw), Admission::Fail(_)));
+        // The run's own id (or none) is fine.
+        let mut s = seq();
+        let mut raw = delta("x", None);
+        raw["run_id"] = json!(s.run_id().to_string());
+        delivered(s.admit(&raw));
+    }
+
+    #[test]
+    fn oversize_results_follow_classify() {
+        let mut s = seq();
+        // A 2 MiB delta is truncated by classify and delivered.
+        let big = "x".repeat(2 * 1024 * 1024);
+        let item = delivered(s.admit(&delta(&big, None)));
+        let content = item.result.data["chunk"]["content"].as_str().unwrap();
+        assert!(content.len() < 20_000 && content.ends_with("...[truncated]"));
+        // A 2 MiB state value cannot be truncated: protocol error.
+        let raw = json!({"type": "state.updated", "data": {"scope": "conversation", "key": "k", "value": big}});
+        let Admission::Fail(item) = s.admit(&raw) else { panic!() };
+        assert_eq!(item.failure_code(), Some("runner.protocol_error"));
+    }
+}

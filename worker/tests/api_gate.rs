@@ -1,0 +1,260 @@
+//! The Host API gate: validation order of SPEC §8 steps 1–3, then the inner dispatcher.
+
+mod support;
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use sb_common::session::SessionStore;
+use sb_common::session::memory::MemorySessionStore;
+use sb_common::telemetry::{Registry, names};
+use sb_protocol::ids::RunId;
+use sb_protocol::manifest::RunnerId;
+use sb_worker::api_gate::{ApiGate, BasicDispatcher, PROTOCOL_VERSION};
+use sb_worker::runner::api::HOST_VERSION;
+use sb_worker::runner::{ApiStream, CallerIdentity, HostApi};
+use serde_json::{Value, json};
+use tokio::sync::mpsc;
+
+const RUNNER: &str = "plugin:acme/agent/default";
+
+struct Fixture {
+    sessions: Arc<MemorySessionStore>,
+    gate: ApiGate<BasicDispatcher>,
+    caller: CallerIdentity,
+    stream: ApiStream,
+    _chunks: mpsc::Receiver<sb_protocol::wire::HostToRunner>,
+}
+
+fn fixture() -> Fixture {
+    let sessions = Arc::new(MemorySessionStore::new());
+    let gate = ApiGate::new(sessions.clone(), BasicDispatcher);
+    let runner: RunnerId = RUNNER.parse().unwrap();
+    let (tx, rx) = mpsc::channel(8);
+    Fixture {
+        sessions,
+        gate,
+        caller: CallerIdentity::for_runner(&runner),
+        stream: ApiStream::new("1", tx),
+        _chunks: rx,
+    }
+}
+
+impl Fixture {
+    async fn session(&self, run_id: RunId, runner: &str, deadline_at: Option<f64>) {
+        let runner: RunnerId = runner.parse().unwrap();
+        self.sessions
+            .put_session(
+                &run_id,
+                &support::snapshot(run_id, &runner, deadline_at),
+                Duration::from_secs(60),
+            )
+            .await
+            .unwrap();
+    }
+
+    async fn call(
+        &self,
+        run_id: RunId,
+        action: &str,
+    ) -> Result<Value, sb_protocol::error::AgentApiError> {
+        self.gate
+            .call(&self.caller, run_id, action, json!({}), &self.stream)
+            .await
+    }
+}
+
+fn calls(action: &str, result: &str) -> u64 {
+    Registry::global()
+        .counter_value(
+            names::PROXY_CALLS_TOTAL,
+            &[("action", action), ("result", result)],
+        )
+        .unwrap_or(0)
+}
+
+#[tokio::test]
+async fn no_session_is_not_found() {
+    let f = fixture();
+    let run_id = RunId::new();
+    let e = f.call(run_id, "get_host_version").await.unwrap_err();
+    assert_eq!(e.code, "not_found");
+    assert_eq!(
+        e.message,
+        format!("run session {run_id} not found or expired")
+    );
+    assert!(!e.retryable);
+
+    // An ended session is gone for good, even for the run's own plugin.
+    f.session(run_id, RUNNER, None).await;
+    assert!(f.call(run_id, "get_host_version").await.is_ok());
+    f.sessions.end_session(&run_id).await.unwrap();
+    assert_eq!(
+        f.call(run_id, "get_host_version").await.unwrap_err().code,
+        "not_found"
+    );
+}
+
+#[tokio::test]
+async fn another_plugin_is_unauthorized_before_the_deadline_is_checked() {
+    let f = fixture();
+    let run_id = RunId::new();
+    // Another plugin's run whose deadline also passed: identity is checked first.
+    f.session(
+        run_id,
+        "plugin:other/agent/default",
+        Some(support::now_secs() - 10.0),
+    )
+    .await;
+    let e = f.call(run_id, "get_host_version").await.unwrap_err();
+    assert_eq!(e.code, "unauthorized", "{e:?}");
+    // Same plugin, another runner of it: the identity is the plugin's.
+    let run_id = RunId::new();
+    f.session(run_id, "plugin:acme/agent/other", None).await;
+    assert!(f.call(run_id, "get_host_version").await.is_ok());
+}
+
+#[tokio::test]
+async fn a_passed_deadline_is_deadline_exceeded() {
+    let f = fixture();
+    let run_id = RunId::new();
+    f.session(run_id, RUNNER, Some(support::now_secs() - 0.5))
+        .await;
+    let before = calls("get_host_version", "deadline_exceeded");
+    let e = f.call(run_id, "get_host_version").await.unwrap_err();
+    assert_eq!(e.code, "deadline_exceeded");
+    assert!(
+        calls("get_host_version", "deadline_exceeded") > before,
+        "counted by action and outcome"
+    );
+    // A deadline in the future passes.
+    let run_id = RunId::new();
+    f.session(run_id, RUNNER, Some(support::now_secs() + 60.0))
+        .await;
+    assert!(f.call(run_id, "get_host_version").await.is_ok());
+}
+
+#[tokio::test]
+async fn get_host_version_answers_and_other_actions_are_refused_honestly() {
+    let f = fixture();
+    let run_id = RunId::new();
+    f.session(run_id, RUNNER, None).await;
+    let before = calls("get_host_version", "ok");
+    let v = f.call(run_id, "get_host_version").await.unwrap();
+    assert_eq!(v["version"], HOST_VERSION);
+    assert_eq!(v["protocol"], PROTOCOL_VERSION);
+    assert!(calls("get_host_version", "ok") > before);
+
+    let e = f.call(run_id, "call_tool").await.unwrap_err();
+    assert_eq!(e.code, "unauthorized");
+    let before = calls("unknown", "not_found");
+    let e = f.call(run_id, "format_disk").await.unwrap_err();
+    assert_eq!(e.code, "not_found");
+    assert!(
+        calls("unknown", "not_found") > before,
+        "unknown actions share one label"
+    );
+}
+
+#[tokio::test]
+async fn a_corrupt_session_is_an_internal_error_not_a_pass() {
+    let f = fixture();
+    let run_id = RunId::new();
+    f.sessions
+        .put_session(&run_id, &json!({"hello": "world"}), Duration::from_secs(60))
+        .await
+        .unwrap();
+    let e = f.call(run_id, "get_host_version").await.unwrap_err();
+    assert_eq!(e.code, "internal");
+    assert_eq!(e.message, "internal host error");
+}
+
+// ---------------------------------------------------------------------------------------------
+// Through a real runner process: the caller identity comes from the connection.
+// ---------------------------------------------------------------------------------------------
+
+/// Runs `api <action>` on the scripted runner and returns the api_result it reported.
+async fn api_via_runner(h: &mut support::Harness, job: &sb_protocol::messages::RunJob) -> Value {
+    h.publish_job(job).await;
+    let results = h.results_until_terminal().await;
+    let completed = results
+        .iter()
+        .find(|m| m.result.known_type() == Some(sb_protocol::result::ResultType::MessageCompleted))
+        .unwrap_or_else(|| panic!("no report in {results:?}"));
+    let text = completed.result.data["message"]["content"]
+        .as_str()
+        .unwrap();
+    serde_json::from_str(text).unwrap()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_runner_process_gets_the_host_version_through_the_gate() {
+    let mut h = support::Harness::start(|_, _| {}).await;
+    let job = h
+        .prepare_run(support::SCRIPTED, "api get_host_version")
+        .await;
+    let answer = api_via_runner(&mut h, &job).await;
+    assert_eq!(answer["ok"], true, "{answer}");
+    assert_eq!(answer["data"]["version"], HOST_VERSION);
+    assert_eq!(answer["data"]["protocol"], PROTOCOL_VERSION);
+
+    let job = h.prepare_run(support::SCRIPTED, "api call_tool").await;
+    let answer = api_via_runner(&mut h, &job).await;
+    assert_eq!(answer["error"]["code"], "unauthorized", "{answer}");
+
+    // Another run's id is refused before any host code sees it.
+    let job = h.prepare_run(support::SCRIPTED, "api_foreign").await;
+    let answer = api_via_runner(&mut h, &job).await;
+    assert_eq!(answer["error"]["code"], "not_found", "{answer}");
+    h.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_runner_process_is_checked_against_the_session_in_order() {
+    let mut h = support::Harness::start(|_, _| {}).await;
+
+    // 1. No session (expired or never written): not_found.
+    let job = h
+        .prepare_run(support::SCRIPTED, "api get_host_version")
+        .await;
+    h.sessions.end_session(&job.run_id).await.unwrap();
+    let answer = api_via_runner(&mut h, &job).await;
+    assert_eq!(answer["error"]["code"], "not_found", "{answer}");
+    assert_eq!(
+        answer["error"]["message"],
+        format!("run session {} not found or expired", job.run_id)
+    );
+
+    // 2. The session was frozen for another plugin: unauthorized (even with a passed deadline).
+    let job = h
+        .prepare_run(support::SCRIPTED, "api get_host_version")
+        .await;
+    let other: RunnerId = "plugin:someone/else/default".parse().unwrap();
+    h.sessions
+        .put_session(
+            &job.run_id,
+            &support::snapshot(job.run_id, &other, Some(support::now_secs() - 5.0)),
+            Duration::from_secs(60),
+        )
+        .await
+        .unwrap();
+    let answer = api_via_runner(&mut h, &job).await;
+    assert_eq!(answer["error"]["code"], "unauthorized", "{answer}");
+
+    // 3. The session's deadline passed: deadline_exceeded.
+    let job = h
+        .prepare_run(support::SCRIPTED, "api get_host_version")
+        .await;
+    let runner: RunnerId = support::SCRIPTED.parse().unwrap();
+    h.sessions
+        .put_session(
+            &job.run_id,
+            &support::snapshot(job.run_id, &runner, Some(support::now_secs() - 5.0)),
+            Duration::from_secs(60),
+        )
+        .await
+        .unwrap();
+    let answer = api_via_runner(&mut h, &job).await;
+    assert_eq!(answer["error"]["code"], "deadline_exceeded", "{answer}");
+    h.stop().await;
+}

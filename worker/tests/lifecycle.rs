@@ -1,0 +1,299 @@
+//! Cancel, lease loss and drain, with the scripted test runner (`sb-test-runner`).
+
+mod support;
+
+use std::num::NonZeroU32;
+use std::time::Duration;
+
+use sb_common::session::SessionStore;
+use sb_protocol::result::ResultType;
+use sb_worker::service::lease_key;
+use support::{ECHO, Harness, SCRIPTED};
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_cancel_message_reaches_the_runner_and_ends_the_run_cancelled() {
+    let mut h = Harness::start(|_, _| {}).await;
+    let job = h.prepare_run(SCRIPTED, "cancellable").await;
+    h.publish_job(&job).await;
+    let first = h.next_result().await;
+    assert_eq!(first.sequence, 1);
+    assert_eq!(first.result.data["chunk"]["content"], "waiting for cancel");
+    h.publish_cancel(job.run_id, "user pressed stop").await;
+    let rest = h.results_until_terminal().await;
+    let terminal = rest.last().unwrap();
+    assert_eq!(terminal.sequence, 2);
+    assert_eq!(terminal.result.known_type(), Some(ResultType::RunFailed));
+    assert_eq!(terminal.result.data["code"], "cancelled");
+    // The runner's own answer (within the grace period), not the host's fallback.
+    assert_eq!(terminal.result.data["error"], "cancelled as asked");
+    h.jobs_settled().await;
+    assert!(h.sessions.get_session(&job.run_id).await.unwrap().is_none());
+    let report = h.stop().await;
+    assert!(report.cancelled_runs.is_empty());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_runner_that_ignores_cancel_is_ended_cancelled_after_the_grace() {
+    let mut h = Harness::start(|_, _| {}).await;
+    let job = h.prepare_run(SCRIPTED, "stall").await;
+    h.publish_job(&job).await;
+    // Wait until the run is held (its cancel key bound), then cancel.
+    let run_id = job.run_id;
+    let sessions = h.sessions.clone();
+    let deadline = tokio::time::Instant::now() + support::WAIT;
+    while sessions
+        .lease_holder(&lease_key(&run_id))
+        .await
+        .unwrap()
+        .is_none()
+    {
+        assert!(tokio::time::Instant::now() < deadline);
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    let started = tokio::time::Instant::now();
+    h.publish_cancel(run_id, "stop it").await;
+    let results = h.results_until_terminal().await;
+    assert_eq!(results.len(), 1, "{results:?}");
+    assert_eq!(results[0].result.data["code"], "cancelled");
+    assert!(
+        started.elapsed() >= Duration::from_millis(400),
+        "the runner had its grace period"
+    );
+    h.jobs_settled().await;
+    h.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn losing_the_lease_cancels_the_run() {
+    let mut h = Harness::start(|_, _| {}).await;
+    let job = h.prepare_run(SCRIPTED, "cancellable").await;
+    h.publish_job(&job).await;
+    assert_eq!(h.next_result().await.sequence, 1);
+    // Another holder takes the lease (as after an expiry): the next heartbeat notices.
+    let key = lease_key(&job.run_id);
+    let worker_id = h.worker().id().to_owned();
+    assert!(h.sessions.release_lease(&key, &worker_id).await.unwrap());
+    assert!(
+        h.sessions
+            .acquire_lease(&key, "thief", Duration::from_secs(60))
+            .await
+            .unwrap()
+    );
+    let results = h.results_until_terminal().await;
+    assert_eq!(results.last().unwrap().result.data["code"], "cancelled");
+    h.jobs_settled().await;
+    // The lease belongs to the other holder: the worker did not release it.
+    assert_eq!(
+        h.sessions.lease_holder(&key).await.unwrap().as_deref(),
+        Some("thief")
+    );
+    h.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn shutdown_lets_in_flight_runs_finish_within_the_drain_timeout() {
+    let mut h = Harness::start(|_, _| {}).await;
+    let job = h.prepare_run(SCRIPTED, "slow 40").await;
+    h.publish_job(&job).await;
+    assert_eq!(h.next_result().await.sequence, 1);
+    h.shutdown.trigger();
+    let results = h.results_until_terminal().await;
+    assert_eq!(
+        results.last().unwrap().result.known_type(),
+        Some(ResultType::RunCompleted)
+    );
+    assert_eq!(results.last().unwrap().sequence, 42);
+    let report = h.stop().await;
+    assert!(
+        report.cancelled_runs.is_empty() && report.forced_runs.is_empty(),
+        "{report:?}"
+    );
+    assert_eq!(h.jobs_in_queue(), (0, 0), "the finished job was acked");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn shutdown_cancels_runs_left_at_the_drain_deadline_and_requeues_unstarted_jobs() {
+    let mut h = Harness::start(|_, config| {
+        config.worker.slots = NonZeroU32::new(1).unwrap();
+        config.worker.drain_timeout = Duration::from_millis(300);
+    })
+    .await;
+    let stalled = h.prepare_run(SCRIPTED, "stall").await;
+    h.publish_job(&stalled).await;
+    let sessions = h.sessions.clone();
+    let deadline = tokio::time::Instant::now() + support::WAIT;
+    while sessions
+        .lease_holder(&lease_key(&stalled.run_id))
+        .await
+        .unwrap()
+        .is_none()
+    {
+        assert!(tokio::time::Instant::now() < deadline);
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    // One slot: this job waits behind the stalled run and never starts.
+    let waiting = h.prepare_run(ECHO, "never started").await;
+    h.publish_job(&waiting).await;
+    tokio::time::sleep(Duration::from_millis(200)).await;
+
+    let report = h.stop().await;
+    assert_eq!(report.cancelled_runs, vec![stalled.run_id]);
+    assert!(report.forced_runs.is_empty(), "{report:?}");
+    let results = h.results_until_terminal().await;
+    assert_eq!(results.len(), 1, "{results:?}");
+    assert_eq!(results[0].run_id, stalled.run_id);
+    assert_eq!(results[0].result.data["code"], "cancelled");
+    // The stalled job was settled; the one never started is back in the queue for another
+    // worker, its run untouched.
+    assert_eq!(h.jobs_in_queue(), (1, 0));
+    assert_eq!(
+        h.stores
+            .runs
+            .get_run(waiting.run_id)
+            .await
+            .unwrap()
+            .unwrap()
+            .status,
+        sb_store::RunStatus::Queued
+    );
+    assert!(
+        h.sessions
+            .lease_holder(&lease_key(&stalled.run_id))
+            .await
+            .unwrap()
+            .is_none(),
+        "lease released"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn results_are_published_in_order_after_a_bus_outage() {
+    let mut h = Harness::start(|_, _| {}).await;
+    let job = h.prepare_run(SCRIPTED, "slow 60").await;
+    h.publish_job(&job).await;
+    assert_eq!(h.next_result().await.sequence, 1);
+    h.flaky
+        .fail_results
+        .store(true, std::sync::atomic::Ordering::SeqCst);
+    tokio::time::sleep(Duration::from_millis(400)).await;
+    h.flaky
+        .fail_results
+        .store(false, std::sync::atomic::Ordering::SeqCst);
+    let rest = h.results_until_terminal().await;
+    let sequences: Vec<u64> = rest.iter().map(|m| m.sequence).collect();
+    assert_eq!(
+        sequences,
+        (2..=62).collect::<Vec<u64>>(),
+        "nothing lost, duplicated or reordered"
+    );
+    h.jobs_settled().await;
+    h.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_run_stuck_at_the_drain_deadline_is_forced_and_its_job_finalized_interrupted_elsewhere() {
+    let mut h =
+        Harness::start(|_, config| config.worker.drain_timeout = Duration::from_millis(300)).await;
+    let job = h.prepare_run(SCRIPTED, "stall").await;
+    let run_id = job.run_id;
+    h.publish_job(&job).await;
+    let sessions = h.sessions.clone();
+    let deadline = tokio::time::Instant::now() + support::WAIT;
+    while sessions
+        .lease_holder(&lease_key(&run_id))
+        .await
+        .unwrap()
+        .is_none()
+    {
+        assert!(tokio::time::Instant::now() < deadline);
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    // The broker is down: not even the cancelled terminal item can be published.
+    h.flaky
+        .fail_results
+        .store(true, std::sync::atomic::Ordering::SeqCst);
+    let report = h.stop().await;
+    assert_eq!(report.cancelled_runs, vec![run_id]);
+    assert_eq!(report.forced_runs, vec![run_id]);
+    assert_eq!(h.jobs_in_queue(), (1, 0), "the forced job was requeued");
+    assert!(
+        h.sessions
+            .lease_holder(&lease_key(&run_id))
+            .await
+            .unwrap()
+            .is_none(),
+        "lease released"
+    );
+
+    // The broker is back; another worker gets the job and, the run having started, finalizes
+    // it instead of running it again.
+    h.flaky
+        .fail_results
+        .store(false, std::sync::atomic::Ordering::SeqCst);
+    let (other, other_shutdown) = h.another_worker().await;
+    let results = h.results_until_terminal().await;
+    assert_eq!(results.len(), 1, "{results:?}");
+    assert_eq!(results[0].result.data["code"], "interrupted");
+    assert_eq!(
+        h.stores.runs.get_run(run_id).await.unwrap().unwrap().status,
+        sb_store::RunStatus::Interrupted
+    );
+    h.jobs_settled().await;
+    other_shutdown.trigger();
+    other.join().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_job_held_by_a_live_worker_is_dropped_after_one_lease_ttl() {
+    let mut h = Harness::start(|_, _| {}).await;
+    let job = h.prepare_run(ECHO, "someone else has it").await;
+    let run_id = job.run_id;
+    assert!(
+        h.stores
+            .runs
+            .claim_run(run_id, "live-worker")
+            .await
+            .unwrap()
+    );
+    let key = lease_key(&run_id);
+    assert!(
+        h.sessions
+            .acquire_lease(&key, "live-worker", Duration::from_millis(500))
+            .await
+            .unwrap()
+    );
+    let sessions = h.sessions.clone();
+    let renew_key = key.clone();
+    let renewer = tokio::spawn(async move {
+        loop {
+            sessions
+                .renew_lease(&renew_key, "live-worker", Duration::from_millis(500))
+                .await
+                .unwrap();
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    });
+    let started = tokio::time::Instant::now();
+    h.publish_job(&job).await;
+    h.jobs_settled().await;
+    assert!(
+        started.elapsed() >= Duration::from_millis(500),
+        "waited for the lease to lapse first"
+    );
+    assert!(
+        h.no_result_within(Duration::from_millis(200))
+            .await
+            .is_none()
+    );
+    assert_eq!(
+        h.sessions.lease_holder(&key).await.unwrap().as_deref(),
+        Some("live-worker")
+    );
+    assert_eq!(
+        h.stores.runs.get_run(run_id).await.unwrap().unwrap().status,
+        sb_store::RunStatus::Running
+    );
+    renewer.abort();
+    h.stop().await;
+}

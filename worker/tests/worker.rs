@@ -1,0 +1,324 @@
+//! The worker service end to end on memory backends with real runner processes.
+
+mod support;
+
+use std::time::Duration;
+
+use sb_common::bus::{Bus, PublishOptions};
+use sb_common::session::SessionStore;
+use sb_protocol::ids::WorkspaceId;
+use sb_protocol::result::ResultType;
+use sb_store::RunStatus;
+use sb_worker::service::{cancel_flag_key, lease_key};
+use support::{ECHO, Harness};
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_job_runs_and_its_results_are_published_in_order() {
+    let mut h = Harness::start(|_, _| {}).await;
+    // Registration: the runner of the worker's pool is in the runners table.
+    let row = h
+        .stores
+        .runners
+        .get(ECHO)
+        .await
+        .unwrap()
+        .expect("echo registered");
+    assert_eq!(row.pool, "default");
+    assert_eq!(row.plugin_id, "switchboard/echo");
+    assert_eq!(row.descriptor["id"], ECHO);
+    assert_eq!(h.worker().runners().len(), 2);
+
+    let job = h.prepare_run(ECHO, "hello big world").await;
+    let run_id = job.run_id;
+    h.publish_job(&job).await;
+    let results = h.results_until_terminal().await;
+
+    let sequences: Vec<u64> = results.iter().map(|m| m.sequence).collect();
+    assert_eq!(
+        sequences,
+        vec![1, 2, 3, 4, 5],
+        "dense worker-assigned sequences"
+    );
+    let types: Vec<_> = results
+        .iter()
+        .map(|m| m.result.known_type().unwrap())
+        .collect();
+    assert_eq!(
+        types,
+        vec![
+            ResultType::MessageDelta,
+            ResultType::MessageDelta,
+            ResultType::MessageDelta,
+            ResultType::MessageCompleted,
+            ResultType::RunCompleted
+        ]
+    );
+    assert_eq!(results.iter().filter(|m| m.result.is_terminal()).count(), 1);
+    for m in &results {
+        assert_eq!(m.run_id, run_id);
+        assert_eq!(m.workspace_id, WorkspaceId::default_workspace());
+        assert_eq!(m.conversation_id.as_deref(), Some("conv-1"));
+        assert_eq!(m.result.sequence, Some(m.sequence));
+        assert_eq!(m.result.run_id, run_id.to_string());
+    }
+    assert_eq!(results[0].result.data["chunk"]["content"], "hello ");
+
+    // End of run: job acked, session ended, lease released, claim recorded.
+    h.jobs_settled().await;
+    let sessions = h.sessions.clone();
+    let deadline = tokio::time::Instant::now() + support::WAIT;
+    while sessions.get_session(&run_id).await.unwrap().is_some()
+        || h.sessions
+            .lease_holder(&lease_key(&run_id))
+            .await
+            .unwrap()
+            .is_some()
+    {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "session ended and lease released"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let run = h.stores.runs.get_run(run_id).await.unwrap().unwrap();
+    assert_eq!(
+        run.status,
+        RunStatus::Running,
+        "the terminal status is the result sink's to write"
+    );
+    assert_eq!(run.worker_id.as_deref(), Some(h.worker().id()));
+    // The cancel key was unbound: a mandatory publish to it is unroutable now.
+    let unbound = h
+        .bus
+        .publish(
+            &h.topology.control_exchange(),
+            &sb_common::bus::topology::control_routing_key(&run_id),
+            "{}".into(),
+            PublishOptions::default(),
+        )
+        .await;
+    assert!(
+        unbound.is_err(),
+        "cancel.<run_id> still bound after the run ended"
+    );
+    assert!(h.worker().active_runs().is_empty());
+
+    let report = h.stop().await;
+    assert!(report.cancelled_runs.is_empty() && report.forced_runs.is_empty());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn many_concurrent_runs_each_get_their_own_ordered_stream() {
+    let mut h = Harness::start(|_, _| {}).await;
+    let mut jobs = Vec::new();
+    for i in 0..12 {
+        let job = h.prepare_run(ECHO, &format!("run {i} says hi")).await;
+        h.publish_job(&job).await;
+        jobs.push(job);
+    }
+    let mut per_run: std::collections::HashMap<_, Vec<u64>> = std::collections::HashMap::new();
+    let mut terminals = 0;
+    while terminals < jobs.len() {
+        let m = h.next_result().await;
+        if m.result.is_terminal() {
+            terminals += 1;
+        }
+        per_run.entry(m.run_id).or_default().push(m.sequence);
+    }
+    assert_eq!(per_run.len(), jobs.len());
+    for (run, seqs) in per_run {
+        assert_eq!(
+            seqs,
+            (1..=seqs.len() as u64).collect::<Vec<_>>(),
+            "run {run} in order"
+        );
+        assert_eq!(seqs.len(), 6, "4 deltas + completed + run.completed");
+    }
+    h.jobs_settled().await;
+    h.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_duplicate_delivery_of_the_same_job_executes_once() {
+    let mut h = Harness::start(|_, _| {}).await;
+    let job = h.prepare_run(ECHO, "only once").await;
+    h.publish_job(&job).await;
+    h.publish_job(&job).await;
+    let results = h.results_until_terminal().await;
+    assert_eq!(
+        results.iter().map(|m| m.sequence).collect::<Vec<_>>(),
+        vec![1, 2, 3, 4]
+    );
+    h.jobs_settled().await;
+    assert!(
+        h.no_result_within(Duration::from_millis(500))
+            .await
+            .is_none(),
+        "the duplicate produced results"
+    );
+
+    // A late redelivery after the run ended (its session gone, the sink not caught up yet)
+    // is dropped as well, not finalized as interrupted.
+    h.publish_job(&job).await;
+    h.jobs_settled().await;
+    assert!(
+        h.no_result_within(Duration::from_millis(500))
+            .await
+            .is_none(),
+        "the late duplicate produced results"
+    );
+    assert_eq!(
+        h.stores
+            .runs
+            .get_run(job.run_id)
+            .await
+            .unwrap()
+            .unwrap()
+            .status,
+        RunStatus::Running
+    );
+    h.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_redelivered_job_of_a_started_run_is_finalized_interrupted() {
+    let mut h = Harness::start(|_, _| {}).await;
+    let job = h.prepare_run(ECHO, "never run twice").await;
+    let run_id = job.run_id;
+    // A worker claimed the run, then died: its lease is still alive for a moment.
+    assert!(
+        h.stores
+            .runs
+            .claim_run(run_id, "dead-worker")
+            .await
+            .unwrap()
+    );
+    assert!(
+        h.sessions
+            .acquire_lease(
+                &lease_key(&run_id),
+                "dead-worker",
+                Duration::from_millis(300)
+            )
+            .await
+            .unwrap()
+    );
+    h.sessions
+        .steering_push(
+            &run_id,
+            &serde_json::json!({"event": {"event_id": "e-steer"}}),
+            100,
+        )
+        .await
+        .unwrap();
+    h.publish_job(&job).await;
+
+    let results = h.results_until_terminal().await;
+    assert_eq!(results.len(), 1, "never re-executed: {results:?}");
+    let terminal = &results[0];
+    assert_eq!(terminal.sequence, 1);
+    assert_eq!(terminal.result.known_type(), Some(ResultType::RunFailed));
+    assert_eq!(terminal.result.data["code"], "interrupted");
+    assert_eq!(terminal.result.data["retryable"], true);
+    let run = h.stores.runs.get_run(run_id).await.unwrap().unwrap();
+    assert_eq!(run.status, RunStatus::Interrupted);
+    assert_eq!(run.error_code.as_deref(), Some("interrupted"));
+    h.jobs_settled().await;
+    assert!(
+        h.sessions.get_session(&run_id).await.unwrap().is_none(),
+        "session ended"
+    );
+    assert!(
+        h.sessions
+            .lease_holder(&lease_key(&run_id))
+            .await
+            .unwrap()
+            .is_none(),
+        "lease released"
+    );
+    h.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_cancel_flag_set_before_start_finishes_the_run_cancelled() {
+    let mut h = Harness::start(|_, _| {}).await;
+    let job = h.prepare_run(ECHO, "too late").await;
+    h.sessions
+        .set_ex(
+            &cancel_flag_key(&job.run_id),
+            b"user cancelled",
+            Duration::from_secs(60),
+        )
+        .await
+        .unwrap();
+    h.publish_job(&job).await;
+    let results = h.results_until_terminal().await;
+    assert_eq!(results.len(), 1, "{results:?}");
+    assert_eq!(results[0].sequence, 1);
+    assert_eq!(results[0].result.data["code"], "cancelled");
+    assert_eq!(results[0].result.data["error"], "user cancelled");
+    h.jobs_settled().await;
+    assert!(h.sessions.get_session(&job.run_id).await.unwrap().is_none());
+    h.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_job_past_its_deadline_times_out_without_running() {
+    let mut h = Harness::start(|_, _| {}).await;
+    let job = h
+        .prepare_run_with(ECHO, "slow queue", Some(support::now_secs() - 1.0))
+        .await;
+    h.publish_job(&job).await;
+    let results = h.results_until_terminal().await;
+    assert_eq!(results.len(), 1, "{results:?}");
+    assert_eq!(results[0].result.data["code"], "timeout");
+    h.jobs_settled().await;
+    h.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_job_for_a_runner_not_hosted_here_fails_clearly() {
+    let mut h = Harness::start(|_, _| {}).await;
+    let job = h
+        .prepare_run("plugin:acme/missing/default", "anyone?")
+        .await;
+    h.publish_job(&job).await;
+    let results = h.results_until_terminal().await;
+    assert_eq!(results.len(), 1, "{results:?}");
+    assert_eq!(results[0].result.data["code"], "runner.error");
+    assert!(
+        results[0].result.data["error"]
+            .as_str()
+            .unwrap()
+            .contains("plugin:acme/missing/default")
+    );
+    h.jobs_settled().await;
+    h.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_undecodable_job_is_dead_lettered() {
+    let mut h = Harness::start(|_, _| {}).await;
+    h.bus
+        .publish(
+            &h.topology.runs_exchange(),
+            "default",
+            r#"{"schema":"switchboard.job/9"}"#.into(),
+            PublishOptions::default(),
+        )
+        .await
+        .unwrap();
+    let dead = h.topology.dead_queue().name;
+    let bus = h.bus.clone();
+    h.eventually("the bad job in the dead-letter queue", move || {
+        bus.ready_count(&dead) == Some(1)
+    })
+    .await;
+    h.jobs_settled().await;
+    assert!(
+        h.no_result_within(Duration::from_millis(200))
+            .await
+            .is_none()
+    );
+    h.stop().await;
+}
