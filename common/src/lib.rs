@@ -1,1 +1,24 @@
-//! (skeleton)
+//! Shared boundaries of Switchboard: configuration, the message bus, the active-run session
+//! store, shutdown and telemetry. Protocol types live in `sb-protocol`, persistence in
+//! `sb-store`.
+//!
+//! # Layout
+//! - [`config`]: the configuration tree, its loader (defaults → file → env → CLI) and `validate()`.
+//! - [`error`]: re-export of the closed error-code set and the `HasErrorCode` trait, plus
+//!   `ShutdownError`.
+//! - [`bus`]: the `Bus` trait (publish with confirm, subscribe with manual ack), its in-memory
+//!   backend, the RabbitMQ backend (feature `amqp`) and the topology names.
+//! - [`session`]: the `SessionStore` trait (run sessions, leases, steering lists, counters), its
+//!   in-memory backend and the Redis backend (feature `redis`).
+//! - [`shutdown`]: root cancellation token + task tracker + signal listener + drain with a deadline.
+//! - [`telemetry`]: tracing initialisation, metric names and a small Prometheus registry.
+//! - `testing` (feature `test-util`): conformance suites shared by every backend.
+
+pub mod bus;
+pub mod config;
+pub mod error;
+pub mod session;
+pub mod shutdown;
+pub mod telemetry;
+#[cfg(any(test, feature = "test-util"))]
+pub mod testing;

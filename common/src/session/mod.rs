@@ -1,0 +1,337 @@
+//! The session-store boundary: short-lived shared state of active runs.
+//!
+//! Redis in cluster mode ([`redis::RedisSessionStore`], feature `redis`), a mutex-guarded map in
+//! embedded mode and tests ([`memory::MemorySessionStore`]). Both honour the contract on
+//! [`SessionStore`]; the conformance suite in `crate::testing::session` checks it against each.
+//!
+//! # Layout
+//! - this file: the [`SessionStore`] trait and its contract, [`EndedSession`], [`PullMode`],
+//!   [`PushOutcome`] and [`SessionError`].
+//! - [`memory`]: [`memory::MemorySessionStore`] with TTLs on `tokio::time` (pausable in tests).
+//! - `redis`: `RedisSessionStore` on one auto-reconnecting `ConnectionManager`, Lua scripts
+//!   where the contract says atomic (feature `redis`).
+//!
+//! # Key space
+//! Every store instance has a key prefix; the families below never collide with each other:
+//!
+//! ```text
+//! <prefix>session:<run_id>    run session (JSON)            put/get/touch/end_session
+//! <prefix>steering:<run_id>   steering list (JSON items)    steering_*; dies with the session
+//! <prefix>lease:<key>         lease holder                  *_lease
+//! <prefix>counter:<key>       integer                       counter_*
+//! <prefix>counter:<key>:x     "exhausted" marker            counter_try_add
+//! <prefix>rate:<key>          fixed-window hit count        rate_limit_hit
+//! <prefix>kv:<key>            bytes                         set_ex/set_nx_ex/get/del
+//! <prefix>set:<key>           set of strings                set_*
+//! ```
+
+use std::time::Duration;
+
+use async_trait::async_trait;
+use sb_protocol::error::{ErrorCode, HasErrorCode};
+use sb_protocol::ids::RunId;
+use serde_json::Value;
+
+pub mod memory;
+#[cfg(feature = "redis")]
+pub mod redis;
+
+/// Result alias of the session-store boundary.
+pub type Result<T, E = SessionError> = std::result::Result<T, E>;
+
+/// Default steering-list capacity (SPEC §13).
+pub const STEERING_CAP: usize = 100;
+
+/// Shared, expiring state of active runs.
+///
+/// # Contract
+///
+/// **Visibility.** Every operation is linearizable per key: once a call returned, every later
+/// call (from any process sharing the store) sees its effect. Operations marked *atomic*
+/// below are a single step even under concurrent callers; nothing else is promised across
+/// keys.
+///
+/// **Expiry.** A TTL is a lower bound on how long a value stays visible (to the millisecond,
+/// monotonic time); once it passed, the value behaves as absent (reads miss, counters restart
+/// from zero, leases are free). TTLs are never extended implicitly, except where stated.
+///
+/// **Run sessions.** [`put_session`](Self::put_session) stores (or replaces) the run's session
+/// with a TTL; [`get_session`](Self::get_session) reads it; [`touch_session`](Self::touch_session)
+/// extends the TTL of the session and its steering list. [`end_session`](Self::end_session) is
+/// atomic: it removes the session *and* its steering list and returns both, so among
+/// concurrent callers exactly one receives `Some` (the one that ends the run and audits the
+/// dropped steering items) and every later Host API call sees the session missing.
+///
+/// **Steering lists.** [`steering_push`](Self::steering_push) appends an item only while the
+/// run's session exists and the list holds fewer than `cap` items (atomic check-and-push);
+/// the list expires with the session. [`steering_pull`](Self::steering_pull) atomically
+/// removes and returns items from the head in push order (FIFO): up to `max` in
+/// [`PullMode::All`], at most one in [`PullMode::One`]. No item is returned twice and none is
+/// lost between a concurrent push and pull.
+///
+/// **Leases** (a worker's claim on a run, the reaper's singleton lock, …):
+/// [`acquire_lease`](Self::acquire_lease) succeeds if the lease is free, expired, or already
+/// held by the same holder (then its TTL is reset); [`renew_lease`](Self::renew_lease) resets
+/// the TTL only for the current holder and otherwise fails with [`SessionError::LeaseLost`]
+/// (someone else holds it, or it expired — a holder that sees `LeaseLost` must stop acting on
+/// the resource); [`release_lease`](Self::release_lease) frees it only for the current holder.
+/// All three are atomic compare-and-set operations.
+///
+/// **Counters.** [`counter_incr`](Self::counter_incr) adds atomically and returns the new
+/// value; a missing counter starts at zero; the TTL is set when the counter has none (so a
+/// window started by the first increment is not extended by later ones).
+/// [`counter_try_add`](Self::counter_try_add) is the budget primitive: atomically, it adds
+/// `by` only if the result stays `<= limit`, and otherwise marks the counter exhausted and
+/// fails with [`SessionError::Exhausted`]; once exhausted a counter refuses every further add
+/// (even one that would fit) until it expires. The value never exceeds `limit`.
+/// [`rate_limit_hit`](Self::rate_limit_hit) counts a hit in a fixed window that starts with
+/// the first hit and lasts `window`; it returns `false` (denied) for hits beyond
+/// `max_per_window` in that window.
+///
+/// **Plain keys and sets.** `set_ex` / `set_nx_ex` (set only if absent, atomic) / `get` /
+/// `del` on byte values with a TTL; `set_add` / `set_remove` / `set_members` on sets of
+/// strings (e.g. active runs per conversation).
+///
+/// **Failures.** A store that cannot be reached fails with [`SessionError::Unavailable`];
+/// the Redis backend reconnects on its own, so a later call can succeed.
+#[async_trait]
+pub trait SessionStore: Send + Sync + 'static {
+    /// Stores (or replaces) a run's session for `ttl`.
+    async fn put_session(&self, run_id: &RunId, session: &Value, ttl: Duration) -> Result<()>;
+
+    /// The run's session, or `None` if it never existed, ended or expired.
+    async fn get_session(&self, run_id: &RunId) -> Result<Option<Value>>;
+
+    /// Extends the TTL of the run's session (and its steering list) to `ttl` from now. `false`
+    /// if there is no session.
+    async fn touch_session(&self, run_id: &RunId, ttl: Duration) -> Result<bool>;
+
+    /// Atomically removes the session and its steering list and returns them; `None` if the
+    /// session is absent (already ended by someone else, or expired).
+    async fn end_session(&self, run_id: &RunId) -> Result<Option<EndedSession>>;
+
+    /// Appends a steering item (atomic check-and-push; see the contract).
+    async fn steering_push(&self, run_id: &RunId, item: &Value, cap: usize) -> Result<PushOutcome>;
+
+    /// Atomically removes and returns up to `max` items (`One`: at most one), oldest first.
+    async fn steering_pull(&self, run_id: &RunId, max: usize, mode: PullMode) -> Result<Vec<Value>>;
+
+    /// Number of queued steering items.
+    async fn steering_len(&self, run_id: &RunId) -> Result<usize>;
+
+    /// Takes the lease `key` for `holder` if free, expired or already held by `holder`.
+    async fn acquire_lease(&self, key: &str, holder: &str, ttl: Duration) -> Result<bool>;
+
+    /// Resets the lease TTL; [`SessionError::LeaseLost`] if `holder` no longer holds it.
+    async fn renew_lease(&self, key: &str, holder: &str, ttl: Duration) -> Result<()>;
+
+    /// Frees the lease if `holder` holds it; `false` otherwise.
+    async fn release_lease(&self, key: &str, holder: &str) -> Result<bool>;
+
+    /// Current holder of the lease, if any.
+    async fn lease_holder(&self, key: &str) -> Result<Option<String>>;
+
+    /// Adds `by` to the counter and returns the new value; sets `ttl` if the counter has none.
+    async fn counter_incr(&self, key: &str, by: i64, ttl: Option<Duration>) -> Result<i64>;
+
+    /// Current counter value (0 if absent).
+    async fn counter_get(&self, key: &str) -> Result<i64>;
+
+    /// Budget check-and-add (see the contract). `by` must be `>= 0`. Returns the new value.
+    async fn counter_try_add(&self, key: &str, by: i64, limit: i64, ttl: Option<Duration>) -> Result<i64>;
+
+    /// Counts one hit; `false` once more than `max_per_window` hits fell in the current window.
+    async fn rate_limit_hit(&self, key: &str, max_per_window: u32, window: Duration) -> Result<bool>;
+
+    /// Sets a value with a TTL.
+    async fn set_ex(&self, key: &str, value: &[u8], ttl: Duration) -> Result<()>;
+
+    /// Sets a value with a TTL only if the key is absent; `true` if it was set.
+    async fn set_nx_ex(&self, key: &str, value: &[u8], ttl: Duration) -> Result<bool>;
+
+    /// Reads a value.
+    async fn get(&self, key: &str) -> Result<Option<Vec<u8>>>;
+
+    /// Deletes a value; `true` if it existed.
+    async fn del(&self, key: &str) -> Result<bool>;
+
+    /// Adds a member; `true` if it was new. `ttl`, if given, is (re)set on the whole set.
+    async fn set_add(&self, key: &str, member: &str, ttl: Option<Duration>) -> Result<bool>;
+
+    /// Removes a member; `true` if it was there.
+    async fn set_remove(&self, key: &str, member: &str) -> Result<bool>;
+
+    /// All members, sorted.
+    async fn set_members(&self, key: &str) -> Result<Vec<String>>;
+
+    /// `Ok` while the store is reachable (readiness probes).
+    async fn ping(&self) -> Result<()>;
+}
+
+/// What [`SessionStore::end_session`] removed.
+#[derive(Clone, Debug, PartialEq)]
+pub struct EndedSession {
+    /// The session as last stored.
+    pub session: Value,
+    /// Steering items never pulled, oldest first (to audit as `steering.dropped`).
+    pub steering: Vec<Value>,
+}
+
+/// How many steering items one pull takes (PROTOCOL_V1 `steering_pull` modes).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+pub enum PullMode {
+    /// Up to `max` items.
+    #[default]
+    All,
+    /// At most one item.
+    One,
+}
+
+/// Outcome of [`SessionStore::steering_push`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum PushOutcome {
+    /// Queued for the run.
+    Accepted,
+    /// The list is at capacity: dispatch the event normally instead.
+    Full,
+    /// The run has no session (ended or expired): dispatch the event normally instead.
+    NoSession,
+}
+
+impl PushOutcome {
+    /// `true` for [`PushOutcome::Accepted`].
+    pub fn is_accepted(self) -> bool {
+        self == Self::Accepted
+    }
+}
+
+/// Errors of the session-store boundary.
+#[derive(Debug, thiserror::Error)]
+pub enum SessionError {
+    /// The store cannot be reached.
+    #[error("session store unavailable: {0}")]
+    Unavailable(String),
+    /// The lease is held by someone else, or expired.
+    #[error("lease {key:?} lost")]
+    LeaseLost {
+        /// Lease key (without the store prefix).
+        key: String,
+    },
+    /// A budget counter is exhausted.
+    #[error("budget {key:?} exhausted: {used} of {limit} used")]
+    Exhausted {
+        /// Counter key (without the store prefix).
+        key: String,
+        /// Value of the counter.
+        used: i64,
+        /// The limit that was hit.
+        limit: i64,
+    },
+    /// Bad input (negative budget add, zero window, …).
+    #[error("invalid session store request: {0}")]
+    InvalidArgument(String),
+    /// A stored value could not be decoded (written by an incompatible version?).
+    #[error("corrupt value at {key:?}: {reason}")]
+    Corrupt {
+        /// Key (without the store prefix).
+        key: String,
+        /// What is wrong.
+        reason: String,
+    },
+    /// Any other store error.
+    #[error("session store error: {0}")]
+    Internal(String),
+}
+
+impl HasErrorCode for SessionError {
+    fn code(&self) -> ErrorCode {
+        match self {
+            Self::Unavailable(_) => ErrorCode::Unavailable,
+            Self::LeaseLost { .. } => ErrorCode::Conflict,
+            Self::Exhausted { .. } => ErrorCode::BudgetExceeded,
+            Self::InvalidArgument(_) => ErrorCode::InvalidArgument,
+            Self::Corrupt { .. } | Self::Internal(_) => ErrorCode::Internal,
+        }
+    }
+}
+
+/// Rejects inputs every backend refuses the same way.
+pub(crate) fn check_ttl(ttl: Duration) -> Result<()> {
+    if ttl.is_zero() {
+        return Err(SessionError::InvalidArgument("ttl must be positive".into()));
+    }
+    Ok(())
+}
+
+/// TTL in whole milliseconds (rounded up so a sub-millisecond TTL is not zero), for backends.
+#[cfg_attr(not(feature = "redis"), allow(dead_code))]
+pub(crate) fn ttl_millis(ttl: Duration) -> u64 {
+    u64::try_from(ttl.as_nanos().div_ceil(1_000_000)).unwrap_or(u64::MAX)
+}
+
+/// Key naming shared by the backends (see the module docs).
+#[derive(Clone, Debug)]
+pub(crate) struct Keys {
+    prefix: String,
+}
+
+impl Keys {
+    pub(crate) fn new(prefix: impl Into<String>) -> Self {
+        Self { prefix: prefix.into() }
+    }
+    pub(crate) fn session(&self, run_id: &RunId) -> String {
+        format!("{}session:{run_id}", self.prefix)
+    }
+    pub(crate) fn steering(&self, run_id: &RunId) -> String {
+        format!("{}steering:{run_id}", self.prefix)
+    }
+    pub(crate) fn lease(&self, key: &str) -> String {
+        format!("{}lease:{key}", self.prefix)
+    }
+    pub(crate) fn counter(&self, key: &str) -> String {
+        format!("{}counter:{key}", self.prefix)
+    }
+    pub(crate) fn exhausted(&self, key: &str) -> String {
+        format!("{}counter:{key}:x", self.prefix)
+    }
+    pub(crate) fn rate(&self, key: &str) -> String {
+        format!("{}rate:{key}", self.prefix)
+    }
+    pub(crate) fn kv(&self, key: &str) -> String {
+        format!("{}kv:{key}", self.prefix)
+    }
+    pub(crate) fn set(&self, key: &str) -> String {
+        format!("{}set:{key}", self.prefix)
+    }
+}
+
+/// Parses a stored JSON value.
+#[cfg_attr(not(feature = "redis"), allow(dead_code))]
+pub(crate) fn decode_json(key: &str, bytes: &[u8]) -> Result<Value> {
+    serde_json::from_slice(bytes)
+        .map_err(|e| SessionError::Corrupt { key: key.to_owned(), reason: format!("invalid json: {e}") })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn ttl_rounds_up_to_whole_millis() {
+        assert_eq!(ttl_millis(Duration::from_micros(1)), 1);
+        assert_eq!(ttl_millis(Duration::from_millis(1500)), 1500);
+        assert_eq!(ttl_millis(Duration::from_micros(1500)), 2);
+        assert!(check_ttl(Duration::ZERO).is_err());
+        assert!(check_ttl(Duration::from_micros(999)).is_ok());
+    }
+
+    #[test]
+    fn error_codes() {
+        assert_eq!(SessionError::LeaseLost { key: "k".into() }.code(), ErrorCode::Conflict);
+        assert_eq!(
+            SessionError::Exhausted { key: "k".into(), used: 1, limit: 1 }.code(),
+            ErrorCode::BudgetExceeded
+        );
+        assert_eq!(SessionError::Unavailable("x".into()).code(), ErrorCode::Unavailable);
+    }
+}

@@ -1,0 +1,142 @@
+//! The bus conformance suite against a real RabbitMQ (`SWITCHBOARD_TEST_AMQP_URL`, default
+//! `amqp://guest:guest@127.0.0.1:5672/%2f`), plus connection-recovery tests. Every test uses
+//! its own name prefix and deletes its queues and exchanges afterwards (also on panic).
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use sb_common::bus::amqp::{AmqpBus, AmqpOptions};
+use sb_common::bus::{Bus, BusError, ConsumeOptions, ExchangeKind, ExchangeSpec, PublishOptions, QueueSpec};
+use sb_common::testing::{BusFixture, run_detached, unique_prefix};
+
+fn amqp_url() -> String {
+    std::env::var("SWITCHBOARD_TEST_AMQP_URL").unwrap_or_else(|_| "amqp://guest:guest@127.0.0.1:5672/%2f".into())
+}
+
+fn options(prefix: &str) -> AmqpOptions {
+    let mut options = AmqpOptions::new(amqp_url(), format!("{prefix}sb-common-test"));
+    options.operation_timeout = Duration::from_secs(20);
+    options.reconnect_min = Duration::from_millis(50);
+    options.reconnect_max = Duration::from_millis(500);
+    options
+}
+
+/// Deletes every queue and exchange a test created, on its own connection and runtime.
+fn teardown(prefix: String) -> Box<dyn FnOnce(Vec<String>) + Send> {
+    Box::new(move |names| {
+        run_detached(move || async move {
+            let Ok(bus) = AmqpBus::connect(options(&prefix)).await else { return };
+            for name in &names {
+                let _ = bus.delete_queue(name).await;
+                let _ = bus.delete_exchange(name).await;
+            }
+            let _ = bus.close().await;
+        })
+    })
+}
+
+async fn amqp_fixture() -> BusFixture {
+    let prefix = unique_prefix();
+    let bus = AmqpBus::connect(options(&prefix)).await.expect("connect to the test broker");
+    BusFixture::new(Arc::new(bus), prefix.clone()).with_teardown(teardown(prefix))
+}
+
+sb_common::bus_suite!(amqp_bus, amqp_fixture);
+
+/// After the connection drops, publishing and consuming resume on their own: the live
+/// subscription gets the message published after the reconnection, and the unacked delivery
+/// of before the loss comes again.
+async fn assert_recovers(bus: &AmqpBus, fx: &BusFixture, sever: impl std::future::Future<Output = ()>) {
+    let ex = fx.name("ex");
+    bus.declare_exchange(&ExchangeSpec::new(&ex, ExchangeKind::Direct)).await.unwrap();
+    let durable = QueueSpec::durable(fx.name("q")).bind(&ex, "k");
+    let exclusive = QueueSpec::exclusive(fx.name("live")).bind(&ex, "live");
+    let mut sub = bus.subscribe(&durable, ConsumeOptions::prefetch(10)).await.unwrap();
+    let mut live = bus.subscribe(&exclusive, ConsumeOptions::prefetch(10)).await.unwrap();
+    bus.publish(&ex, "k", "before".into(), PublishOptions::default()).await.unwrap();
+    let held = tokio::time::timeout(Duration::from_secs(10), sub.next()).await.unwrap().unwrap();
+    assert_eq!(&held.body[..], b"before");
+    let generation = bus.connection_generation().expect("connected");
+
+    sever.await;
+
+    // Publishing waits for the new connection instead of failing.
+    bus.publish(&ex, "k", "after".into(), PublishOptions::default()).await.expect("publish after recovery");
+    assert!(bus.connection_generation().is_some_and(|g| g > generation), "a new connection was made");
+    // The exclusive queue and its binding were re-declared.
+    bus.publish(&ex, "live", "live-after".into(), PublishOptions::default()).await.expect("exclusive queue is back");
+    assert!(held.ack().await.is_err(), "a delivery of the lost connection cannot be acked");
+    let mut got = Vec::new();
+    while got.len() < 2 {
+        let d = tokio::time::timeout(Duration::from_secs(15), sub.next()).await.expect("consumer resumed").unwrap();
+        got.push(String::from_utf8(d.body.to_vec()).unwrap());
+        d.ack().await.unwrap();
+    }
+    got.sort();
+    assert_eq!(got, ["after", "before"]);
+    let d = tokio::time::timeout(Duration::from_secs(15), live.next()).await.expect("live consumer resumed").unwrap();
+    assert_eq!(&d.body[..], b"live-after");
+    d.ack().await.unwrap();
+    bus.ping().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn recovers_after_the_connection_is_severed() {
+    let prefix = unique_prefix();
+    let bus = AmqpBus::connect(options(&prefix)).await.unwrap();
+    let fx = BusFixture::new(Arc::new(bus.clone()), prefix.clone()).with_teardown(teardown(prefix));
+    assert_recovers(&bus, &fx, bus.sever_connection()).await;
+}
+
+/// The broker closes the connection (`rabbitmqctl close_connection`, as an operator or a
+/// broker restart would). Needs `rabbitmqctl` with access to the local node.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn recovers_after_the_broker_closes_the_connection() {
+    // Skipped where the broker is not administrable from here (no rabbitmqctl, or no access
+    // to the node, e.g. a remote broker in `SWITCHBOARD_TEST_AMQP_URL`).
+    let usable = std::process::Command::new("rabbitmqctl")
+        .args(["list_connections", "-q", "name"])
+        .output()
+        .is_ok_and(|out| out.status.success());
+    if !usable {
+        eprintln!("skipped: rabbitmqctl cannot reach the broker node");
+        return;
+    }
+    let prefix = unique_prefix();
+    let bus = AmqpBus::connect(options(&prefix)).await.unwrap();
+    let fx = BusFixture::new(Arc::new(bus.clone()), prefix.clone()).with_teardown(teardown(prefix.clone()));
+    let connection_name = format!("{prefix}sb-common-test");
+    let sever = async move {
+        let closed = tokio::task::spawn_blocking(move || close_connection_by_name(&connection_name)).await.unwrap();
+        assert!(closed, "rabbitmqctl closed our connection");
+    };
+    assert_recovers(&bus, &fx, sever).await;
+}
+
+/// Finds our connection by its client-provided name and closes it from the broker side.
+fn close_connection_by_name(name: &str) -> bool {
+    let out = std::process::Command::new("rabbitmqctl")
+        .args(["list_connections", "-q", "--no-table-headers", "pid", "client_properties"])
+        .output()
+        .expect("run rabbitmqctl list_connections");
+    let listing = String::from_utf8_lossy(&out.stdout);
+    let mut closed = false;
+    for line in listing.lines().filter(|l| l.contains(name)) {
+        let pid = line.split_whitespace().next().unwrap_or_default();
+        let status = std::process::Command::new("rabbitmqctl")
+            .args(["close_connection", pid, "recovery test"])
+            .status()
+            .expect("run rabbitmqctl close_connection");
+        closed |= status.success();
+    }
+    closed
+}
+
+/// Publishing to an unreachable broker fails with `Unavailable` instead of hanging.
+#[tokio::test]
+async fn unreachable_broker_is_unavailable() {
+    let mut options = AmqpOptions::new("amqp://guest:guest@127.0.0.1:1/%2f", "unreachable");
+    options.operation_timeout = Duration::from_secs(2);
+    let err = AmqpBus::connect(options).await.unwrap_err();
+    assert!(matches!(err, BusError::Unavailable(_)), "{err:?}");
+}

@@ -1,0 +1,6 @@
+//! The bus and session-store conformance suites on the in-memory backends (always run).
+
+use sb_common::testing::{BusFixture, SessionFixture};
+
+sb_common::bus_suite!(memory_bus, || async { BusFixture::memory() });
+sb_common::session_suite!(memory_session, || async { SessionFixture::memory() });
