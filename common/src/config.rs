@@ -282,8 +282,10 @@ pub struct BusConfig {
     pub url: Option<SecretUrl>,
     /// Type of the durable queues (`quorum` or `classic`).
     pub queue_type: QueueType,
-    /// How many times a message may be delivered before it is dead-lettered to
-    /// `<name_prefix>.dead` (quorum queues, and the memory bus).
+    /// How many times a message may be returned to its queue (nacked, or its consumer lost)
+    /// before it is dead-lettered to `<name_prefix>.dead`: RabbitMQ's `x-delivery-limit`, so a
+    /// message gets at most `delivery_limit + 1` delivery attempts (quorum queues, and the
+    /// memory bus).
     pub delivery_limit: NonZeroU32,
     /// Number of event shards. Events of one conversation always land on the same shard, and
     /// each shard has a single active consumer, so this bounds how many orchestrators route in
