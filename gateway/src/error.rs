@@ -1,0 +1,369 @@
+//! [`ApiError`]: the one place where an error becomes an HTTP response, and [`ApiJson`], the
+//! JSON extractor whose rejections use the same shape.
+//!
+//! Every error body is `{"code": "...", "message": "..."}`. The status comes from
+//! [`ErrorCode::http_status`] and nowhere else. Messages of 4xx errors say what was expected;
+//! `internal` (and dependency outages, `unavailable`) go out with a generic message while the
+//! real error travels in the response extensions ([`ErrorDetail`]) to
+//! [`log_error_details`], which logs it with the request's method and path. This is axum's
+//! error-handling example, with quickwit's "one code, one mapping" rule.
+
+use std::fmt;
+
+use axum::extract::rejection::{JsonRejection, QueryRejection};
+use axum::extract::{FromRequest, FromRequestParts, Query, Request};
+use axum::http::{HeaderValue, StatusCode, header};
+use axum::middleware::Next;
+use axum::response::{IntoResponse, Response};
+use axum::{Json, http};
+use sb_common::bus::{BatchPublishError, BusError};
+use sb_common::error::ShutdownError;
+use sb_common::session::SessionError;
+use sb_protocol::error::{ErrorCode, HasErrorCode};
+use serde::Serialize;
+use serde::de::DeserializeOwned;
+
+/// Result alias of the handlers.
+pub type ApiResult<T> = Result<T, ApiError>;
+
+/// An error answered to an API client.
+#[derive(Debug, Clone)]
+pub struct ApiError {
+    code: ErrorCode,
+    message: String,
+    /// The real cause, logged by [`log_error_details`] and never sent to the client. Set when
+    /// the public message was replaced by a generic one.
+    detail: Option<String>,
+    /// `invalid_argument` about a well-formed request naming something that does not exist
+    /// (an unregistered runner): answered `422` instead of `400`. See [`ApiError::status`].
+    unprocessable: bool,
+}
+
+/// Body of every error response.
+#[derive(Debug, Serialize)]
+struct ErrorBody<'a> {
+    code: ErrorCode,
+    message: &'a str,
+}
+
+/// The hidden cause of an error response, carried in the response extensions so the logging
+/// middleware can report it next to the request it belongs to.
+#[derive(Debug, Clone)]
+pub struct ErrorDetail {
+    /// The error code that was answered.
+    pub code: ErrorCode,
+    /// The full error text.
+    pub detail: String,
+}
+
+impl ApiError {
+    /// An error whose `message` is shown to the client as is. Messages are lowercase with no
+    /// trailing period.
+    pub fn new(code: ErrorCode, message: impl Into<String>) -> Self {
+        Self {
+            code,
+            message: message.into(),
+            detail: None,
+            unprocessable: false,
+        }
+    }
+
+    /// `400 invalid_argument`.
+    pub fn invalid(message: impl Into<String>) -> Self {
+        Self::new(ErrorCode::InvalidArgument, message)
+    }
+
+    /// `404 not_found`.
+    pub fn not_found(message: impl Into<String>) -> Self {
+        Self::new(ErrorCode::NotFound, message)
+    }
+
+    /// `401 unauthorized` for a missing or unknown API key.
+    pub fn unauthorized() -> Self {
+        Self::new(
+            ErrorCode::Unauthorized,
+            "missing or invalid api key (expected `Authorization: Bearer <key>`)",
+        )
+    }
+
+    /// `500 internal` with a generic public message; `detail` is only logged.
+    pub fn internal(detail: impl fmt::Display) -> Self {
+        Self {
+            code: ErrorCode::Internal,
+            message: generic_message(ErrorCode::Internal).to_owned(),
+            detail: Some(detail.to_string()),
+            unprocessable: false,
+        }
+    }
+
+    /// `422` with code `invalid_argument`: the body is well-formed but refers to something
+    /// that cannot be used (e.g. a runner no worker registered).
+    pub fn unprocessable(message: impl Into<String>) -> Self {
+        Self {
+            unprocessable: true,
+            ..Self::new(ErrorCode::InvalidArgument, message)
+        }
+    }
+
+    /// Builds the error of any domain error: its code decides the status; for codes whose
+    /// text may reveal internals (`internal`, `unavailable`, …) the public message is generic
+    /// and the error text is only logged.
+    pub fn from_coded<E: HasErrorCode + fmt::Display + ?Sized>(err: &E) -> Self {
+        let code = err.code();
+        if hides_detail(code) {
+            Self {
+                code,
+                message: generic_message(code).to_owned(),
+                detail: Some(err.to_string()),
+                unprocessable: false,
+            }
+        } else {
+            Self::new(code, err.to_string())
+        }
+    }
+
+    /// The code.
+    pub fn code(&self) -> ErrorCode {
+        self.code
+    }
+
+    /// The public message.
+    pub fn message(&self) -> &str {
+        &self.message
+    }
+
+    /// The HTTP status: [`ErrorCode::http_status`], the only mapping, with one refinement
+    /// inside `invalid_argument`: a semantically unusable request is `422` (RFC 9110
+    /// §15.5.21) rather than `400`; the body's code stays `invalid_argument`.
+    pub fn status(&self) -> StatusCode {
+        if self.unprocessable && self.code == ErrorCode::InvalidArgument {
+            return StatusCode::UNPROCESSABLE_ENTITY;
+        }
+        StatusCode::from_u16(self.code.http_status()).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR)
+    }
+}
+
+/// Codes whose error text is about our dependencies or our bugs, not about the request.
+fn hides_detail(code: ErrorCode) -> bool {
+    matches!(
+        code,
+        ErrorCode::Internal | ErrorCode::Unavailable | ErrorCode::ToolOutcomeUnknown
+    )
+}
+
+fn generic_message(code: ErrorCode) -> &'static str {
+    match code {
+        ErrorCode::Unavailable => {
+            "a dependency of the gateway is temporarily unavailable, retry later"
+        }
+        _ => "internal error",
+    }
+}
+
+impl fmt::Display for ApiError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}: {}", self.code, self.message)
+    }
+}
+
+impl std::error::Error for ApiError {}
+
+impl IntoResponse for ApiError {
+    fn into_response(self) -> Response {
+        let status = self.status();
+        let body = ErrorBody {
+            code: self.code,
+            message: &self.message,
+        };
+        let mut response = (status, Json(body)).into_response();
+        if self.code == ErrorCode::Unauthorized {
+            response
+                .headers_mut()
+                .insert(header::WWW_AUTHENTICATE, HeaderValue::from_static("Bearer"));
+        }
+        if self.code.is_retryable() {
+            response
+                .headers_mut()
+                .insert(header::RETRY_AFTER, HeaderValue::from_static("1"));
+        }
+        if let Some(detail) = self.detail {
+            response.extensions_mut().insert(ErrorDetail {
+                code: self.code,
+                detail,
+            });
+        }
+        response
+    }
+}
+
+macro_rules! from_coded {
+    ($($ty:ty),* $(,)?) => {$(
+        impl From<$ty> for ApiError {
+            fn from(err: $ty) -> Self {
+                Self::from_coded(&err)
+            }
+        }
+    )*};
+}
+
+from_coded!(
+    BusError,
+    BatchPublishError,
+    SessionError,
+    ShutdownError,
+    sb_store::StoreError
+);
+
+impl From<JsonRejection> for ApiError {
+    fn from(rejection: JsonRejection) -> Self {
+        match rejection {
+            // Syntactically valid JSON of the wrong shape: serde_path_to_error's text names
+            // the field (`actor.actor_id: invalid type: integer `5`, expected a string …`).
+            JsonRejection::JsonDataError(err) => {
+                let inner = std::error::Error::source(&err)
+                    .map_or_else(|| err.body_text(), ToString::to_string);
+                Self::invalid(format!("invalid request body: {inner}"))
+            }
+            JsonRejection::JsonSyntaxError(err) => {
+                let inner = std::error::Error::source(&err)
+                    .map_or_else(|| err.body_text(), ToString::to_string);
+                Self::invalid(format!("request body is not valid json: {inner}"))
+            }
+            JsonRejection::MissingJsonContentType(_) => {
+                Self::invalid("expected a request with `Content-Type: application/json`")
+            }
+            JsonRejection::BytesRejection(err) if err.status() == StatusCode::PAYLOAD_TOO_LARGE => {
+                Self::new(
+                    ErrorCode::PayloadTooLarge,
+                    "request body is larger than the configured limit",
+                )
+            }
+            other => Self::invalid(format!("cannot read request body: {}", other.body_text())),
+        }
+    }
+}
+
+impl From<QueryRejection> for ApiError {
+    fn from(rejection: QueryRejection) -> Self {
+        let text = match &rejection {
+            QueryRejection::FailedToDeserializeQueryString(err) => {
+                std::error::Error::source(err).map_or_else(|| err.body_text(), ToString::to_string)
+            }
+            other => other.body_text(),
+        };
+        Self::invalid(format!("invalid query string: {text}"))
+    }
+}
+
+/// `Json<T>` whose rejections are [`ApiError`]s, so bad input gets the `{code, message}`
+/// shape and a 400 (axum's own `Json` answers 422 in plain text).
+#[derive(Debug, Clone, Copy, Default)]
+pub struct ApiJson<T>(pub T);
+
+impl<T, S> FromRequest<S> for ApiJson<T>
+where
+    T: DeserializeOwned,
+    S: Send + Sync,
+{
+    type Rejection = ApiError;
+
+    async fn from_request(req: Request, state: &S) -> Result<Self, Self::Rejection> {
+        let Json(value) = Json::<T>::from_request(req, state).await?;
+        Ok(Self(value))
+    }
+}
+
+impl<T: Serialize> IntoResponse for ApiJson<T> {
+    fn into_response(self) -> Response {
+        Json(self.0).into_response()
+    }
+}
+
+/// `Query<T>` whose rejections are [`ApiError`]s.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct ApiQuery<T>(pub T);
+
+impl<T, S> FromRequestParts<S> for ApiQuery<T>
+where
+    T: DeserializeOwned,
+    S: Send + Sync,
+{
+    type Rejection = ApiError;
+
+    async fn from_request_parts(
+        parts: &mut http::request::Parts,
+        state: &S,
+    ) -> Result<Self, Self::Rejection> {
+        let Query(value) = Query::<T>::from_request_parts(parts, state).await?;
+        Ok(Self(value))
+    }
+}
+
+/// Middleware logging the hidden cause of every error response (see [`ErrorDetail`]), so a
+/// 500 can be traced to its reason without showing that reason to the client.
+pub async fn log_error_details(request: Request, next: Next) -> Response {
+    let method = request.method().clone();
+    let path = request.uri().path().to_owned();
+    let response = next.run(request).await;
+    if let Some(ErrorDetail { code, detail }) = response.extensions().get::<ErrorDetail>() {
+        let status = response.status().as_u16();
+        if *code == ErrorCode::Internal {
+            tracing::error!(%method, %path, status, code = %code, error = %detail, "request failed");
+        } else {
+            tracing::warn!(%method, %path, status, code = %code, error = %detail, "request failed");
+        }
+    }
+    response
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    async fn body_json(response: Response) -> serde_json::Value {
+        let bytes = axum::body::to_bytes(response.into_body(), usize::MAX)
+            .await
+            .unwrap();
+        serde_json::from_slice(&bytes).unwrap()
+    }
+
+    #[tokio::test]
+    async fn status_and_body_come_from_the_code() {
+        let response = ApiError::not_found("run r1 not found").into_response();
+        assert_eq!(response.status(), StatusCode::NOT_FOUND);
+        assert_eq!(
+            body_json(response).await,
+            serde_json::json!({"code": "not_found", "message": "run r1 not found"})
+        );
+    }
+
+    #[tokio::test]
+    async fn internal_errors_hide_their_detail() {
+        let response = ApiError::internal("connection to db at 10.0.0.3 refused").into_response();
+        assert_eq!(response.status(), StatusCode::INTERNAL_SERVER_ERROR);
+        let detail = response.extensions().get::<ErrorDetail>().cloned().unwrap();
+        assert!(detail.detail.contains("10.0.0.3"));
+        let body = body_json(response).await;
+        assert_eq!(body["code"], "internal");
+        assert!(!body["message"].as_str().unwrap().contains("10.0.0.3"));
+    }
+
+    #[tokio::test]
+    async fn unavailable_dependencies_are_generic_and_retryable() {
+        let response =
+            ApiError::from(BusError::Unavailable("amqp://secret@host".into())).into_response();
+        assert_eq!(response.status(), StatusCode::SERVICE_UNAVAILABLE);
+        assert_eq!(response.headers()[header::RETRY_AFTER], "1");
+        let body = body_json(response).await;
+        assert_eq!(body["code"], "unavailable");
+        assert!(!body["message"].as_str().unwrap().contains("secret"));
+    }
+
+    #[tokio::test]
+    async fn unauthorized_asks_for_a_bearer_token() {
+        let response = ApiError::unauthorized().into_response();
+        assert_eq!(response.status(), StatusCode::UNAUTHORIZED);
+        assert_eq!(response.headers()[header::WWW_AUTHENTICATE], "Bearer");
+        assert_eq!(body_json(response).await["code"], "unauthorized");
+    }
+}

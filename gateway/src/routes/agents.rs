@@ -1,0 +1,473 @@
+//! `GET /v1/agents`, `POST /v1/agents`, `GET /v1/agents/{id}`, `PATCH /v1/agents/{id}`,
+//! `DELETE /v1/agents/{id}`.
+//!
+//! Creating an agent validates every policy against its `sb-protocol` type (unknown fields
+//! refused), the filters against the resolver's filter language, and then two things that
+//! need the database:
+//! - the runner must be registered by some worker (`422` otherwise: the request is
+//!   well-formed but names something that does not exist);
+//! - an enabled agent must not tie with an existing enabled agent: same specificity,
+//!   overlapping scope and a shared event type would make events ambiguous, which the
+//!   resolver refuses to decide (SPEC §5), so it is refused here with `409 conflict`. The
+//!   rule is the resolver's own [`sb_orchestrator::bindings::conflicts`].
+
+use std::str::FromStr;
+
+use axum::extract::{Path, State};
+use axum::http::StatusCode;
+use axum::response::IntoResponse;
+use sb_orchestrator::bindings::{AgentCandidate, EventFilter, conflicts};
+use sb_protocol::error::ErrorCode;
+use sb_protocol::host::{
+    AgentConfig, AgentScope, DeliveryPolicy, ResourcePolicy, RunBudgets, StatePolicy, event_types,
+};
+use sb_protocol::ids::AgentId;
+use sb_protocol::manifest::RunnerId;
+use sb_store::agents::{AgentRow, NewAgent};
+use serde::{Deserialize, Serialize};
+use serde_json::{Map, Value, json};
+
+use super::{Items, epoch, parse_id};
+use crate::auth::Caller;
+use crate::error::{ApiError, ApiJson, ApiResult};
+use crate::normalize::MAX_TYPE_LEN;
+use crate::state::AppState;
+
+/// Longest agent name.
+const MAX_NAME_LEN: usize = 100;
+/// Longest description.
+const MAX_DESCRIPTION_LEN: usize = 2000;
+
+fn default_event_types() -> Vec<String> {
+    vec![event_types::MESSAGE_RECEIVED.to_owned()]
+}
+
+fn yes() -> bool {
+    true
+}
+
+/// Body of `POST /v1/agents`.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct CreateAgent {
+    /// Unique within the workspace.
+    pub name: String,
+    /// Free text.
+    #[serde(default)]
+    pub description: Option<String>,
+    /// `plugin:<author>/<plugin>/<runner>`; must be registered.
+    pub runner_id: String,
+    /// Runner configuration (`ctx.config`).
+    #[serde(default)]
+    pub runner_config: Map<String, Value>,
+    /// Handled event types (default `["message.received"]`).
+    #[serde(default = "default_event_types")]
+    pub event_types: Vec<String>,
+    /// Where it applies.
+    #[serde(default)]
+    pub scope: AgentScope,
+    /// Predicates on the event (see the resolver docs).
+    #[serde(default)]
+    pub filters: Vec<EventFilter>,
+    /// Resource grants.
+    #[serde(default)]
+    pub resource_policy: ResourcePolicy,
+    /// State access.
+    #[serde(default)]
+    pub state_policy: StatePolicy,
+    /// Delivery and concurrency.
+    #[serde(default)]
+    pub delivery_policy: DeliveryPolicy,
+    /// Whether the resolver considers it (default `true`).
+    #[serde(default = "yes")]
+    pub enabled: bool,
+}
+
+/// An agent as the API shows it.
+#[derive(Debug, Serialize)]
+pub struct AgentView {
+    /// Id.
+    pub agent_id: AgentId,
+    /// Name.
+    pub name: String,
+    /// Description.
+    pub description: Option<String>,
+    /// Runner.
+    pub runner_id: String,
+    /// Runner configuration.
+    pub runner_config: Value,
+    /// Event types.
+    pub event_types: Value,
+    /// Scope.
+    pub scope: Value,
+    /// Filters.
+    pub filters: Value,
+    /// Resource policy.
+    pub resource_policy: Value,
+    /// State policy.
+    pub state_policy: Value,
+    /// Delivery policy.
+    pub delivery_policy: Value,
+    /// Enabled.
+    pub enabled: bool,
+    /// Epoch seconds.
+    pub created_at: i64,
+    /// Epoch seconds.
+    pub updated_at: i64,
+}
+
+impl From<AgentRow> for AgentView {
+    fn from(r: AgentRow) -> Self {
+        Self {
+            agent_id: r.id,
+            name: r.name,
+            description: r.description,
+            runner_id: r.runner_id,
+            runner_config: r.runner_config,
+            event_types: r.event_types,
+            scope: r.scope,
+            filters: r.filters,
+            resource_policy: r.resource_policy,
+            state_policy: r.state_policy,
+            delivery_policy: r.delivery_policy,
+            enabled: r.enabled,
+            created_at: epoch(r.created_at),
+            updated_at: epoch(r.updated_at),
+        }
+    }
+}
+
+/// `GET /v1/agents`: every agent of the workspace, by name.
+pub async fn list_agents(
+    State(state): State<AppState>,
+    caller: Caller,
+) -> ApiResult<ApiJson<Items<AgentView>>> {
+    let rows = state.stores().agents.list(&caller.workspace_id).await?;
+    Ok(ApiJson(Items {
+        items: rows.into_iter().map(AgentView::from).collect(),
+    }))
+}
+
+/// `GET /v1/agents/{id}`.
+pub async fn get_agent(
+    State(state): State<AppState>,
+    caller: Caller,
+    Path(id): Path<String>,
+) -> ApiResult<ApiJson<AgentView>> {
+    let agent_id: AgentId = parse_id("agent", &id)?;
+    match state
+        .stores()
+        .agents
+        .get(&caller.workspace_id, agent_id)
+        .await?
+    {
+        Some(row) => Ok(ApiJson(row.into())),
+        None => Err(ApiError::not_found(format!("agent {id} not found"))),
+    }
+}
+
+/// `DELETE /v1/agents/{id}`: `204`, or `404` if there is no such agent.
+pub async fn delete_agent(
+    State(state): State<AppState>,
+    caller: Caller,
+    Path(id): Path<String>,
+) -> ApiResult<StatusCode> {
+    let agent_id: AgentId = parse_id("agent", &id)?;
+    if state
+        .stores()
+        .agents
+        .delete(&caller.workspace_id, agent_id)
+        .await?
+    {
+        Ok(StatusCode::NO_CONTENT)
+    } else {
+        Err(ApiError::not_found(format!("agent {id} not found")))
+    }
+}
+
+/// `POST /v1/agents`: `201` with the agent.
+pub async fn create_agent(
+    State(state): State<AppState>,
+    caller: Caller,
+    ApiJson(body): ApiJson<CreateAgent>,
+) -> ApiResult<impl IntoResponse> {
+    let checked = check(&state, &caller, &body, None).await?;
+    let new = NewAgent {
+        id: None,
+        workspace_id: caller.workspace_id,
+        name: body.name,
+        description: body.description,
+        runner_id: checked.runner_id,
+        runner_config: Value::Object(body.runner_config),
+        event_types: json!(body.event_types),
+        scope: checked.scope,
+        filters: checked.filters,
+        resource_policy: checked.resource_policy,
+        state_policy: checked.state_policy,
+        delivery_policy: checked.delivery_policy,
+        enabled: body.enabled,
+    };
+    let row = state.stores().agents.create(new).await?;
+    tracing::info!(agent_id = %row.id, runner_id = %row.runner_id, "agent created");
+    Ok((StatusCode::CREATED, ApiJson(AgentView::from(row))))
+}
+
+/// `PATCH /v1/agents/{id}`: the body holds the fields to change (same names and rules as
+/// `POST`); the merged agent is validated again as a whole, conflict check included (against
+/// the other agents).
+pub async fn update_agent(
+    State(state): State<AppState>,
+    caller: Caller,
+    Path(id): Path<String>,
+    ApiJson(patch): ApiJson<Map<String, Value>>,
+) -> ApiResult<ApiJson<AgentView>> {
+    let agent_id: AgentId = parse_id("agent", &id)?;
+    let Some(row) = state
+        .stores()
+        .agents
+        .get(&caller.workspace_id, agent_id)
+        .await?
+    else {
+        return Err(ApiError::not_found(format!("agent {id} not found")));
+    };
+    // Current fields as a create body, then the patch on top (top-level keys replace).
+    let mut merged =
+        match serde_json::to_value(AgentView::from(row.clone())).map_err(ApiError::internal)? {
+            Value::Object(map) => map,
+            _ => return Err(ApiError::internal("agent view is not an object")),
+        };
+    for key in ["agent_id", "created_at", "updated_at"] {
+        merged.remove(key);
+    }
+    for (key, value) in patch {
+        if matches!(key.as_str(), "agent_id" | "created_at" | "updated_at") {
+            return Err(ApiError::invalid(format!(
+                "invalid `{key}`: it cannot be changed"
+            )));
+        }
+        merged.insert(key, value);
+    }
+    let body: CreateAgent = serde_json::from_value(Value::Object(merged))
+        .map_err(|e| ApiError::invalid(format!("invalid request body: {e}")))?;
+    let checked = check(&state, &caller, &body, Some(agent_id)).await?;
+    let updated = AgentRow {
+        name: body.name,
+        description: body.description,
+        runner_id: checked.runner_id,
+        runner_config: Value::Object(body.runner_config),
+        event_types: json!(body.event_types),
+        scope: checked.scope,
+        filters: checked.filters,
+        resource_policy: checked.resource_policy,
+        state_policy: checked.state_policy,
+        delivery_policy: checked.delivery_policy,
+        enabled: body.enabled,
+        ..row
+    };
+    let row = state.stores().agents.update(updated).await?;
+    tracing::info!(agent_id = %row.id, "agent updated");
+    Ok(ApiJson(row.into()))
+}
+
+/// The stored forms of a checked agent body.
+struct Checked {
+    runner_id: String,
+    scope: Value,
+    filters: Value,
+    resource_policy: Value,
+    state_policy: Value,
+    delivery_policy: Value,
+}
+
+/// Validates a create (or merged update) body: shapes, the runner's registration, and the
+/// conflict rule against every other enabled agent of the workspace (`except` = the agent
+/// being updated).
+async fn check(
+    state: &AppState,
+    caller: &Caller,
+    body: &CreateAgent,
+    except: Option<AgentId>,
+) -> ApiResult<Checked> {
+    let runner_id = validate(body)?;
+    if state
+        .stores()
+        .runners
+        .get(&runner_id.to_string())
+        .await?
+        .is_none()
+    {
+        return Err(ApiError::unprocessable(format!(
+            "runner {runner_id} is not registered by any worker (see GET /v1/runners)"
+        )));
+    }
+    let config = AgentConfig {
+        agent_id: except,
+        workspace_id: caller.workspace_id.clone(),
+        runner_id: runner_id.clone(),
+        runner_config: body.runner_config.clone(),
+        scope: body.scope.clone(),
+        resource_policy: body.resource_policy.clone(),
+        state_policy: body.state_policy.clone(),
+        delivery_policy: body.delivery_policy.clone(),
+        budgets: RunBudgets::default(),
+        event_types: body.event_types.clone(),
+        enabled: body.enabled,
+        metadata: Map::new(),
+    };
+    if config.enabled {
+        for row in state
+            .stores()
+            .agents
+            .list_enabled(&caller.workspace_id)
+            .await?
+        {
+            if Some(row.id) == except {
+                continue;
+            }
+            // Read the row exactly as the resolver does. A row it cannot read, or whose
+            // filters are malformed, never matches, so it cannot tie either.
+            let Ok(existing) = AgentCandidate::from_row(&row) else {
+                continue;
+            };
+            if existing.filters.is_err() {
+                continue;
+            }
+            if conflicts(&config, &existing.config) {
+                return Err(ApiError::new(
+                    ErrorCode::Conflict,
+                    format!(
+                        "agent {:?} ({}) already handles an overlapping event type at the same scope \
+                         specificity ({:?}); events would be ambiguous: narrow the scope or disable one",
+                        row.name,
+                        row.id,
+                        config.scope.specificity()
+                    ),
+                ));
+            }
+        }
+    }
+    Ok(Checked {
+        runner_id: runner_id.to_string(),
+        scope: to_json(&body.scope)?,
+        filters: to_json(&body.filters)?,
+        resource_policy: to_json(&body.resource_policy)?,
+        state_policy: to_json(&body.state_policy)?,
+        delivery_policy: to_json(&body.delivery_policy)?,
+    })
+}
+
+fn to_json<T: Serialize>(value: &T) -> ApiResult<Value> {
+    serde_json::to_value(value).map_err(ApiError::internal)
+}
+
+/// Checks what can be checked without the database; returns the parsed runner id.
+fn validate(body: &CreateAgent) -> ApiResult<RunnerId> {
+    check_text("name", &body.name, MAX_NAME_LEN)?;
+    if let Some(d) = &body.description {
+        if d.chars().count() > MAX_DESCRIPTION_LEN {
+            return Err(ApiError::invalid(format!(
+                "invalid `description`: must be at most {MAX_DESCRIPTION_LEN} characters"
+            )));
+        }
+    }
+    let runner_id = RunnerId::from_str(&body.runner_id).map_err(|e| {
+        ApiError::invalid(format!(
+            "invalid `runner_id`: {e} (expected plugin:<author>/<plugin>/<runner>)"
+        ))
+    })?;
+    if body.event_types.is_empty() {
+        return Err(ApiError::invalid(
+            "invalid `event_types`: at least one event type is required",
+        ));
+    }
+    for t in &body.event_types {
+        let ok = !t.is_empty()
+            && t.len() <= MAX_TYPE_LEN
+            && t.chars()
+                .all(|c| c.is_ascii_alphanumeric() || matches!(c, '_' | '.' | ':' | '-'));
+        if !ok {
+            return Err(ApiError::invalid(format!(
+                "invalid `event_types`: {t:?} must be 1-{MAX_TYPE_LEN} characters of [A-Za-z0-9_.:-]"
+            )));
+        }
+    }
+    let scope = &body.scope;
+    for (field, value) in [
+        ("scope.bot_id", &scope.bot_id),
+        ("scope.channel", &scope.channel),
+        ("scope.conversation_id", &scope.conversation_id),
+        ("scope.actor_id", &scope.actor_id),
+    ] {
+        if let Some(v) = value {
+            check_text(field, v, 255)?;
+        }
+    }
+    for (i, filter) in body.filters.iter().enumerate() {
+        filter
+            .validate()
+            .map_err(|e| ApiError::invalid(format!("invalid `filters[{i}]`: {e}")))?;
+    }
+    Ok(runner_id)
+}
+
+fn check_text(field: &str, value: &str, max: usize) -> ApiResult<()> {
+    if value.trim().is_empty() {
+        return Err(ApiError::invalid(format!(
+            "invalid `{field}`: must not be empty"
+        )));
+    }
+    if value.chars().count() > max || value.chars().any(char::is_control) {
+        return Err(ApiError::invalid(format!(
+            "invalid `{field}`: must be at most {max} characters without control characters"
+        )));
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn body(extra: Value) -> CreateAgent {
+        let mut v = json!({"name": "echo", "runner_id": "plugin:acme/echo/default"});
+        for (k, val) in extra.as_object().unwrap() {
+            v[k] = val.clone();
+        }
+        serde_json::from_value(v).unwrap()
+    }
+
+    #[test]
+    fn defaults_and_validation() {
+        let b = body(json!({}));
+        assert_eq!(b.event_types, vec!["message.received"]);
+        assert!(b.enabled);
+        assert!(validate(&b).is_ok());
+        for (extra, needle) in [
+            (json!({"name": " "}), "name"),
+            (json!({"runner_id": "echo"}), "runner_id"),
+            (json!({"event_types": []}), "event_types"),
+            (json!({"event_types": ["bad type"]}), "event_types"),
+            (json!({"scope": {"bot_id": ""}}), "scope.bot_id"),
+            (
+                json!({"filters": [{"field": "", "value": 1}]}),
+                "filters[0]",
+            ),
+            (
+                json!({"filters": [{"field": "a", "op": "in", "value": 1}]}),
+                "filters[0]",
+            ),
+        ] {
+            let err = validate(&body(extra.clone())).unwrap_err();
+            assert_eq!(err.code(), ErrorCode::InvalidArgument);
+            assert!(err.message().contains(needle), "{extra}: {}", err.message());
+        }
+    }
+
+    #[test]
+    fn policies_refuse_unknown_fields() {
+        let v = json!({"name": "x", "runner_id": "plugin:a/b/c", "scope": {"botid": "b"}});
+        assert!(serde_json::from_value::<CreateAgent>(v).is_err());
+        let v = json!({"name": "x", "runner_id": "plugin:a/b/c", "colour": "red"});
+        assert!(serde_json::from_value::<CreateAgent>(v).is_err());
+    }
+}

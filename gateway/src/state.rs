@@ -1,0 +1,195 @@
+//! [`AppState`]: what every handler can reach, and [`GatewayOptions`]: the gateway's tuning,
+//! derived from the configuration.
+//!
+//! Every dependency comes in through [`GatewayDeps`] as a trait object (`Arc<dyn Bus>`,
+//! store traits, `Arc<dyn SessionStore>`), so tests run the real handlers on the memory bus,
+//! the memory session store and SQLite.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use sb_common::bus::topology::Topology;
+use sb_common::bus::{Bus, BusError};
+use sb_common::config::SwitchboardConfig;
+use sb_common::session::SessionStore;
+use sb_common::shutdown::Shutdown;
+use sb_store::Stores;
+
+use crate::live::LiveHub;
+use crate::normalize::NormalizeLimits;
+use crate::relay::{RelayHandle, RelayOptions};
+use crate::stream::{StreamContext, StreamOptions};
+
+/// The gateway's tuning.
+#[derive(Debug, Clone)]
+pub struct GatewayOptions {
+    /// Id of this gateway process; names its exclusive delivery queue.
+    pub gateway_id: String,
+    /// Largest request body, in bytes (`413` above).
+    pub max_body_bytes: usize,
+    /// Time limit of a non-streaming request (`504 deadline_exceeded` after).
+    pub request_timeout: Duration,
+    /// Ingest normalization limits.
+    pub normalize: NormalizeLimits,
+    /// Result streams.
+    pub stream: StreamOptions,
+    /// Outbox relay.
+    pub relay: RelayOptions,
+    /// Page size when the client gives none.
+    pub page_size_default: u64,
+    /// Largest page size (requested limits are clamped to `[1, max]`).
+    pub page_size_max: u64,
+    /// Unacked live deliveries the gateway's queue consumer may hold.
+    pub delivery_prefetch: u16,
+    /// Time allowed to each dependency check of `/readyz`.
+    pub readiness_timeout: Duration,
+}
+
+impl Default for GatewayOptions {
+    fn default() -> Self {
+        Self::from_config(&SwitchboardConfig::default())
+    }
+}
+
+impl GatewayOptions {
+    /// Options from the validated configuration (`gateway` and `limits` sections).
+    pub fn from_config(config: &SwitchboardConfig) -> Self {
+        let g = &config.gateway;
+        let limits = &config.limits;
+        Self {
+            gateway_id: format!("gw-{}", uuid::Uuid::now_v7().simple()),
+            max_body_bytes: g.max_body_bytes.get(),
+            request_timeout: g.request_timeout,
+            normalize: NormalizeLimits {
+                data_string_bytes: limits.event_data_string_bytes.get(),
+                input_summary_chars: limits.input_summary_chars.get(),
+            },
+            stream: StreamOptions::default(),
+            relay: RelayOptions {
+                batch: u64::from(g.outbox_batch.get()),
+                poll_interval: g.outbox_poll_interval,
+                ..RelayOptions::default()
+            },
+            page_size_default: u64::from(limits.page_size_default.get()),
+            page_size_max: u64::from(limits.page_size_max.get()),
+            delivery_prefetch: config.bus.prefetch.get(),
+            readiness_timeout: Duration::from_secs(2),
+        }
+    }
+}
+
+/// The external dependencies of the gateway.
+#[derive(Clone)]
+pub struct GatewayDeps {
+    /// Persistence.
+    pub stores: Stores,
+    /// The message bus.
+    pub bus: Arc<dyn Bus>,
+    /// The active-run session store (readiness only, for now).
+    pub sessions: Arc<dyn SessionStore>,
+    /// Exchange names and shard counts.
+    pub topology: Topology,
+}
+
+/// Shared state of the handlers. Cheap to clone.
+#[derive(Clone)]
+pub struct AppState {
+    inner: Arc<Inner>,
+}
+
+struct Inner {
+    deps: GatewayDeps,
+    options: GatewayOptions,
+    live: LiveHub,
+    relay: RelayHandle,
+    shutdown: Shutdown,
+}
+
+impl AppState {
+    /// Builds the state and starts the live-delivery hub (declares this gateway's exclusive
+    /// delivery queue). The outbox relay is started by [`crate::run`] (or by a test) with
+    /// [`AppState::relay`]; ingest only wakes it.
+    pub async fn new(
+        deps: GatewayDeps,
+        options: GatewayOptions,
+        shutdown: Shutdown,
+    ) -> Result<Self, BusError> {
+        let queue = deps.topology.deliveries_queue(&options.gateway_id);
+        let exchange = deps.topology.deliveries_exchange();
+        let live = LiveHub::start(
+            Arc::clone(&deps.bus),
+            queue,
+            exchange,
+            options.delivery_prefetch,
+            shutdown.token(),
+        )
+        .await?;
+        Ok(Self {
+            inner: Arc::new(Inner {
+                deps,
+                options,
+                live,
+                relay: RelayHandle::new(),
+                shutdown,
+            }),
+        })
+    }
+
+    /// Persistence.
+    pub fn stores(&self) -> &Stores {
+        &self.inner.deps.stores
+    }
+
+    /// The bus.
+    pub fn bus(&self) -> &Arc<dyn Bus> {
+        &self.inner.deps.bus
+    }
+
+    /// The session store.
+    pub fn sessions(&self) -> &Arc<dyn SessionStore> {
+        &self.inner.deps.sessions
+    }
+
+    /// Exchange names and shard counts.
+    pub fn topology(&self) -> &Topology {
+        &self.inner.deps.topology
+    }
+
+    /// Tuning.
+    pub fn options(&self) -> &GatewayOptions {
+        &self.inner.options
+    }
+
+    /// The live-delivery hub.
+    pub fn live(&self) -> &LiveHub {
+        &self.inner.live
+    }
+
+    /// Wakes the outbox relay.
+    pub fn relay(&self) -> &RelayHandle {
+        &self.inner.relay
+    }
+
+    /// Process shutdown.
+    pub fn shutdown(&self) -> &Shutdown {
+        &self.inner.shutdown
+    }
+
+    /// What a result stream needs.
+    pub fn stream_context(&self) -> StreamContext {
+        StreamContext {
+            runs: Arc::clone(&self.stores().runs),
+            events: Arc::clone(&self.stores().events),
+            live: self.inner.live.clone(),
+            options: self.inner.options.stream,
+            shutdown: self.inner.shutdown.token(),
+        }
+    }
+
+    /// Clamps a requested page size to `[1, page_size_max]`.
+    pub fn page_limit(&self, requested: Option<u64>) -> u64 {
+        requested
+            .unwrap_or(self.inner.options.page_size_default)
+            .clamp(1, self.inner.options.page_size_max.max(1))
+    }
+}

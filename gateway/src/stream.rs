@@ -1,0 +1,487 @@
+//! Server-sent event streams of a run's results: ledger first, then live, no gap, no
+//! duplicate (SPEC §2 step 5).
+//!
+//! Frames:
+//!
+//! ```text
+//! id: <sequence>
+//! event: <result type>            e.g. message.delta, run.completed
+//! data: <AgentRunResult JSON, with run_id and sequence>
+//! ```
+//!
+//! A stream ends after the terminal item (`run.completed` / `run.failed`). Problems that
+//! end a stream early (the event was not routed, the results expired, …) are sent as one
+//! `event: error` frame with `{code, message, …}` before closing. Keep-alive comments are
+//! sent while nothing happens.
+//!
+//! The algorithm, per stream, with `last` = the last sequence sent (the client's
+//! `after_sequence` / `Last-Event-ID` to begin with):
+//!
+//! 1. register for live items of the run ([`LiveHub::watch`]: the binding is on the
+//!    broker when it returns);
+//! 2. read the ledger after `last` and send it (pages until exhausted);
+//! 3. then for each live item: drop it if `sequence <= last`; send it if it is `last + 1`;
+//!    if it is further ahead (a gap: items we missed, e.g. because the channel lagged), read
+//!    the ledger after `last` again, which has them, since items are published live only
+//!    after they are persisted;
+//! 4. every `ledger_poll` without progress, read the ledger anyway: a safety net for live
+//!    items lost with a broker connection.
+//!
+//! Step 1 before step 2 is what makes it gap-free: an item persisted after the ledger read
+//! is published after the binding exists. If the run has ended but its terminal item is no
+//! longer in the ledger (retention), the stream says so instead of waiting forever.
+
+use std::convert::Infallible;
+use std::sync::Arc;
+use std::time::Duration;
+
+use axum::response::sse::{Event, KeepAlive, Sse};
+use futures::Stream;
+use sb_protocol::error::ErrorCode;
+use sb_protocol::ids::{EventId, RunId};
+use sb_protocol::result::AgentRunResult;
+use sb_store::events::{EventLog, EventStatus};
+use sb_store::runs::{RunEventRecord, RunLedger};
+use serde_json::{Map, Value, json};
+use tokio::sync::{broadcast, mpsc};
+use tokio_stream::StreamExt as _;
+use tokio_stream::wrappers::ReceiverStream;
+use tokio_util::sync::CancellationToken;
+
+use crate::error::ApiError;
+use crate::live::LiveHub;
+
+/// Tuning of result streams.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct StreamOptions {
+    /// Interval of keep-alive comments on an idle stream (below common proxy idle timeouts).
+    pub keep_alive: Duration,
+    /// Read the ledger when no live item arrived for this long (safety net, see module docs).
+    pub ledger_poll: Duration,
+    /// Items read from the ledger per query.
+    pub page_size: u64,
+    /// How long `POST /v1/events?stream=true` waits for the event to be routed.
+    pub route_wait: Duration,
+    /// Frames buffered between the stream task and the HTTP connection.
+    pub buffer: usize,
+}
+
+impl Default for StreamOptions {
+    fn default() -> Self {
+        Self {
+            keep_alive: Duration::from_secs(15),
+            ledger_poll: Duration::from_secs(5),
+            page_size: 500,
+            route_wait: Duration::from_secs(30),
+            buffer: 64,
+        }
+    }
+}
+
+/// What a stream task needs.
+#[derive(Clone)]
+pub struct StreamContext {
+    /// The ledger (source of truth).
+    pub runs: Arc<dyn RunLedger>,
+    /// The event log (routing status of `?stream=true` ingests).
+    pub events: Arc<dyn EventLog>,
+    /// Live items.
+    pub live: LiveHub,
+    /// Tuning.
+    pub options: StreamOptions,
+    /// Process shutdown: ends every stream, so the graceful shutdown of the HTTP server
+    /// is not held up by open streams.
+    pub shutdown: CancellationToken,
+}
+
+/// Frame for one result item: `id` = sequence, `event` = result type, `data` = the item.
+pub fn result_frame(result: &AgentRunResult) -> Event {
+    let sequence = result.sequence.unwrap_or_default();
+    let data = serde_json::to_string(result).unwrap_or_else(|_| "{}".to_owned());
+    Event::default()
+        .id(sequence.to_string())
+        .event(frame_event_name(&result.result_type))
+        .data(data)
+}
+
+/// The `event:` name of a result type. Types are validated by the worker; this only keeps
+/// a corrupt row from breaking the framing (a line break would end the field).
+fn frame_event_name(result_type: &str) -> String {
+    let name: String = result_type
+        .chars()
+        .filter(|c| !matches!(c, '\r' | '\n'))
+        .collect();
+    if name.is_empty() {
+        "message".to_owned()
+    } else {
+        name
+    }
+}
+
+/// Frame ending a stream early: `event: error`, `data: {code, message, …extra}`.
+pub fn error_frame(code: ErrorCode, message: &str, extra: Map<String, Value>) -> Event {
+    let mut body = Map::new();
+    body.insert("code".into(), json!(code));
+    body.insert("message".into(), json!(message));
+    body.extend(extra);
+    Event::default()
+        .event("error")
+        .data(Value::Object(body).to_string())
+}
+
+/// The API item of a ledger row: the stored result, with `run_id` and `sequence` from the
+/// row (the ledger key is authoritative).
+pub fn record_to_result(record: &RunEventRecord) -> AgentRunResult {
+    let parsed = match &record.data {
+        Value::Object(map) if map.contains_key("type") => {
+            serde_json::from_value::<AgentRunResult>(record.data.clone()).ok()
+        }
+        _ => None,
+    };
+    let mut result = parsed.unwrap_or_else(|| AgentRunResult {
+        run_id: String::new(),
+        result_type: record.result_type.clone(),
+        data: match &record.data {
+            Value::Object(map) => map.clone(),
+            _ => Map::new(),
+        },
+        sequence: None,
+        timestamp: Some(record.created_at.timestamp()),
+        usage: None,
+    });
+    result.run_id = record.run_id.to_string();
+    result.result_type.clone_from(&record.result_type);
+    result.sequence = u64::try_from(record.sequence).ok();
+    result
+}
+
+/// An SSE response fed by a stream task through a bounded channel. The task sees
+/// `tx.closed()` when the client goes away.
+fn sse_from(
+    rx: mpsc::Receiver<Event>,
+    keep_alive: Duration,
+) -> Sse<impl Stream<Item = Result<Event, Infallible>>> {
+    Sse::new(ReceiverStream::new(rx).map(Ok::<_, Infallible>))
+        .keep_alive(KeepAlive::new().interval(keep_alive))
+}
+
+/// The SSE response of `GET /v1/runs/{id}/stream`: results of `run_id` after `after`.
+/// The caller has checked that the run exists and belongs to the caller's workspace.
+pub fn run_stream(
+    ctx: StreamContext,
+    run_id: RunId,
+    after: u64,
+) -> impl axum::response::IntoResponse {
+    let (tx, rx) = mpsc::channel(ctx.options.buffer.max(1));
+    let keep_alive = ctx.options.keep_alive;
+    tokio::spawn(async move {
+        let mut pump = Pump {
+            ctx: &ctx,
+            run_id,
+            last: after,
+            tx: &tx,
+            terminal: false,
+        };
+        let outcome = pump_run(&mut pump).await;
+        if let Err(end) = outcome {
+            send_end(&tx, end).await;
+        }
+    });
+    sse_from(rx, keep_alive)
+}
+
+/// The SSE response of `POST /v1/events?stream=true`: waits until `event_id` is routed,
+/// then streams the run that handles it.
+pub fn event_stream(ctx: StreamContext, event_id: EventId) -> impl axum::response::IntoResponse {
+    let (tx, rx) = mpsc::channel(ctx.options.buffer.max(1));
+    let keep_alive = ctx.options.keep_alive;
+    tokio::spawn(async move {
+        let outcome = wait_for_route(&ctx, event_id, &tx).await;
+        match outcome {
+            Ok(Some((run_id, after))) => {
+                let mut pump = Pump {
+                    ctx: &ctx,
+                    run_id,
+                    last: after,
+                    tx: &tx,
+                    terminal: false,
+                };
+                let outcome = pump_run(&mut pump).await;
+                if let Err(end) = outcome {
+                    send_end(&tx, end).await;
+                }
+            }
+            Ok(None) => {}
+            Err(end) => send_end(&tx, end).await,
+        }
+    });
+    sse_from(rx, keep_alive)
+}
+
+/// Why a stream task stopped before the terminal item.
+#[derive(Debug)]
+enum End {
+    /// The client went away, or the process is shutting down: nothing to send.
+    Quiet,
+    /// Tell the client, then close.
+    Error {
+        code: ErrorCode,
+        message: String,
+        extra: Map<String, Value>,
+    },
+}
+
+impl From<ApiError> for End {
+    fn from(err: ApiError) -> Self {
+        Self::Error {
+            code: err.code(),
+            message: err.message().to_owned(),
+            extra: Map::new(),
+        }
+    }
+}
+
+impl From<sb_store::StoreError> for End {
+    fn from(err: sb_store::StoreError) -> Self {
+        let api = ApiError::from_coded(&err);
+        if api.code() == ErrorCode::Internal || api.code() == ErrorCode::Unavailable {
+            tracing::warn!(error = %err, "result stream stopped by a store error");
+        }
+        api.into()
+    }
+}
+
+impl From<sb_common::bus::BusError> for End {
+    fn from(err: sb_common::bus::BusError) -> Self {
+        tracing::warn!(error = %err, "result stream cannot register for live items");
+        ApiError::from_coded(&err).into()
+    }
+}
+
+struct Pump<'a> {
+    ctx: &'a StreamContext,
+    run_id: RunId,
+    /// Last sequence sent (or skipped at the client's request).
+    last: u64,
+    tx: &'a mpsc::Sender<Event>,
+    /// The terminal item was sent.
+    terminal: bool,
+}
+
+impl Pump<'_> {
+    async fn send(&mut self, result: &AgentRunResult) -> Result<(), End> {
+        tokio::select! {
+            biased;
+            () = self.ctx.shutdown.cancelled() => return Err(End::Quiet),
+            sent = self.tx.send(result_frame(result)) => sent.map_err(|_| End::Quiet)?,
+        }
+        self.last = result.sequence.unwrap_or(self.last);
+        self.terminal = result.is_terminal();
+        Ok(())
+    }
+
+    /// Sends every ledger item after `last`. Stops at a terminal item.
+    async fn catch_up(&mut self) -> Result<(), End> {
+        let page = self.ctx.options.page_size.max(1);
+        loop {
+            let after = i64::try_from(self.last).unwrap_or(i64::MAX);
+            let records = self.ctx.runs.events_after(self.run_id, after, page).await?;
+            let count = records.len() as u64;
+            for record in &records {
+                if u64::try_from(record.sequence).is_ok_and(|s| s <= self.last) {
+                    continue;
+                }
+                self.send(&record_to_result(record)).await?;
+                if self.terminal {
+                    return Ok(());
+                }
+            }
+            if count < page {
+                return Ok(());
+            }
+        }
+    }
+
+    /// Reads the run's status, then the ledger. A run that ended while its terminal item is
+    /// not in the ledger (after the status was read, so after the item would have been
+    /// stored) has lost its results to retention: say so and stop.
+    async fn catch_up_checked(&mut self) -> Result<(), End> {
+        let run = self.ctx.runs.get_run(self.run_id).await?;
+        self.catch_up().await?;
+        if self.terminal {
+            return Ok(());
+        }
+        match run {
+            None => Err(End::Error {
+                code: ErrorCode::NotFound,
+                message: format!("run {} not found", self.run_id),
+                extra: Map::new(),
+            }),
+            Some(run) if run.status.is_terminal() => {
+                let mut extra = Map::new();
+                extra.insert("status".into(), json!(run.status));
+                extra.insert("last_sequence".into(), json!(run.last_sequence));
+                Err(End::Error {
+                    code: ErrorCode::NotFound,
+                    message: format!(
+                        "run {} ended ({}) and its results after sequence {} are no longer stored",
+                        self.run_id, run.status, self.last
+                    ),
+                    extra,
+                })
+            }
+            Some(_) => Ok(()),
+        }
+    }
+}
+
+/// Sends the error frame of `end`, if it has one.
+async fn send_end(tx: &mpsc::Sender<Event>, end: End) {
+    if let End::Error {
+        code,
+        message,
+        extra,
+    } = end
+    {
+        let _ = tx.send(error_frame(code, &message, extra)).await;
+    }
+}
+
+async fn pump_run(p: &mut Pump<'_>) -> Result<(), End> {
+    // 1. Bind first.
+    let mut watch = p.ctx.live.watch(p.run_id).await?;
+    // 2. Then the ledger.
+    p.catch_up_checked().await?;
+    if p.terminal {
+        return Ok(());
+    }
+    // 3. Then live items, with the ledger as the gap filler and safety net.
+    let mut live = true;
+    loop {
+        let poll = tokio::time::sleep(p.ctx.options.ledger_poll);
+        tokio::select! {
+            biased;
+            () = p.ctx.shutdown.cancelled() => return Err(End::Quiet),
+            () = p.tx.closed() => return Err(End::Quiet),
+            item = watch.recv(), if live => match item {
+                Ok(message) => {
+                    if message.sequence <= p.last {
+                        continue; // already sent (from the ledger)
+                    }
+                    if message.sequence == p.last + 1 {
+                        let result = message.result.clone().with_run_id(message.run_id).with_sequence(message.sequence);
+                        p.send(&result).await?;
+                    } else {
+                        p.catch_up().await?;
+                    }
+                }
+                Err(broadcast::error::RecvError::Lagged(skipped)) => {
+                    tracing::debug!(run_id = %p.run_id, skipped, "live stream lagged; reading the ledger");
+                    p.catch_up().await?;
+                }
+                Err(broadcast::error::RecvError::Closed) => {
+                    // The hub stopped: keep going on ledger polls alone.
+                    live = false;
+                }
+            },
+            () = poll => p.catch_up_checked().await?,
+        }
+        if p.terminal {
+            return Ok(());
+        }
+    }
+}
+
+/// Waits until the event is routed. Returns the run to stream and the sequence to start
+/// after, or `Ok(None)` when the client left.
+async fn wait_for_route(
+    ctx: &StreamContext,
+    event_id: EventId,
+    tx: &mpsc::Sender<Event>,
+) -> Result<Option<(RunId, u64)>, End> {
+    let deadline = tokio::time::Instant::now() + ctx.options.route_wait;
+    // Embedded mode routes within a millisecond or two; back off to bound the DB load of a
+    // slow route.
+    let mut delay = Duration::from_millis(2);
+    loop {
+        let Some(event) = ctx.events.get(event_id).await? else {
+            return Err(End::Error {
+                code: ErrorCode::NotFound,
+                message: format!("event {event_id} not found"),
+                extra: Map::new(),
+            });
+        };
+        let mut extra = Map::new();
+        extra.insert("event_id".into(), json!(event_id));
+        extra.insert("status".into(), json!(event.status));
+        if let Some(reason) = &event.reason {
+            extra.insert("reason".into(), json!(reason));
+        }
+        match event.status {
+            EventStatus::Dispatched => {
+                if let Some(run_id) = event.run_id {
+                    return Ok(Some((run_id, 0)));
+                }
+            }
+            EventStatus::Claimed => {
+                if let Some(run_id) = event.claimed_by_run_id.or(event.run_id) {
+                    // The message steers a run that already streamed earlier items; the reply
+                    // to this message is what that run produces from now on.
+                    let after = ctx
+                        .runs
+                        .get_run(run_id)
+                        .await?
+                        .map_or(0, |r| u64::try_from(r.last_sequence).unwrap_or(0));
+                    return Ok(Some((run_id, after)));
+                }
+            }
+            EventStatus::Unrouted => {
+                let reason = event.reason.as_deref().unwrap_or("no agent handles it");
+                return Err(End::Error {
+                    code: ErrorCode::NotFound,
+                    message: format!("event {event_id} was not routed: {reason}"),
+                    extra,
+                });
+            }
+            EventStatus::Rejected => {
+                let reason = event
+                    .reason
+                    .as_deref()
+                    .unwrap_or("rejected by the agent's concurrency policy");
+                return Err(End::Error {
+                    code: ErrorCode::Conflict,
+                    message: format!("event {event_id} was rejected: {reason}"),
+                    extra,
+                });
+            }
+            EventStatus::Scheduled => {
+                return Err(End::Error {
+                    code: ErrorCode::InvalidArgument,
+                    message: format!(
+                        "event {event_id} is scheduled for later delivery; stream its run later"
+                    ),
+                    extra,
+                });
+            }
+            EventStatus::Received => {}
+        }
+        let now = tokio::time::Instant::now();
+        if now >= deadline {
+            return Err(End::Error {
+                code: ErrorCode::DeadlineExceeded,
+                message: format!(
+                    "event {event_id} was not routed within {:?}",
+                    ctx.options.route_wait
+                ),
+                extra,
+            });
+        }
+        tokio::select! {
+            biased;
+            () = ctx.shutdown.cancelled() => return Ok(None),
+            () = tx.closed() => return Ok(None),
+            () = tokio::time::sleep(delay.min(deadline - now)) => {}
+        }
+        delay = (delay * 2).min(Duration::from_millis(100));
+    }
+}
