@@ -12,6 +12,8 @@
 //! session before any action code runs.
 //!
 //! # Layout
+//! - [`actions`]: [`actions::ActionDispatcher`] — the Host API actions (history, events,
+//!   artifacts, state, storage, steering, resource grants) behind the gate.
 //! - [`service`]: [`service::Worker`] — job consumer, claim/lease/interrupt decisions, result
 //!   publishing, cancel via the control queue, drain on shutdown.
 //! - [`api_gate`]: [`api_gate::ApiGate`] — the Host API gate (session, identity, deadline)
@@ -21,6 +23,7 @@
 //!   [`runner::RunnerHost`], which turns a run request into an ordered result stream.
 //! - [`sequencer`]: per-run result validation and transport sequencing (pure).
 
+pub mod actions;
 pub mod api_gate;
 pub mod plugins;
 pub mod runner;

@@ -78,7 +78,8 @@ use tokio_util::sync::CancellationToken;
 use tokio_util::task::{AbortOnDropHandle, TaskTracker};
 use tracing::Instrument as _;
 
-use crate::api_gate::{ApiGate, BasicDispatcher, Dispatcher};
+use crate::actions::{ActionDispatcher, ActionLimits};
+use crate::api_gate::{ApiGate, Dispatcher};
 use crate::plugins::{CommandLookup, PluginRunner, bundled_runners_dir, load_plugins};
 use crate::runner::{HostApi, RunHandle, RunRequest, RunnerHost, RunnerHostConfig};
 use crate::sequencer::RunItem;
@@ -146,8 +147,10 @@ pub struct WorkerOptions {
     pub bundled_runners: bool,
     /// Where runner commands are looked up.
     pub command_lookup: CommandLookup,
-    /// Serves Host API calls that passed the gate.
-    pub dispatcher: Arc<dyn Dispatcher>,
+    /// Serves Host API calls that passed the gate; `None` (the default) serves them with
+    /// [`ActionDispatcher`] over the worker's stores and session store and the configured
+    /// `[limits]`.
+    pub dispatcher: Option<Arc<dyn Dispatcher>>,
 }
 
 impl Default for WorkerOptions {
@@ -155,7 +158,7 @@ impl Default for WorkerOptions {
         Self {
             bundled_runners: true,
             command_lookup: CommandLookup::from_env(),
-            dispatcher: Arc::new(BasicDispatcher),
+            dispatcher: None,
         }
     }
 }
@@ -281,7 +284,7 @@ pub struct Worker;
 
 impl Worker {
     /// Starts a worker with the default options (bundled runners, the gate in front of
-    /// [`BasicDispatcher`]). See [`Worker::spawn_with`].
+    /// [`ActionDispatcher`]). See [`Worker::spawn_with`].
     pub async fn spawn(deps: WorkerDeps, shutdown: Shutdown) -> Result<WorkerHandle, WorkerError> {
         Self::spawn_with(deps, WorkerOptions::default(), shutdown).await
     }
@@ -330,10 +333,11 @@ async fn start(
     let config = deps.config.worker.clone();
     let dirs = plugin_dirs(&config.runners_dirs, options.bundled_runners);
     let report = load_plugins(&dirs, &options.command_lookup);
-    let gate: Arc<dyn HostApi> = Arc::new(ApiGate::new(
-        deps.sessions.clone(),
-        options.dispatcher.clone(),
-    ));
+    let dispatcher = options.dispatcher.clone().unwrap_or_else(|| {
+        let limits = ActionLimits::from_config(&deps.config.limits);
+        Arc::new(ActionDispatcher::new(deps.stores.clone(), deps.sessions.clone(), limits))
+    });
+    let gate: Arc<dyn HostApi> = Arc::new(ApiGate::new(deps.sessions.clone(), dispatcher));
     let host_config = host_config(&deps.config);
     let mut hosts = HashMap::new();
     for runner in report.runners {

@@ -8,8 +8,8 @@
 use sb_protocol::error::AgentApiError;
 use sb_protocol::host::AuthorizationSnapshot;
 use sb_protocol::proxy::{HistoryPage, HistorySearchResult, TranscriptItem};
-use sb_store::transcript::{Direction, TranscriptQuery, TranscriptRecord, TranscriptSearch};
 use sb_store::ThreadFilter;
+use sb_store::transcript::{Direction, TranscriptQuery, TranscriptRecord, TranscriptSearch};
 use serde_json::{Map, Value};
 
 use super::params::{page_limit, str_list};
@@ -23,10 +23,12 @@ pub(crate) fn resolve_conversation(
     api_name: &str,
 ) -> Result<Option<String>, AgentApiError> {
     match (requested, snapshot.conversation_id.as_deref()) {
-        (Some(_), None) => Err(unauthorized(format!("{api_name} is not available without a run conversation"))),
-        (Some(wanted), Some(own)) if wanted != own => {
-            Err(unauthorized(format!("conversation {wanted} is not accessible by this run")))
-        }
+        (Some(_), None) => Err(unauthorized(format!(
+            "{api_name} is not available without a run conversation"
+        ))),
+        (Some(wanted), Some(own)) if wanted != own => Err(unauthorized(format!(
+            "conversation {wanted} is not accessible by this run"
+        ))),
         (_, own) => Ok(own.map(str::to_owned)),
     }
 }
@@ -81,15 +83,25 @@ impl ActionDispatcher {
             return Err(api_not_granted("history page"));
         }
         // 5
-        let conversation = resolve_conversation(snap, p.opt_str("conversation_id")?, "history page")?;
+        let conversation =
+            resolve_conversation(snap, p.opt_str("conversation_id")?, "history page")?;
         // 6
         let before_cursor = p.opt_str("before_cursor")?.map(str::to_owned);
         let after_cursor = p.opt_str("after_cursor")?.map(str::to_owned);
-        let limit = page_limit(p, "limit", self.limits.page_size_default, self.limits.page_size_max)?;
+        let limit = page_limit(
+            p,
+            "limit",
+            self.limits.page_size_default,
+            self.limits.page_size_max,
+        )?;
         let direction = match p.opt_str("direction")? {
             None | Some("backward") => Direction::Backward,
             Some("forward") => Direction::Forward,
-            Some(other) => return Err(invalid(format!("direction must be backward or forward, not {other}"))),
+            Some(other) => {
+                return Err(invalid(format!(
+                    "direction must be backward or forward, not {other}"
+                )));
+            }
         };
         let include_artifacts = p.opt_bool("include_artifacts")?.unwrap_or(false);
         // 7
@@ -108,9 +120,18 @@ impl ActionDispatcher {
             limit: Some(limit),
             direction,
         };
-        let page = self.stores.transcript.page(query).await.map_err(|e| store_error(&e))?;
+        let page = self
+            .stores
+            .transcript
+            .page(query)
+            .await
+            .map_err(|e| store_error(&e))?;
         answer(&HistoryPage {
-            items: page.items.into_iter().map(|r| transcript_item(r, include_artifacts)).collect(),
+            items: page
+                .items
+                .into_iter()
+                .map(|r| transcript_item(r, include_artifacts))
+                .collect(),
             next_cursor: page.next_cursor,
             prev_cursor: page.prev_cursor,
             has_more: page.has_more,
@@ -153,12 +174,21 @@ impl ActionDispatcher {
                 }
             }
         }
-        let top_k = page_limit(p, "top_k", self.limits.search_top_k_default, self.limits.page_size_max)?;
+        let top_k = page_limit(
+            p,
+            "top_k",
+            self.limits.search_top_k_default,
+            self.limits.page_size_max,
+        )?;
         // 7
         self.admit(cx).await?;
 
         let Some(conversation_id) = conversation else {
-            return answer(&HistorySearchResult { items: Vec::new(), total_count: Some(0), query: query.to_owned() });
+            return answer(&HistorySearchResult {
+                items: Vec::new(),
+                total_count: Some(0),
+                query: query.to_owned(),
+            });
         };
         let search = TranscriptSearch {
             workspace_id: snap.workspace_id.clone(),
@@ -170,9 +200,21 @@ impl ActionDispatcher {
             item_types,
             top_k: Some(top_k),
         };
-        let found = self.stores.transcript.search(search).await.map_err(|e| store_error(&e))?;
-        let items: Vec<TranscriptItem> = found.into_iter().map(|r| transcript_item(r, true)).collect();
-        answer(&HistorySearchResult { total_count: Some(items.len() as u64), items, query: query.to_owned() })
+        let found = self
+            .stores
+            .transcript
+            .search(search)
+            .await
+            .map_err(|e| store_error(&e))?;
+        let items: Vec<TranscriptItem> = found
+            .into_iter()
+            .map(|r| transcript_item(r, true))
+            .collect();
+        answer(&HistorySearchResult {
+            total_count: Some(items.len() as u64),
+            items,
+            query: query.to_owned(),
+        })
     }
 }
 
@@ -193,13 +235,35 @@ mod tests {
     #[test]
     fn conversation_rule() {
         let with = snapshot(Some("c1"));
-        assert_eq!(resolve_conversation(&with, None, "history page").unwrap().as_deref(), Some("c1"));
-        assert_eq!(resolve_conversation(&with, Some("c1"), "history page").unwrap().as_deref(), Some("c1"));
+        assert_eq!(
+            resolve_conversation(&with, None, "history page")
+                .unwrap()
+                .as_deref(),
+            Some("c1")
+        );
+        assert_eq!(
+            resolve_conversation(&with, Some("c1"), "history page")
+                .unwrap()
+                .as_deref(),
+            Some("c1")
+        );
         let e = resolve_conversation(&with, Some("c2"), "history page").unwrap_err();
-        assert_eq!((e.code.as_str(), e.message.as_str()), ("unauthorized", "conversation c2 is not accessible by this run"));
+        assert_eq!(
+            (e.code.as_str(), e.message.as_str()),
+            (
+                "unauthorized",
+                "conversation c2 is not accessible by this run"
+            )
+        );
         let without = snapshot(None);
-        assert_eq!(resolve_conversation(&without, None, "history page").unwrap(), None);
+        assert_eq!(
+            resolve_conversation(&without, None, "history page").unwrap(),
+            None
+        );
         let e = resolve_conversation(&without, Some("c1"), "event page").unwrap_err();
-        assert_eq!(e.message, "event page is not available without a run conversation");
+        assert_eq!(
+            e.message,
+            "event page is not available without a run conversation"
+        );
     }
 }

@@ -42,7 +42,8 @@
 //!   event pages.
 //! - `events`: `event_get`, `event_page`.
 //! - `artifacts`: `artifact_metadata`, `artifact_read` and the access matrix.
-//! - `state`: `state_get/set/delete/list` and the deterministic scope keys.
+//! - `state`: `state_get/set/delete/list` on the deterministic scope keys of
+//!   `sb_protocol::state_keys`.
 //! - `storage`: plugin / workspace binary storage.
 //! - `steering`: `steering_pull` and its `steering.injected` audit rows.
 //! - `resources`: model, tool, knowledge, prompt and config-file actions (grant checks).
@@ -69,8 +70,6 @@ use serde_json::{Value, json};
 use crate::api_gate::{Dispatcher, GatedCall, PROTOCOL_VERSION};
 use crate::runner::api::{ApiStream, HOST_VERSION};
 use params::Params;
-
-pub use state::{scope_key, state_key_parts};
 
 /// Tracing target of the Host API audit events (refusals and host failures).
 pub const AUDIT_TARGET: &str = "audit";
@@ -185,7 +184,10 @@ impl RateLimit {
     pub fn from_bucket(per_second: u32, burst: u32) -> Self {
         let per_second = per_second.max(1);
         let burst = burst.max(1);
-        Self { max_calls: burst, window: Duration::from_secs_f64(f64::from(burst) / f64::from(per_second)) }
+        Self {
+            max_calls: burst,
+            window: Duration::from_secs_f64(f64::from(burst) / f64::from(per_second)),
+        }
     }
 }
 
@@ -260,7 +262,9 @@ pub struct ActionDispatcher {
 
 impl std::fmt::Debug for ActionDispatcher {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("ActionDispatcher").field("limits", &self.limits).finish_non_exhaustive()
+        f.debug_struct("ActionDispatcher")
+            .field("limits", &self.limits)
+            .finish_non_exhaustive()
     }
 }
 
@@ -269,7 +273,11 @@ impl ActionDispatcher {
     /// `sessions` (steering lists, rate counters).
     #[must_use]
     pub fn new(stores: Stores, sessions: Arc<dyn SessionStore>, limits: ActionLimits) -> Self {
-        Self { stores, sessions, limits }
+        Self {
+            stores,
+            sessions,
+            limits,
+        }
     }
 
     /// The limits in force.
@@ -279,9 +287,18 @@ impl ActionDispatcher {
     }
 
     /// Steps 4–7 and the action.
-    async fn serve(&self, action: Action, call: GatedCall<'_>, params: &Value) -> Result<Value, AgentApiError> {
+    async fn serve(
+        &self,
+        action: Action,
+        call: GatedCall<'_>,
+        params: &Value,
+    ) -> Result<Value, AgentApiError> {
         let p = Params::new(params)?;
-        let cx = Cx { call, p: &p, request_bytes: json_len(params) };
+        let cx = Cx {
+            call,
+            p: &p,
+            request_bytes: json_len(params),
+        };
         match action {
             Action::HistoryPage => self.history_page(&cx).await,
             Action::HistorySearch => self.history_search(&cx).await,
@@ -292,13 +309,16 @@ impl ActionDispatcher {
             Action::StateGet | Action::StateSet | Action::StateDelete | Action::StateList => {
                 self.state(action, &cx).await
             }
-            Action::StorageGet | Action::StorageSet | Action::StorageDelete | Action::StorageKeys => {
-                self.storage(action, &cx).await
-            }
+            Action::StorageGet
+            | Action::StorageSet
+            | Action::StorageDelete
+            | Action::StorageKeys => self.storage(action, &cx).await,
             Action::SteeringPull => self.steering_pull(&cx).await,
             Action::GetHostVersion => {
                 self.admit(&cx).await?;
-                Ok(json!({ "version": HOST_VERSION, "protocol": PROTOCOL_VERSION, "host": "switchboard" }))
+                Ok(
+                    json!({ "version": HOST_VERSION, "protocol": PROTOCOL_VERSION, "host": "switchboard" }),
+                )
             }
             Action::Ping => {
                 self.admit(&cx).await?;
@@ -326,13 +346,22 @@ impl ActionDispatcher {
     async fn admit_with_cap(&self, cx: &Cx<'_, '_>, cap: usize) -> Result<(), AgentApiError> {
         if cx.request_bytes > cap {
             return Err(too_large(
-                format!("request of {} bytes exceeds the limit of {cap} bytes", cx.request_bytes),
+                format!(
+                    "request of {} bytes exceeds the limit of {cap} bytes",
+                    cx.request_bytes
+                ),
                 cx.request_bytes,
                 cap,
             ));
         }
-        let Some(rate) = self.limits.rate_limit else { return Ok(()) };
-        match self.sessions.rate_limit_hit(&rate_key(cx.call.run_id), rate.max_calls, rate.window).await {
+        let Some(rate) = self.limits.rate_limit else {
+            return Ok(());
+        };
+        match self
+            .sessions
+            .rate_limit_hit(&rate_key(cx.call.run_id), rate.max_calls, rate.window)
+            .await
+        {
             Ok(true) => Ok(()),
             Ok(false) => Err(AgentApiError::new(
                 ErrorCode::RateLimited,
@@ -343,7 +372,10 @@ impl ActionDispatcher {
                 ),
             )
             .with_detail("limit", rate.max_calls)
-            .with_detail("window_ms", u64::try_from(rate.window.as_millis()).unwrap_or(u64::MAX))),
+            .with_detail(
+                "window_ms",
+                u64::try_from(rate.window.as_millis()).unwrap_or(u64::MAX),
+            )),
             Err(error) => {
                 tracing::warn!(%error, "rate limit counter unavailable");
                 Err(AgentApiError::from_error(&error))
@@ -396,7 +428,9 @@ pub(crate) fn invalid(message: impl Into<String>) -> AgentApiError {
 }
 
 pub(crate) fn too_large(message: impl Into<String>, size: usize, limit: usize) -> AgentApiError {
-    AgentApiError::new(ErrorCode::PayloadTooLarge, message).with_detail("size", size).with_detail("limit", limit)
+    AgentApiError::new(ErrorCode::PayloadTooLarge, message)
+        .with_detail("size", size)
+        .with_detail("limit", limit)
 }
 
 /// A pull API whose `available_apis` flag is off (the seed's wording, lowercased).
@@ -437,7 +471,12 @@ fn resource_of(params: &Value) -> Option<String> {
         "scope",
         "conversation_id",
     ];
-    KEYS.iter().find_map(|k| params.get(*k).and_then(Value::as_str).map(|v| format!("{k}={v}")))
+    KEYS.iter().find_map(|k| {
+        params
+            .get(*k)
+            .and_then(Value::as_str)
+            .map(|v| format!("{k}={v}"))
+    })
 }
 
 fn audit(call: &GatedCall<'_>, params: &Value, outcome: &Result<Value, AgentApiError>) {
@@ -450,7 +489,10 @@ fn audit(call: &GatedCall<'_>, params: &Value, outcome: &Result<Value, AgentApiE
             let resource = resource_of(params);
             let resource = resource.as_deref().unwrap_or("");
             let code = error.code.as_str();
-            if matches!(error.error_code(), Some(ErrorCode::Internal | ErrorCode::Unavailable)) {
+            if matches!(
+                error.error_code(),
+                Some(ErrorCode::Internal | ErrorCode::Unavailable)
+            ) {
                 tracing::warn!(
                     target: AUDIT_TARGET, audit = "host_api.failed", %run_id, %runner_id, action, resource, code,
                     message = %error.message, "host api call failed"
@@ -468,10 +510,18 @@ fn audit(call: &GatedCall<'_>, params: &Value, outcome: &Result<Value, AgentApiE
 #[async_trait]
 impl Dispatcher for ActionDispatcher {
     #[tracing::instrument(name = "host_api", skip_all, fields(run_id = %call.run_id, action = call.action))]
-    async fn dispatch(&self, call: GatedCall<'_>, params: Value, _stream: &ApiStream) -> Result<Value, AgentApiError> {
+    async fn dispatch(
+        &self,
+        call: GatedCall<'_>,
+        params: Value,
+        _stream: &ApiStream,
+    ) -> Result<Value, AgentApiError> {
         let outcome = match Action::parse(call.action) {
             Some(action) => self.serve(action, call, &params).await,
-            None => Err(not_found(format!("unknown host api action `{}`", call.action))),
+            None => Err(not_found(format!(
+                "unknown host api action `{}`",
+                call.action
+            ))),
         };
         audit(&call, &params, &outcome);
         outcome
@@ -488,7 +538,12 @@ mod tests {
         for name in KNOWN_ACTIONS {
             assert!(Action::parse(name).is_some(), "{name}");
         }
-        for alias in ["storage_get", "storage_set", "storage_delete", "storage_keys"] {
+        for alias in [
+            "storage_get",
+            "storage_set",
+            "storage_delete",
+            "storage_keys",
+        ] {
             assert!(Action::parse(alias).is_some(), "{alias}");
         }
         assert_eq!(Action::parse("drop_tables"), None);
@@ -513,7 +568,14 @@ mod tests {
         let l = ActionLimits::default();
         assert_eq!(l.state_value_bytes, 256 * 1024);
         assert_eq!(l.storage_value_bytes, 10 * 1024 * 1024);
-        assert_eq!((l.page_size_default, l.page_size_max, l.state_page_size_default), (50, 100, 100));
+        assert_eq!(
+            (
+                l.page_size_default,
+                l.page_size_max,
+                l.state_page_size_default
+            ),
+            (50, 100, 100)
+        );
         assert_eq!(l.search_top_k_default, 10);
         assert!(l.rate_limit.is_some());
     }

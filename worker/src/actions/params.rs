@@ -59,14 +59,20 @@ impl<'a> Params<'a> {
                 }
             }
         }
-        Err(invalid(format!("{} is required", names.first().copied().unwrap_or("id"))))
+        Err(invalid(format!(
+            "{} is required",
+            names.first().copied().unwrap_or("id")
+        )))
     }
 
     /// An optional integer.
     pub(crate) fn opt_i64(&self, name: &str) -> Result<Option<i64>, AgentApiError> {
         match self.get(name) {
             None => Ok(None),
-            Some(v) => v.as_i64().map(Some).ok_or_else(|| invalid(format!("{name} must be an integer"))),
+            Some(v) => v
+                .as_i64()
+                .map(Some)
+                .ok_or_else(|| invalid(format!("{name} must be an integer"))),
         }
     }
 
@@ -85,7 +91,10 @@ impl<'a> Params<'a> {
     }
 
     /// An optional object.
-    pub(crate) fn opt_object(&self, name: &str) -> Result<Option<&'a Map<String, Value>>, AgentApiError> {
+    pub(crate) fn opt_object(
+        &self,
+        name: &str,
+    ) -> Result<Option<&'a Map<String, Value>>, AgentApiError> {
         match self.get(name) {
             None => Ok(None),
             Some(Value::Object(m)) => Ok(Some(m)),
@@ -100,7 +109,11 @@ pub(crate) fn str_list(value: Option<&Value>, name: &str) -> Result<Vec<String>,
         None | Some(Value::Null) => Ok(Vec::new()),
         Some(Value::Array(items)) => items
             .iter()
-            .map(|v| v.as_str().map(str::to_owned).ok_or_else(|| invalid(format!("{name} must be a list of strings"))))
+            .map(|v| {
+                v.as_str()
+                    .map(str::to_owned)
+                    .ok_or_else(|| invalid(format!("{name} must be a list of strings")))
+            })
             .collect(),
         Some(_) => Err(invalid(format!("{name} must be a list of strings"))),
     }
@@ -108,7 +121,12 @@ pub(crate) fn str_list(value: Option<&Value>, name: &str) -> Result<Vec<String>,
 
 /// A page size: clamped to `[1, max]` (SPEC §8 step 6), `default` when absent; a value
 /// that is not an integer is `invalid_argument`.
-pub(crate) fn page_limit(p: &Params<'_>, name: &str, default: u64, max: u64) -> Result<i64, AgentApiError> {
+pub(crate) fn page_limit(
+    p: &Params<'_>,
+    name: &str,
+    default: u64,
+    max: u64,
+) -> Result<i64, AgentApiError> {
     let clamped = sb_store::page::clamp_limit(p.opt_i64(name)?, default, max);
     Ok(i64::try_from(clamped).unwrap_or(i64::MAX))
 }
@@ -133,7 +151,10 @@ mod tests {
         assert_eq!(p.opt_str_list("l").unwrap(), ["a"]);
         assert!(p.opt_str_list("bad").is_err());
         assert_eq!(p.req_str_any(&["missing", "s"]).unwrap(), "x");
-        assert_eq!(p.req_str_any(&["m1", "m2"]).unwrap_err().message, "m1 is required");
+        assert_eq!(
+            p.req_str_any(&["m1", "m2"]).unwrap_err().message,
+            "m1 is required"
+        );
         assert!(Params::new(&json!([1])).is_err());
         assert!(Params::new(&Value::Null).unwrap().get("x").is_none());
     }
