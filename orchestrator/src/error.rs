@@ -54,6 +54,10 @@ pub enum OrchestratorError {
     /// A result names a run that does not exist.
     #[error("run {0} not found")]
     RunNotFound(RunId),
+    /// Another orchestrator is routing the same event right now; the message is requeued
+    /// and, by the time it comes back, that routing has finished (or its holder died).
+    #[error("event {0} is being routed by another consumer")]
+    RouteInProgress(EventId),
     /// Not handled because an earlier message of the same batch failed transiently; it is
     /// requeued so the items of a run are still applied in order.
     #[error("deferred behind an earlier message of the batch that failed")]
@@ -74,7 +78,7 @@ impl HasErrorCode for OrchestratorError {
             Self::EventNotFound(_) | Self::RunNotFound(_) => ErrorCode::NotFound,
             // The message points to a broken record: keep it for an operator.
             Self::BadEnvelope { .. } => ErrorCode::InvalidArgument,
-            Self::Deferred => ErrorCode::Unavailable,
+            Self::Deferred | Self::RouteInProgress(_) => ErrorCode::Unavailable,
         }
     }
 }

@@ -1,55 +1,90 @@
 //! The event consumer: one loop per events shard turning `switchboard.event/1` pointers into
-//! runs (SPEC §2 step 2).
+//! runs, steering claims, parked or rejected events (SPEC §2 step 2, §7).
 //!
 //! For one event, in this order (every step is idempotent, so a redelivered event redoes
 //! them without effect beyond the first time):
 //!
+//! 0. take the event's route lock (a session-store lease `route:<event_id>`): a copy of the
+//!    event that another orchestrator is routing right now is requeued, so one event is never
+//!    both claimed and dispatched, claimed twice, or parked behind its own run;
 //! 1. load the event from the event log (the message is only a pointer); an event already
 //!    `unrouted`/`rejected`/`claimed`, or whose run has left `queued`, is done;
 //! 2. resolve one binding among the workspace's enabled agents ([`crate::bindings`]) and
 //!    look its runner up in the registry; no match / a tie / no runner → the event becomes
 //!    `unrouted` with reason `binding.not_found` / `binding.ambiguous` / `runner.not_found`
 //!    and no run is created;
-//! 3. effective access ([`crate::access`]) from the manifest, the policy, the config and the
+//! 3. for an event of a conversation without a run yet: the conversation's active runs
+//!    ([`crate::conversations`]); a `message.received` that an active run can absorb
+//!    ([`crate::steering::target`]) is pushed to that run's steering list and becomes
+//!    `claimed` (a full list or a vanished run falls through); otherwise the agent's
+//!    concurrency policy ([`crate::concurrency::decide`]) starts it, parks it (`enqueue`),
+//!    cancels the active runs first (`interrupt`) or rejects it (`reject`);
+//! 4. effective access ([`crate::access`]) from the manifest, the policy, the config and the
 //!    resource catalog;
-//! 4. the transcript's latest cursor (before this event's own row);
-//! 5. the run row (`queued`, unique on the event: a redelivery gets the existing run back,
+//! 5. the transcript's latest cursor (before this event's own row);
+//! 6. the run row (`queued`, unique on the event: a redelivery gets the existing run back,
 //!    with its id and its deadline, which are never recomputed);
-//! 6. the state snapshot, the context, the frozen snapshot and the job ([`crate::plan`]);
-//! 7. the user transcript row (deterministic id: written once);
-//! 8. the session (TTL = deadline + grace) in the session store;
-//! 9. the event → `dispatched` with the run id, and the frozen snapshot under
-//!    `metadata.authorization` (the result sink reads it after the session has ended);
-//! 10. the job to `switchboard.runs.<pool>`, awaited until the broker confirms;
-//! 11. the event delivery is acked.
+//! 7. the state snapshot, the context, the frozen snapshot and the job ([`crate::plan`]);
+//! 8. the user transcript row (deterministic id: written once);
+//! 9. the session (TTL = deadline + grace) in the session store, then the run in the
+//!    conversation's active index (and, for a formerly parked event, out of the queue);
+//! 10. the event → `dispatched` with the run id, and the frozen snapshot under
+//!     `metadata.authorization` (the result sink reads it after the session has ended);
+//! 11. the job to `switchboard.runs.<pool>`, awaited until the broker confirms;
+//! 12. the event delivery is acked.
 //!
 //! If the job publish fails, the delivery is requeued (transient) and the next attempt
-//! republishes the job of the same, still `queued`, run. A job published twice for one run
-//! is harmless: only one worker can claim a run (`queued → running`).
+//! republishes the job of the same, still `queued`, run (the policy is not asked again: it
+//! already said "start"). A job published twice for one run is harmless: only one worker can
+//! claim a run (`queued → running`).
+//!
+//! # Steering claims and redelivery
+//! The claim pushes first and records second, so a crash in between can at worst push the
+//! item again on redelivery (at-least-once: items carry their `event.event_id` for runners
+//! that deduplicate); a `steer-claim:<event_id>` marker written right after the push
+//! narrows that window to the two session-store calls.
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
+use std::time::Duration;
 
 use chrono::Utc;
+use sb_common::bus::topology::control_routing_key;
 use sb_common::bus::{ConsumeOptions, Delivery, PublishOptions};
+use sb_common::session::PushOutcome;
 use sb_common::shutdown::Shutdown;
 use sb_common::telemetry::{Registry, names};
 use sb_protocol::context::StateScope;
-use sb_protocol::host::{AgentBinding, AgentEventEnvelope, AgentRunnerDescriptor};
+use sb_protocol::host::{
+    AgentBinding, AgentEventEnvelope, AgentRunnerDescriptor, ConcurrencyPolicy,
+};
 use sb_protocol::ids::RunId;
-use sb_protocol::messages::{self, EventMessage};
-use sb_store::{EventRecord, EventStatus, EventStatusUpdate, NewRun, RunStatus, StoreError};
+use sb_protocol::messages::{self, ControlMessage, EventMessage};
+use sb_store::{
+    CancelOutcome, EventRecord, EventStatus, EventStatusUpdate, NewRun, RunStatus, StoreError,
+};
 use serde_json::{Map, Value, json};
 use tracing::Instrument;
 
 use crate::access;
 use crate::bindings::{self, AgentCandidate};
+use crate::concurrency::{self, Action, ConversationKey};
 use crate::context;
+use crate::conversations::Conversations;
 use crate::error::{OrchestratorError, Result};
 use crate::journal;
 use crate::plan::{self, Dispatch, Plan, PrepareInputs, RunnerLookup, UnroutedReason};
 use crate::service::{OrchestratorDeps, OrchestratorOptions, pause, settle};
 use crate::state_keys::{StateKeyParts, scope_key};
+use crate::steering::{self, ActiveRun};
+
+/// How long a cancel flag set by `interrupt` outlives the cancelled run's deadline (or lives,
+/// for a run without one): long enough for any worker to pick the job up and see it (the
+/// gateway's cancel uses the same slack).
+const CANCEL_FLAG_SLACK: Duration = Duration::from_secs(3600);
+/// Life of the `steer-claim:<event_id>` marker: only redeliveries shortly after a crash
+/// read it.
+const STEER_CLAIM_MARKER_TTL: Duration = Duration::from_secs(3600);
 
 /// What routing one event did.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -63,6 +98,21 @@ pub enum RouteOutcome {
     },
     /// The event starts no run.
     Unrouted(UnroutedReason),
+    /// An active run absorbed the message as steering input (event `claimed`).
+    Claimed {
+        /// The absorbing run.
+        run_id: RunId,
+    },
+    /// `enqueue`: the event waits (status `received`) until the conversation is free.
+    Parked {
+        /// The active runs it waits for (empty when it waits behind parked events only).
+        behind: Vec<RunId>,
+    },
+    /// `reject`: the conversation was busy (event `rejected`).
+    Rejected {
+        /// The active runs.
+        active: Vec<RunId>,
+    },
     /// The event had already been handled (terminal routing status, or its run has started).
     AlreadyHandled,
 }
@@ -72,17 +122,54 @@ pub enum RouteOutcome {
 pub struct EventRouter {
     deps: OrchestratorDeps,
     options: Arc<OrchestratorOptions>,
+    conversations: Conversations,
+}
+
+/// How a run is started for an event of a conversation.
+#[derive(Debug, Default)]
+struct StartContext {
+    /// The conversation (its active index gets the run).
+    key: Option<ConversationKey>,
+    /// The event's parked-queue member, removed once the run is in the active index.
+    parked_member: Option<String>,
+    /// Merged into the event's metadata as `concurrency`.
+    concurrency: Option<Value>,
 }
 
 impl EventRouter {
     /// A router over `deps`.
     #[must_use]
     pub fn new(deps: OrchestratorDeps, options: Arc<OrchestratorOptions>) -> Self {
-        Self { deps, options }
+        let conversations = deps.conversations(&options);
+        Self {
+            deps,
+            options,
+            conversations,
+        }
     }
 
     /// Routes the event a message points to (see the module docs for the steps).
+    ///
+    /// Fails with [`OrchestratorError::RouteInProgress`] (transient: requeue) while another
+    /// consumer routes the same event.
     pub async fn route(&self, message: &EventMessage) -> Result<RouteOutcome> {
+        let lock = format!("route:{}", message.event_id);
+        let holder = uuid::Uuid::new_v4().to_string();
+        let sessions = &self.deps.sessions;
+        if !sessions
+            .acquire_lease(&lock, &holder, self.options.route_lock_ttl)
+            .await?
+        {
+            return Err(OrchestratorError::RouteInProgress(message.event_id));
+        }
+        let outcome = self.route_locked(message).await;
+        if let Err(error) = sessions.release_lease(&lock, &holder).await {
+            tracing::warn!(%error, "could not release the route lock; it expires with its ttl");
+        }
+        outcome
+    }
+
+    async fn route_locked(&self, message: &EventMessage) -> Result<RouteOutcome> {
         let stores = &self.deps.stores;
         let record = stores
             .events
@@ -93,6 +180,7 @@ impl EventRouter {
 
         match record.status {
             EventStatus::Unrouted | EventStatus::Rejected | EventStatus::Claimed => {
+                self.leave_queue(&record).await?;
                 return Ok(RouteOutcome::AlreadyHandled);
             }
             EventStatus::Received | EventStatus::Scheduled | EventStatus::Dispatched => {}
@@ -101,6 +189,7 @@ impl EventRouter {
             if let Some(run) = stores.runs.get_run(run_id).await? {
                 if run.status != RunStatus::Queued {
                     // The job was published and claimed (or the run ended): nothing to redo.
+                    self.leave_queue(&record).await?;
                     return Ok(RouteOutcome::AlreadyHandled);
                 }
             }
@@ -128,10 +217,329 @@ impl EventRouter {
         match plan {
             Plan::Unrouted { reason, metadata } => {
                 self.unrouted(&record, reason, metadata).await?;
+                self.leave_queue(&record).await?;
                 Ok(RouteOutcome::Unrouted(reason))
             }
-            Plan::Dispatch(dispatch) => self.dispatch(&record, &envelope, &dispatch).await,
+            Plan::Dispatch(dispatch) => self.decide(&record, &envelope, &dispatch).await,
         }
+    }
+
+    /// A formerly parked event that ends up not starting a run (unrouted, claimed, rejected,
+    /// handled before) leaves the conversation's queue, and the next one gets its turn.
+    async fn leave_queue(&self, record: &EventRecord) -> Result<()> {
+        let Some(member) = concurrency::recorded_member(&record.metadata) else {
+            return Ok(());
+        };
+        let Some(key) =
+            ConversationKey::new(&record.workspace_id, record.conversation_id.as_deref())
+        else {
+            return Ok(());
+        };
+        if self.conversations.unpark(&key, &member).await? {
+            self.conversations.kick(&key).await?;
+        }
+        Ok(())
+    }
+
+    /// Steps 3 (steering claim, concurrency policy) and the start of the run.
+    async fn decide(
+        &self,
+        record: &EventRecord,
+        envelope: &AgentEventEnvelope,
+        dispatch: &Dispatch,
+    ) -> Result<RouteOutcome> {
+        let Some(key) =
+            ConversationKey::new(&envelope.workspace_id, envelope.conversation_id.as_deref())
+        else {
+            return self
+                .dispatch(record, envelope, dispatch, StartContext::default())
+                .await;
+        };
+        let own_member = concurrency::recorded_member(&record.metadata);
+        if record.run_id.is_some() {
+            // An earlier attempt decided to start and created the run: finish starting it.
+            let start = StartContext {
+                key: Some(key),
+                parked_member: own_member,
+                concurrency: None,
+            };
+            return self.dispatch(record, envelope, dispatch, start).await;
+        }
+
+        let active = self.conversations.active(&key, None).await?;
+        if let Some(target) = steering::target(
+            envelope,
+            &dispatch.binding.runner_id,
+            dispatch.descriptor.supports_steering(),
+            &active,
+        ) {
+            if let Some(run_id) = self.claim(record, envelope, &key, target).await? {
+                self.leave_queue(record).await?;
+                return Ok(RouteOutcome::Claimed { run_id });
+            }
+        }
+
+        let policy = dispatch.binding.delivery_policy.concurrency;
+        let parked = if policy == ConcurrencyPolicy::Enqueue {
+            self.conversations.parked(&key).await?
+        } else {
+            Vec::new()
+        };
+        let ahead = concurrency::parked_ahead(&parked, own_member.as_deref());
+        let active_ids: Vec<RunId> = active.iter().map(|r| r.run_id).collect();
+        match concurrency::decide(policy, &active_ids, ahead) {
+            Action::Start => {
+                let concurrency = own_member.as_ref().map(|_| {
+                    let mut c = record
+                        .metadata
+                        .get("concurrency")
+                        .cloned()
+                        .unwrap_or_else(|| json!({}));
+                    c["status"] = json!(concurrency::STATUS_STARTED);
+                    c
+                });
+                let start = StartContext {
+                    key: Some(key),
+                    parked_member: own_member,
+                    concurrency,
+                };
+                self.dispatch(record, envelope, dispatch, start).await
+            }
+            Action::Park { behind } => self.park(record, &key, own_member, behind).await,
+            Action::Interrupt { cancel } => {
+                self.interrupt(record, &active, &cancel).await?;
+                let start = StartContext {
+                    key: Some(key),
+                    parked_member: own_member,
+                    concurrency: Some(json!({
+                        "policy": "interrupt",
+                        "interrupted_run_ids": cancel.iter().map(ToString::to_string).collect::<Vec<_>>(),
+                    })),
+                };
+                self.dispatch(record, envelope, dispatch, start).await
+            }
+            Action::Reject { active } => {
+                self.reject(record, &active).await?;
+                self.leave_queue(record).await?;
+                Ok(RouteOutcome::Rejected { active })
+            }
+        }
+    }
+
+    /// Pushes the message to `target`'s steering list and records the claim. `None` when the
+    /// list is full or the run is gone (the event then follows the concurrency policy).
+    async fn claim(
+        &self,
+        record: &EventRecord,
+        envelope: &AgentEventEnvelope,
+        key: &ConversationKey,
+        target: &ActiveRun,
+    ) -> Result<Option<RunId>> {
+        let sessions = &self.deps.sessions;
+        let marker = format!("steer-claim:{}", record.id);
+        let runner_id = target
+            .snapshot
+            .as_ref()
+            .map_or_else(String::new, |s| s.runner_id.to_string());
+        // An earlier attempt that pushed and then failed to record left this marker.
+        let earlier: Option<(RunId, i64)> = sessions
+            .get(&marker)
+            .await?
+            .and_then(|bytes| serde_json::from_slice::<Value>(&bytes).ok())
+            .and_then(|v| {
+                let run = v.get("run_id")?.as_str()?.parse().ok()?;
+                Some((run, v.get("claimed_at")?.as_i64()?))
+            });
+        let (run_id, claimed_at) = match earlier {
+            Some(claim) => claim,
+            None => {
+                let claimed_at = Utc::now().timestamp();
+                let Some(snapshot) = &target.snapshot else {
+                    return Ok(None);
+                };
+                let item = steering::item(envelope, target.run_id, &snapshot.runner_id, claimed_at);
+                let item = serde_json::to_value(&item).unwrap_or(Value::Null);
+                match sessions
+                    .steering_push(&target.run_id, &item, self.options.steering_queue_cap)
+                    .await?
+                {
+                    PushOutcome::Accepted => {}
+                    PushOutcome::Full => {
+                        tracing::info!(run_id = %target.run_id, "steering list full; the message is dispatched normally");
+                        return Ok(None);
+                    }
+                    PushOutcome::NoSession => {
+                        self.conversations.remove_run(key, target.run_id).await?;
+                        return Ok(None);
+                    }
+                }
+                let value = json!({"run_id": target.run_id.to_string(), "claimed_at": claimed_at});
+                if let Err(error) = sessions
+                    .set_ex(
+                        &marker,
+                        value.to_string().as_bytes(),
+                        STEER_CLAIM_MARKER_TTL,
+                    )
+                    .await
+                {
+                    tracing::warn!(%error, "could not write the steering claim marker");
+                }
+                (target.run_id, claimed_at)
+            }
+        };
+
+        let stores = &self.deps.stores;
+        if let Some(item) = journal::user_transcript(envelope) {
+            match stores.transcript.append(item).await {
+                Ok(_) | Err(StoreError::Conflict(_)) => {}
+                Err(e) => return Err(e.into()),
+            }
+        }
+        stores
+            .events
+            .update_status(
+                record.id,
+                EventStatusUpdate {
+                    status: EventStatus::Claimed,
+                    reason: None,
+                    run_id: None,
+                    claimed_by_run_id: Some(run_id),
+                    metadata_merge: Some(json!({
+                        "steering": steering::claim_metadata(run_id, &runner_id, claimed_at),
+                    })),
+                },
+            )
+            .await?;
+        if let Err(error) = sessions.del(&marker).await {
+            tracing::debug!(%error, "could not remove the steering claim marker");
+        }
+        tracing::info!(event_id = %record.id, run_id = %run_id, "message claimed as steering input");
+        Registry::global().inc(names::EVENTS_ROUTED_TOTAL, &[("outcome", "claimed")]);
+        Ok(Some(run_id))
+    }
+
+    /// `enqueue`: records why the event waits, adds it to the conversation's queue, then
+    /// wakes the queue in case the conversation became free meanwhile.
+    async fn park(
+        &self,
+        record: &EventRecord,
+        key: &ConversationKey,
+        own_member: Option<String>,
+        behind: Vec<RunId>,
+    ) -> Result<RouteOutcome> {
+        let member = own_member.unwrap_or_else(|| {
+            concurrency::parked_member(Utc::now().timestamp_micros(), record.id)
+        });
+        // The metadata first: every member's event says it is parked (`leave_queue` relies
+        // on it), and a redelivery reuses the same member (its place in the queue).
+        self.deps
+            .stores
+            .events
+            .update_status(
+                record.id,
+                EventStatusUpdate {
+                    status: EventStatus::Received,
+                    reason: None,
+                    run_id: None,
+                    claimed_by_run_id: None,
+                    metadata_merge: Some(json!({
+                        "concurrency": {
+                            "policy": "enqueue",
+                            "status": concurrency::STATUS_QUEUED,
+                            "queued_behind": behind.iter().map(ToString::to_string).collect::<Vec<_>>(),
+                            "ticket": member,
+                        }
+                    })),
+                },
+            )
+            .await?;
+        self.conversations.park(key, &member).await?;
+        self.conversations.kick(key).await?;
+        tracing::info!(event_id = %record.id, behind = behind.len(), "event parked until the conversation is free");
+        Registry::global().inc(names::EVENTS_ROUTED_TOTAL, &[("outcome", "parked")]);
+        Ok(RouteOutcome::Parked { behind })
+    }
+
+    /// `interrupt`: records the cancel intent, sets each run's cancel flag, then publishes
+    /// its cancel message (the order the worker relies on).
+    async fn interrupt(
+        &self,
+        record: &EventRecord,
+        active: &[ActiveRun],
+        cancel: &[RunId],
+    ) -> Result<()> {
+        let reason = concurrency::interrupt_reason(&record.id);
+        for &run_id in cancel {
+            match self
+                .deps
+                .stores
+                .runs
+                .request_cancel(run_id, Some(reason.clone()))
+                .await
+            {
+                Ok(CancelOutcome::AlreadyFinished(_)) | Err(StoreError::NotFound(_)) => continue,
+                Ok(CancelOutcome::Requested | CancelOutcome::AlreadyRequested) => {}
+                Err(e) => return Err(e.into()),
+            }
+            let deadline = active
+                .iter()
+                .find(|r| r.run_id == run_id)
+                .and_then(|r| r.snapshot.as_ref()?.deadline_at);
+            let remaining = deadline
+                .map(|d| d - plan::utc_to_epoch(Utc::now()))
+                .and_then(|secs| Duration::try_from_secs_f64(secs.max(0.0)).ok())
+                .unwrap_or_default();
+            self.deps
+                .sessions
+                .set_ex(
+                    &concurrency::cancel_flag_key(&run_id),
+                    reason.as_bytes(),
+                    remaining + CANCEL_FLAG_SLACK,
+                )
+                .await?;
+            let message = ControlMessage::Cancel {
+                run_id,
+                reason: reason.clone(),
+            };
+            self.deps
+                .bus
+                .publish(
+                    &self.deps.topology.control_exchange(),
+                    &control_routing_key(&run_id),
+                    messages::encode(&message).into(),
+                    // Nobody may hold the run yet (queued): the flag covers that case.
+                    PublishOptions::best_effort(),
+                )
+                .await?;
+            tracing::info!(event_id = %record.id, run_id = %run_id, "active run interrupted");
+        }
+        Ok(())
+    }
+
+    /// `reject`: the event is refused because the conversation is busy.
+    async fn reject(&self, record: &EventRecord, active: &[RunId]) -> Result<()> {
+        self.deps
+            .stores
+            .events
+            .update_status(
+                record.id,
+                EventStatusUpdate {
+                    status: EventStatus::Rejected,
+                    reason: Some(concurrency::REJECT_REASON.to_owned()),
+                    run_id: None,
+                    claimed_by_run_id: None,
+                    metadata_merge: Some(json!({
+                        "concurrency": {
+                            "policy": "reject",
+                            "active_run_ids": active.iter().map(ToString::to_string).collect::<Vec<_>>(),
+                        }
+                    })),
+                },
+            )
+            .await?;
+        tracing::info!(event_id = %record.id, "event rejected: the conversation has an active run");
+        Registry::global().inc(names::EVENTS_ROUTED_TOTAL, &[("outcome", "rejected")]);
+        Ok(())
     }
 
     async fn lookup_runner(&self, binding: &AgentBinding) -> Result<RunnerLookup> {
@@ -198,6 +606,7 @@ impl EventRouter {
         record: &EventRecord,
         envelope: &AgentEventEnvelope,
         dispatch: &Dispatch,
+        start: StartContext,
     ) -> Result<RouteOutcome> {
         let stores = &self.deps.stores;
         let options = &self.options;
@@ -249,6 +658,7 @@ impl EventRouter {
             })
             .await?;
         if !created && run.status != RunStatus::Queued {
+            self.leave_queue(record).await?;
             return Ok(RouteOutcome::AlreadyHandled);
         }
         let span = tracing::info_span!("dispatch", run_id = %run.id, event_id = %record.id);
@@ -282,6 +692,22 @@ impl EventRouter {
 
             let snapshot_json = serde_json::to_value(&prepared.snapshot).unwrap_or(Value::Null);
             self.deps.sessions.put_session(&run.id, &snapshot_json, prepared.session_ttl).await?;
+            // Visible to steering and concurrency only once its session exists; leaves the
+            // queue only once it is visible (so the queue's next event cannot start early).
+            if let Some(key) = &start.key {
+                self.conversations.add_run(key, run.id, prepared.session_ttl).await?;
+                if let Some(member) = &start.parked_member {
+                    self.conversations.unpark(key, member).await?;
+                }
+            }
+
+            let mut metadata = json!({
+                "authorization": snapshot_json,
+                "routing": {"binding_id": binding.binding_id, "runner_id": binding.runner_id.to_string(), "pool": dispatch.pool},
+            });
+            if let Some(concurrency) = &start.concurrency {
+                metadata["concurrency"] = concurrency.clone();
+            }
 
             stores
                 .events
@@ -292,10 +718,7 @@ impl EventRouter {
                         reason: None,
                         run_id: Some(run.id),
                         claimed_by_run_id: None,
-                        metadata_merge: Some(json!({
-                            "authorization": snapshot_json,
-                            "routing": {"binding_id": binding.binding_id, "runner_id": binding.runner_id.to_string(), "pool": dispatch.pool},
-                        })),
+                        metadata_merge: Some(metadata),
                     },
                 )
                 .await?;

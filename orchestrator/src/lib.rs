@@ -3,7 +3,8 @@
 //!
 //! ```text
 //!  switchboard.events.<k> ──▶ events::EventRouter ──▶ runs row, session, switchboard.runs.<pool>
-//!                                 (bindings → access → context → plan)
+//!                                 (bindings → steering → concurrency → access → context → plan)
+//!                                 or: steering claim / parked / rejected
 //!  switchboard.results.<k> ─▶ sink::ResultSink ─────▶ ledger, transcript/state/artifacts,
 //!                                 (journal)              switchboard.deliveries
 //!  reaper (timer) ──────────▶ runs past deadline + grace → timeout, synthetic run.failed
@@ -24,6 +25,12 @@
 //!   the worker's Host API. Pure.
 //! - [`journal`]: transcript rows, state writes, artifacts and run outcomes built from
 //!   results, with deterministic ids for idempotency. Pure.
+//! - [`steering`]: which active run absorbs a message, the steering item, the claim and
+//!   `steering.dropped` audit records. Pure.
+//! - [`concurrency`]: the conversation concurrency policy (`parallel`, `enqueue`,
+//!   `interrupt`, `reject`) and the key/queue naming it uses. Pure.
+//! - [`conversations`]: the per-conversation state in the session store (active-run index,
+//!   parked queue) shared by every orchestrator.
 //! - [`catalog`]: the [`catalog::ResourceCatalog`] boundary (which models, tools, knowledge
 //!   bases and skills exist).
 //! - [`events`]: the event consumer (one loop per events shard).
@@ -35,7 +42,9 @@
 pub mod access;
 pub mod bindings;
 pub mod catalog;
+pub mod concurrency;
 pub mod context;
+pub mod conversations;
 pub mod error;
 pub mod events;
 pub mod journal;
@@ -43,6 +52,7 @@ pub mod plan;
 pub mod reaper;
 pub mod service;
 pub mod sink;
+pub mod steering;
 pub use sb_protocol::state_keys;
 
 pub use error::{OrchestratorError, Result};

@@ -9,7 +9,12 @@
 //! 2. the winner stores a synthetic terminal item `run.failed {code: "timeout"}` through the
 //!    result sink ([`ResultSink::persist_synthetic`]: ledger, side effects, live delivery),
 //!    so every stream of the run ends;
-//! 3. it ends the run's session, so Host API calls still made for the run are refused.
+//! 3. it ends the run's session, so Host API calls still made for the run are refused, and
+//!    audits the steering items the run never pulled as `steering.dropped`.
+//!
+//! Each scan also sweeps the conversations with parked events
+//! ([`Conversations::sweep`](crate::conversations::Conversations::sweep)), the safety net
+//! of the `enqueue` policy.
 
 use std::sync::Arc;
 
@@ -19,9 +24,11 @@ use sb_protocol::error::run_failure;
 use sb_protocol::result::AgentRunResult;
 use sb_store::{RunOutcome, RunStatus};
 
+use crate::conversations::Conversations;
 use crate::error::Result;
 use crate::service::{OrchestratorDeps, OrchestratorOptions};
 use crate::sink::ResultSink;
+use crate::steering;
 
 /// The message of a reaped run.
 pub const TIMEOUT_MESSAGE: &str = "run exceeded its deadline";
@@ -32,6 +39,7 @@ pub struct Reaper {
     deps: OrchestratorDeps,
     options: Arc<OrchestratorOptions>,
     sink: Arc<ResultSink>,
+    conversations: Conversations,
 }
 
 impl Reaper {
@@ -42,10 +50,12 @@ impl Reaper {
         options: Arc<OrchestratorOptions>,
         sink: Arc<ResultSink>,
     ) -> Self {
+        let conversations = deps.conversations(&options);
         Self {
             deps,
             options,
             sink,
+            conversations,
         }
     }
 
@@ -74,8 +84,26 @@ impl Reaper {
                 run_failure::default_retryable(run_failure::TIMEOUT),
             );
             let sequence = self.sink.persist_synthetic(&run, result).await?;
-            if let Err(error) = self.deps.sessions.end_session(&run.id).await {
-                tracing::warn!(run_id = %run.id, %error, "could not end the session of a reaped run; it expires with its ttl");
+            match self.deps.sessions.end_session(&run.id).await {
+                Ok(Some(ended)) => {
+                    for item in &ended.steering {
+                        let audit = steering::dropped_audit(
+                            item,
+                            run.id,
+                            &run.runner_id,
+                            &run.workspace_id,
+                            steering::DROPPED_RUN_ENDED,
+                        );
+                        if let Err(error) = self.deps.stores.events.append(audit, Vec::new()).await
+                        {
+                            tracing::warn!(run_id = %run.id, %error, "could not audit a dropped steering item");
+                        }
+                    }
+                }
+                Ok(None) => {}
+                Err(error) => {
+                    tracing::warn!(run_id = %run.id, %error, "could not end the session of a reaped run; it expires with its ttl");
+                }
             }
             tracing::warn!(run_id = %run.id, sequence, "run reaped after its deadline");
             reaped.push(run.id);
@@ -94,6 +122,11 @@ impl Reaper {
                 _ = interval.tick() => {
                     if let Err(error) = self.reap_once().await {
                         tracing::warn!(%error, "reaper scan failed; retrying at the next tick");
+                    }
+                    match self.conversations.sweep().await {
+                        Ok(0) => {}
+                        Ok(n) => tracing::info!(released = n, "parked events released by the sweep"),
+                        Err(error) => tracing::warn!(%error, "parked-queue sweep failed; retrying at the next tick"),
                     }
                 }
             }

@@ -45,6 +45,22 @@ pub struct OrchestratorDeps {
     pub catalog: Arc<dyn ResourceCatalog>,
 }
 
+impl OrchestratorDeps {
+    /// The per-conversation state (active-run index, parked queue) over these dependencies.
+    #[must_use]
+    pub fn conversations(
+        &self,
+        options: &OrchestratorOptions,
+    ) -> crate::conversations::Conversations {
+        crate::conversations::Conversations::new(
+            Arc::clone(&self.sessions),
+            Arc::clone(&self.bus),
+            self.topology.clone(),
+            options.conversation_index_ttl,
+        )
+    }
+}
+
 impl std::fmt::Debug for OrchestratorDeps {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("OrchestratorDeps")
@@ -83,6 +99,17 @@ pub struct OrchestratorOptions {
     pub max_inline_artifact_bytes: usize,
     /// Host version reported to runners (`runtime.langbot_version`).
     pub host_version: String,
+    /// Steering items a run's list holds; a message arriving when it is full is dispatched
+    /// normally (SPEC §13).
+    pub steering_queue_cap: usize,
+    /// How long one orchestrator holds an event while routing it. Another orchestrator that
+    /// receives the same event meanwhile requeues it instead of routing it concurrently, so
+    /// one event is never both claimed and dispatched. A holder that dies releases the event
+    /// after this long.
+    pub route_lock_ttl: Duration,
+    /// Lower bound of the TTL of a conversation's active-run index (it is reset on every
+    /// run added, to at least that run's session TTL).
+    pub conversation_index_ttl: Duration,
 }
 
 impl Default for OrchestratorOptions {
@@ -107,6 +134,11 @@ impl Default for OrchestratorOptions {
             max_state_value_bytes: crate::state_keys::MAX_STATE_VALUE_BYTES,
             max_inline_artifact_bytes: sb_protocol::result::MAX_ARTIFACT_INLINE_BYTES,
             host_version: env!("CARGO_PKG_VERSION").to_owned(),
+            steering_queue_cap: sb_common::session::STEERING_CAP,
+            // Routing takes milliseconds; a holder stuck this long is presumed dead.
+            route_lock_ttl: Duration::from_secs(30),
+            // As long as the longest default session (a run without a deadline).
+            conversation_index_ttl: Duration::from_secs(24 * 3600),
         }
     }
 }
@@ -122,6 +154,8 @@ impl OrchestratorOptions {
             prefetch: config.bus.prefetch.get(),
             max_state_value_bytes: config.limits.state_value_bytes.get(),
             max_inline_artifact_bytes: config.limits.artifact_inline_bytes.get(),
+            steering_queue_cap: usize::try_from(config.limits.steering_queue_items.get())
+                .unwrap_or(sb_common::session::STEERING_CAP),
             ..Self::default()
         }
     }
@@ -279,5 +313,6 @@ mod tests {
         assert_eq!(o.session_grace, config.orchestrator.lease_grace);
         assert_eq!(o.max_state_value_bytes, 256 * 1024);
         assert_eq!(o.max_inline_artifact_bytes, 1024 * 1024);
+        assert_eq!(o.steering_queue_cap, 100);
     }
 }

@@ -9,7 +9,8 @@
 //! 3. in queue order, for each item that is **new** — or that was redelivered, in case a
 //!    crash fell between its insert and its side effects — apply its side effects
 //!    ([`crate::journal`]): run status on a terminal item (`completed`, `failed(code)`,
-//!    `cancelled`, `timeout`, `interrupted`; `running` is the worker's claim), the assistant
+//!    `cancelled`, `timeout`, `interrupted`; `running` is the worker's claim; the run also
+//!    leaves its conversation's active index, which wakes the next parked event), the assistant
 //!    transcript (from the first complete message, or assembled from the deltas at the
 //!    terminal item when the runner only streamed), `state.updated` under the run's frozen
 //!    policy, `artifact.created` with its checks. Every side effect has a deterministic
@@ -43,6 +44,8 @@ use sb_protocol::result::{AgentRunResult, ArtifactCreated, StateUpdated};
 use sb_store::{NewRunEvent, RunOutcome, RunRecord, StoreError};
 use serde_json::Value;
 
+use crate::concurrency::ConversationKey;
+use crate::conversations::Conversations;
 use crate::error::{OrchestratorError, Result};
 use crate::journal::{self, Effect, RunInfo};
 use crate::service::{OrchestratorDeps, OrchestratorOptions, pause, settle};
@@ -59,6 +62,9 @@ pub struct ResultSink {
     /// Immutable facts of active runs (ledger row + frozen snapshot), so a streaming run
     /// costs one ledger insert per batch instead of two extra reads per item.
     runs: Mutex<HashMap<RunId, Arc<RunInfo>>>,
+    /// The conversations' active-run index and parked queues: a terminal item takes its run
+    /// out of the index and wakes the next parked event.
+    conversations: Conversations,
 }
 
 /// One decoded delivery of a batch.
@@ -71,10 +77,12 @@ impl ResultSink {
     /// A sink over `deps`.
     #[must_use]
     pub fn new(deps: OrchestratorDeps, options: Arc<OrchestratorOptions>) -> Self {
+        let conversations = deps.conversations(&options);
         Self {
             deps,
             options,
             runs: Mutex::new(HashMap::new()),
+            conversations,
         }
     }
 
@@ -283,6 +291,12 @@ impl ResultSink {
                     }
                 }
             }
+        }
+        // The conversation is free of this run: the next parked event may start (`enqueue`).
+        if let Some(key) = ConversationKey::new(&info.workspace_id, info.conversation_id.as_deref())
+        {
+            self.conversations.remove_run(&key, info.run_id).await?;
+            self.conversations.kick(&key).await?;
         }
         self.cache().remove(&info.run_id);
         Ok(())
