@@ -59,8 +59,12 @@ use crate::runner::process::ProcessSpec;
 use crate::runner::session::ExecutionMode;
 
 /// Manifest file names tried in each plugin directory, in order.
-pub const MANIFEST_FILES: [&str; 4] =
-    ["manifest.toml", "manifest.yaml", "manifest.yml", "manifest.json"];
+pub const MANIFEST_FILES: [&str; 4] = [
+    "manifest.toml",
+    "manifest.yaml",
+    "manifest.yml",
+    "manifest.json",
+];
 
 /// The `[plugin]` table.
 #[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
@@ -174,9 +178,18 @@ pub enum PluginError {
     #[error("invalid manifest {}: {message}", .path.display())]
     Manifest { path: PathBuf, message: String },
     #[error("invalid runner #{index} in {}: {message}", .path.display())]
-    Runner { path: PathBuf, index: usize, message: String },
+    Runner {
+        path: PathBuf,
+        index: usize,
+        message: String,
+    },
     #[error("runner {runner_id}: command `{command}` not found (looked in {}, next to the worker executable{path_note})", .plugin_dir.display())]
-    CommandNotFound { runner_id: String, command: String, plugin_dir: PathBuf, path_note: &'static str },
+    CommandNotFound {
+        runner_id: String,
+        command: String,
+        plugin_dir: PathBuf,
+        path_note: &'static str,
+    },
     #[error("runner {0} is defined twice; the first definition wins")]
     Duplicate(String),
 }
@@ -202,7 +215,9 @@ impl CommandLookup {
     #[must_use]
     pub fn from_env() -> Self {
         Self {
-            exe_dir: std::env::current_exe().ok().and_then(|p| p.parent().map(Path::to_path_buf)),
+            exe_dir: std::env::current_exe()
+                .ok()
+                .and_then(|p| p.parent().map(Path::to_path_buf)),
             path: std::env::var_os("PATH"),
         }
     }
@@ -217,9 +232,15 @@ pub fn load_plugins(dirs: &[PathBuf], lookup: &CommandLookup) -> LoadReport {
     let mut seen = HashSet::new();
     for dir in dirs {
         let mut entries = match std::fs::read_dir(dir) {
-            Ok(entries) => entries.filter_map(Result::ok).map(|e| e.path()).collect::<Vec<_>>(),
+            Ok(entries) => entries
+                .filter_map(Result::ok)
+                .map(|e| e.path())
+                .collect::<Vec<_>>(),
             Err(source) => {
-                report.skipped.push(PluginError::ReadDir { path: dir.clone(), source });
+                report.skipped.push(PluginError::ReadDir {
+                    path: dir.clone(),
+                    source,
+                });
                 continue;
             }
         };
@@ -235,7 +256,9 @@ pub fn load_plugins(dirs: &[PathBuf], lookup: &CommandLookup) -> LoadReport {
                     for result in results {
                         match result {
                             Ok(runner) if !seen.insert(runner.runner_id.clone()) => {
-                                report.skipped.push(PluginError::Duplicate(runner.runner_id.to_string()));
+                                report
+                                    .skipped
+                                    .push(PluginError::Duplicate(runner.runner_id.to_string()));
                             }
                             Ok(runner) => report.runners.push(runner),
                             Err(e) => report.skipped.push(e),
@@ -263,7 +286,10 @@ pub fn load_plugin_dir(
         .map(|f| plugin_dir.join(f))
         .find(|p| p.is_file())
         .ok_or_else(|| PluginError::NoManifest(plugin_dir.to_path_buf()))?;
-    let manifest_err = |message: String| PluginError::Manifest { path: path.clone(), message };
+    let manifest_err = |message: String| PluginError::Manifest {
+        path: path.clone(),
+        message,
+    };
     let raw: Value = config::Config::builder()
         .add_source(config::File::from(path.as_path()))
         .build()
@@ -287,10 +313,12 @@ pub fn load_plugin_dir(
         .into_iter()
         .enumerate()
         .map(|(index, raw)| {
-            build_runner(&plugin, &plugin_dir, raw, lookup).map_err(|message| PluginError::Runner {
-                path: path.clone(),
-                index,
-                message,
+            build_runner(&plugin, &plugin_dir, raw, lookup).map_err(|message| {
+                PluginError::Runner {
+                    path: path.clone(),
+                    index,
+                    message,
+                }
             })?
         })
         .collect())
@@ -307,7 +335,9 @@ fn build_runner(
     let runner_id =
         RunnerId::new(&plugin.author, &plugin.name, &entry.name).map_err(|e| e.to_string())?;
     validate_execution(&entry.execution)?;
-    let label = entry.label.unwrap_or_else(|| I18nObject::en(entry.name.clone()));
+    let label = entry
+        .label
+        .unwrap_or_else(|| I18nObject::en(entry.name.clone()));
     let manifest = AgentRunnerManifest {
         id: runner_id.to_string(),
         name: entry.name,
@@ -318,22 +348,28 @@ fn build_runner(
         config_schema: entry.config_schema,
         metadata: entry.metadata,
     };
-    Ok(match resolve_command(&entry.execution.command, plugin_dir, lookup) {
-        Some(program) => Ok(PluginRunner {
-            runner_id,
-            plugin: plugin.clone(),
-            plugin_dir: plugin_dir.to_path_buf(),
-            manifest,
-            execution: entry.execution,
-            program,
-        }),
-        None => Err(PluginError::CommandNotFound {
-            runner_id: runner_id.to_string(),
-            command: entry.execution.command.clone(),
-            plugin_dir: plugin_dir.to_path_buf(),
-            path_note: if has_dir_part(&entry.execution.command) { "" } else { ", on PATH" },
-        }),
-    })
+    Ok(
+        match resolve_command(&entry.execution.command, plugin_dir, lookup) {
+            Some(program) => Ok(PluginRunner {
+                runner_id,
+                plugin: plugin.clone(),
+                plugin_dir: plugin_dir.to_path_buf(),
+                manifest,
+                execution: entry.execution,
+                program,
+            }),
+            None => Err(PluginError::CommandNotFound {
+                runner_id: runner_id.to_string(),
+                command: entry.execution.command.clone(),
+                plugin_dir: plugin_dir.to_path_buf(),
+                path_note: if has_dir_part(&entry.execution.command) {
+                    ""
+                } else {
+                    ", on PATH"
+                },
+            }),
+        },
+    )
 }
 
 fn validate_execution(exec: &ExecutionConfig) -> Result<(), String> {
@@ -342,7 +378,10 @@ fn validate_execution(exec: &ExecutionConfig) -> Result<(), String> {
     }
     let pool_ok = !exec.pool.is_empty()
         && exec.pool.len() <= 64
-        && exec.pool.chars().all(|c| c.is_ascii_alphanumeric() || matches!(c, '-' | '_'));
+        && exec
+            .pool
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || matches!(c, '-' | '_'));
     if !pool_ok {
         return Err(format!(
             "execution.pool `{}` must be 1-64 characters of [A-Za-z0-9_-] (it names a queue)",
@@ -351,7 +390,9 @@ fn validate_execution(exec: &ExecutionConfig) -> Result<(), String> {
     }
     for name in &exec.env {
         if name.is_empty() || name.contains(['=', '\0']) {
-            return Err(format!("execution.env entry `{name}` is not a variable name"));
+            return Err(format!(
+                "execution.env entry `{name}` is not a variable name"
+            ));
         }
     }
     Ok(())
@@ -363,9 +404,17 @@ fn has_dir_part(command: &str) -> bool {
 
 /// Resolves `command` (see the module docs for the order). `None` if no file is found.
 #[must_use]
-pub fn resolve_command(command: &str, plugin_dir: &Path, lookup: &CommandLookup) -> Option<PathBuf> {
+pub fn resolve_command(
+    command: &str,
+    plugin_dir: &Path,
+    lookup: &CommandLookup,
+) -> Option<PathBuf> {
     let as_given = Path::new(command);
-    let relative = if as_given.is_absolute() { as_given.to_path_buf() } else { plugin_dir.join(as_given) };
+    let relative = if as_given.is_absolute() {
+        as_given.to_path_buf()
+    } else {
+        plugin_dir.join(as_given)
+    };
     if relative.is_file() {
         return Some(relative);
     }
@@ -400,7 +449,9 @@ pub fn bundled_runners_dir(configured: Option<&Path>) -> Option<PathBuf> {
     if let Some(dir) = configured {
         return Some(dir.to_path_buf());
     }
-    let exe_dir = std::env::current_exe().ok().and_then(|p| p.parent().map(Path::to_path_buf));
+    let exe_dir = std::env::current_exe()
+        .ok()
+        .and_then(|p| p.parent().map(Path::to_path_buf));
     let candidates = exe_dir
         .map(|d| d.join("..").join("..").join("runners"))
         .into_iter()
@@ -461,7 +512,9 @@ env = ["RUST_LOG"]
         executable(&dir.join("bin/echo"));
         let report = load_plugins(&[root.path().to_path_buf()], &no_lookup());
         assert!(report.skipped.is_empty(), "{:?}", report.skipped);
-        let [r] = &report.runners[..] else { panic!("{:?}", report.runners) };
+        let [r] = &report.runners[..] else {
+            panic!("{:?}", report.runners)
+        };
         assert_eq!(r.runner_id.to_string(), "plugin:switchboard/echo/default");
         assert_eq!(r.manifest.id, "plugin:switchboard/echo/default");
         assert!(r.manifest.runner_id().is_ok());
@@ -473,7 +526,10 @@ env = ["RUST_LOG"]
         assert_eq!(r.program, fs::canonicalize(&dir).unwrap().join("bin/echo"));
         let spec = r.runner_spec();
         assert_eq!(spec.process.args, vec!["--flag".to_owned()]);
-        assert_eq!(spec.process.cwd.as_deref(), Some(fs::canonicalize(&dir).unwrap().as_path()));
+        assert_eq!(
+            spec.process.cwd.as_deref(),
+            Some(fs::canonicalize(&dir).unwrap().as_path())
+        );
     }
 
     #[test]
@@ -488,7 +544,11 @@ env = ["RUST_LOG"]
         executable(&dir.join("bin/run"));
         let report = load_plugins(&[root.path().to_path_buf()], &no_lookup());
         assert!(report.skipped.is_empty(), "{:?}", report.skipped);
-        let ids: Vec<String> = report.runners.iter().map(|r| r.runner_id.to_string()).collect();
+        let ids: Vec<String> = report
+            .runners
+            .iter()
+            .map(|r| r.runner_id.to_string())
+            .collect();
         assert_eq!(ids, vec!["plugin:a/j/r", "plugin:a/y/r"]);
         assert_eq!(report.runners[1].execution.mode, ExecutionMode::PerRun);
         // Defaults: label from the name, pool "default", shared, 16.
@@ -561,22 +621,45 @@ command = "bin/run"
         let dir = plugin(root.path(), "p", "manifest.toml", body);
         executable(&dir.join("bin/run"));
         let report = load_plugins(&[root.path().to_path_buf()], &no_lookup());
-        let ids: Vec<String> = report.runners.iter().map(|r| r.runner_id.to_string()).collect();
+        let ids: Vec<String> = report
+            .runners
+            .iter()
+            .map(|r| r.runner_id.to_string())
+            .collect();
         assert_eq!(ids, vec!["plugin:a/p/good"]);
         assert_eq!(report.skipped.len(), 8, "{:#?}", report.skipped);
         let text: Vec<String> = report.skipped.iter().map(ToString::to_string).collect();
         assert!(text.iter().any(|t| t.contains("telepathy")), "{text:?}");
         assert!(text.iter().any(|t| t.contains("delete")), "{text:?}");
         assert!(text.iter().any(|t| t.contains("colour")), "{text:?}");
-        assert!(text.iter().any(|t| t.contains("bin/nope") && t.contains("not found")), "{text:?}");
+        assert!(
+            text.iter()
+                .any(|t| t.contains("bin/nope") && t.contains("not found")),
+            "{text:?}"
+        );
     }
 
     #[test]
     fn a_bad_plugin_table_skips_the_plugin_only() {
         let root = tempfile::tempdir().unwrap();
-        plugin(root.path(), "broken", "manifest.toml", "[plugin]\nauthor = \"a\"\n");
-        plugin(root.path(), "garbage", "manifest.toml", "this is = = not toml");
-        plugin(root.path(), "extra", "manifest.toml", "[plugin]\nauthor=\"a\"\nname=\"x\"\nversion=\"1\"\n[other]\nk=1\n");
+        plugin(
+            root.path(),
+            "broken",
+            "manifest.toml",
+            "[plugin]\nauthor = \"a\"\n",
+        );
+        plugin(
+            root.path(),
+            "garbage",
+            "manifest.toml",
+            "this is = = not toml",
+        );
+        plugin(
+            root.path(),
+            "extra",
+            "manifest.toml",
+            "[plugin]\nauthor=\"a\"\nname=\"x\"\nversion=\"1\"\n[other]\nk=1\n",
+        );
         let dir = plugin(root.path(), "ok", "manifest.toml", ECHO);
         executable(&dir.join("bin/echo"));
         // A directory without a manifest is not a plugin and not an error.
@@ -593,9 +676,16 @@ command = "bin/run"
             let dir = plugin(root, "echo", "manifest.toml", ECHO);
             executable(&dir.join("bin/echo"));
         }
-        let report = load_plugins(&[a.path().to_path_buf(), b.path().to_path_buf()], &no_lookup());
+        let report = load_plugins(
+            &[a.path().to_path_buf(), b.path().to_path_buf()],
+            &no_lookup(),
+        );
         assert_eq!(report.runners.len(), 1);
-        assert!(report.runners[0].plugin_dir.starts_with(fs::canonicalize(a.path()).unwrap()));
+        assert!(
+            report.runners[0]
+                .plugin_dir
+                .starts_with(fs::canonicalize(a.path()).unwrap())
+        );
         assert!(matches!(report.skipped[..], [PluginError::Duplicate(_)]));
         // A missing directory is reported, not fatal.
         let report = load_plugins(&[PathBuf::from("/nonexistent/plugins")], &no_lookup());
@@ -619,7 +709,10 @@ command = "bin/run"
         // On PATH: only bare names use it.
         executable(&path_dir.join("tool"));
         assert_eq!(resolve_command("bin/tool", &plugin_dir, &lookup), None);
-        assert_eq!(resolve_command("tool", &plugin_dir, &lookup), Some(path_dir.join("tool")));
+        assert_eq!(
+            resolve_command("tool", &plugin_dir, &lookup),
+            Some(path_dir.join("tool"))
+        );
         // The parent of the executable directory (cargo's target/<profile> seen from deps/).
         executable(&root.path().join("target/debug/tool"));
         assert_eq!(
@@ -628,13 +721,26 @@ command = "bin/run"
         );
         // Next to the executable beats its parent.
         executable(&exe_dir.join("tool"));
-        assert_eq!(resolve_command("tool", &plugin_dir, &lookup), Some(exe_dir.join("tool")));
+        assert_eq!(
+            resolve_command("tool", &plugin_dir, &lookup),
+            Some(exe_dir.join("tool"))
+        );
         // The plugin directory beats everything.
         executable(&plugin_dir.join("bin/tool"));
-        assert_eq!(resolve_command("bin/tool", &plugin_dir, &lookup), Some(plugin_dir.join("bin/tool")));
+        assert_eq!(
+            resolve_command("bin/tool", &plugin_dir, &lookup),
+            Some(plugin_dir.join("bin/tool"))
+        );
         // Absolute paths are taken as given.
         let abs = path_dir.join("tool");
-        assert_eq!(resolve_command(abs.to_str().unwrap(), &plugin_dir, &CommandLookup::default()), Some(abs));
+        assert_eq!(
+            resolve_command(
+                abs.to_str().unwrap(),
+                &plugin_dir,
+                &CommandLookup::default()
+            ),
+            Some(abs)
+        );
     }
 
     #[test]
@@ -644,10 +750,18 @@ command = "bin/run"
         let repo_echo = Path::new(env!("CARGO_MANIFEST_DIR")).join("../runners/echo");
         let fake_exe = tempfile::tempdir().unwrap();
         executable(&fake_exe.path().join("echo"));
-        let lookup = CommandLookup { exe_dir: Some(fake_exe.path().to_path_buf()), path: None };
+        let lookup = CommandLookup {
+            exe_dir: Some(fake_exe.path().to_path_buf()),
+            path: None,
+        };
         let results = load_plugin_dir(&repo_echo, &lookup).unwrap();
-        let [Ok(runner)] = &results[..] else { panic!("{results:?}") };
-        assert_eq!(runner.runner_id.to_string(), "plugin:switchboard/echo/default");
+        let [Ok(runner)] = &results[..] else {
+            panic!("{results:?}")
+        };
+        assert_eq!(
+            runner.runner_id.to_string(),
+            "plugin:switchboard/echo/default"
+        );
         assert_eq!(runner.program, fake_exe.path().join("echo"));
         assert_eq!(runner.execution.max_concurrency.get(), 64);
     }

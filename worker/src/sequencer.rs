@@ -24,7 +24,8 @@
 //! `sequence` is only used to drop duplicates; it is replaced in the delivered envelope.
 //!
 //! Exactly one terminal item is produced per run: the runner's own `run.completed` /
-//! `run.failed`, or one synthesized by [`RunSequencer::fail`] / [`RunSequencer::end`]
+//! `run.failed`, or one synthesized by [`RunSequencer::admit`] (protocol errors) or
+//! [`RunSequencer::end`]
 //! (`runner.empty_output` for a run that ends with no message and no terminal, SPEC's "no
 //! silent success"; `run.completed {finish_reason: "stop"}` for one that produced messages).
 //! After the terminal item everything is skipped.
@@ -140,9 +141,13 @@ impl SeenSequences {
         let check = if sequence == self.max_seen + 1 {
             SeqCheck::InOrder
         } else if sequence > self.max_seen {
-            SeqCheck::Gap { expected: self.max_seen + 1 }
+            SeqCheck::Gap {
+                expected: self.max_seen + 1,
+            }
         } else {
-            SeqCheck::OutOfOrder { max_seen: self.max_seen }
+            SeqCheck::OutOfOrder {
+                max_seen: self.max_seen,
+            }
         };
         if sequence == 0 {
             // Outside the protocol's numbering; remember it in the sparse set only.
@@ -180,7 +185,9 @@ pub struct RunSequencer {
 }
 
 fn epoch_now() -> i64 {
-    SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_secs() as i64)
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs() as i64)
 }
 
 impl RunSequencer {
@@ -234,12 +241,17 @@ impl RunSequencer {
         if let Some(inner) = foreign_run {
             return Admission::Fail(self.terminal_failure(
                 run_failure::RUNNER_PROTOCOL_ERROR,
-                format!("result names run `{inner}` on the stream of run {}", self.run_id_text),
+                format!(
+                    "result names run `{inner}` on the stream of run {}",
+                    self.run_id_text
+                ),
             ));
         }
         if let Some(seq) = raw.get("sequence").and_then(Value::as_u64) {
             match self.seen.record(seq) {
-                SeqCheck::Duplicate => return Admission::Skip(SkipReason::Duplicate { sequence: seq }),
+                SeqCheck::Duplicate => {
+                    return Admission::Skip(SkipReason::Duplicate { sequence: seq });
+                }
                 SeqCheck::Gap { expected } => tracing::warn!(
                     run_id = %self.run_id, expected, got = seq,
                     "runner sequence gap"
@@ -254,7 +266,9 @@ impl RunSequencer {
         let result = match classify(raw, &self.limits) {
             Classified::Valid(typed) => typed.to_result(),
             Classified::Telemetry(telemetry) => telemetry.to_result(),
-            Classified::Dropped { reason } => return Admission::Skip(SkipReason::Invalid { reason }),
+            Classified::Dropped { reason } => {
+                return Admission::Skip(SkipReason::Invalid { reason });
+            }
             Classified::ProtocolError { reason } => {
                 return Admission::Fail(
                     self.terminal_failure(run_failure::RUNNER_PROTOCOL_ERROR, reason),
@@ -354,7 +368,10 @@ mod tests {
         assert_eq!(s.record(5), SeqCheck::Duplicate);
         assert_eq!(s.record(4), SeqCheck::OutOfOrder { max_seen: 5 });
         assert_eq!(s.record(6), SeqCheck::InOrder);
-        assert!(s.sparse.is_empty(), "dense prefix absorbed the sparse set: {s:?}");
+        assert!(
+            s.sparse.is_empty(),
+            "dense prefix absorbed the sparse set: {s:?}"
+        );
         assert_eq!(s.dense_upto, 6);
         for n in 7..10_000 {
             s.record(n);
@@ -378,7 +395,10 @@ mod tests {
     fn duplicates_are_dropped_without_consuming_a_sequence() {
         let mut s = seq();
         delivered(s.admit(&delta("a", Some(1))));
-        assert_eq!(s.admit(&delta("a", Some(1))), Admission::Skip(SkipReason::Duplicate { sequence: 1 }));
+        assert_eq!(
+            s.admit(&delta("a", Some(1))),
+            Admission::Skip(SkipReason::Duplicate { sequence: 1 })
+        );
         let b = delivered(s.admit(&delta("b", Some(2))));
         assert_eq!(b.sequence, 2);
     }
@@ -391,16 +411,23 @@ mod tests {
             Admission::Skip(SkipReason::Invalid { .. })
         ));
         assert!(matches!(
-            s.admit(&json!({"type": "message.delta", "data": {"chunk": {"content": "x", "extra": 1}}})),
+            s.admit(
+                &json!({"type": "message.delta", "data": {"chunk": {"content": "x", "extra": 1}}})
+            ),
             Admission::Skip(SkipReason::Invalid { .. })
         ));
         assert_eq!(s.delivered(), 0);
-        let Admission::Fail(item) = s.admit(&json!({"data": {}})) else { panic!() };
+        let Admission::Fail(item) = s.admit(&json!({"data": {}})) else {
+            panic!()
+        };
         assert_eq!(item.sequence, 1);
         assert_eq!(item.failure_code(), Some("runner.protocol_error"));
         assert!(item.is_terminal());
         assert!(s.is_finished());
-        assert_eq!(s.admit(&delta("late", None)), Admission::Skip(SkipReason::Late));
+        assert_eq!(
+            s.admit(&delta("late", None)),
+            Admission::Skip(SkipReason::Late)
+        );
         assert_eq!(s.end(EndCause::Done), None);
     }
 
@@ -430,18 +457,50 @@ mod tests {
         let mut s = seq();
         let t = delivered(s.admit(&json!({"type": "run.failed", "data": {"code": "runner.error", "error": "x", "retryable": false}})));
         assert!(t.is_terminal());
-        assert_eq!(s.admit(&delta("after", None)), Admission::Skip(SkipReason::Late));
-        assert_eq!(s.end(EndCause::Crashed { detail: "exit 1".into() }), None);
+        assert_eq!(
+            s.admit(&delta("after", None)),
+            Admission::Skip(SkipReason::Late)
+        );
+        assert_eq!(
+            s.end(EndCause::Crashed {
+                detail: "exit 1".into()
+            }),
+            None
+        );
     }
 
     #[test]
     fn end_causes_map_to_codes() {
         for (cause, code, retryable) in [
-            (EndCause::Cancelled { reason: "user".into() }, "cancelled", false),
+            (
+                EndCause::Cancelled {
+                    reason: "user".into(),
+                },
+                "cancelled",
+                false,
+            ),
             (EndCause::TimedOut, "timeout", true),
-            (EndCause::Crashed { detail: "signal 9".into() }, "runner.crashed", false),
-            (EndCause::ProtocolError { detail: "bad".into() }, "runner.protocol_error", false),
-            (EndCause::Interrupted { detail: "shutdown".into() }, "interrupted", true),
+            (
+                EndCause::Crashed {
+                    detail: "signal 9".into(),
+                },
+                "runner.crashed",
+                false,
+            ),
+            (
+                EndCause::ProtocolError {
+                    detail: "bad".into(),
+                },
+                "runner.protocol_error",
+                false,
+            ),
+            (
+                EndCause::Interrupted {
+                    detail: "shutdown".into(),
+                },
+                "interrupted",
+                true,
+            ),
         ] {
             let mut s = seq();
             delivered(s.admit(&delta("x", None)));
@@ -475,7 +534,9 @@ mod tests {
         assert!(content.len() < 20_000 && content.ends_with("...[truncated]"));
         // A 2 MiB state value cannot be truncated: protocol error.
         let raw = json!({"type": "state.updated", "data": {"scope": "conversation", "key": "k", "value": big}});
-        let Admission::Fail(item) = s.admit(&raw) else { panic!() };
+        let Admission::Fail(item) = s.admit(&raw) else {
+            panic!()
+        };
         assert_eq!(item.failure_code(), Some("runner.protocol_error"));
     }
 }

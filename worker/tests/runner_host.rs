@@ -19,12 +19,14 @@ use sb_protocol::error::AgentApiError;
 use sb_protocol::ids::RunId;
 use sb_worker::plugins::{CommandLookup, PluginRunner, load_plugin_dir};
 use sb_worker::runner::{
-    ApiStream, BasicHostApi, CallerIdentity, EnvLookup, HostApi, RunHandle, RunRequest, RunnerHost, RunnerHostConfig,
+    ApiStream, BasicHostApi, CallerIdentity, EnvLookup, HostApi, RunHandle, RunRequest, RunnerHost,
+    RunnerHostConfig,
 };
 use sb_worker::sequencer::RunItem;
 use serde_json::{Value, json};
 
-const BUILD_HINT: &str = "build the runner binaries first: cargo build -p sb-runner-echo -p sb-tests --bins";
+const BUILD_HINT: &str =
+    "build the runner binaries first: cargo build -p sb-runner-echo -p sb-tests --bins";
 
 fn repo_root() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("..")
@@ -86,7 +88,9 @@ fn context(run_id: RunId, text: &str) -> AgentRunContext {
 
 async fn start(host: &RunnerHost, text: &str) -> RunHandle {
     let run_id = RunId::new();
-    host.start_run(RunRequest::new(context(run_id, text))).await.expect("run starts")
+    host.start_run(RunRequest::new(context(run_id, text)))
+        .await
+        .expect("run starts")
 }
 
 /// All items of a run, asserting the stream contract: dense sequences from 1, exactly one
@@ -106,7 +110,11 @@ async fn collect(mut handle: RunHandle) -> Vec<RunItem> {
         assert_eq!(item.sequence, i as u64 + 1, "dense sequences: {items:#?}");
         assert_eq!(item.result.sequence, Some(item.sequence));
         assert_eq!(item.result.run_id, handle.run_id().to_string());
-        assert_eq!(item.is_terminal(), i + 1 == items.len(), "one terminal, last: {items:#?}");
+        assert_eq!(
+            item.is_terminal(),
+            i + 1 == items.len(),
+            "one terminal, last: {items:#?}"
+        );
     }
     items
 }
@@ -116,7 +124,10 @@ async fn run(host: &RunnerHost, text: &str) -> Vec<RunItem> {
 }
 
 fn types(items: &[RunItem]) -> Vec<&str> {
-    items.iter().map(|i| i.result.result_type.as_str()).collect()
+    items
+        .iter()
+        .map(|i| i.result.result_type.as_str())
+        .collect()
 }
 
 fn texts(items: &[RunItem]) -> Vec<String> {
@@ -124,7 +135,9 @@ fn texts(items: &[RunItem]) -> Vec<String> {
         .iter()
         .filter_map(|i| {
             let data = &i.result.data;
-            data.get("chunk").or_else(|| data.get("message")).map(|m| m["content"].as_str().unwrap_or("").to_owned())
+            data.get("chunk")
+                .or_else(|| data.get("message"))
+                .map(|m| m["content"].as_str().unwrap_or("").to_owned())
         })
         .collect()
 }
@@ -134,8 +147,14 @@ fn failure(items: &[RunItem]) -> Option<&str> {
 }
 
 fn reported(items: &[RunItem]) -> String {
-    let completed = items.iter().find(|i| i.result.result_type == "message.completed").expect("a report");
-    completed.result.data["message"]["content"].as_str().unwrap().to_owned()
+    let completed = items
+        .iter()
+        .find(|i| i.result.result_type == "message.completed")
+        .expect("a report");
+    completed.result.data["message"]["content"]
+        .as_str()
+        .unwrap()
+        .to_owned()
 }
 
 fn process_gone(pid: u32) -> bool {
@@ -159,9 +178,18 @@ async fn echo_streams_words_in_order() {
     let items = run(&host, "hello big  world").await;
     assert_eq!(
         types(&items),
-        vec!["message.delta", "message.delta", "message.delta", "message.completed", "run.completed"]
+        vec![
+            "message.delta",
+            "message.delta",
+            "message.delta",
+            "message.completed",
+            "run.completed"
+        ]
     );
-    assert_eq!(texts(&items), vec!["hello ", "big ", "world", "hello big  world"]);
+    assert_eq!(
+        texts(&items),
+        vec!["hello ", "big ", "world", "hello big  world"]
+    );
     assert_eq!(items[4].result.data["finish_reason"], "stop");
     host.shutdown(Duration::from_secs(2)).await;
 }
@@ -209,7 +237,9 @@ async fn shared_concurrency_is_capped_by_max_concurrency() {
     a.cancel("free a slot");
     let items = collect(a).await;
     assert_eq!(failure(&items), Some("cancelled"));
-    let c = tokio::time::timeout(Duration::from_secs(5), start(&host, "third")).await.expect("slot freed");
+    let c = tokio::time::timeout(Duration::from_secs(5), start(&host, "third"))
+        .await
+        .expect("slot freed");
     assert_eq!(types(&collect(c).await).last(), Some(&"run.completed"));
     b.cancel("done");
     collect(b).await;
@@ -219,7 +249,11 @@ async fn shared_concurrency_is_capped_by_max_concurrency() {
 #[tokio::test]
 async fn per_run_mode_uses_one_process_per_run() {
     let host = per_run();
-    let handles = vec![start(&host, "pid").await, start(&host, "pid").await, start(&host, "pid").await];
+    let handles = vec![
+        start(&host, "pid").await,
+        start(&host, "pid").await,
+        start(&host, "pid").await,
+    ];
     let mut pids = HashSet::new();
     for handle in handles {
         let items = collect(handle).await;
@@ -301,7 +335,10 @@ async fn oversize_results_follow_the_caps() {
     let host = shared();
     // A 2 MiB delta is truncated, delivered, and the run goes on.
     let items = run(&host, "huge").await;
-    assert_eq!(types(&items), vec!["message.delta", "message.completed", "run.completed"]);
+    assert_eq!(
+        types(&items),
+        vec!["message.delta", "message.completed", "run.completed"]
+    );
     let content = items[0].result.data["chunk"]["content"].as_str().unwrap();
     assert!(content.ends_with("...[truncated]") && content.len() < 20_000);
     // A 2 MiB state value cannot be truncated: protocol error.
@@ -320,7 +357,15 @@ async fn oversize_results_follow_the_caps() {
 async fn unknown_types_are_dropped_and_missing_types_fail() {
     let host = shared();
     let items = run(&host, "unknown a b").await;
-    assert_eq!(types(&items), vec!["message.delta", "message.delta", "message.completed", "run.completed"]);
+    assert_eq!(
+        types(&items),
+        vec![
+            "message.delta",
+            "message.delta",
+            "message.completed",
+            "run.completed"
+        ]
+    );
     let items = run(&host, "notype").await;
     assert_eq!(types(&items), vec!["run.failed"]);
     assert_eq!(failure(&items), Some("runner.protocol_error"));
@@ -383,7 +428,10 @@ async fn cancel_is_cooperative_then_enforced() {
     handle.cancel("user asked");
     let items = collect(handle).await;
     assert_eq!(failure(&items), Some("cancelled"));
-    assert!(started.elapsed() >= Duration::from_millis(250), "waited for the grace period");
+    assert!(
+        started.elapsed() >= Duration::from_millis(250),
+        "waited for the grace period"
+    );
     host.shutdown(Duration::from_millis(200)).await;
 }
 
@@ -406,8 +454,15 @@ async fn a_deadline_fails_the_run_with_timeout() {
 async fn a_per_run_cancel_kills_the_whole_process_group() {
     let host = per_run();
     let mut handle = start(&host, "grandchild").await;
-    let first = tokio::time::timeout(Duration::from_secs(5), handle.next()).await.unwrap().unwrap();
-    let grandchild: u32 = first.result.data["chunk"]["content"].as_str().unwrap().parse().unwrap();
+    let first = tokio::time::timeout(Duration::from_secs(5), handle.next())
+        .await
+        .unwrap()
+        .unwrap();
+    let grandchild: u32 = first.result.data["chunk"]["content"]
+        .as_str()
+        .unwrap()
+        .parse()
+        .unwrap();
     assert!(!process_gone(grandchild));
     handle.cancel("stop");
     let rest = tokio::time::timeout(Duration::from_secs(10), async {
@@ -420,7 +475,10 @@ async fn a_per_run_cancel_kills_the_whole_process_group() {
     .await
     .unwrap();
     assert_eq!(failure(&rest), Some("cancelled"));
-    assert!(wait_gone(grandchild).await, "grandchild {grandchild} outlived its runner");
+    assert!(
+        wait_gone(grandchild).await,
+        "grandchild {grandchild} outlived its runner"
+    );
     host.shutdown(Duration::from_secs(2)).await;
 }
 
@@ -460,7 +518,10 @@ impl HostApi for Recorder {
         _params: Value,
         stream: &ApiStream,
     ) -> Result<Value, AgentApiError> {
-        self.calls.lock().unwrap().push((caller.clone(), run_id, action.to_owned()));
+        self.calls
+            .lock()
+            .unwrap()
+            .push((caller.clone(), run_id, action.to_owned()));
         stream.send(json!("chunk")).await;
         Ok(json!({"plugin": caller.plugin_id}))
     }
@@ -477,7 +538,10 @@ async fn the_caller_identity_comes_from_the_connection() {
     assert_eq!(answer["data"]["plugin"], "switchboard-tests/test-shared");
     let calls = recorder.calls.lock().unwrap().clone();
     assert_eq!(calls.len(), 1);
-    assert_eq!(calls[0].0.runner_id.to_string(), "plugin:switchboard-tests/test-shared/default");
+    assert_eq!(
+        calls[0].0.runner_id.to_string(),
+        "plugin:switchboard-tests/test-shared/default"
+    );
     assert_eq!(calls[0].1, run_id);
     assert_eq!(calls[0].2, "anything");
     host.shutdown(Duration::from_secs(2)).await;
@@ -488,7 +552,10 @@ async fn the_environment_is_cleared_except_the_allowlist() {
     let host = shared();
     let items = run(&host, "env").await;
     let names = reported(&items);
-    assert_eq!(names, "SB_TEST_VISIBLE", "only the allowlisted variable: {names}");
+    assert_eq!(
+        names, "SB_TEST_VISIBLE",
+        "only the allowlisted variable: {names}"
+    );
     host.shutdown(Duration::from_secs(2)).await;
 }
 
@@ -528,8 +595,46 @@ async fn shutdown_drains_then_interrupts_and_leaves_no_process() {
     assert_eq!(failure(&stuck), Some("interrupted"));
     assert!(wait_gone(pid).await);
     // No new runs after shutdown.
-    let refused = host.start_run(RunRequest::new(context(RunId::new(), "x"))).await;
+    let refused = host
+        .start_run(RunRequest::new(context(RunId::new(), "x")))
+        .await;
     assert!(refused.is_err());
+}
+
+#[tokio::test]
+async fn the_sdk_talks_to_the_real_host() {
+    let host = host_for("tests/runners/sdk-shared", Arc::new(BasicHostApi));
+    let items = run(&host, "version").await;
+    assert_eq!(reported(&items), env!("CARGO_PKG_VERSION"));
+    let items = run(&host, "denied").await;
+    assert_eq!(reported(&items), "unauthorized");
+    let items = run(&host, "plain text").await;
+    assert_eq!(
+        types(&items),
+        vec!["message.delta", "message.completed", "run.completed"]
+    );
+    let items = run(&host, "panic").await;
+    assert_eq!(failure(&items), Some("runner.error"));
+    let items = run(&host, "error").await;
+    assert_eq!(failure(&items), Some("runner.custom"));
+    // A cooperative cancel through the SDK: the runner returns, the SDK reports `cancelled`
+    // well before the host's grace period would have.
+    let handle = start(&host, "wait").await;
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    let started = std::time::Instant::now();
+    handle.cancel("user asked");
+    let items = collect(handle).await;
+    assert_eq!(types(&items), vec!["message.delta", "run.failed"]);
+    assert_eq!(failure(&items), Some("cancelled"));
+    assert_eq!(items[1].result.data["error"], "user asked");
+    assert!(
+        started.elapsed() < Duration::from_millis(250),
+        "the SDK answered the cancel itself"
+    );
+    // After a shutdown the SDK process exits by itself.
+    let pid = host.shared_pid().unwrap();
+    host.shutdown(Duration::from_secs(2)).await;
+    assert!(wait_gone(pid).await);
 }
 
 #[tokio::test]
@@ -538,14 +643,26 @@ async fn dropping_the_host_stops_its_processes() {
     run(&host, "warm").await;
     let pid = host.shared_pid().unwrap();
     drop(host);
-    assert!(wait_gone(pid).await, "an unowned runner process {pid} kept running");
+    assert!(
+        wait_gone(pid).await,
+        "an unowned runner process {pid} kept running"
+    );
 }
 
 #[tokio::test]
 async fn many_runs_over_time_keep_their_streams_separate() {
     // Interleaved, varied scripts on one process: every stream keeps its own contract.
     let host = shared();
-    let scripts = ["slow 15", "dup", "unknown x y", "noterminal", "fail", "late", "empty", "hello there"];
+    let scripts = [
+        "slow 15",
+        "dup",
+        "unknown x y",
+        "noterminal",
+        "fail",
+        "late",
+        "empty",
+        "hello there",
+    ];
     let mut tasks = Vec::new();
     for round in 0..4 {
         for s in scripts {
@@ -556,10 +673,16 @@ async fn many_runs_over_time_keep_their_streams_separate() {
     let mut by_script: HashMap<&str, Vec<Vec<String>>> = HashMap::new();
     for (_, s, task) in tasks {
         let items = task.await.unwrap();
-        by_script.entry(s).or_default().push(types(&items).iter().map(|t| (*t).to_owned()).collect());
+        by_script
+            .entry(s)
+            .or_default()
+            .push(types(&items).iter().map(|t| (*t).to_owned()).collect());
     }
     for (s, runs) in by_script {
-        assert!(runs.windows(2).all(|w| w[0] == w[1]), "{s}: same script, same stream: {runs:?}");
+        assert!(
+            runs.windows(2).all(|w| w[0] == w[1]),
+            "{s}: same script, same stream: {runs:?}"
+        );
     }
     host.shutdown(Duration::from_secs(2)).await;
 }

@@ -86,13 +86,23 @@ impl ApiResult {
     /// A successful answer.
     #[must_use]
     pub fn success(id: impl Into<String>, data: Value) -> Self {
-        Self { id: id.into(), ok: true, data: Some(data), error: None }
+        Self {
+            id: id.into(),
+            ok: true,
+            data: Some(data),
+            error: None,
+        }
     }
 
     /// A failed answer.
     #[must_use]
     pub fn failure(id: impl Into<String>, error: AgentApiError) -> Self {
-        Self { id: id.into(), ok: false, data: None, error: Some(error) }
+        Self {
+            id: id.into(),
+            ok: false,
+            data: None,
+            error: Some(error),
+        }
     }
 
     /// Builds the answer from a call outcome.
@@ -235,7 +245,12 @@ mod tests {
                     result: json!({"type": "message.delta", "data": {}}),
                 },
             ),
-            (json!({"op": "done", "run_id": "r1"}), RunnerToHost::Done { run_id: "r1".into() }),
+            (
+                json!({"op": "done", "run_id": "r1"}),
+                RunnerToHost::Done {
+                    run_id: "r1".into(),
+                },
+            ),
             (
                 json!({"op": "api", "id": "1", "run_id": "r1", "action": "get_host_version", "params": {}}),
                 RunnerToHost::Api {
@@ -247,7 +262,11 @@ mod tests {
             ),
             (
                 json!({"op": "log", "level": "warn", "message": "hi"}),
-                RunnerToHost::Log { level: LogLevel::Warn, message: "hi".into(), run_id: None },
+                RunnerToHost::Log {
+                    level: LogLevel::Warn,
+                    message: "hi".into(),
+                    run_id: None,
+                },
             ),
         ];
         for (value, expected) in cases {
@@ -261,7 +280,13 @@ mod tests {
     fn api_params_default_to_null_and_unknown_op_is_rejected() {
         let parsed: RunnerToHost =
             serde_json::from_str(r#"{"op":"api","id":"9","run_id":"r","action":"x"}"#).unwrap();
-        assert!(matches!(parsed, RunnerToHost::Api { params: Value::Null, .. }));
+        assert!(matches!(
+            parsed,
+            RunnerToHost::Api {
+                params: Value::Null,
+                ..
+            }
+        ));
         assert!(serde_json::from_str::<RunnerToHost>(r#"{"op":"nope"}"#).is_err());
         assert!(serde_json::from_str::<RunnerToHost>(r#"{"run_id":"r"}"#).is_err());
     }
@@ -274,12 +299,17 @@ mod tests {
             ("Debug", LogLevel::Debug),
             ("verbose", LogLevel::Info),
         ] {
-            let msg: RunnerToHost =
-                serde_json::from_value(json!({"op": "log", "level": word, "message": "m", "run_id": "r"}))
-                    .unwrap();
+            let msg: RunnerToHost = serde_json::from_value(
+                json!({"op": "log", "level": word, "message": "m", "run_id": "r"}),
+            )
+            .unwrap();
             assert_eq!(
                 msg,
-                RunnerToHost::Log { level, message: "m".into(), run_id: Some("r".into()) }
+                RunnerToHost::Log {
+                    level,
+                    message: "m".into(),
+                    run_id: Some("r".into())
+                }
             );
         }
     }
@@ -294,13 +324,19 @@ mod tests {
             serde_json::to_value(&cancel).unwrap(),
             json!({"op": "cancel", "run_id": "00000000-0000-0000-0000-000000000000", "reason": "user"})
         );
-        assert_eq!(serde_json::to_value(HostToRunner::Shutdown {}).unwrap(), json!({"op": "shutdown"}));
+        assert_eq!(
+            serde_json::to_value(HostToRunner::Shutdown {}).unwrap(),
+            json!({"op": "shutdown"})
+        );
         let ok = HostToRunner::ApiResult(ApiResult::success("3", json!({"v": 1})));
         assert_eq!(
             serde_json::to_value(&ok).unwrap(),
             json!({"op": "api_result", "id": "3", "ok": true, "data": {"v": 1}})
         );
-        let chunk = HostToRunner::ApiChunk { id: "3".into(), data: json!("x") };
+        let chunk = HostToRunner::ApiChunk {
+            id: "3".into(),
+            data: json!("x"),
+        };
         assert_eq!(
             serde_json::to_value(&chunk).unwrap(),
             json!({"op": "api_chunk", "id": "3", "data": "x"})

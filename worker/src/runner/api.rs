@@ -26,7 +26,10 @@ pub struct CallerIdentity {
 impl CallerIdentity {
     #[must_use]
     pub fn for_runner(runner_id: &RunnerId) -> Self {
-        Self { runner_id: runner_id.clone(), plugin_id: runner_id.plugin_id() }
+        Self {
+            runner_id: runner_id.clone(),
+            plugin_id: runner_id.plugin_id(),
+        }
     }
 }
 
@@ -42,7 +45,10 @@ impl ApiStream {
     /// a plain channel in tests).
     #[must_use]
     pub fn new(call_id: impl Into<String>, out: mpsc::Sender<HostToRunner>) -> Self {
-        Self { call_id: call_id.into(), out }
+        Self {
+            call_id: call_id.into(),
+            out,
+        }
     }
 
     /// The call id chunks are tagged with.
@@ -54,7 +60,10 @@ impl ApiStream {
     /// Sends one chunk. Returns false if the process is gone (stop producing chunks).
     pub async fn send(&self, data: Value) -> bool {
         self.out
-            .send(HostToRunner::ApiChunk { id: self.call_id.clone(), data })
+            .send(HostToRunner::ApiChunk {
+                id: self.call_id.clone(),
+                data,
+            })
             .await
             .is_ok()
     }
@@ -158,11 +167,26 @@ mod tests {
         let caller = CallerIdentity::for_runner(&"plugin:a/b/c".parse().unwrap());
         assert_eq!(caller.plugin_id, "a/b");
         let api = BasicHostApi;
-        let v = api.call(&caller, RunId::new(), "get_host_version", json!({}), &stream).await.unwrap();
+        let v = api
+            .call(
+                &caller,
+                RunId::new(),
+                "get_host_version",
+                json!({}),
+                &stream,
+            )
+            .await
+            .unwrap();
         assert_eq!(v["version"], HOST_VERSION);
-        let e = api.call(&caller, RunId::new(), "call_tool", json!({}), &stream).await.unwrap_err();
+        let e = api
+            .call(&caller, RunId::new(), "call_tool", json!({}), &stream)
+            .await
+            .unwrap_err();
         assert_eq!(e.code, "unauthorized");
-        let e = api.call(&caller, RunId::new(), "teleport", json!({}), &stream).await.unwrap_err();
+        let e = api
+            .call(&caller, RunId::new(), "teleport", json!({}), &stream)
+            .await
+            .unwrap_err();
         assert_eq!(e.code, "not_found");
     }
 
@@ -171,7 +195,13 @@ mod tests {
         let (tx, mut rx) = mpsc::channel(4);
         let stream = ApiStream::new("42", tx);
         assert!(stream.send(json!("part")).await);
-        assert_eq!(rx.recv().await, Some(HostToRunner::ApiChunk { id: "42".into(), data: json!("part") }));
+        assert_eq!(
+            rx.recv().await,
+            Some(HostToRunner::ApiChunk {
+                id: "42".into(),
+                data: json!("part")
+            })
+        );
         drop(rx);
         assert!(!stream.send(json!("x")).await);
     }

@@ -41,7 +41,12 @@ pub struct LineReader<R> {
 
 impl<R: AsyncBufRead + Unpin> LineReader<R> {
     pub fn new(reader: R, max_line_bytes: usize) -> Self {
-        Self { reader, max_line_bytes: max_line_bytes.max(1), buf: Vec::new(), discarding: false }
+        Self {
+            reader,
+            max_line_bytes: max_line_bytes.max(1),
+            buf: Vec::new(),
+            discarding: false,
+        }
     }
 
     /// The next line, or `None` at end of stream. A final line without a trailing newline is
@@ -116,9 +121,9 @@ impl FrameError {
     #[must_use]
     pub fn run_id_hint(&self) -> Option<&str> {
         match self {
-            Self::MissingOp { run_id } | Self::UnknownOp { run_id, .. } | Self::Invalid { run_id, .. } => {
-                run_id.as_deref()
-            }
+            Self::MissingOp { run_id }
+            | Self::UnknownOp { run_id, .. }
+            | Self::Invalid { run_id, .. } => run_id.as_deref(),
             _ => None,
         }
     }
@@ -148,8 +153,15 @@ pub fn decode_runner_line(line: &[u8]) -> Result<RunnerToHost, FrameError> {
     let run_id = map.get("run_id").and_then(Value::as_str).map(str::to_owned);
     match map.get("op").and_then(Value::as_str) {
         None => Err(FrameError::MissingOp { run_id }),
-        Some(op) if !KNOWN_OPS.contains(&op) => Err(FrameError::UnknownOp { op: op.to_owned(), run_id }),
-        Some(op) => Err(FrameError::Invalid { op: op.to_owned(), run_id, source: typed_err }),
+        Some(op) if !KNOWN_OPS.contains(&op) => Err(FrameError::UnknownOp {
+            op: op.to_owned(),
+            run_id,
+        }),
+        Some(op) => Err(FrameError::Invalid {
+            op: op.to_owned(),
+            run_id,
+            source: typed_err,
+        }),
     }
 }
 
@@ -162,9 +174,8 @@ pub fn is_blank(line: &[u8]) -> bool {
 /// Serializes one host message as a single line (with its `\n`).
 pub fn encode_host_message(msg: &HostToRunner) -> Vec<u8> {
     // Serializing our own plain data types into a Vec cannot fail.
-    let mut out = serde_json::to_vec(msg).unwrap_or_else(|e| {
-        unreachable!("host message serialization failed: {e}")
-    });
+    let mut out = serde_json::to_vec(msg)
+        .unwrap_or_else(|e| unreachable!("host message serialization failed: {e}"));
     out.push(b'\n');
     out
 }
@@ -191,7 +202,9 @@ impl<R: AsyncRead + Unpin> MessageReader<R> {
             match self.lines.next_line().await? {
                 None => return Ok(None),
                 Some(RawLine::TooLong { .. }) => {
-                    return Err(FrameError::TooLong { limit: self.max_line_bytes });
+                    return Err(FrameError::TooLong {
+                        limit: self.max_line_bytes,
+                    });
                 }
                 Some(RawLine::Line(line)) if is_blank(&line) => continue,
                 Some(RawLine::Line(line)) => return decode_runner_line(&line).map(Some),
@@ -243,7 +256,10 @@ pub struct RunnerConnection<R, W> {
 
 impl<R: AsyncRead + Unpin, W: AsyncWrite + Unpin> RunnerConnection<R, W> {
     pub fn new(stdout: R, stdin: W, max_line_bytes: usize) -> Self {
-        Self { reader: MessageReader::new(stdout, max_line_bytes), writer: MessageWriter::new(stdin) }
+        Self {
+            reader: MessageReader::new(stdout, max_line_bytes),
+            writer: MessageWriter::new(stdin),
+        }
     }
 
     /// See [`MessageReader::read_message`].
@@ -301,9 +317,13 @@ mod tests {
             assert_eq!(
                 got,
                 vec![
-                    RawLine::TooLong { prefix: b"1234".to_vec() },
+                    RawLine::TooLong {
+                        prefix: b"1234".to_vec()
+                    },
                     RawLine::Line(b"ok".to_vec()),
-                    RawLine::TooLong { prefix: b"1234".to_vec() },
+                    RawLine::TooLong {
+                        prefix: b"1234".to_vec()
+                    },
                     RawLine::Line(b"abcd".to_vec()),
                 ],
                 "read_buf={read_buf}"
@@ -328,7 +348,10 @@ mod tests {
         let mut input = vec![b'x'; 8 * 1024 * 1024];
         input.extend_from_slice(b"\n{\"op\":\"done\",\"run_id\":\"r\"}\n");
         let mut reader = MessageReader::new(&input[..], 1024);
-        assert!(matches!(reader.read_message().await, Err(FrameError::TooLong { limit: 1024 })));
+        assert!(matches!(
+            reader.read_message().await,
+            Err(FrameError::TooLong { limit: 1024 })
+        ));
         let next = reader.read_message().await.unwrap();
         assert_eq!(next, Some(RunnerToHost::Done { run_id: "r".into() }));
         assert!(reader.read_message().await.unwrap().is_none());
@@ -336,9 +359,18 @@ mod tests {
 
     #[test]
     fn decode_classifies_bad_lines() {
-        assert!(matches!(decode_runner_line(b"hello"), Err(FrameError::NotJson(_))));
-        assert!(matches!(decode_runner_line(b"[1,2]"), Err(FrameError::NotObject)));
-        assert!(matches!(decode_runner_line(b"\"s\""), Err(FrameError::NotObject)));
+        assert!(matches!(
+            decode_runner_line(b"hello"),
+            Err(FrameError::NotJson(_))
+        ));
+        assert!(matches!(
+            decode_runner_line(b"[1,2]"),
+            Err(FrameError::NotObject)
+        ));
+        assert!(matches!(
+            decode_runner_line(b"\"s\""),
+            Err(FrameError::NotObject)
+        ));
         match decode_runner_line(br#"{"run_id":"r1"}"#) {
             Err(e @ FrameError::MissingOp { .. }) => assert_eq!(e.run_id_hint(), Some("r1")),
             other => panic!("{other:?}"),
@@ -366,9 +398,13 @@ mod tests {
         let (host_read, host_write) = tokio::io::split(host_side);
         let mut conn = RunnerConnection::new(host_read, host_write, 1024);
 
-        conn.write_message(&HostToRunner::Shutdown {}).await.unwrap();
+        conn.write_message(&HostToRunner::Shutdown {})
+            .await
+            .unwrap();
         let mut buf = vec![0u8; 64];
-        let n = tokio::io::AsyncReadExt::read(&mut runner_side, &mut buf).await.unwrap();
+        let n = tokio::io::AsyncReadExt::read(&mut runner_side, &mut buf)
+            .await
+            .unwrap();
         assert_eq!(&buf[..n], b"{\"op\":\"shutdown\"}\n");
 
         runner_side
@@ -376,8 +412,14 @@ mod tests {
             .await
             .unwrap();
         drop(runner_side);
-        assert!(matches!(conn.read_message().await, Err(FrameError::NotJson(_))));
-        assert_eq!(conn.read_message().await.unwrap(), Some(RunnerToHost::Done { run_id: "x".into() }));
+        assert!(matches!(
+            conn.read_message().await,
+            Err(FrameError::NotJson(_))
+        ));
+        assert_eq!(
+            conn.read_message().await.unwrap(),
+            Some(RunnerToHost::Done { run_id: "x".into() })
+        );
         assert!(conn.read_message().await.unwrap().is_none());
     }
 }

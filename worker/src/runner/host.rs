@@ -135,7 +135,11 @@ impl RunRequest {
             .deadline_at
             .filter(|s| s.is_finite() && *s > 0.0)
             .and_then(|s| UNIX_EPOCH.checked_add(Duration::from_secs_f64(s)));
-        Self { run_id: context.run_id, context, deadline }
+        Self {
+            run_id: context.run_id,
+            context,
+            deadline,
+        }
     }
 }
 
@@ -147,9 +151,14 @@ enum Command {
         slot: RunSlot,
         reply: oneshot::Sender<Result<(), Refusal>>,
     },
-    Cancel { run_id: RunId, reason: String },
+    Cancel {
+        run_id: RunId,
+        reason: String,
+    },
     Drain,
-    Abort { detail: String },
+    Abort {
+        detail: String,
+    },
 }
 
 /// A refused start hands everything back so the host can retry on another process.
@@ -182,7 +191,9 @@ enum SlotState {
     #[default]
     Empty,
     Up(ActorRef),
-    Backoff { until: Instant },
+    Backoff {
+        until: Instant,
+    },
     Closed,
 }
 
@@ -234,7 +245,12 @@ impl RunnerHost {
     /// own environment.
     #[must_use]
     pub fn new(spec: RunnerSpec, config: RunnerHostConfig, api: Arc<dyn HostApi>) -> Self {
-        Self::with_env(spec, config, api, Arc::new(|name: &str| std::env::var_os(name)))
+        Self::with_env(
+            spec,
+            config,
+            api,
+            Arc::new(|name: &str| std::env::var_os(name)),
+        )
     }
 
     /// Like [`RunnerHost::new`] with an explicit environment lookup (tests).
@@ -310,10 +326,18 @@ impl RunnerHost {
         if lock(&inner.routes).contains_key(&run_id) {
             return Err(RunnerError::DuplicateRun(run_id));
         }
-        let permit =
-            inner.permits.clone().acquire_owned().await.map_err(|_| RunnerError::ShuttingDown)?;
+        let permit = inner
+            .permits
+            .clone()
+            .acquire_owned()
+            .await
+            .map_err(|_| RunnerError::ShuttingDown)?;
         let (events_tx, events_rx) = mpsc::channel(inner.config.run_buffer.max(1));
-        let mut slot = RunSlot { events: events_tx, _permit: permit, api_calls: HashMap::new() };
+        let mut slot = RunSlot {
+            events: events_tx,
+            _permit: permit,
+            api_calls: HashMap::new(),
+        };
         let deadline = request.deadline.map(to_instant);
         let mut context = Box::new(request.context);
         loop {
@@ -325,11 +349,21 @@ impl RunnerHost {
             // never precedes its insertion.
             lock(&inner.routes).insert(run_id, actor.commands.clone());
             let (reply_tx, reply_rx) = oneshot::channel();
-            let sent = actor.commands.send(Command::Start { run_id, context, deadline, slot, reply: reply_tx });
+            let sent = actor.commands.send(Command::Start {
+                run_id,
+                context,
+                deadline,
+                slot,
+                reply: reply_tx,
+            });
             let outcome = match sent {
                 Ok(()) => reply_rx.await.ok(),
                 Err(mpsc::error::SendError(Command::Start { slot, context, .. })) => {
-                    Some(Err(Refusal { reason: StartRefused::NotAccepting, slot, context }))
+                    Some(Err(Refusal {
+                        reason: StartRefused::NotAccepting,
+                        slot,
+                        context,
+                    }))
                 }
                 Err(_) => None,
             };
@@ -351,8 +385,9 @@ impl RunnerHost {
                     // The process is on its way out: wait for it, then use the next one.
                     slot = refusal.slot;
                     context = refusal.context;
-                    let _ = tokio::time::timeout(inner.config.kill_grace * 3, actor.exited.cancelled())
-                        .await;
+                    let _ =
+                        tokio::time::timeout(inner.config.kill_grace * 3, actor.exited.cancelled())
+                            .await;
                     self.retire(actor.generation);
                 }
                 None => {
@@ -368,7 +403,10 @@ impl RunnerHost {
     /// grace period). Unknown or finished runs are ignored.
     pub fn cancel(&self, run_id: RunId, reason: impl Into<String>) {
         if let Some(commands) = lock(&self.inner.routes).get(&run_id) {
-            let _ = commands.send(Command::Cancel { run_id, reason: reason.into() });
+            let _ = commands.send(Command::Cancel {
+                run_id,
+                reason: reason.into(),
+            });
         }
     }
 
@@ -383,11 +421,16 @@ impl RunnerHost {
             let _ = actor.commands.send(Command::Drain);
         }
         inner.tracker.close();
-        if tokio::time::timeout(grace, inner.tracker.wait()).await.is_err() {
+        if tokio::time::timeout(grace, inner.tracker.wait())
+            .await
+            .is_err()
+        {
             let actors: Vec<ActorRef> = lock(&inner.actors).values().cloned().collect();
             for actor in &actors {
                 tracing::warn!(runner_id = %inner.spec.runner_id, generation = actor.generation, "runner process did not drain in time, forcing it");
-                let _ = actor.commands.send(Command::Abort { detail: "worker shutting down".into() });
+                let _ = actor.commands.send(Command::Abort {
+                    detail: "worker shutting down".into(),
+                });
             }
             inner.tracker.wait().await;
         }
@@ -399,7 +442,9 @@ impl RunnerHost {
             let wait_until = {
                 let mut slot = lock(&self.inner.slot);
                 match &slot.state {
-                    SlotState::Up(actor) if !actor.exited.is_cancelled() => return Ok(actor.clone()),
+                    SlotState::Up(actor) if !actor.exited.is_cancelled() => {
+                        return Ok(actor.clone());
+                    }
                     SlotState::Closed => return Err(RunnerError::ShuttingDown),
                     SlotState::Backoff { until } if Instant::now() < *until => *until,
                     _ => match self.spawn_actor() {
@@ -410,7 +455,9 @@ impl RunnerHost {
                         Err(e) => {
                             slot.failures += 1;
                             let delay = backoff_delay(&self.inner.config, slot.failures);
-                            slot.state = SlotState::Backoff { until: Instant::now() + delay };
+                            slot.state = SlotState::Backoff {
+                                until: Instant::now() + delay,
+                            };
                             return Err(e);
                         }
                     },
@@ -433,8 +480,11 @@ impl RunnerHost {
         if inner.tracker.is_closed() {
             return Err(RunnerError::ShuttingDown);
         }
-        let mut process =
-            RunnerProcess::spawn(&inner.spec.process, inner.config.stderr, inner.lookup_env.as_ref())?;
+        let mut process = RunnerProcess::spawn(
+            &inner.spec.process,
+            inner.config.stderr,
+            inner.lookup_env.as_ref(),
+        )?;
         let Some((stdin, stdout)) = process.take_stdio() else {
             return Err(RunnerError::Spawn {
                 program: inner.spec.process.program.display().to_string(),
@@ -443,8 +493,11 @@ impl RunnerHost {
         };
         let generation = inner.generation.fetch_add(1, Ordering::Relaxed);
         let (cmd_tx, cmd_rx) = mpsc::unbounded_channel();
-        let actor_ref =
-            ActorRef { generation, commands: cmd_tx, exited: CancellationToken::new() };
+        let actor_ref = ActorRef {
+            generation,
+            commands: cmd_tx,
+            exited: CancellationToken::new(),
+        };
         lock(&inner.actors).insert(generation, actor_ref.clone());
         lock(&inner.pids).insert(generation, process.pid());
         tracing::info!(runner_id = %inner.spec.runner_id, pid = process.pid(), mode = ?inner.spec.mode, "runner process started");
@@ -492,12 +545,17 @@ impl RunnerHost {
             slot.failures = 0;
             return;
         }
-        slot.failures =
-            if report.uptime >= inner.config.healthy_after { 1 } else { slot.failures + 1 };
+        slot.failures = if report.uptime >= inner.config.healthy_after {
+            1
+        } else {
+            slot.failures + 1
+        };
         let delay = backoff_delay(&inner.config, slot.failures);
         tracing::warn!(runner_id = %inner.spec.runner_id, failures = slot.failures, restart_in_ms = delay.as_millis() as u64, "shared runner process exited unexpectedly");
         if current || matches!(slot.state, SlotState::Empty) {
-            slot.state = SlotState::Backoff { until: Instant::now() + delay };
+            slot.state = SlotState::Backoff {
+                until: Instant::now() + delay,
+            };
         }
     }
 }
@@ -509,7 +567,10 @@ fn backoff_delay(config: &RunnerHostConfig, failures: u32) -> Duration {
         return Duration::ZERO;
     }
     let factor = 2u32.saturating_pow(failures.saturating_sub(1).min(20));
-    config.restart_backoff_initial.saturating_mul(factor).min(config.restart_backoff_max)
+    config
+        .restart_backoff_initial
+        .saturating_mul(factor)
+        .min(config.restart_backoff_max)
 }
 
 fn to_instant(at: SystemTime) -> Instant {
@@ -542,7 +603,10 @@ impl RunHandle {
     /// Asks for the run to be cancelled (see [`RunnerHost::cancel`]).
     pub fn cancel(&self, reason: impl Into<String>) {
         if !self.finished {
-            let _ = self.control.send(Command::Cancel { run_id: self.run_id, reason: reason.into() });
+            let _ = self.control.send(Command::Cancel {
+                run_id: self.run_id,
+                reason: reason.into(),
+            });
         }
     }
 
@@ -641,6 +705,9 @@ struct Actor {
     close_input: Option<oneshot::Sender<()>>,
     runs: HashMap<RunId, RunSlot>,
     timers: BTreeMap<(Instant, u64), Timer>,
+    /// Keys of the pending timers of each run, so a finished run's timers are dropped at once
+    /// instead of lingering until their deadline.
+    run_timers: HashMap<RunId, Vec<(Instant, u64)>>,
     timer_seq: u64,
     exit_status: Option<std::io::Result<std::process::ExitStatus>>,
     started: Instant,
@@ -660,7 +727,10 @@ impl Actor {
     ) -> Self {
         let config = env.config;
         let (frames_tx, frames_rx) = mpsc::channel(256);
-        tokio::spawn(read_frames(MessageReader::new(stdout, config.max_line_bytes), frames_tx));
+        tokio::spawn(read_frames(
+            MessageReader::new(stdout, config.max_line_bytes),
+            frames_tx,
+        ));
         let (writer_tx, writer_rx) = mpsc::channel(1024);
         let (close_tx, close_rx) = oneshot::channel();
         tokio::spawn(write_frames(MessageWriter::new(stdin), writer_rx, close_rx));
@@ -679,6 +749,7 @@ impl Actor {
             close_input: Some(close_tx),
             runs: HashMap::new(),
             timers: BTreeMap::new(),
+            run_timers: HashMap::new(),
             timer_seq: 0,
             exit_status: None,
             started: Instant::now(),
@@ -755,10 +826,12 @@ impl Actor {
         }
         if self.exit_status.is_none() {
             // Output closed but the process lives on: give it the grace period, then kill.
-            self.exit_status = Some(match tokio::time::timeout(grace, self.process.wait()).await {
-                Ok(status) => status,
-                Err(_) => self.process.terminate(grace).await,
-            });
+            self.exit_status = Some(
+                match tokio::time::timeout(grace, self.process.wait()).await {
+                    Ok(status) => status,
+                    Err(_) => self.process.terminate(grace).await,
+                },
+            );
         }
         // Helpers left in the group are not allowed to outlive the runner.
         self.process.signal_group(Signal::SIGKILL);
@@ -775,24 +848,49 @@ impl Actor {
             tracing::warn!(%runner_id, pid = self.process.pid(), %detail, in_flight = self.session.active_runs(), "runner process exited unexpectedly");
         }
         let expected = self.drain_requested
-            || (self.session.phase() == Phase::Draining && self.session.mode() == ExecutionMode::PerRun);
+            || (self.session.phase() == Phase::Draining
+                && self.session.mode() == ExecutionMode::PerRun);
         let fx = self.session.on(Input::Exited { clean, detail });
         self.apply(fx).await;
         // Refuse whatever start requests raced with the exit.
         self.commands.close();
         while let Ok(cmd) = self.commands.try_recv() {
-            if let Command::Start { slot, reply, context, .. } = cmd {
-                let _ = reply.send(Err(Refusal { reason: StartRefused::NotAccepting, slot, context }));
+            if let Command::Start {
+                slot,
+                reply,
+                context,
+                ..
+            } = cmd
+            {
+                let _ = reply.send(Err(Refusal {
+                    reason: StartRefused::NotAccepting,
+                    slot,
+                    context,
+                }));
             }
         }
-        ExitReport { generation: self.generation, expected, uptime: self.started.elapsed() }
+        ExitReport {
+            generation: self.generation,
+            expected,
+            uptime: self.started.elapsed(),
+        }
     }
 
     async fn on_command(&mut self, cmd: Command) {
         match cmd {
-            Command::Start { run_id, context, deadline, slot, reply } => {
+            Command::Start {
+                run_id,
+                context,
+                deadline,
+                slot,
+                reply,
+            } => {
                 if let Err(reason) = self.session.check_start(run_id) {
-                    let _ = reply.send(Err(Refusal { reason, slot, context }));
+                    let _ = reply.send(Err(Refusal {
+                        reason,
+                        slot,
+                        context,
+                    }));
                     return;
                 }
                 match self.session.start_run(run_id, &self.runner, context) {
@@ -830,7 +928,11 @@ impl Actor {
 
     fn arm(&mut self, at: Instant, timer: Timer) {
         self.timer_seq += 1;
-        self.timers.insert((at, self.timer_seq), timer);
+        let key = (at, self.timer_seq);
+        if let Timer::Deadline(run_id) | Timer::CancelGrace(run_id) = timer {
+            self.run_timers.entry(run_id).or_default().push(key);
+        }
+        self.timers.insert(key, timer);
     }
 
     async fn fire_timers(&mut self) {
@@ -877,7 +979,12 @@ impl Actor {
                     }
                 }
                 Effect::RunEnded { run_id } => self.end_run(run_id).await,
-                Effect::Dispatch { call_id, run_id, action, params } => {
+                Effect::Dispatch {
+                    call_id,
+                    run_id,
+                    action,
+                    params,
+                } => {
                     self.dispatch(call_id, run_id, action, params);
                 }
                 Effect::StartCancelGrace { run_id } => {
@@ -905,7 +1012,12 @@ impl Actor {
 
     async fn end_run(&mut self, run_id: RunId) {
         lock(&self.env.routes).remove(&run_id);
-        let Some(slot) = self.runs.remove(&run_id) else { return };
+        for key in self.run_timers.remove(&run_id).unwrap_or_default() {
+            self.timers.remove(&key);
+        }
+        let Some(slot) = self.runs.remove(&run_id) else {
+            return;
+        };
         // Calls still in flight will never be useful: stop them and tell the runner.
         for (call_id, task) in slot.api_calls {
             if !task.is_finished() {
@@ -914,14 +1026,25 @@ impl Actor {
                     ErrorCode::NotFound,
                     format!("run session {run_id} not found or expired"),
                 );
-                let _ = self.writer.send(HostToRunner::ApiResult(ApiResult::failure(call_id, error))).await;
+                let _ = self
+                    .writer
+                    .send(HostToRunner::ApiResult(ApiResult::failure(call_id, error)))
+                    .await;
             }
         }
         // Dropping the slot releases the concurrency permit and closes the run's channel.
     }
 
-    fn dispatch(&mut self, call_id: String, run_id: RunId, action: String, params: serde_json::Value) {
-        let Some(slot) = self.runs.get_mut(&run_id) else { return };
+    fn dispatch(
+        &mut self,
+        call_id: String,
+        run_id: RunId,
+        action: String,
+        params: serde_json::Value,
+    ) {
+        let Some(slot) = self.runs.get_mut(&run_id) else {
+            return;
+        };
         slot.api_calls.retain(|_, task| !task.is_finished());
         let api = self.env.api.clone();
         let caller = self.env.caller.clone();
@@ -933,7 +1056,9 @@ impl Actor {
             if let Err(e) = &outcome {
                 tracing::debug!(%run_id, %action, code = %e.code, "host api call refused");
             }
-            let _ = writer.send(HostToRunner::ApiResult(ApiResult::from_result(id, outcome))).await;
+            let _ = writer
+                .send(HostToRunner::ApiResult(ApiResult::from_result(id, outcome)))
+                .await;
         });
         slot.api_calls.insert(call_id, task.abort_handle());
     }
@@ -1036,7 +1161,9 @@ mod tests {
             restart_backoff_max: Duration::from_secs(1),
             ..RunnerHostConfig::default()
         };
-        let delays: Vec<u128> = (0..7).map(|f| backoff_delay(&config, f).as_millis()).collect();
+        let delays: Vec<u128> = (0..7)
+            .map(|f| backoff_delay(&config, f).as_millis())
+            .collect();
         assert_eq!(delays, vec![0, 100, 200, 400, 800, 1000, 1000]);
         assert_eq!(backoff_delay(&config, u32::MAX), Duration::from_secs(1));
     }

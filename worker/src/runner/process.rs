@@ -117,7 +117,15 @@ impl RunnerProcess {
             tokio::spawn(capture_stderr(err, label, pid, stderr))
         });
         tracing::debug!(runner_id = %spec.label, pid, program = %spec.program.display(), "runner process spawned");
-        Ok(Self { child, pid, label: spec.label.clone(), stdin, stdout, stderr_task, exit: None })
+        Ok(Self {
+            child,
+            pid,
+            label: spec.label.clone(),
+            stdin,
+            stdout,
+            stderr_task,
+            exit: None,
+        })
     }
 
     /// The OS process id (also the process group id).
@@ -152,10 +160,14 @@ impl RunnerProcess {
     /// Sends `signal` to the whole process group. A group that no longer exists is not an
     /// error.
     pub fn signal_group(&self, signal: Signal) {
-        let Ok(raw) = i32::try_from(self.pid) else { return };
+        let Ok(raw) = i32::try_from(self.pid) else {
+            return;
+        };
         match killpg(Pid::from_raw(raw), signal) {
             Ok(()) | Err(nix::errno::Errno::ESRCH) => {}
-            Err(e) => tracing::warn!(runner_id = %self.label, pid = self.pid, %signal, error = %e, "signalling runner process group failed"),
+            Err(e) => {
+                tracing::warn!(runner_id = %self.label, pid = self.pid, %signal, error = %e, "signalling runner process group failed")
+            }
         }
     }
 
@@ -254,14 +266,22 @@ pub struct StderrLimiter {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Admit {
     /// Log the line; first report `dropped_before` lines that were dropped since the last log.
-    Log { dropped_before: u64 },
+    Log {
+        dropped_before: u64,
+    },
     Drop,
 }
 
 impl StderrLimiter {
     #[must_use]
     pub fn new(budget: usize, window: Duration) -> Self {
-        Self { budget, window, window_start: None, used: 0, dropped: 0 }
+        Self {
+            budget,
+            window,
+            window_start: None,
+            used: 0,
+            dropped: 0,
+        }
     }
 
     pub fn admit(&mut self, len: usize, now: Instant) -> Admit {
@@ -275,7 +295,9 @@ impl StderrLimiter {
             return Admit::Drop;
         }
         self.used += len;
-        Admit::Log { dropped_before: std::mem::take(&mut self.dropped) }
+        Admit::Log {
+            dropped_before: std::mem::take(&mut self.dropped),
+        }
     }
 }
 
@@ -304,7 +326,9 @@ pub fn redact(line: &str) -> String {
         }
         let secret_pair = word.split_once(['=', ':']).filter(|(key, value)| {
             !value.is_empty()
-                && SECRET_KEYS.iter().any(|s| key.to_ascii_lowercase().trim_matches('"').contains(s))
+                && SECRET_KEYS
+                    .iter()
+                    .any(|s| key.to_ascii_lowercase().trim_matches('"').contains(s))
         });
         if let Some((key, _)) = secret_pair {
             out.push_str(&word[..key.len() + 1]);
@@ -376,15 +400,22 @@ mod tests {
     }
 
     fn env(pairs: &[(&str, &str)]) -> impl Fn(&str) -> Option<OsString> {
-        let map: HashMap<String, OsString> =
-            pairs.iter().map(|(k, v)| ((*k).to_owned(), OsString::from(v))).collect();
+        let map: HashMap<String, OsString> = pairs
+            .iter()
+            .map(|(k, v)| ((*k).to_owned(), OsString::from(v)))
+            .collect();
         move |k| map.get(k).cloned()
     }
 
     #[tokio::test]
     async fn environment_is_cleared_except_the_allowlist() {
-        let lookup = env(&[("KEEP_ME", "yes"), ("SECRET", "no"), ("PATH", "/usr/bin:/bin")]);
-        let mut p = RunnerProcess::spawn(&sh("env; echo END"), StderrConfig::default(), &lookup).unwrap();
+        let lookup = env(&[
+            ("KEEP_ME", "yes"),
+            ("SECRET", "no"),
+            ("PATH", "/usr/bin:/bin"),
+        ]);
+        let mut p =
+            RunnerProcess::spawn(&sh("env; echo END"), StderrConfig::default(), &lookup).unwrap();
         let (_stdin, stdout) = p.take_stdio().unwrap();
         let mut lines = tokio::io::BufReader::new(stdout).lines();
         let mut seen = Vec::new();
@@ -400,9 +431,12 @@ mod tests {
     #[tokio::test]
     async fn runs_in_its_own_process_group() {
         let lookup = env(&[]);
-        let mut p =
-            RunnerProcess::spawn(&sh("ps -o pgid= -p $$ || cat /proc/$$/stat"), StderrConfig::default(), &lookup)
-                .unwrap();
+        let mut p = RunnerProcess::spawn(
+            &sh("ps -o pgid= -p $$ || cat /proc/$$/stat"),
+            StderrConfig::default(),
+            &lookup,
+        )
+        .unwrap();
         let (_stdin, stdout) = p.take_stdio().unwrap();
         let mut out = String::new();
         tokio::io::AsyncReadExt::read_to_string(&mut tokio::io::BufReader::new(stdout), &mut out)
@@ -413,7 +447,14 @@ mod tests {
         let pgid: u32 = if let Ok(n) = out.trim().parse() {
             n
         } else {
-            out.rsplit(')').next().unwrap().split_whitespace().nth(2).unwrap().parse().unwrap()
+            out.rsplit(')')
+                .next()
+                .unwrap()
+                .split_whitespace()
+                .nth(2)
+                .unwrap()
+                .parse()
+                .unwrap()
         };
         assert_eq!(pgid, p.pid());
     }
@@ -426,7 +467,14 @@ mod tests {
         let mut p = RunnerProcess::spawn(&sh(script), StderrConfig::default(), &lookup).unwrap();
         let (stdin, stdout) = p.take_stdio().unwrap();
         let mut lines = tokio::io::BufReader::new(stdout).lines();
-        let grandchild: i32 = lines.next_line().await.unwrap().unwrap().trim().parse().unwrap();
+        let grandchild: i32 = lines
+            .next_line()
+            .await
+            .unwrap()
+            .unwrap()
+            .trim()
+            .parse()
+            .unwrap();
         let started = Instant::now();
         let status = p.terminate(Duration::from_millis(300)).await.unwrap();
         assert!(!status.success());
@@ -443,7 +491,8 @@ mod tests {
         }
         // A killed but not yet reaped zombie still answers kill(0); check its state instead.
         if alive {
-            let stat = std::fs::read_to_string(format!("/proc/{grandchild}/stat")).unwrap_or_default();
+            let stat =
+                std::fs::read_to_string(format!("/proc/{grandchild}/stat")).unwrap_or_default();
             alive = !stat.is_empty() && !stat.contains(") Z ");
         }
         assert!(!alive, "grandchild {grandchild} survived");
@@ -452,7 +501,8 @@ mod tests {
     #[tokio::test]
     async fn a_cooperative_process_exits_on_sigterm_within_grace() {
         let lookup = env(&[]);
-        let mut p = RunnerProcess::spawn(&sh("exec sleep 30"), StderrConfig::default(), &lookup).unwrap();
+        let mut p =
+            RunnerProcess::spawn(&sh("exec sleep 30"), StderrConfig::default(), &lookup).unwrap();
         let started = Instant::now();
         let status = p.terminate(Duration::from_secs(10)).await.unwrap();
         assert!(started.elapsed() < Duration::from_secs(5));
@@ -467,7 +517,8 @@ mod tests {
     #[tokio::test]
     async fn dropping_the_handle_kills_the_process() {
         let lookup = env(&[]);
-        let p = RunnerProcess::spawn(&sh("exec sleep 30"), StderrConfig::default(), &lookup).unwrap();
+        let p =
+            RunnerProcess::spawn(&sh("exec sleep 30"), StderrConfig::default(), &lookup).unwrap();
         let pid = p.pid() as i32;
         drop(p);
         let mut gone = false;
@@ -485,7 +536,10 @@ mod tests {
     #[tokio::test]
     async fn spawn_failure_names_the_program() {
         let lookup = env(&[]);
-        let spec = ProcessSpec { program: "/nonexistent/runner".into(), ..sh("") };
+        let spec = ProcessSpec {
+            program: "/nonexistent/runner".into(),
+            ..sh("")
+        };
         let err = RunnerProcess::spawn(&spec, StderrConfig::default(), &lookup).unwrap_err();
         assert!(err.to_string().contains("/nonexistent/runner"), "{err}");
     }
@@ -493,7 +547,12 @@ mod tests {
     #[tokio::test]
     async fn stdin_close_ends_a_reading_process() {
         let lookup = env(&[]);
-        let mut p = RunnerProcess::spawn(&sh("cat >/dev/null; exit 3"), StderrConfig::default(), &lookup).unwrap();
+        let mut p = RunnerProcess::spawn(
+            &sh("cat >/dev/null; exit 3"),
+            StderrConfig::default(),
+            &lookup,
+        )
+        .unwrap();
         let (mut stdin, _stdout) = p.take_stdio().unwrap();
         stdin.write_all(b"x\n").await.unwrap();
         drop(stdin);
@@ -507,9 +566,14 @@ mod tests {
         let lookup = env(&[]);
         // One endless-looking 4 MiB line, then 200 000 short lines.
         let script = "head -c 4194304 /dev/zero | tr '\\0' 'e' >&2; yes eeeeeeeeee | head -n 200000 >&2; exit 7";
-        let config = StderrConfig { bytes_per_window: 4096, ..StderrConfig::default() };
+        let config = StderrConfig {
+            bytes_per_window: 4096,
+            ..StderrConfig::default()
+        };
         let mut p = RunnerProcess::spawn(&sh(script), config, &lookup).unwrap();
-        let status = tokio::time::timeout(Duration::from_secs(30), p.wait()).await.expect("process blocked on stderr");
+        let status = tokio::time::timeout(Duration::from_secs(30), p.wait())
+            .await
+            .expect("process blocked on stderr");
         assert_eq!(status.unwrap().code(), Some(7));
     }
 
@@ -521,7 +585,10 @@ mod tests {
         assert_eq!(l.admit(4, t0), Admit::Log { dropped_before: 0 });
         assert_eq!(l.admit(1, t0), Admit::Drop);
         assert_eq!(l.admit(1, t0), Admit::Drop);
-        assert_eq!(l.admit(3, t0 + Duration::from_secs(1)), Admit::Log { dropped_before: 2 });
+        assert_eq!(
+            l.admit(3, t0 + Duration::from_secs(1)),
+            Admit::Log { dropped_before: 2 }
+        );
         // A single line larger than the whole budget still gets through in an empty window.
         let mut l = StderrLimiter::new(10, Duration::from_secs(1));
         assert_eq!(l.admit(100, t0), Admit::Log { dropped_before: 0 });
@@ -529,13 +596,31 @@ mod tests {
 
     #[test]
     fn redaction() {
-        assert_eq!(redact("Authorization: Bearer abc.def"), "Authorization: Bearer [redacted]");
-        assert_eq!(redact("using bearer xyz now"), "using bearer [redacted] now");
-        assert_eq!(redact("api_key=12345 other=1"), "api_key=[redacted] other=1");
-        assert_eq!(redact("\"password\":\"hunter2\""), "\"password\":[redacted]");
-        assert_eq!(redact("key sk-abcdefghijklmnopqrstuvwxyz"), "key [redacted]");
+        assert_eq!(
+            redact("Authorization: Bearer abc.def"),
+            "Authorization: Bearer [redacted]"
+        );
+        assert_eq!(
+            redact("using bearer xyz now"),
+            "using bearer [redacted] now"
+        );
+        assert_eq!(
+            redact("api_key=12345 other=1"),
+            "api_key=[redacted] other=1"
+        );
+        assert_eq!(
+            redact("\"password\":\"hunter2\""),
+            "\"password\":[redacted]"
+        );
+        assert_eq!(
+            redact("key sk-abcdefghijklmnopqrstuvwxyz"),
+            "key [redacted]"
+        );
         let blob = "iVBORw0KGgoAAAANSUhEUgAAAAEAAAABCAYAAAAfFcSJAAAADUlEQVR42mNkYPhfDwAChwGA60e6kgAAAABJRU5ErkJggg==";
-        assert_eq!(redact(&format!("img={blob}!")), format!("img=[redacted {} chars]!", blob.len()));
+        assert_eq!(
+            redact(&format!("img={blob}!")),
+            format!("img=[redacted {} chars]!", blob.len())
+        );
         let prose = "traceback in /usr/lib/python3/site-packages/some_module/with/a/long/path/file.py line 3";
         assert_eq!(redact(prose), prose);
     }

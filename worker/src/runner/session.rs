@@ -75,7 +75,10 @@ pub enum Input {
     Frame(RunnerToHost),
     /// A line from the runner that could not be used. `run_id` is the run it names, when it
     /// was readable enough to tell; `detail` says what was wrong.
-    BadFrame { run_id: Option<String>, detail: String },
+    BadFrame {
+        run_id: Option<String>,
+        detail: String,
+    },
     /// The host asks to cancel a run.
     Cancel { run_id: RunId, reason: String },
     /// The cancel grace period of a run elapsed.
@@ -102,7 +105,12 @@ pub enum Effect {
     RunEnded { run_id: RunId },
     /// Serve a Host API call for an active run of this session; answer with
     /// `api_result {id}`.
-    Dispatch { call_id: String, run_id: RunId, action: String, params: Value },
+    Dispatch {
+        call_id: String,
+        run_id: RunId,
+        action: String,
+        params: Value,
+    },
     /// Arm the cancel grace timer of a run (then feed [`Input::CancelGraceElapsed`]).
     StartCancelGrace { run_id: RunId },
     /// Close the runner's stdin (after `shutdown` was written).
@@ -214,9 +222,16 @@ impl Session {
         self.started += 1;
         self.runs.insert(
             run_id,
-            ActiveRun { sequencer: RunSequencer::new(run_id, self.limits), cancelling: None },
+            ActiveRun {
+                sequencer: RunSequencer::new(run_id, self.limits),
+                cancelling: None,
+            },
         );
-        Ok(vec![Effect::Write(HostToRunner::Run { run_id, runner: runner.to_owned(), context })])
+        Ok(vec![Effect::Write(HostToRunner::Run {
+            run_id,
+            runner: runner.to_owned(),
+            context,
+        })])
     }
 
     /// Applies one input.
@@ -232,9 +247,14 @@ impl Session {
             }
             Input::BadFrame { run_id, detail } => self.on_bad_frame(run_id, detail, &mut fx),
             Input::Cancel { run_id, reason } => {
-                let run = self.runs.get_mut(&run_id).filter(|r| r.cancelling.is_none());
+                let run = self
+                    .runs
+                    .get_mut(&run_id)
+                    .filter(|r| r.cancelling.is_none());
                 if let Some(run) = run {
-                    run.cancelling = Some(Cancelling::Requested { reason: reason.clone() });
+                    run.cancelling = Some(Cancelling::Requested {
+                        reason: reason.clone(),
+                    });
                     fx.push(Effect::Write(HostToRunner::Cancel { run_id, reason }));
                     fx.push(Effect::StartCancelGrace { run_id });
                 }
@@ -272,7 +292,13 @@ impl Session {
             Input::Abort { detail } => {
                 let ids: Vec<RunId> = self.runs.keys().copied().collect();
                 for run_id in ids {
-                    self.end_run(run_id, EndCause::Interrupted { detail: detail.clone() }, &mut fx);
+                    self.end_run(
+                        run_id,
+                        EndCause::Interrupted {
+                            detail: detail.clone(),
+                        },
+                        &mut fx,
+                    );
                 }
                 if self.phase != Phase::Exited {
                     self.phase = Phase::Draining;
@@ -287,7 +313,9 @@ impl Session {
                         Some(Cancelling::Requested { reason }) => EndCause::Cancelled { reason },
                         // "per_run: exit means done" — a clean exit ends the stream.
                         None if clean && self.mode == ExecutionMode::PerRun => EndCause::Done,
-                        None => EndCause::Crashed { detail: detail.clone() },
+                        None => EndCause::Crashed {
+                            detail: detail.clone(),
+                        },
                     };
                     self.end_run(run_id, cause, &mut fx);
                 }
@@ -299,8 +327,12 @@ impl Session {
     fn on_frame(&mut self, frame: RunnerToHost, fx: &mut Vec<Effect>) {
         match frame {
             RunnerToHost::Result { run_id, result } => {
-                let Some(id) = self.active_id(&run_id, "result") else { return };
-                let Some(run) = self.runs.get_mut(&id) else { return };
+                let Some(id) = self.active_id(&run_id, "result") else {
+                    return;
+                };
+                let Some(run) = self.runs.get_mut(&id) else {
+                    return;
+                };
                 match run.sequencer.admit(&result) {
                     Admission::Deliver(item) => {
                         let terminal = item.is_terminal();
@@ -316,7 +348,12 @@ impl Session {
                             run_id: id,
                             reason: "runner protocol error".into(),
                         }));
-                        let error = item.result.data.get("error").and_then(Value::as_str).unwrap_or_default();
+                        let error = item
+                            .result
+                            .data
+                            .get("error")
+                            .and_then(Value::as_str)
+                            .unwrap_or_default();
                         tracing::warn!(run_id = %id, %error, "runner protocol error, failing the run");
                         fx.push(Effect::Deliver { run_id: id, item });
                         self.finish(id, fx);
@@ -324,34 +361,66 @@ impl Session {
                 }
             }
             RunnerToHost::Done { run_id } => {
-                let Some(id) = self.active_id(&run_id, "done") else { return };
+                let Some(id) = self.active_id(&run_id, "done") else {
+                    return;
+                };
                 let cause = match self.runs.get(&id).and_then(|r| r.cancelling.clone()) {
                     Some(Cancelling::Requested { reason }) => EndCause::Cancelled { reason },
                     None => EndCause::Done,
                 };
                 self.end_run(id, cause, fx);
             }
-            RunnerToHost::Api { id: call_id, run_id, action, params } => {
-                match run_id.parse::<RunId>().ok().filter(|id| self.runs.contains_key(id)) {
-                    Some(id) => fx.push(Effect::Dispatch { call_id, run_id: id, action, params }),
+            RunnerToHost::Api {
+                id: call_id,
+                run_id,
+                action,
+                params,
+            } => {
+                match run_id
+                    .parse::<RunId>()
+                    .ok()
+                    .filter(|id| self.runs.contains_key(id))
+                {
+                    Some(id) => fx.push(Effect::Dispatch {
+                        call_id,
+                        run_id: id,
+                        action,
+                        params,
+                    }),
                     None => {
                         tracing::debug!(%run_id, %action, "api call for a run that is not active on this process");
                         let error = AgentApiError::new(
                             ErrorCode::NotFound,
                             format!("run session {run_id} not found or expired"),
                         );
-                        fx.push(Effect::Write(HostToRunner::ApiResult(ApiResult::failure(call_id, error))));
+                        fx.push(Effect::Write(HostToRunner::ApiResult(ApiResult::failure(
+                            call_id, error,
+                        ))));
                     }
                 }
             }
-            RunnerToHost::Log { level, message, run_id } => {
+            RunnerToHost::Log {
+                level,
+                message,
+                run_id,
+            } => {
                 let run_id = run_id.unwrap_or_default();
                 match level {
-                    LogLevel::Error => tracing::error!(target: "sb_worker::runner::log", %run_id, "{message}"),
-                    LogLevel::Warn => tracing::warn!(target: "sb_worker::runner::log", %run_id, "{message}"),
-                    LogLevel::Info => tracing::info!(target: "sb_worker::runner::log", %run_id, "{message}"),
-                    LogLevel::Debug => tracing::debug!(target: "sb_worker::runner::log", %run_id, "{message}"),
-                    LogLevel::Trace => tracing::trace!(target: "sb_worker::runner::log", %run_id, "{message}"),
+                    LogLevel::Error => {
+                        tracing::error!(target: "sb_worker::runner::log", %run_id, "{message}")
+                    }
+                    LogLevel::Warn => {
+                        tracing::warn!(target: "sb_worker::runner::log", %run_id, "{message}")
+                    }
+                    LogLevel::Info => {
+                        tracing::info!(target: "sb_worker::runner::log", %run_id, "{message}")
+                    }
+                    LogLevel::Debug => {
+                        tracing::debug!(target: "sb_worker::runner::log", %run_id, "{message}")
+                    }
+                    LogLevel::Trace => {
+                        tracing::trace!(target: "sb_worker::runner::log", %run_id, "{message}")
+                    }
                 }
             }
         }
@@ -363,9 +432,16 @@ impl Session {
     /// restarted by the host).
     fn on_bad_frame(&mut self, run_id: Option<String>, detail: String, fx: &mut Vec<Effect>) {
         self.bad_streak += 1;
-        let named = run_id.as_deref().and_then(|r| r.parse::<RunId>().ok()).filter(|id| self.runs.contains_key(id));
+        let named = run_id
+            .as_deref()
+            .and_then(|r| r.parse::<RunId>().ok())
+            .filter(|id| self.runs.contains_key(id));
         let blamed = named.or_else(|| {
-            if self.runs.len() == 1 { self.runs.keys().next().copied() } else { None }
+            if self.runs.len() == 1 {
+                self.runs.keys().next().copied()
+            } else {
+                None
+            }
         });
         tracing::warn!(run_id = ?blamed, streak = self.bad_streak, %detail, "unusable line from runner");
         if self.bad_streak >= 2 {
@@ -373,7 +449,9 @@ impl Session {
             for id in ids {
                 self.end_run(
                     id,
-                    EndCause::ProtocolError { detail: format!("runner output cannot be resynchronised: {detail}") },
+                    EndCause::ProtocolError {
+                        detail: format!("runner output cannot be resynchronised: {detail}"),
+                    },
                     fx,
                 );
             }
@@ -384,8 +462,17 @@ impl Session {
             return;
         }
         if let Some(id) = blamed {
-            fx.push(Effect::Write(HostToRunner::Cancel { run_id: id, reason: "runner protocol error".into() }));
-            self.end_run(id, EndCause::ProtocolError { detail: format!("invalid runner output: {detail}") }, fx);
+            fx.push(Effect::Write(HostToRunner::Cancel {
+                run_id: id,
+                reason: "runner protocol error".into(),
+            }));
+            self.end_run(
+                id,
+                EndCause::ProtocolError {
+                    detail: format!("invalid runner output: {detail}"),
+                },
+                fx,
+            );
         }
     }
 
@@ -405,7 +492,9 @@ impl Session {
     }
 
     fn end_run(&mut self, run_id: RunId, cause: EndCause, fx: &mut Vec<Effect>) {
-        let Some(run) = self.runs.get_mut(&run_id) else { return };
+        let Some(run) = self.runs.get_mut(&run_id) else {
+            return;
+        };
         if let Some(item) = run.sequencer.end(cause) {
             fx.push(Effect::Deliver { run_id, item });
         }

@@ -1,0 +1,449 @@
+//! Blocking Host API client (SPEC §8).
+//!
+//! A call writes `{"op":"api","id","run_id","action","params"}` with a fresh id and blocks the
+//! calling thread until the reader thread routes the matching `api_result` (and any
+//! `api_chunk`s before it) back by id. The wait is bounded by the run's deadline and ends early
+//! with `cancelled` if the host cancels the run, or `unavailable` if the host stops answering
+//! (stdin closed).
+//!
+//! The typed helpers only build `params`; the host validates everything (authorization, scope,
+//! limits) against the run's frozen snapshot, so a helper never checks permissions locally.
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::mpsc::{self, RecvTimeoutError};
+use std::sync::{Arc, Mutex};
+use std::time::SystemTime;
+
+use base64::Engine as _;
+use sb_protocol::error::{AgentApiError, ErrorCode};
+use sb_protocol::wire::{ApiResult, RunnerToHost};
+use serde::Serialize;
+use serde_json::{Value, json};
+
+use crate::output::Output;
+use crate::run::CancelToken;
+
+/// Host API action names (snake_case, PROTOCOL_V1 §8 / host-behaviour §22.3).
+pub mod actions {
+    pub const HISTORY_PAGE: &str = "history_page";
+    pub const HISTORY_SEARCH: &str = "history_search";
+    pub const EVENT_GET: &str = "event_get";
+    pub const EVENT_PAGE: &str = "event_page";
+    pub const ARTIFACT_METADATA: &str = "artifact_metadata";
+    pub const ARTIFACT_READ: &str = "artifact_read";
+    pub const STATE_GET: &str = "state_get";
+    pub const STATE_SET: &str = "state_set";
+    pub const STATE_DELETE: &str = "state_delete";
+    pub const STATE_LIST: &str = "state_list";
+    pub const GET_BINARY_STORAGE: &str = "get_binary_storage";
+    pub const SET_BINARY_STORAGE: &str = "set_binary_storage";
+    pub const DELETE_BINARY_STORAGE: &str = "delete_binary_storage";
+    pub const GET_BINARY_STORAGE_KEYS: &str = "get_binary_storage_keys";
+    pub const GET_HOST_VERSION: &str = "get_host_version";
+    pub const STEERING_PULL: &str = "steering_pull";
+    pub const INVOKE_LLM: &str = "invoke_llm";
+    pub const INVOKE_LLM_STREAM: &str = "invoke_llm_stream";
+    pub const CALL_TOOL: &str = "call_tool";
+}
+
+enum Reply {
+    Chunk(Value),
+    Final(Result<Value, AgentApiError>),
+}
+
+struct PendingCall {
+    run_id: String,
+    tx: mpsc::Sender<Reply>,
+}
+
+#[derive(Default)]
+struct Pending {
+    calls: HashMap<String, PendingCall>,
+    /// Set when the host can no longer answer (stdin closed): new calls fail at once.
+    closed: bool,
+}
+
+/// State shared by every run's [`HostApi`] and the reader thread.
+pub(crate) struct ApiRouter {
+    out: Arc<Output>,
+    next_id: AtomicU64,
+    pending: Mutex<Pending>,
+}
+
+impl ApiRouter {
+    pub(crate) fn new(out: Arc<Output>) -> Self {
+        Self {
+            out,
+            next_id: AtomicU64::new(1),
+            pending: Mutex::new(Pending::default()),
+        }
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, Pending> {
+        self.pending
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    /// Routes a final answer. Answers for unknown ids (the call already timed out, or the host
+    /// is confused) are ignored.
+    pub(crate) fn route_result(&self, result: ApiResult) {
+        let call = self.lock().calls.remove(&result.id);
+        if let Some(call) = call {
+            let _ = call.tx.send(Reply::Final(result.into_result()));
+        }
+    }
+
+    pub(crate) fn route_chunk(&self, id: &str, data: Value) {
+        let pending = self.lock();
+        if let Some(call) = pending.calls.get(id) {
+            let _ = call.tx.send(Reply::Chunk(data));
+        }
+    }
+
+    /// Fails every in-flight call of `run_id` (the run was cancelled).
+    pub(crate) fn fail_run(&self, run_id: &str, error: &AgentApiError) {
+        let mut pending = self.lock();
+        let ids: Vec<String> = pending
+            .calls
+            .iter()
+            .filter(|(_, c)| c.run_id == run_id)
+            .map(|(id, _)| id.clone())
+            .collect();
+        for id in ids {
+            if let Some(call) = pending.calls.remove(&id) {
+                let _ = call.tx.send(Reply::Final(Err(error.clone())));
+            }
+        }
+    }
+
+    /// Fails every in-flight call and refuses new ones (the host stopped answering).
+    pub(crate) fn close(&self, error: &AgentApiError) {
+        let mut pending = self.lock();
+        pending.closed = true;
+        for (_, call) in pending.calls.drain() {
+            let _ = call.tx.send(Reply::Final(Err(error.clone())));
+        }
+    }
+
+    fn start(
+        &self,
+        run_id: &str,
+        action: &str,
+        params: Value,
+    ) -> Result<(String, mpsc::Receiver<Reply>), AgentApiError> {
+        let id = self.next_id.fetch_add(1, Ordering::Relaxed).to_string();
+        let (tx, rx) = mpsc::channel();
+        {
+            let mut pending = self.lock();
+            if pending.closed {
+                return Err(host_gone());
+            }
+            pending.calls.insert(
+                id.clone(),
+                PendingCall {
+                    run_id: run_id.to_owned(),
+                    tx,
+                },
+            );
+        }
+        let msg = RunnerToHost::Api {
+            id: id.clone(),
+            run_id: run_id.to_owned(),
+            action: action.to_owned(),
+            params,
+        };
+        if let Err(e) = self.out.send(&msg) {
+            self.lock().calls.remove(&id);
+            return Err(AgentApiError::new(
+                ErrorCode::Unavailable,
+                format!("writing to the host failed: {e}"),
+            ));
+        }
+        Ok((id, rx))
+    }
+
+    fn forget(&self, id: &str) {
+        self.lock().calls.remove(id);
+    }
+}
+
+pub(crate) fn host_gone() -> AgentApiError {
+    AgentApiError::new(ErrorCode::Unavailable, "host connection closed")
+}
+
+/// The Host API for one run. Clone it freely (e.g. into helper threads).
+#[derive(Clone)]
+pub struct HostApi {
+    run_id: String,
+    router: Arc<ApiRouter>,
+    cancel: CancelToken,
+    deadline: Option<SystemTime>,
+}
+
+impl HostApi {
+    pub(crate) fn new(
+        run_id: String,
+        router: Arc<ApiRouter>,
+        cancel: CancelToken,
+        deadline: Option<SystemTime>,
+    ) -> Self {
+        Self {
+            run_id,
+            router,
+            cancel,
+            deadline,
+        }
+    }
+
+    /// Calls `action` with `params` and waits for the answer.
+    ///
+    /// Errors: whatever the host answers (`unauthorized`, `not_found`, …), `deadline_exceeded`
+    /// when the run's deadline passes first, `cancelled` when the run is cancelled while
+    /// waiting, `unavailable` when the host connection is gone.
+    pub fn call(&self, action: &str, params: Value) -> Result<Value, AgentApiError> {
+        self.call_stream(action, params, |_| {})
+    }
+
+    /// Like [`HostApi::call`], passing each streamed `api_chunk` to `on_chunk` (in order)
+    /// before the final answer is returned. Used by `invoke_llm_stream`.
+    pub fn call_stream(
+        &self,
+        action: &str,
+        params: Value,
+        mut on_chunk: impl FnMut(Value),
+    ) -> Result<Value, AgentApiError> {
+        if self.cancel.is_cancelled() {
+            return Err(cancelled());
+        }
+        let (id, rx) = self.router.start(&self.run_id, action, params)?;
+        loop {
+            let reply = match self.deadline {
+                None => rx.recv().map_err(|_| RecvTimeoutError::Disconnected),
+                Some(deadline) => {
+                    let remaining = deadline
+                        .duration_since(SystemTime::now())
+                        .unwrap_or_default();
+                    rx.recv_timeout(remaining)
+                }
+            };
+            match reply {
+                Ok(Reply::Chunk(data)) => on_chunk(data),
+                Ok(Reply::Final(outcome)) => return outcome,
+                Err(RecvTimeoutError::Timeout) => {
+                    self.router.forget(&id);
+                    return Err(AgentApiError::new(
+                        ErrorCode::DeadlineExceeded,
+                        format!("run deadline passed while waiting for `{action}`"),
+                    ));
+                }
+                Err(RecvTimeoutError::Disconnected) => {
+                    self.router.forget(&id);
+                    return Err(host_gone());
+                }
+            }
+        }
+    }
+
+    /// `history_page`: transcript items of the run's conversation.
+    pub fn history_page(&self, params: &HistoryPageParams) -> Result<Value, AgentApiError> {
+        self.call(actions::HISTORY_PAGE, to_params(params))
+    }
+
+    /// `history_search`.
+    pub fn history_search(&self, params: &HistorySearchParams) -> Result<Value, AgentApiError> {
+        self.call(actions::HISTORY_SEARCH, to_params(params))
+    }
+
+    /// `event_get`.
+    pub fn event_get(&self, event_id: &str) -> Result<Value, AgentApiError> {
+        self.call(actions::EVENT_GET, json!({ "event_id": event_id }))
+    }
+
+    /// `event_page`.
+    pub fn event_page(&self, params: &EventPageParams) -> Result<Value, AgentApiError> {
+        self.call(actions::EVENT_PAGE, to_params(params))
+    }
+
+    /// `artifact_metadata`.
+    pub fn artifact_metadata(&self, artifact_id: &str) -> Result<Value, AgentApiError> {
+        self.call(
+            actions::ARTIFACT_METADATA,
+            json!({ "artifact_id": artifact_id }),
+        )
+    }
+
+    /// `artifact_read` from `offset`, at most `limit` bytes (host default 1 MiB).
+    pub fn artifact_read(
+        &self,
+        artifact_id: &str,
+        offset: u64,
+        limit: Option<u64>,
+    ) -> Result<Value, AgentApiError> {
+        let mut params = json!({ "artifact_id": artifact_id, "offset": offset });
+        if let Some(limit) = limit {
+            params["limit"] = json!(limit);
+        }
+        self.call(actions::ARTIFACT_READ, params)
+    }
+
+    /// `state_get` (scope: `conversation`, `actor`, `subject` or `runner`).
+    pub fn state_get(&self, scope: &str, key: &str) -> Result<Value, AgentApiError> {
+        self.call(actions::STATE_GET, json!({ "scope": scope, "key": key }))
+    }
+
+    /// `state_set`.
+    pub fn state_set(&self, scope: &str, key: &str, value: Value) -> Result<Value, AgentApiError> {
+        self.call(
+            actions::STATE_SET,
+            json!({ "scope": scope, "key": key, "value": value }),
+        )
+    }
+
+    /// `state_delete`.
+    pub fn state_delete(&self, scope: &str, key: &str) -> Result<Value, AgentApiError> {
+        self.call(actions::STATE_DELETE, json!({ "scope": scope, "key": key }))
+    }
+
+    /// `state_list`, optionally by key prefix.
+    pub fn state_list(
+        &self,
+        scope: &str,
+        prefix: Option<&str>,
+        limit: Option<u32>,
+    ) -> Result<Value, AgentApiError> {
+        let mut params = json!({ "scope": scope });
+        if let Some(prefix) = prefix {
+            params["prefix"] = json!(prefix);
+        }
+        if let Some(limit) = limit {
+            params["limit"] = json!(limit);
+        }
+        self.call(actions::STATE_LIST, params)
+    }
+
+    /// Binary storage get. The owner (this plugin, or the run's workspace) is derived by the
+    /// host from the connection, never sent.
+    pub fn storage_get(&self, owner: StorageOwner, key: &str) -> Result<Value, AgentApiError> {
+        self.call(
+            actions::GET_BINARY_STORAGE,
+            json!({ "owner_type": owner, "key": key }),
+        )
+    }
+
+    /// Binary storage set (`value` is sent base64-encoded).
+    pub fn storage_set(
+        &self,
+        owner: StorageOwner,
+        key: &str,
+        value: &[u8],
+    ) -> Result<Value, AgentApiError> {
+        let encoded = base64::engine::general_purpose::STANDARD.encode(value);
+        self.call(
+            actions::SET_BINARY_STORAGE,
+            json!({ "owner_type": owner, "key": key, "value_base64": encoded }),
+        )
+    }
+
+    /// Binary storage delete.
+    pub fn storage_delete(&self, owner: StorageOwner, key: &str) -> Result<Value, AgentApiError> {
+        self.call(
+            actions::DELETE_BINARY_STORAGE,
+            json!({ "owner_type": owner, "key": key }),
+        )
+    }
+
+    /// Binary storage keys.
+    pub fn storage_keys(&self, owner: StorageOwner) -> Result<Value, AgentApiError> {
+        self.call(
+            actions::GET_BINARY_STORAGE_KEYS,
+            json!({ "owner_type": owner }),
+        )
+    }
+
+    /// `get_host_version`.
+    pub fn get_host_version(&self) -> Result<Value, AgentApiError> {
+        self.call(actions::GET_HOST_VERSION, json!({}))
+    }
+
+    /// `steering_pull`: `mode` is `all` (default) or `one`.
+    pub fn steering_pull(
+        &self,
+        mode: Option<&str>,
+        limit: Option<u32>,
+    ) -> Result<Value, AgentApiError> {
+        let mut params = json!({});
+        if let Some(mode) = mode {
+            params["mode"] = json!(mode);
+        }
+        if let Some(limit) = limit {
+            params["limit"] = json!(limit);
+        }
+        self.call(actions::STEERING_PULL, params)
+    }
+}
+
+fn cancelled() -> AgentApiError {
+    AgentApiError::new(ErrorCode::Cancelled, "run was cancelled")
+}
+
+pub(crate) fn cancelled_error() -> AgentApiError {
+    cancelled()
+}
+
+fn to_params<T: Serialize>(params: &T) -> Value {
+    serde_json::to_value(params).unwrap_or_else(|_| json!({}))
+}
+
+/// Whose binary storage a storage call addresses.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum StorageOwner {
+    /// This plugin's private storage.
+    Plugin,
+    /// The run's workspace storage.
+    Workspace,
+}
+
+/// Parameters of `history_page`; unset fields take the host defaults (limit 50, backward).
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize)]
+pub struct HistoryPageParams {
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub conversation_id: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub before_cursor: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub after_cursor: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub limit: Option<u32>,
+    /// `backward` or `forward`.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub direction: Option<String>,
+    #[serde(skip_serializing_if = "std::ops::Not::not")]
+    pub include_artifacts: bool,
+}
+
+/// Parameters of `history_search`.
+#[derive(Debug, Clone, Default, PartialEq, Serialize)]
+pub struct HistorySearchParams {
+    pub query: String,
+    /// `{conversation_id?, roles?, item_types?}`.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub filters: Option<Value>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub top_k: Option<u32>,
+}
+
+/// Parameters of `event_page`.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize)]
+pub struct EventPageParams {
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub conversation_id: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub event_types: Option<Vec<String>>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub before_cursor: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub limit: Option<u32>,
+}
