@@ -62,6 +62,9 @@ pub enum Command {
     Keys(keys::KeysArgs),
     /// Drive load against a running gateway; print throughput and latency percentiles.
     Bench(client::BenchArgs),
+    /// Serve a runner built into this binary on stdin/stdout (started by the worker).
+    #[command(hide = true)]
+    Runner(roles::RunnerArgs),
 }
 
 /// Flags every subcommand accepts.
@@ -155,6 +158,7 @@ pub async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
         Command::Send(args) => client::send(args).await,
         Command::Keys(args) => keys::run(args).await,
         Command::Bench(args) => client::bench(args).await,
+        Command::Runner(args) => roles::runner(args).await,
     }
 }
 

@@ -1,15 +1,32 @@
 //! The long-running role commands: `dev`, `gateway`, `orchestrator`, `worker`.
 //!
 //! Each one loads and validates the configuration (its flags are the last override layer),
-//! installs logging, then runs the role(s) until ctrl-c / SIGTERM.
+//! installs logging, then runs the role(s) with [`switchboard::embedded`] until ctrl-c /
+//! SIGTERM, and drains in pipeline order (a second ctrl-c exits at once).
+//!
+//! - `dev`: every role in one process on the in-process bus and session store, SQLite under
+//!   the data directory (`./.switchboard`), which it bootstraps: workspace `default`, an API
+//!   key in `<data-dir>/api-key` (printed once), and an echo agent when there is no agent.
+//! - `gateway`, `orchestrator`, `worker`: one role on the shared backends (RabbitMQ, Redis);
+//!   they refuse the in-process ones, which cannot connect separate processes.
+//! - `runner` (hidden): a runner built into the binary, started by the worker.
 
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 
-use clap::Args;
+use anyhow::Context as _;
+use clap::{Args, ValueEnum};
+use sb_common::config::{BusKind, SecretUrl, SessionsKind, SwitchboardConfig};
+use sb_common::shutdown::Shutdown;
+use sb_worker::WorkerOptions;
+use sb_worker::plugins::CommandLookup;
+use switchboard::builtin::ECHO_RUNNER_ID;
+use switchboard::embedded::{
+    self, API_KEY_FILE, Bootstrap, DEFAULT_AGENT_NAME, Embedded, EmbeddedOptions, Roles, StopReport,
+};
 
-use super::db::sqlite_url_for_file;
+use super::db::{sqlite_file, sqlite_url_for_file, with_sqlite_create_mode};
 use super::{ConfigArgs, Overrides};
 
 /// File name of the ledger inside the `dev` data directory.
@@ -134,33 +151,282 @@ fn display_paths(paths: &[PathBuf]) -> Vec<String> {
     paths.iter().map(|p| Path::display(p).to_string()).collect()
 }
 
-/// The error of a role command whose role crate is not connected to the CLI yet.
-fn not_wired(command: &str) -> anyhow::Error {
-    anyhow::anyhow!("`switchboard {command}` is not yet wired to its role crate")
-}
+/// The data directory of `dev` when `--data-dir` is not given (where `switchboard send`
+/// looks for the API key by default).
+pub const DEFAULT_DATA_DIR: &str = ".switchboard";
+/// Directory under the data directory that holds the generated plugin of the built-in echo
+/// runner (see [`switchboard::builtin`]).
+pub const BUILTIN_RUNNERS_DIR: &str = "builtin-runners";
 
 /// Runs gateway, orchestrator and worker in this process.
 pub async fn dev(args: DevArgs) -> anyhow::Result<ExitCode> {
-    let _config = args.config.load_and_init_logging(args.overrides()?)?;
-    Err(not_wired("dev"))
+    let mut config = args.config.load_and_init_logging(args.overrides()?)?;
+    let data_dir = args
+        .data_dir
+        .clone()
+        .unwrap_or_else(|| PathBuf::from(DEFAULT_DATA_DIR));
+    std::fs::create_dir_all(&data_dir)
+        .with_context(|| format!("cannot create the data directory {}", data_dir.display()))?;
+    prepare_sqlite(&mut config)?;
+    let builtin_echo = ensure_echo_runner(&mut config, &data_dir)?;
+
+    let shutdown = Shutdown::new();
+    shutdown.listen_for_signals()?;
+    let options = EmbeddedOptions {
+        roles: Roles::ALL,
+        bootstrap: Some(Bootstrap::new(&data_dir)),
+        worker: WorkerOptions::default(),
+    };
+    let embedded = embedded::start_with(config, options, shutdown.clone())
+        .await
+        .context("cannot start")?;
+    print_dev_banner(&embedded, &data_dir, builtin_echo);
+    exit_on_second_signal(&shutdown);
+    Ok(exit_code(&embedded.wait().await))
 }
 
 /// Runs the gateway.
 pub async fn gateway(args: GatewayArgs) -> anyhow::Result<ExitCode> {
-    let _config = args.config.load_and_init_logging(args.overrides())?;
-    Err(not_wired("gateway"))
+    let config = args.config.load_and_init_logging(args.overrides())?;
+    run_role(config, Roles::GATEWAY).await
 }
 
 /// Runs the orchestrator.
 pub async fn orchestrator(args: OrchestratorArgs) -> anyhow::Result<ExitCode> {
-    let _config = args.config.load_and_init_logging(args.overrides())?;
-    Err(not_wired("orchestrator"))
+    let config = args.config.load_and_init_logging(args.overrides())?;
+    run_role(config, Roles::ORCHESTRATOR).await
 }
 
 /// Runs a worker.
 pub async fn worker(args: WorkerArgs) -> anyhow::Result<ExitCode> {
-    let _config = args.config.load_and_init_logging(args.overrides())?;
-    Err(not_wired("worker"))
+    let config = args.config.load_and_init_logging(args.overrides())?;
+    run_role(config, Roles::WORKER).await
+}
+
+/// `switchboard runner <NAME>` (hidden): serves a runner built into this binary on
+/// stdin/stdout. The worker starts it; nothing else may be written to stdout.
+#[derive(Debug, Clone, Args)]
+pub struct RunnerArgs {
+    /// The built-in runner.
+    #[arg(value_enum)]
+    pub name: BuiltinRunner,
+}
+
+/// Runners built into the binary.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum BuiltinRunner {
+    /// The echo runner (`plugin:switchboard/echo/default`).
+    Echo,
+}
+
+/// Serves a built-in runner until the host ends it.
+pub async fn runner(args: RunnerArgs) -> anyhow::Result<ExitCode> {
+    match args.name {
+        BuiltinRunner::Echo => tokio::task::spawn_blocking(switchboard::builtin::serve_echo)
+            .await
+            .context("the runner thread failed")?
+            .context("runner i/o")?,
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+/// One role in this process, on backends shared with the other processes.
+async fn run_role(config: SwitchboardConfig, roles: Roles) -> anyhow::Result<ExitCode> {
+    require_shared_backends(&config, roles)?;
+    let shutdown = Shutdown::new();
+    shutdown.listen_for_signals()?;
+    let embedded = embedded::start_with(config, EmbeddedOptions::roles(roles), shutdown.clone())
+        .await
+        .with_context(|| format!("cannot start the {}", roles.names()))?;
+    if let Some(url) = embedded.base_url() {
+        tracing::info!(%url, "gateway ready");
+    }
+    if !embedded.runners().is_empty() {
+        let runners: Vec<String> = embedded.runners().iter().map(ToString::to_string).collect();
+        tracing::info!(runners = %runners.join(", "), "worker ready");
+    }
+    exit_on_second_signal(&shutdown);
+    Ok(exit_code(&embedded.wait().await))
+}
+
+/// A role running alone must reach the other roles: the in-process bus and session store
+/// only connect roles inside one process, so a lone gateway on them would accept events
+/// that no orchestrator ever sees.
+fn require_shared_backends(config: &SwitchboardConfig, roles: Roles) -> anyhow::Result<()> {
+    let mut missing = Vec::new();
+    if config.bus.kind == BusKind::Memory {
+        missing.push("bus.kind = amqp and bus.url (SWITCHBOARD__BUS__KIND=amqp, SWITCHBOARD__BUS__URL=amqp://…)");
+    }
+    if config.sessions.kind == SessionsKind::Memory {
+        missing.push("sessions.kind = redis and sessions.url (SWITCHBOARD__SESSIONS__KIND=redis, SWITCHBOARD__SESSIONS__URL=redis://…)");
+    }
+    anyhow::ensure!(
+        missing.is_empty(),
+        "`switchboard {}` runs one role and shares its bus and session store with the other roles' processes; \
+         the in-process ones cannot be shared. Set {}; or run every role in one process with `switchboard dev`",
+        roles.names(),
+        missing.join(" and ")
+    );
+    Ok(())
+}
+
+/// For a SQLite file database: creates its directory and lets the connection create the file.
+fn prepare_sqlite(config: &mut SwitchboardConfig) -> anyhow::Result<()> {
+    let url = config.database.url.expose().to_owned();
+    if let Some(file) = sqlite_file(&url) {
+        if let Some(dir) = file.parent().filter(|d| !d.as_os_str().is_empty()) {
+            std::fs::create_dir_all(dir)
+                .with_context(|| format!("cannot create {}", dir.display()))?;
+        }
+        config.database.url = SecretUrl::new(with_sqlite_create_mode(&url));
+    }
+    Ok(())
+}
+
+/// Makes sure the default agent's echo runner can be hosted: when no configured (or bundled)
+/// plugin directory yields a runnable `plugin:switchboard/echo/default` (the standalone
+/// `echo` binary was not built, e.g. after `cargo run -- dev`), registers the copy built
+/// into this binary. Returns whether the built-in copy is used.
+fn ensure_echo_runner(config: &mut SwitchboardConfig, data_dir: &Path) -> anyhow::Result<bool> {
+    let mut dirs = config.worker.runners_dirs.clone();
+    dirs.extend(sb_worker::plugins::bundled_runners_dir(None));
+    let exe = std::env::current_exe().context("cannot locate the switchboard executable")?;
+    let fallback = echo_fallback(&dirs, &CommandLookup::from_env(), data_dir, &exe)?;
+    let Some(plugins) = fallback else {
+        return Ok(false);
+    };
+    tracing::info!(
+        plugins = %plugins.display(),
+        "the echo runner binary was not found (build it with `cargo build -p sb-runner-echo`); using the copy built into switchboard"
+    );
+    config.worker.runners_dirs.push(plugins);
+    Ok(true)
+}
+
+/// The plugins directory of the built-in echo runner (written under `data_dir`) when `dirs`
+/// yield no loadable echo runner; `None` when they do.
+fn echo_fallback(
+    dirs: &[PathBuf],
+    lookup: &CommandLookup,
+    data_dir: &Path,
+    exe: &Path,
+) -> anyhow::Result<Option<PathBuf>> {
+    if switchboard::builtin::runner_loads(dirs, ECHO_RUNNER_ID, lookup) {
+        return Ok(None);
+    }
+    let root = data_dir.join(BUILTIN_RUNNERS_DIR);
+    let plugins = switchboard::builtin::write_echo_plugin(&root, exe)
+        .with_context(|| format!("cannot write {}", root.display()))?;
+    Ok(Some(plugins))
+}
+
+/// The startup summary of `dev`, on stdout.
+fn print_dev_banner(embedded: &Embedded, data_dir: &Path, builtin_echo: bool) {
+    let addr = embedded
+        .http_addr()
+        .unwrap_or_else(|| embedded.config().gateway.http_addr);
+    // A wildcard bind is reachable on loopback; that is what a local client should use.
+    let client_addr = if addr.ip().is_unspecified() {
+        SocketAddr::from(([127, 0, 0, 1], addr.port()))
+    } else {
+        addr
+    };
+    let url = format!("http://{client_addr}");
+    let mut out = String::new();
+    out.push_str("Switchboard is running: gateway, orchestrator and worker in one process.\n\n");
+    out.push_str(&format!("  API       http://{addr}\n"));
+    out.push_str(&format!(
+        "  data      {} (ledger: {})\n",
+        data_dir.display(),
+        embedded.config().database.url
+    ));
+    if let Some(bootstrap) = embedded.bootstrap() {
+        if bootstrap.api_key_created {
+            out.push_str(&format!(
+                "  API key   {}  (shown once; saved in {})\n",
+                bootstrap.api_key,
+                bootstrap.api_key_file.display()
+            ));
+        } else {
+            out.push_str(&format!(
+                "  API key   in {}\n",
+                bootstrap.api_key_file.display()
+            ));
+        }
+        if let Some(agent) = bootstrap.default_agent {
+            out.push_str(&format!(
+                "  agent     {DEFAULT_AGENT_NAME} ({agent}) answers message.received with {ECHO_RUNNER_ID}\n"
+            ));
+        }
+    }
+    let runners: Vec<String> = embedded
+        .runners()
+        .iter()
+        .map(|r| {
+            if builtin_echo && r.to_string() == ECHO_RUNNER_ID {
+                format!("{r} (built in)")
+            } else {
+                r.to_string()
+            }
+        })
+        .collect();
+    out.push_str(&format!(
+        "  runners   {}\n",
+        if runners.is_empty() {
+            "none found (see --runners-dir)".to_owned()
+        } else {
+            runners.join(", ")
+        }
+    ));
+    let mut send = String::from("switchboard send");
+    if url != super::client::DEFAULT_GATEWAY_URL {
+        send.push_str(&format!(" --url {url}"));
+    }
+    let default_key_file = Path::new(DEFAULT_DATA_DIR).join(API_KEY_FILE);
+    if let Some(bootstrap) = embedded.bootstrap() {
+        if !same_file(&bootstrap.api_key_file, &default_key_file) {
+            send.push_str(&format!(
+                " --api-key-file {}",
+                bootstrap.api_key_file.display()
+            ));
+        }
+    }
+    out.push_str(&format!(
+        "\nSend a message from another terminal:\n  {send} \"hello\"\nStop with Ctrl-C (in-flight runs finish first).\n"
+    ));
+    print!("{out}");
+    let _ = std::io::Write::flush(&mut std::io::stdout());
+}
+
+fn same_file(a: &Path, b: &Path) -> bool {
+    match (std::path::absolute(a), std::path::absolute(b)) {
+        (Ok(a), Ok(b)) => a == b,
+        _ => a == b,
+    }
+}
+
+/// A second ctrl-c during the drain exits at once (runner processes see their stdin close
+/// and stop on their own).
+fn exit_on_second_signal(shutdown: &Shutdown) {
+    let shutdown = shutdown.clone();
+    tokio::spawn(async move {
+        shutdown.cancelled().await;
+        if tokio::signal::ctrl_c().await.is_ok() {
+            eprintln!("interrupted again: exiting without finishing the drain");
+            std::process::exit(130);
+        }
+    });
+}
+
+/// Success unless a role failed on its own.
+fn exit_code(report: &StopReport) -> ExitCode {
+    match &report.failure {
+        Some(failure) => {
+            eprintln!("error: {failure}");
+            ExitCode::FAILURE
+        }
+        None => ExitCode::SUCCESS,
+    }
 }
 
 #[cfg(test)]
@@ -235,6 +501,103 @@ mod tests {
             crate::cli::db::sqlite_file(url).unwrap(),
             data.join(DEV_DATABASE_FILE)
         );
+    }
+
+    #[test]
+    fn role_commands_refuse_the_in_process_backends() {
+        let embedded = ConfigLoader::new().without_file().load().unwrap();
+        let err = require_shared_backends(&embedded, Roles::GATEWAY).unwrap_err();
+        let msg = err.to_string();
+        assert!(msg.contains("switchboard gateway"), "{msg}");
+        assert!(msg.contains("bus.kind = amqp"), "{msg}");
+        assert!(msg.contains("sessions.kind = redis"), "{msg}");
+        assert!(msg.contains("switchboard dev"), "{msg}");
+
+        let half = ConfigLoader::new()
+            .without_file()
+            .set("bus.kind", "amqp")
+            .set("bus.url", "amqp://guest:guest@127.0.0.1:5672/%2f")
+            .load()
+            .unwrap();
+        let msg = require_shared_backends(&half, Roles::WORKER)
+            .unwrap_err()
+            .to_string();
+        assert!(!msg.contains("bus.kind"), "{msg}");
+        assert!(msg.contains("sessions.kind = redis"), "{msg}");
+
+        let shared = ConfigLoader::new()
+            .without_file()
+            .set("bus.kind", "amqp")
+            .set("bus.url", "amqp://guest:guest@127.0.0.1:5672/%2f")
+            .set("sessions.kind", "redis")
+            .set("sessions.url", "redis://127.0.0.1:6379")
+            .load()
+            .unwrap();
+        require_shared_backends(&shared, Roles::ORCHESTRATOR).unwrap();
+    }
+
+    #[test]
+    fn sqlite_databases_get_their_directory_and_create_mode() {
+        let dir = tempfile::tempdir().unwrap();
+        let file = dir.path().join("nested").join("ledger.db");
+        let mut config = ConfigLoader::new()
+            .without_file()
+            .set("database.url", format!("sqlite://{}", file.display()))
+            .load()
+            .unwrap();
+        prepare_sqlite(&mut config).unwrap();
+        assert!(file.parent().unwrap().is_dir());
+        assert!(config.database.url.expose().ends_with("?mode=rwc"));
+
+        let mut config = ConfigLoader::new()
+            .without_file()
+            .set("database.url", "postgres://postgres@127.0.0.1:5432/test")
+            .load()
+            .unwrap();
+        prepare_sqlite(&mut config).unwrap();
+        assert_eq!(
+            config.database.url.expose(),
+            "postgres://postgres@127.0.0.1:5432/test"
+        );
+    }
+
+    #[test]
+    fn the_built_in_echo_runner_is_only_a_fallback() {
+        let data = tempfile::tempdir().unwrap();
+        let empty = tempfile::tempdir().unwrap();
+        let exe = std::env::current_exe().unwrap();
+        let lookup = CommandLookup::default();
+
+        // Nothing provides the echo runner: the built-in copy is written and loads.
+        let plugins = echo_fallback(&[empty.path().to_path_buf()], &lookup, data.path(), &exe)
+            .unwrap()
+            .expect("a fallback");
+        assert!(plugins.starts_with(data.path()));
+        assert!(switchboard::builtin::runner_loads(
+            std::slice::from_ref(&plugins),
+            ECHO_RUNNER_ID,
+            &lookup
+        ));
+
+        // A directory that provides it (here: that same plugin) means no fallback.
+        let other = tempfile::tempdir().unwrap();
+        assert_eq!(
+            echo_fallback(&[plugins], &lookup, other.path(), &exe).unwrap(),
+            None
+        );
+        assert!(!other.path().join(BUILTIN_RUNNERS_DIR).exists());
+    }
+
+    #[test]
+    fn the_hidden_runner_command_parses() {
+        let cli = Cli::try_parse_from(["switchboard", "runner", "echo"]).unwrap();
+        assert!(matches!(
+            cli.command,
+            Command::Runner(RunnerArgs {
+                name: BuiltinRunner::Echo
+            })
+        ));
+        assert!(Cli::try_parse_from(["switchboard", "runner", "nope"]).is_err());
     }
 
     #[test]

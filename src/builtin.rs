@@ -1,0 +1,183 @@
+//! The echo runner built into the `switchboard` binary.
+//!
+//! A fresh `switchboard dev` binds its default agent to the official echo runner
+//! (`plugin:switchboard/echo/default`, `runners/echo`). That runner is its own binary, which
+//! `cargo build --workspace` and the Docker image build, but `cargo run -- dev` (the README's
+//! first command) builds only the `switchboard` binary. Rather than leave the first message of
+//! a new user unanswered, the binary carries the same runner behind a hidden subcommand
+//! (`switchboard runner echo`), and `dev` registers it through a generated plugin directory
+//! **only when the standalone runner cannot be loaded** ([`runner_loads`]); the official
+//! plugin always wins when it is there.
+//!
+//! The runner is the same program as `runners/echo/src/main.rs` (one `message.delta` per
+//! word, then `message.completed` with the whole text, then `run.completed`), written against
+//! the same SDK, so the two cannot behave differently on the wire.
+
+use std::io;
+use std::path::{Path, PathBuf};
+
+use sb_runner::sb_protocol::error::run_failure;
+use sb_runner::{Emitter, Run, RunError, Runner};
+use sb_worker::plugins::{CommandLookup, MANIFEST_FILES, load_plugin_dir};
+use serde_json::json;
+
+/// Runner id of the official echo runner (and of the built-in copy).
+pub const ECHO_RUNNER_ID: &str = "plugin:switchboard/echo/default";
+
+/// Name of the plugin directory [`write_echo_plugin`] creates.
+pub const ECHO_PLUGIN_DIR: &str = "switchboard-echo";
+
+/// The echo runner.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct Echo;
+
+impl Runner for Echo {
+    fn run(&self, run: &Run, out: &Emitter) -> Result<(), RunError> {
+        let text = run.input_text();
+        for chunk in chunks(text) {
+            if run.is_cancelled() {
+                return Err(RunError::new(
+                    run_failure::CANCELLED,
+                    "cancelled by the host",
+                ));
+            }
+            out.delta(chunk)?;
+        }
+        out.completed_text(text)?;
+        out.run_completed()?;
+        Ok(())
+    }
+}
+
+/// The delta chunks for `text`: each word with one trailing space, the last without.
+fn chunks(text: &str) -> Vec<String> {
+    let words: Vec<&str> = text.split_whitespace().collect();
+    let last = words.len().saturating_sub(1);
+    words
+        .iter()
+        .enumerate()
+        .map(|(i, w)| {
+            if i == last {
+                (*w).to_owned()
+            } else {
+                format!("{w} ")
+            }
+        })
+        .collect()
+}
+
+/// Serves the echo runner on stdin/stdout until the host says `shutdown` or closes stdin.
+/// Blocks the calling thread.
+pub fn serve_echo() -> io::Result<()> {
+    sb_runner::serve(Echo)
+}
+
+/// Whether the plugin directories `dirs` (searched like the worker does, in order) yield a
+/// loadable runner `runner_id`: a manifest that declares it and a command that resolves.
+/// Nothing is logged: the worker reports skipped plugins itself when it loads them.
+pub fn runner_loads(dirs: &[PathBuf], runner_id: &str, lookup: &CommandLookup) -> bool {
+    dirs.iter().any(|dir| {
+        let Ok(entries) = std::fs::read_dir(dir) else {
+            return false;
+        };
+        entries
+            .filter_map(Result::ok)
+            .map(|e| e.path())
+            .any(|plugin_dir| {
+                plugin_dir.is_dir()
+                    && MANIFEST_FILES.iter().any(|f| plugin_dir.join(f).is_file())
+                    && load_plugin_dir(&plugin_dir, lookup).is_ok_and(|runners| {
+                        runners.iter().any(|r| {
+                            r.as_ref()
+                                .is_ok_and(|r| r.runner_id.to_string() == runner_id)
+                        })
+                    })
+            })
+    })
+}
+
+/// Writes (or rewrites) a plugins directory under `root` holding one plugin that runs the
+/// built-in echo runner as `<program> runner echo`, and returns the plugins directory to add
+/// to `worker.runners_dirs`. `program` should be the absolute path of the running
+/// `switchboard` executable. The manifest is JSON so that any path is escaped correctly.
+pub fn write_echo_plugin(root: &Path, program: &Path) -> io::Result<PathBuf> {
+    let plugin_dir = root.join(ECHO_PLUGIN_DIR);
+    std::fs::create_dir_all(&plugin_dir)?;
+    let program = program.to_str().ok_or_else(|| {
+        io::Error::new(
+            io::ErrorKind::InvalidInput,
+            format!("executable path {} is not valid UTF-8", program.display()),
+        )
+    })?;
+    let manifest = json!({
+        "plugin": {"author": "switchboard", "name": "echo", "version": env!("CARGO_PKG_VERSION")},
+        "runners": [{
+            "name": "default",
+            "label": {"en_US": "Echo"},
+            "description": {"en_US": "Streams the input back (built into the switchboard binary)."},
+            "capabilities": {"streaming": true},
+            "permissions": {"history": ["page"]},
+            "config_schema": [],
+            "execution": {
+                "command": program,
+                "args": ["runner", "echo"],
+                "mode": "shared",
+                "max_concurrency": 64,
+                "pool": "default",
+                "env": ["RUST_LOG"],
+            },
+        }],
+    });
+    let text = serde_json::to_string_pretty(&manifest).map_err(io::Error::other)?;
+    std::fs::write(plugin_dir.join("manifest.json"), text)?;
+    Ok(root.to_path_buf())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn words_with_trailing_spaces_except_the_last() {
+        assert_eq!(chunks("hello  big\tworld"), vec!["hello ", "big ", "world"]);
+        assert_eq!(chunks("one"), vec!["one"]);
+        assert!(chunks("   ").is_empty());
+    }
+
+    #[test]
+    fn the_generated_plugin_loads_as_the_echo_runner() {
+        let dir = tempfile::tempdir().unwrap();
+        // Any existing file works as the program: resolution only checks that it exists.
+        let program = std::env::current_exe().unwrap();
+        let plugins = write_echo_plugin(dir.path(), &program).unwrap();
+        let lookup = CommandLookup::default();
+        assert!(runner_loads(
+            std::slice::from_ref(&plugins),
+            ECHO_RUNNER_ID,
+            &lookup
+        ));
+        assert!(!runner_loads(
+            std::slice::from_ref(&plugins),
+            "plugin:switchboard/echo/other",
+            &lookup
+        ));
+
+        let runners = load_plugin_dir(&plugins.join(ECHO_PLUGIN_DIR), &lookup).unwrap();
+        let runner = runners.into_iter().next().unwrap().unwrap();
+        assert_eq!(runner.program, program);
+        assert_eq!(runner.execution.args, ["runner", "echo"]);
+    }
+
+    #[test]
+    fn missing_commands_and_directories_do_not_load() {
+        let dir = tempfile::tempdir().unwrap();
+        let plugins = write_echo_plugin(dir.path(), &dir.path().join("no-such-binary")).unwrap();
+        let lookup = CommandLookup::default();
+        assert!(!runner_loads(&[plugins], ECHO_RUNNER_ID, &lookup));
+        assert!(!runner_loads(
+            &[dir.path().join("absent")],
+            ECHO_RUNNER_ID,
+            &lookup
+        ));
+    }
+}
