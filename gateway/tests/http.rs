@@ -1335,10 +1335,12 @@ async fn cancel_records_flags_and_broadcasts() {
         json_body(response).await,
         json!({"run_id": run_id.to_string(), "cancelled": true, "status": "queued"})
     );
-    let flag =
-        sb_common::session::SessionStore::get(h.sessions.as_ref(), &format!("cancel:{run_id}"))
-            .await
-            .unwrap();
+    let flag = sb_common::session::SessionStore::get(
+        h.sessions.as_ref(),
+        &sb_common::session::cancel_flag_key(&run_id),
+    )
+    .await
+    .unwrap();
     assert_eq!(flag.as_deref(), Some(&b"user asked"[..]));
     let delivery = tokio::time::timeout(Duration::from_secs(5), sub.next())
         .await

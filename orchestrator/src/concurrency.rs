@@ -81,15 +81,6 @@ impl ConversationKey {
     }
 }
 
-/// The session-store key (plain key family) of a run's cancel flag: the reason as UTF-8,
-/// set *before* `cancel.<run_id>` is published so a worker that has not bound its control
-/// queue yet still sees it before starting the run. Must equal the worker's
-/// `sb_worker::service::cancel_flag_key` and the gateway's (the store adds its prefix).
-#[must_use]
-pub fn cancel_flag_key(run_id: &RunId) -> String {
-    format!("cancel:{run_id}")
-}
-
 /// Reason given to the runs an `interrupt` event cancels.
 #[must_use]
 pub fn interrupt_reason(event_id: &EventId) -> String {

@@ -19,7 +19,8 @@
 //! Persisted copies of inputs never keep inline payloads: an image block's `base64` (and a
 //! `data:` URL) and an attachment's `content_base64` become `null` with
 //! `content_redacted: true` (host-behaviour §14). The runner still received them in its
-//! context.
+//! context. The redaction functions live in `sb_store::redact` (re-exported here), shared
+//! with the event-log audit rows.
 
 use sb_protocol::content::{ArtifactRef, Message};
 use sb_protocol::host::{AgentEventEnvelope, AuthorizationSnapshot, event_types};
@@ -32,7 +33,9 @@ use sb_store::{
     ArtifactContent, ArtifactScope, NewArtifact, NewEvent, NewTranscriptItem, RunOutcome,
     RunStatus, StateWrite,
 };
-use serde_json::{Map, Value, json};
+use serde_json::{Value, json};
+
+pub use sb_store::redact::{sanitize_attachments, sanitize_contents};
 
 use crate::state_keys::{
     StateKeyParts, StateValidationError, check_state_key, check_state_value, scope_key,
@@ -83,58 +86,6 @@ pub fn artifact_id(run_id: &RunId, sequence: u64, declared: Option<&str>) -> Str
         Some(id) => id.to_owned(),
         None => format!("{run_id}:{sequence}"),
     }
-}
-
-fn redact_inline(obj: &mut Map<String, Value>, field: &str) {
-    if obj.get(field).is_some_and(|v| !v.is_null()) {
-        obj.insert(field.to_owned(), Value::Null);
-        obj.insert("content_redacted".to_owned(), Value::Bool(true));
-    }
-}
-
-/// Redacts inline payloads from a list of content blocks (JSON).
-#[must_use]
-pub fn sanitize_contents(contents: Value) -> Value {
-    let Value::Array(mut items) = contents else {
-        return contents;
-    };
-    for item in &mut items {
-        let Some(obj) = item.as_object_mut() else {
-            continue;
-        };
-        let kind = obj
-            .get("type")
-            .and_then(Value::as_str)
-            .unwrap_or_default()
-            .to_owned();
-        if kind == "image" || kind == "image_base64" || kind == "file_base64" {
-            redact_inline(obj, "base64");
-            redact_inline(obj, "data");
-            if obj
-                .get("url")
-                .and_then(Value::as_str)
-                .is_some_and(|u| u.starts_with("data:"))
-            {
-                redact_inline(obj, "url");
-            }
-        }
-    }
-    Value::Array(items)
-}
-
-/// Redacts inline payloads from attachment refs (JSON).
-#[must_use]
-pub fn sanitize_attachments(attachments: Value) -> Value {
-    let Value::Array(mut items) = attachments else {
-        return attachments;
-    };
-    for item in &mut items {
-        if let Some(obj) = item.as_object_mut() {
-            redact_inline(obj, "content_base64");
-            redact_inline(obj, "content");
-        }
-    }
-    Value::Array(items)
 }
 
 /// The user transcript row of an event: only `message.received` events with a
@@ -532,6 +483,7 @@ pub fn assembled_deltas(items: &StoredItems) -> Option<String> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use serde_json::Map;
     use sb_protocol::content::{ContentElement, MessageContent};
     use sb_protocol::context::{ActorContext, AgentInput, DeliveryContext, StateScope};
     use sb_protocol::context::{AgentResources, ContextAPICapabilities};
@@ -573,6 +525,7 @@ mod tests {
             state_policy: policy,
             budgets: RunBudgets::default(),
             deadline_at: None,
+            host_api_token_sha256: None,
         }
     }
 

@@ -25,8 +25,8 @@
 //!   the worker's Host API. Pure.
 //! - [`journal`]: transcript rows, state writes, artifacts and run outcomes built from
 //!   results, with deterministic ids for idempotency. Pure.
-//! - [`steering`]: which active run absorbs a message, the steering item, the claim and
-//!   `steering.dropped` audit records. Pure.
+//! - [`steering`]: which active run absorbs a message, the steering item and the claim
+//!   metadata (its audit rows are `sb_store::audit`'s). Pure.
 //! - [`concurrency`]: the conversation concurrency policy (`parallel`, `enqueue`,
 //!   `interrupt`, `reject`) and the key/queue naming it uses. Pure.
 //! - [`conversations`]: the per-conversation state in the session store (active-run index,

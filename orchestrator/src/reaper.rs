@@ -22,13 +22,12 @@ use chrono::Utc;
 use sb_common::shutdown::Shutdown;
 use sb_protocol::error::run_failure;
 use sb_protocol::result::AgentRunResult;
-use sb_store::{RunOutcome, RunStatus};
+use sb_store::{RunOutcome, RunStatus, audit};
 
 use crate::conversations::Conversations;
 use crate::error::Result;
 use crate::service::{OrchestratorDeps, OrchestratorOptions};
 use crate::sink::ResultSink;
-use crate::steering;
 
 /// The message of a reaped run.
 pub const TIMEOUT_MESSAGE: &str = "run exceeded its deadline";
@@ -87,15 +86,14 @@ impl Reaper {
             match self.deps.sessions.end_session(&run.id).await {
                 Ok(Some(ended)) => {
                     for item in &ended.steering {
-                        let audit = steering::dropped_audit(
+                        let row = audit::steering_dropped(
                             item,
                             run.id,
                             &run.runner_id,
                             &run.workspace_id,
-                            steering::DROPPED_RUN_ENDED,
+                            audit::DROPPED_RUN_ENDED,
                         );
-                        if let Err(error) = self.deps.stores.events.append(audit, Vec::new()).await
-                        {
+                        if let Err(error) = self.deps.stores.events.append(row, Vec::new()).await {
                             tracing::warn!(run_id = %run.id, %error, "could not audit a dropped steering item");
                         }
                     }

@@ -1,7 +1,7 @@
 //! Steering decisions as data (SPEC §7, host-behaviour §11, §15
 //! `try_claim_steering_from_query`): which active run, if any, absorbs a new message, the
-//! item pushed to its steering list, and the audit rows of claimed and dropped items.
-//! Nothing here does I/O; the event consumer ([`crate::events`]) and the reaper apply it.
+//! item pushed to its steering list, and the metadata of a claimed event.
+//! Nothing here does I/O; the event consumer ([`crate::events`]) applies it.
 //!
 //! ```text
 //! message.received ─▶ binding + runner ─▶ target(event, runner, active runs)
@@ -19,32 +19,19 @@
 //! `metadata`. The worker's `steering_pull` pops the same JSON from the session store, so
 //! this type is the contract between the two roles.
 //!
-//! # Audit keys
+//! # Audit rows
 //!
-//! The seed host wrote `original_event_id` in `steering.dropped` rows and `source_event_id`
-//! in `steering.injected` rows (host-behaviour §26.10). Switchboard uses `source_event_id`
-//! in both, as the seed documentation says.
+//! The `steering.injected` / `steering.dropped` event-log rows of an item are built by
+//! `sb_store::audit` (the worker writes both kinds, the reaper writes `steering.dropped`).
 
-use chrono::{DateTime, TimeZone, Utc};
 use sb_protocol::host::{AgentEventEnvelope, AuthorizationSnapshot, event_types};
-use sb_protocol::ids::{RunId, WorkspaceId};
+use sb_protocol::ids::RunId;
 use sb_protocol::manifest::RunnerId;
 use sb_protocol::proxy::{SteeringConversation, SteeringItem};
-use sb_store::{EventStatus, NewEvent};
 use serde_json::{Map, Value, json};
-
-use crate::journal::{sanitize_attachments, sanitize_contents};
 
 /// `metadata.steering.trigger_behavior` of a claimed event (seed value).
 pub const TRIGGER_ABSORBED: &str = "absorbed_into_active_run";
-/// Reason of the `steering.dropped` rows written when a run ends with unpulled items.
-pub const DROPPED_RUN_ENDED: &str = "run_ended";
-/// Source of `steering.dropped` rows.
-pub const SOURCE_HOST: &str = "host";
-/// Summary of a dropped item without text (seed wording).
-pub const DROPPED_SUMMARY: &str = "Unconsumed steering input dropped";
-/// Longest stored summary, in characters (host-behaviour §14).
-const MAX_SUMMARY_CHARS: usize = 1000;
 
 /// An active run of a conversation, as the session store knows it: the run id and its
 /// frozen snapshot (`None` when the stored session does not decode; such a run still counts
@@ -134,99 +121,6 @@ pub fn claim_metadata(run_id: RunId, runner_id: &str, claimed_at: i64) -> Value 
     })
 }
 
-fn cut(text: &str, max: usize) -> String {
-    if text.chars().count() <= max {
-        return text.to_owned();
-    }
-    let mut out: String = text.chars().take(max - 3).collect();
-    out.push_str("...");
-    out
-}
-
-fn epoch_secs(secs: i64) -> Option<DateTime<Utc>> {
-    Utc.timestamp_opt(secs, 0).single()
-}
-
-/// The `steering.dropped` row of an item a run never pulled (host-behaviour §14
-/// `write_steering_dropped_audits`). `item` is the JSON popped from the session store;
-/// `run_id` / `runner_id` / `workspace` describe the run that claimed it and are used when
-/// the item lacks them. The idempotency key `steering.dropped:<run>:<source event>` makes a
-/// replayed audit append once.
-///
-/// The row is an audit record, never routed: its status is `dispatched` with the run id,
-/// like the other rows a run produces.
-#[must_use]
-pub fn dropped_audit(
-    item: &Value,
-    run_id: RunId,
-    runner_id: &str,
-    workspace: &WorkspaceId,
-    reason: &str,
-) -> NewEvent {
-    let typed: Option<SteeringItem> = serde_json::from_value(item.clone()).ok();
-    let source_event_id = item
-        .pointer("/event/event_id")
-        .and_then(Value::as_str)
-        .map(str::to_owned);
-    let claimed_runner_id = item
-        .get("runner_id")
-        .and_then(Value::as_str)
-        .unwrap_or(runner_id)
-        .to_owned();
-    let claimed_at = item.get("claimed_at").and_then(Value::as_i64);
-
-    let mut event = NewEvent::new(workspace.clone(), "steering.dropped", SOURCE_HOST);
-    let key = source_event_id
-        .as_ref()
-        .map(|source| format!("steering.dropped:{run_id}:{source}"))
-        .filter(|key| sb_store::events::is_valid_idempotency_key(key))
-        // Not an id we made: a fresh row (no replay protection, but no bad key either).
-        .unwrap_or_else(|| format!("steering.dropped:{run_id}:{}", uuid::Uuid::new_v4()));
-    event.idempotency_key = Some(key);
-    event.status = EventStatus::Dispatched;
-    event.run_id = Some(run_id);
-    event.runner_id = Some(claimed_runner_id.clone());
-    let text = typed
-        .as_ref()
-        .and_then(|t| t.input.text.as_deref())
-        .filter(|t| !t.is_empty());
-    event.input_summary =
-        Some(text.map_or_else(|| DROPPED_SUMMARY.to_owned(), |t| cut(t, MAX_SUMMARY_CHARS)));
-    if let Some(typed) = &typed {
-        event.bot_id = typed.conversation.bot_id.clone();
-        event.conversation_id = typed.conversation.conversation_id.clone();
-        event.thread_id = typed.conversation.thread_id.clone();
-        if let Some(actor) = &typed.actor {
-            event.actor_type = Some(actor.actor_type.clone());
-            event.actor_id = actor.actor_id.clone();
-            event.actor_name = actor.actor_name.clone();
-        }
-        if let Some(subject) = &typed.subject {
-            event.subject_type = Some(subject.subject_type.clone());
-            event.subject_id = subject.subject_id.clone();
-        }
-        event.event_time = typed.event.event_time.and_then(epoch_secs);
-        event.envelope = Some(json!({
-            "input": {
-                "text": typed.input.text,
-                "contents": sanitize_contents(serde_json::to_value(&typed.input.contents).unwrap_or(Value::Null)),
-                "attachments": sanitize_attachments(serde_json::to_value(&typed.input.attachments).unwrap_or(Value::Null)),
-            }
-        }));
-    }
-    event.metadata = json!({
-        "steering": {
-            "status": "dropped",
-            "reason": reason,
-            "source_event_id": source_event_id,
-            "claimed_run_id": run_id.to_string(),
-            "claimed_runner_id": claimed_runner_id,
-            "claimed_at": claimed_at,
-        }
-    });
-    event
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -234,7 +128,7 @@ mod tests {
         ActorContext, AgentInput, AgentResources, ContextAPICapabilities, DeliveryContext,
     };
     use sb_protocol::host::{RunBudgets, StatePolicy};
-    use sb_protocol::ids::EventId;
+    use sb_protocol::ids::{EventId, WorkspaceId};
 
     const RUNNER: &str = "plugin:acme/agent/default";
 
@@ -293,6 +187,7 @@ mod tests {
                 state_policy: StatePolicy::default(),
                 budgets: RunBudgets::default(),
                 deadline_at: None,
+                host_api_token_sha256: None,
             }),
         }
     }
@@ -389,51 +284,30 @@ mod tests {
     }
 
     #[test]
-    fn dropped_audit_rows() {
+    fn an_item_gives_a_keyed_redacted_dropped_row() {
+        // The item this module builds is what `sb_store::audit` reads back when the run
+        // ends without pulling it (the builder itself is tested in sb-store).
         let e = event(Some("c1"), None);
         let run_id = RunId::new();
         let runner: RunnerId = RUNNER.parse().unwrap();
         let v = serde_json::to_value(item(&e, run_id, &runner, 42)).unwrap();
         let ws = WorkspaceId::default_workspace();
-        let row = dropped_audit(&v, run_id, RUNNER, &ws, DROPPED_RUN_ENDED);
-        assert_eq!(row.event_type, "steering.dropped");
-        assert_eq!(row.source, "host");
-        assert_eq!(row.run_id, Some(run_id));
-        assert_eq!(row.runner_id.as_deref(), Some(RUNNER));
+        let row = sb_store::audit::steering_dropped(
+            &v,
+            run_id,
+            RUNNER,
+            &ws,
+            sb_store::audit::DROPPED_RUN_ENDED,
+        );
+        assert_eq!(
+            row.idempotency_key,
+            Some(format!("steering.dropped:{run_id}:{}", e.event_id))
+        );
         assert_eq!(row.conversation_id.as_deref(), Some("c1"));
-        assert_eq!(row.bot_id.as_deref(), Some("bot"));
         assert_eq!(row.actor_id.as_deref(), Some("u1"));
         assert_eq!(row.input_summary.as_deref(), Some("and also this"));
-        assert_eq!(row.event_time.unwrap().timestamp(), 1_700_000_000);
-        let key = row.idempotency_key.clone().unwrap();
-        assert_eq!(key, format!("steering.dropped:{run_id}:{}", e.event_id));
-        assert!(sb_store::events::is_valid_idempotency_key(&key));
-        let s = &row.metadata["steering"];
-        assert_eq!(s["status"], "dropped");
-        assert_eq!(s["reason"], "run_ended");
-        assert_eq!(s["source_event_id"], e.event_id.to_string());
-        assert_eq!(s["claimed_run_id"], run_id.to_string());
-        assert_eq!(s["claimed_at"], 42);
+        assert_eq!(row.metadata["steering"]["claimed_at"], 42);
         let input = &row.envelope.as_ref().unwrap()["input"];
-        assert_eq!(
-            input["contents"][0]["base64"],
-            Value::Null,
-            "persisted copies are redacted"
-        );
         assert_eq!(input["contents"][0]["content_redacted"], true);
-
-        // an item without text or a readable shape still gives a row
-        let row = dropped_audit(&json!({"junk": true}), run_id, RUNNER, &ws, "run_ended");
-        assert_eq!(row.input_summary.as_deref(), Some(DROPPED_SUMMARY));
-        assert_eq!(row.metadata["steering"]["source_event_id"], Value::Null);
-        assert!(sb_store::events::is_valid_idempotency_key(
-            row.idempotency_key.as_deref().unwrap()
-        ));
-        // long text is cut
-        let mut long = e.clone();
-        long.input.text = Some("x".repeat(1500));
-        let v = serde_json::to_value(item(&long, run_id, &runner, 1)).unwrap();
-        let row = dropped_audit(&v, run_id, RUNNER, &ws, "run_ended");
-        assert_eq!(row.input_summary.unwrap().chars().count(), 1000);
     }
 }

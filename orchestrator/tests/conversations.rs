@@ -16,7 +16,7 @@ use sb_common::bus::memory::MemoryBus;
 use sb_common::bus::topology::{Topology, TopologyOptions, declare_topology};
 use sb_common::bus::{Bus, ConsumeOptions, PublishOptions, QueueSpec, QueueType, Subscription};
 use sb_common::session::memory::MemorySessionStore;
-use sb_common::session::{PullMode, SessionStore};
+use sb_common::session::{PullMode, SessionStore, cancel_flag_key};
 use sb_common::shutdown::Shutdown;
 use sb_orchestrator::access::Catalog;
 use sb_orchestrator::concurrency::ConversationKey;
@@ -911,7 +911,7 @@ async fn interrupt_policy_cancels_then_starts(b: Backends) {
     assert!(reason.contains(&next.to_string()), "{reason}");
     let flag =
         h.b.sessions
-            .get(&format!("cancel:{first}"))
+            .get(&cancel_flag_key(&first))
             .await
             .unwrap()
             .expect("the cancel flag is set for a worker that has not bound yet");
@@ -926,7 +926,7 @@ async fn interrupt_policy_cancels_then_starts(b: Backends) {
     // the second run is not cancelled
     assert!(
         h.b.sessions
-            .get(&format!("cancel:{second}"))
+            .get(&cancel_flag_key(&second))
             .await
             .unwrap()
             .is_none()

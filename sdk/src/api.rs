@@ -36,6 +36,14 @@ pub mod actions {
     pub const STATE_SET: &str = "state_set";
     pub const STATE_DELETE: &str = "state_delete";
     pub const STATE_LIST: &str = "state_list";
+    /// Plugin / workspace binary storage (`owner_type` `plugin` | `workspace`): the canonical
+    /// names, which the typed helpers send.
+    pub const STORAGE_GET: &str = "storage_get";
+    pub const STORAGE_SET: &str = "storage_set";
+    pub const STORAGE_DELETE: &str = "storage_delete";
+    pub const STORAGE_KEYS: &str = "storage_keys";
+    /// The seed host's names of the storage actions; the host still accepts them as aliases
+    /// of `STORAGE_*`.
     pub const GET_BINARY_STORAGE: &str = "get_binary_storage";
     pub const SET_BINARY_STORAGE: &str = "set_binary_storage";
     pub const DELETE_BINARY_STORAGE: &str = "delete_binary_storage";
@@ -323,16 +331,16 @@ impl HostApi {
         self.call(actions::STATE_LIST, params)
     }
 
-    /// Binary storage get. The owner (this plugin, or the run's workspace) is derived by the
+    /// `storage_get`. The owner (this plugin, or the run's workspace) is derived by the
     /// host from the connection, never sent.
     pub fn storage_get(&self, owner: StorageOwner, key: &str) -> Result<Value, AgentApiError> {
         self.call(
-            actions::GET_BINARY_STORAGE,
+            actions::STORAGE_GET,
             json!({ "owner_type": owner, "key": key }),
         )
     }
 
-    /// Binary storage set (`value` is sent base64-encoded).
+    /// `storage_set` (`value` is sent base64-encoded).
     pub fn storage_set(
         &self,
         owner: StorageOwner,
@@ -341,25 +349,22 @@ impl HostApi {
     ) -> Result<Value, AgentApiError> {
         let encoded = base64::engine::general_purpose::STANDARD.encode(value);
         self.call(
-            actions::SET_BINARY_STORAGE,
+            actions::STORAGE_SET,
             json!({ "owner_type": owner, "key": key, "value_base64": encoded }),
         )
     }
 
-    /// Binary storage delete.
+    /// `storage_delete`.
     pub fn storage_delete(&self, owner: StorageOwner, key: &str) -> Result<Value, AgentApiError> {
         self.call(
-            actions::DELETE_BINARY_STORAGE,
+            actions::STORAGE_DELETE,
             json!({ "owner_type": owner, "key": key }),
         )
     }
 
-    /// Binary storage keys.
+    /// `storage_keys`.
     pub fn storage_keys(&self, owner: StorageOwner) -> Result<Value, AgentApiError> {
-        self.call(
-            actions::GET_BINARY_STORAGE_KEYS,
-            json!({ "owner_type": owner }),
-        )
+        self.call(actions::STORAGE_KEYS, json!({ "owner_type": owner }))
     }
 
     /// `get_host_version`.
@@ -446,4 +451,69 @@ pub struct EventPageParams {
     pub before_cursor: Option<String>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub limit: Option<u32>,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The runner's stdout as a channel of written chunks (whole lines: `Output` writes each
+    /// message with one `write_all`).
+    struct Lines(mpsc::Sender<Vec<u8>>);
+
+    impl std::io::Write for Lines {
+        fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+            let _ = self.0.send(buf.to_vec());
+            Ok(buf.len())
+        }
+        fn flush(&mut self) -> std::io::Result<()> {
+            Ok(())
+        }
+    }
+
+    type Helper = fn(&HostApi) -> Result<Value, AgentApiError>;
+
+    #[test]
+    fn storage_helpers_send_the_canonical_action_names() {
+        let (tx, rx) = mpsc::channel();
+        let router = Arc::new(ApiRouter::new(Arc::new(Output::new(Box::new(Lines(tx))))));
+        let api = HostApi::new("run-1".into(), router.clone(), CancelToken::new(), None);
+        let cases: [(Helper, &str, Value); 4] = [
+            (
+                |api| api.storage_get(StorageOwner::Plugin, "k"),
+                "storage_get",
+                json!({"owner_type": "plugin", "key": "k"}),
+            ),
+            (
+                |api| api.storage_set(StorageOwner::Workspace, "k", b"hi"),
+                "storage_set",
+                json!({"owner_type": "workspace", "key": "k", "value_base64": "aGk="}),
+            ),
+            (
+                |api| api.storage_delete(StorageOwner::Plugin, "k"),
+                "storage_delete",
+                json!({"owner_type": "plugin", "key": "k"}),
+            ),
+            (
+                |api| api.storage_keys(StorageOwner::Workspace),
+                "storage_keys",
+                json!({"owner_type": "workspace"}),
+            ),
+        ];
+        for (helper, action, params) in cases {
+            let caller = api.clone();
+            let call = std::thread::spawn(move || helper(&caller));
+            let line = rx
+                .recv_timeout(std::time::Duration::from_secs(10))
+                .expect("the helper wrote its call");
+            let sent: Value = serde_json::from_slice(&line).unwrap();
+            assert_eq!(sent["op"], "api");
+            assert_eq!(sent["run_id"], "run-1");
+            assert_eq!(sent["action"], action);
+            assert_eq!(sent["params"], params, "{action}");
+            let id = sent["id"].as_str().unwrap().to_owned();
+            router.route_result(ApiResult::success(id, json!({"done": action})));
+            assert_eq!(call.join().unwrap().unwrap(), json!({"done": action}));
+        }
+    }
 }

@@ -190,6 +190,15 @@ impl<D: Dispatcher> ApiGate<D> {
                 "internal host error",
             ));
         }
+        // A session without an identity authorizes nobody (host-behaviour §22.1 check 2),
+        // not even a caller whose identity would compare equal to the empty one.
+        if snapshot.plugin_id.trim().is_empty() {
+            tracing::error!(%run_id, "run session has no plugin identity");
+            return Err(AgentApiError::new(
+                ErrorCode::Unauthorized,
+                format!("run session {run_id} has no plugin identity"),
+            ));
+        }
         if snapshot.plugin_id != caller.plugin_id {
             return Err(AgentApiError::new(
                 ErrorCode::Unauthorized,
@@ -286,6 +295,19 @@ mod tests {
     fn action_labels_are_bounded() {
         assert_eq!(action_label("get_host_version"), "get_host_version");
         assert_eq!(action_label("drop_tables; --"), "unknown");
+        // both spellings of the storage actions are labelled by name
+        for name in [
+            "storage_get",
+            "storage_set",
+            "storage_delete",
+            "storage_keys",
+            "get_binary_storage",
+            "set_binary_storage",
+            "delete_binary_storage",
+            "get_binary_storage_keys",
+        ] {
+            assert_eq!(action_label(name), name);
+        }
     }
 
     #[test]

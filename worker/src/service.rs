@@ -61,7 +61,7 @@ use sb_common::bus::{
 };
 use sb_common::config::{SwitchboardConfig, WorkerConfig};
 use sb_common::error::ShutdownError;
-use sb_common::session::{SessionError, SessionStore};
+use sb_common::session::{SessionError, SessionStore, cancel_flag_key};
 use sb_common::shutdown::Shutdown;
 use sb_common::telemetry::{Registry, names};
 use sb_protocol::error::{Disposition, ErrorCode, HasErrorCode, run_failure};
@@ -70,7 +70,7 @@ use sb_protocol::ids::RunId;
 use sb_protocol::manifest::RunnerId;
 use sb_protocol::messages::{ControlMessage, ResultMessage, RunJob, decode, encode};
 use sb_protocol::result::{AgentRunResult, ResultLimits};
-use sb_store::{RunLedger, RunOutcome, RunStatus, RunnerRow, StoreError, Stores};
+use sb_store::{EventLog, RunLedger, RunOutcome, RunStatus, RunnerRow, StoreError, Stores, audit};
 use serde_json::{Value, json};
 use tokio::sync::{OwnedSemaphorePermit, Semaphore, watch};
 use tokio::task::JoinHandle;
@@ -78,7 +78,7 @@ use tokio_util::sync::CancellationToken;
 use tokio_util::task::{AbortOnDropHandle, TaskTracker};
 use tracing::Instrument as _;
 
-use crate::actions::{ActionDispatcher, ActionLimits};
+use crate::actions::{AUDIT_TARGET, ActionDispatcher, ActionLimits};
 use crate::api_gate::{ApiGate, Dispatcher};
 use crate::plugins::{CommandLookup, PluginRunner, bundled_runners_dir, load_plugins};
 use crate::runner::{HostApi, RunHandle, RunRequest, RunnerHost, RunnerHostConfig};
@@ -100,20 +100,12 @@ const PUBLISH_RETRY_MAX: Duration = Duration::from_secs(5);
 const CONSUME_ERROR_PAUSE: Duration = Duration::from_millis(500);
 
 /// The session-store key of a run's worker lease (`<prefix>lease:<run_id>`; the store adds
-/// the `lease:` family prefix). The orchestrator's reaper reads the same key.
+/// the `lease:` family prefix). Only workers use it (the reaper goes by run deadlines), so it
+/// lives here; the keys other roles share are in `sb_common::session` (e.g. the run's
+/// cancel flag, [`cancel_flag_key`]).
 #[must_use]
 pub fn lease_key(run_id: &RunId) -> String {
     run_id.to_string()
-}
-
-/// The session-store key (plain key family, `<prefix>kv:cancel:<run_id>`) of a run's cancel
-/// flag. Whoever cancels a run (`POST /v1/runs/{id}/cancel`, `interrupt` concurrency) sets it
-/// with `set_ex` *before* publishing `cancel.<run_id>`, with the cancel reason as UTF-8 value,
-/// so a worker that had not yet bound its control queue still sees the cancel before it
-/// starts the run.
-#[must_use]
-pub fn cancel_flag_key(run_id: &RunId) -> String {
-    format!("cancel:{run_id}")
 }
 
 /// Everything the worker talks to.
@@ -401,6 +393,7 @@ async fn start(
         bus: deps.bus,
         sessions: deps.sessions,
         ledger: deps.stores.runs,
+        events: deps.stores.events,
         topology: deps.topology,
         config,
         hosts,
@@ -614,6 +607,8 @@ struct Core {
     bus: Arc<dyn Bus>,
     sessions: Arc<dyn SessionStore>,
     ledger: Arc<dyn RunLedger>,
+    /// Audit rows (`steering.dropped`).
+    events: Arc<dyn EventLog>,
     topology: Topology,
     config: WorkerConfig,
     hosts: HashMap<RunnerId, RunnerHost>,
@@ -900,7 +895,7 @@ impl Core {
             last_sequence,
             "run was interrupted by the loss of its worker; finalized as interrupted"
         );
-        self.end_session(run_id).await;
+        self.end_session(job).await;
         let result = AgentRunResult::run_failed(
             run_failure::INTERRUPTED,
             message,
@@ -991,7 +986,7 @@ impl Core {
         ));
         match self.stream(job, &mut handle, reservation).await {
             Streamed::Ended => {
-                self.end_session(run_id).await;
+                self.end_session(job).await;
                 Settlement::Ack
             }
             Streamed::Forced => {
@@ -1007,7 +1002,7 @@ impl Core {
     /// session.
     async fn finish(&self, job: &RunJob, items: Vec<RunItem>) -> Settlement {
         if self.publish_items(job, items).await {
-            self.end_session(job.run_id).await;
+            self.end_session(job).await;
             Settlement::Ack
         } else {
             Settlement::Nack { requeue: true }
@@ -1153,9 +1148,10 @@ impl Core {
 
     /// Ends the run's session atomically (later Host API calls see `not_found`) and audits
     /// the steering items the run never pulled.
-    async fn end_session(&self, run_id: RunId) {
+    async fn end_session(&self, job: &RunJob) {
+        let run_id = job.run_id;
         match self.sessions.end_session(&run_id).await {
-            Ok(Some(ended)) => audit_dropped_steering(run_id, &ended.steering),
+            Ok(Some(ended)) => self.audit_dropped_steering(job, &ended.steering).await,
             Ok(None) => tracing::debug!("run session was already gone"),
             // It expires on its own; until then late Host API calls still pass the gate's
             // session check but the runner host refuses calls for ended runs.
@@ -1166,23 +1162,37 @@ impl Core {
             tracing::debug!(%error, "removing the cancel flag failed");
         }
     }
-}
 
-/// Logs each unpulled steering item as a `steering.dropped` audit event.
-fn audit_dropped_steering(run_id: RunId, items: &[Value]) {
-    for item in items {
-        let event_id = item
-            .pointer("/event/event_id")
-            .and_then(Value::as_str)
-            .unwrap_or("");
-        tracing::info!(
-            target: "sb_worker::audit",
-            audit = "steering.dropped",
-            %run_id,
-            event_id,
-            item = %item,
-            "steering item dropped: the run ended before pulling it"
-        );
+    /// Audits each steering item the run never pulled as a `steering.dropped` event-log row
+    /// (reason `run_ended`) and on the audit log target. The row's idempotency key makes a
+    /// repeated audit append once. The items are gone from the session store either way, so
+    /// a failed append is logged rather than retried.
+    async fn audit_dropped_steering(&self, job: &RunJob, items: &[Value]) {
+        let run_id = job.run_id;
+        let runner_id = job.runner_id.to_string();
+        for item in items {
+            let event_id = item
+                .pointer("/event/event_id")
+                .and_then(Value::as_str)
+                .unwrap_or("");
+            tracing::info!(
+                target: AUDIT_TARGET,
+                audit = audit::STEERING_DROPPED,
+                %run_id,
+                event_id,
+                "steering item dropped: the run ended before pulling it"
+            );
+            let row = audit::steering_dropped(
+                item,
+                run_id,
+                &runner_id,
+                &job.workspace_id,
+                audit::DROPPED_RUN_ENDED,
+            );
+            if let Err(error) = self.events.append(row, Vec::new()).await {
+                tracing::warn!(%error, event_id, "writing the steering.dropped audit row failed");
+            }
+        }
     }
 }
 
@@ -1459,6 +1469,5 @@ mod tests {
     fn keys() {
         let run = RunId::new();
         assert_eq!(lease_key(&run), run.to_string());
-        assert_eq!(cancel_flag_key(&run), format!("cancel:{run}"));
     }
 }

@@ -157,6 +157,31 @@ async fn get_host_version_answers_and_other_actions_are_refused_honestly() {
 }
 
 #[tokio::test]
+async fn storage_actions_are_known_and_counted_by_name() {
+    let f = fixture();
+    let run_id = RunId::new();
+    f.session(run_id, RUNNER, None).await;
+    // The canonical names and the seed aliases are both protocol actions: refused honestly
+    // (no grant) rather than `not_found`, and each counted under its own label.
+    for action in [
+        "storage_get",
+        "storage_set",
+        "storage_delete",
+        "storage_keys",
+        "get_binary_storage",
+        "get_binary_storage_keys",
+    ] {
+        let before = calls(action, "unauthorized");
+        let e = f.call(run_id, action).await.unwrap_err();
+        assert_eq!(e.code, "unauthorized", "{action}");
+        assert!(
+            calls(action, "unauthorized") > before,
+            "{action} is labelled by name, not `unknown`"
+        );
+    }
+}
+
+#[tokio::test]
 async fn a_corrupt_session_is_an_internal_error_not_a_pass() {
     let f = fixture();
     let run_id = RunId::new();
@@ -167,6 +192,39 @@ async fn a_corrupt_session_is_an_internal_error_not_a_pass() {
     let e = f.call(run_id, "get_host_version").await.unwrap_err();
     assert_eq!(e.code, "internal");
     assert_eq!(e.message, "internal host error");
+}
+
+#[tokio::test]
+async fn a_session_without_a_plugin_identity_authorizes_nobody() {
+    let f = fixture();
+    let runner: RunnerId = RUNNER.parse().unwrap();
+    // A caller whose identity is empty too (no runner can have one; a remote caller takes
+    // the session's) must not pass by comparing equal.
+    let anonymous = CallerIdentity {
+        runner_id: runner.clone(),
+        plugin_id: String::new(),
+    };
+    for plugin_id in ["", "  "] {
+        let run_id = RunId::new();
+        let mut snap = support::snapshot(run_id, &runner, None);
+        snap["plugin_id"] = json!(plugin_id);
+        f.sessions
+            .put_session(&run_id, &snap, Duration::from_secs(60))
+            .await
+            .unwrap();
+        for caller in [&f.caller, &anonymous] {
+            let e = f
+                .gate
+                .call(caller, run_id, "get_host_version", json!({}), &f.stream)
+                .await
+                .unwrap_err();
+            assert_eq!(e.code, "unauthorized", "{plugin_id:?}: {e:?}");
+            assert_eq!(
+                e.message,
+                format!("run session {run_id} has no plugin identity")
+            );
+        }
+    }
 }
 
 // ---------------------------------------------------------------------------------------------

@@ -5,11 +5,11 @@ mod support;
 use std::time::Duration;
 
 use sb_common::bus::{Bus, PublishOptions};
-use sb_common::session::SessionStore;
+use sb_common::session::{STEERING_CAP, SessionStore, cancel_flag_key};
 use sb_protocol::ids::WorkspaceId;
 use sb_protocol::result::ResultType;
-use sb_store::RunStatus;
-use sb_worker::service::{cancel_flag_key, lease_key};
+use sb_store::{EventQuery, RunStatus};
+use sb_worker::service::lease_key;
 use support::{ECHO, Harness};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -259,6 +259,89 @@ async fn a_cancel_flag_set_before_start_finishes_the_run_cancelled() {
     assert_eq!(results[0].result.data["error"], "user cancelled");
     h.jobs_settled().await;
     assert!(h.sessions.get_session(&job.run_id).await.unwrap().is_none());
+    h.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn steering_items_the_run_never_pulled_are_audited_as_dropped() {
+    let mut h = Harness::start(|_, _| {}).await;
+    let job = h.prepare_run(ECHO, "busy").await;
+    let run_id = job.run_id;
+    // Follow-up messages the orchestrator claimed for the run (the `SteeringItem` shape);
+    // the echo runner never pulls them. `follow-1` is pushed twice, as a redelivered event
+    // would be: its audit must still append once.
+    let item = |event_id: &str, text: &str| {
+        serde_json::json!({
+            "claimed_run_id": run_id.to_string(),
+            "runner_id": ECHO,
+            "claimed_at": 1_700_000_100,
+            "event": {"event_id": event_id, "event_type": "message.received", "source": "api"},
+            "conversation": {"conversation_id": "conv-1", "bot_id": "bot", "workspace_id": "default"},
+            "actor": {"actor_type": "user", "actor_id": "u1"},
+            "input": {"text": text, "contents": [{"type": "image", "base64": "AAAA"}]},
+            "metadata": {},
+        })
+    };
+    for (event_id, text) in [
+        ("follow-1", "and one more"),
+        ("follow-2", "and another"),
+        ("follow-1", "and one more"),
+    ] {
+        let outcome = h
+            .sessions
+            .steering_push(&run_id, &item(event_id, text), STEERING_CAP)
+            .await
+            .unwrap();
+        assert!(outcome.is_accepted(), "{outcome:?}");
+    }
+    h.publish_job(&job).await;
+    let results = h.results_until_terminal().await;
+    assert_eq!(
+        results.last().unwrap().result.known_type(),
+        Some(ResultType::RunCompleted)
+    );
+    // The job is acked only after the session ended and the audits were written.
+    h.jobs_settled().await;
+    assert!(h.sessions.get_session(&run_id).await.unwrap().is_none());
+    assert_eq!(h.sessions.steering_len(&run_id).await.unwrap(), 0);
+
+    let mut q = EventQuery::new(WorkspaceId::default_workspace());
+    q.event_types = vec!["steering.dropped".into()];
+    let rows = h.stores.events.page(q).await.unwrap().items;
+    let mut keys: Vec<_> = rows
+        .iter()
+        .map(|r| r.idempotency_key.clone().unwrap())
+        .collect();
+    keys.sort();
+    assert_eq!(
+        keys,
+        vec![
+            format!("steering.dropped:{run_id}:follow-1"),
+            format!("steering.dropped:{run_id}:follow-2"),
+        ],
+        "one row per dropped item, the duplicate appended once"
+    );
+    let row = rows
+        .iter()
+        .find(|r| r.metadata["steering"]["source_event_id"] == "follow-2")
+        .unwrap();
+    assert_eq!(row.source, "host");
+    assert_eq!(row.run_id, Some(run_id));
+    assert_eq!(row.runner_id.as_deref(), Some(ECHO));
+    assert_eq!(row.conversation_id.as_deref(), Some("conv-1"));
+    assert_eq!(row.actor_id.as_deref(), Some("u1"));
+    assert_eq!(row.input_summary.as_deref(), Some("and another"));
+    assert_eq!(row.metadata["steering"]["status"], "dropped");
+    assert_eq!(row.metadata["steering"]["reason"], "run_ended");
+    assert_eq!(
+        row.metadata["steering"]["claimed_run_id"],
+        run_id.to_string()
+    );
+    let stored = row.envelope.as_ref().unwrap();
+    assert_eq!(
+        stored["input"]["contents"][0]["content_redacted"], true,
+        "the stored copy is redacted"
+    );
     h.stop().await;
 }
 

@@ -24,6 +24,10 @@
 //! <prefix>kv:<key>            bytes                         set_ex/set_nx_ex/get/del
 //! <prefix>set:<key>           set of strings                set_*
 //! ```
+//!
+//! # Keys shared between roles
+//! Some keys are written by one role and read by another, so their names are part of the
+//! contract between roles and are built only by the functions here: [`cancel_flag_key`].
 
 use std::time::Duration;
 
@@ -41,6 +45,20 @@ pub type Result<T, E = SessionError> = std::result::Result<T, E>;
 
 /// Default steering-list capacity (SPEC §13).
 pub const STEERING_CAP: usize = 100;
+
+/// The plain key (`<prefix>kv:cancel:<run_id>`; the store adds the family prefix) of a run's
+/// cancel flag.
+///
+/// Cross-role contract: whoever cancels a run — the gateway's `POST /v1/runs/{id}/cancel`,
+/// the orchestrator's `interrupt` concurrency policy — sets it with
+/// [`set_ex`](SessionStore::set_ex), the cancel reason as UTF-8 value, *before* publishing
+/// `cancel.<run_id>` on the control exchange. The worker reads it before it starts the run,
+/// so a cancel published while no worker had bound the run's control key yet is still seen;
+/// it deletes the flag when the run ends.
+#[must_use]
+pub fn cancel_flag_key(run_id: &RunId) -> String {
+    format!("cancel:{run_id}")
+}
 
 /// Shared, expiring state of active runs.
 ///
@@ -333,5 +351,11 @@ mod tests {
             ErrorCode::BudgetExceeded
         );
         assert_eq!(SessionError::Unavailable("x".into()).code(), ErrorCode::Unavailable);
+    }
+
+    #[test]
+    fn cancel_flag_key_is_the_shared_wire_name() {
+        let run = RunId::new();
+        assert_eq!(cancel_flag_key(&run), format!("cancel:{run}"));
     }
 }

@@ -24,6 +24,9 @@
 //! - [`state`]: [`StateStore`] (scoped JSON with compare-and-set) and [`BlobStorage`].
 //! - [`agents`]: [`AgentStore`], [`RunnerRegistry`], [`Tenancy`] (workspaces, API keys).
 //! - [`page`]: [`Page`], cursors, limit clamping, [`ThreadFilter`].
+//! - [`audit`]: builders of the event-log audit rows of steering input
+//!   (`steering.injected`, `steering.dropped`), shared by the worker and the orchestrator.
+//! - [`redact`]: redaction of inline payloads in persisted copies of inputs.
 //! - [`error`]: [`StoreError`] and its code mapping.
 //! - `sql/`: [`SqlStore`] — connection setup, entities, one file per trait group, and the
 //!   FTS5 query builder.
@@ -32,9 +35,11 @@
 
 pub mod agents;
 pub mod artifacts;
+pub mod audit;
 pub mod error;
 pub mod events;
 pub mod page;
+pub mod redact;
 pub mod runs;
 mod sql;
 pub mod state;

@@ -11,6 +11,7 @@ use axum::response::{IntoResponse, Response};
 use chrono::Utc;
 use sb_common::bus::PublishOptions;
 use sb_common::bus::topology::control_routing_key;
+use sb_common::session::cancel_flag_key;
 use sb_protocol::ids::{AgentId, RunId};
 use sb_protocol::messages::{ControlMessage, encode};
 use sb_protocol::result::AgentRunResult;
@@ -367,10 +368,4 @@ pub async fn cancel_run(
         status: run.status,
     };
     Ok((StatusCode::ACCEPTED, ApiJson(body)).into_response())
-}
-
-/// The session-store key of a run's cancel flag. Must equal the worker's
-/// `sb_worker::service::cancel_flag_key` (the session store adds its own prefix).
-pub fn cancel_flag_key(run_id: &RunId) -> String {
-    format!("cancel:{run_id}")
 }

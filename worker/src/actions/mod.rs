@@ -44,7 +44,7 @@
 //! - `artifacts`: `artifact_metadata`, `artifact_read` and the access matrix.
 //! - `state`: `state_get/set/delete/list` on the deterministic scope keys of
 //!   `sb_protocol::state_keys`.
-//! - `storage`: plugin / workspace binary storage.
+//! - `storage`: plugin / workspace binary storage (`storage_*`, seed aliases `*_binary_storage*`).
 //! - `steering`: `steering_pull` and its `steering.injected` audit rows.
 //! - `resources`: model, tool, knowledge, prompt and config-file actions (grant checks).
 
@@ -97,13 +97,13 @@ pub enum Action {
     StateDelete,
     /// `state_list`
     StateList,
-    /// `get_binary_storage` (alias `storage_get`)
+    /// `storage_get` (seed alias `get_binary_storage`)
     StorageGet,
-    /// `set_binary_storage` (alias `storage_set`)
+    /// `storage_set` (seed alias `set_binary_storage`)
     StorageSet,
-    /// `delete_binary_storage` (alias `storage_delete`)
+    /// `storage_delete` (seed alias `delete_binary_storage`)
     StorageDelete,
-    /// `get_binary_storage_keys` (alias `storage_keys`)
+    /// `storage_keys` (seed alias `get_binary_storage_keys`)
     StorageKeys,
     /// `steering_pull`
     SteeringPull,
@@ -130,8 +130,8 @@ pub enum Action {
 }
 
 impl Action {
-    /// The action for a wire name. The storage actions answer to the seed's names (what the
-    /// runner SDK sends) and to the short `storage_*` names.
+    /// The action for a wire name. The storage actions' canonical names are `storage_*`
+    /// (what the runner SDK sends); the seed host's `*_binary_storage*` names are aliases.
     #[must_use]
     pub fn parse(name: &str) -> Option<Self> {
         Some(match name {
@@ -145,10 +145,10 @@ impl Action {
             "state_set" => Self::StateSet,
             "state_delete" => Self::StateDelete,
             "state_list" => Self::StateList,
-            "get_binary_storage" | "storage_get" => Self::StorageGet,
-            "set_binary_storage" | "storage_set" => Self::StorageSet,
-            "delete_binary_storage" | "storage_delete" => Self::StorageDelete,
-            "get_binary_storage_keys" | "storage_keys" => Self::StorageKeys,
+            "storage_get" | "get_binary_storage" => Self::StorageGet,
+            "storage_set" | "set_binary_storage" => Self::StorageSet,
+            "storage_delete" | "delete_binary_storage" => Self::StorageDelete,
+            "storage_keys" | "get_binary_storage_keys" => Self::StorageKeys,
             "steering_pull" => Self::SteeringPull,
             "get_host_version" => Self::GetHostVersion,
             "ping" => Self::Ping,
@@ -538,13 +538,25 @@ mod tests {
         for name in KNOWN_ACTIONS {
             assert!(Action::parse(name).is_some(), "{name}");
         }
-        for alias in [
-            "storage_get",
-            "storage_set",
-            "storage_delete",
-            "storage_keys",
+        // canonical storage names and their seed aliases are the same actions, all known
+        for (canonical, alias, action) in [
+            ("storage_get", "get_binary_storage", Action::StorageGet),
+            ("storage_set", "set_binary_storage", Action::StorageSet),
+            (
+                "storage_delete",
+                "delete_binary_storage",
+                Action::StorageDelete,
+            ),
+            (
+                "storage_keys",
+                "get_binary_storage_keys",
+                Action::StorageKeys,
+            ),
         ] {
-            assert!(Action::parse(alias).is_some(), "{alias}");
+            assert_eq!(Action::parse(canonical), Some(action), "{canonical}");
+            assert_eq!(Action::parse(alias), Some(action), "{alias}");
+            assert!(KNOWN_ACTIONS.contains(&canonical), "{canonical}");
+            assert!(KNOWN_ACTIONS.contains(&alias), "{alias}");
         }
         assert_eq!(Action::parse("drop_tables"), None);
     }

@@ -3,23 +3,18 @@
 //! Items come off the head of the run's steering list in the session store (FIFO, atomic:
 //! never returned twice). `mode` is `all` (default: up to `limit`, at most 100) or `one`
 //! (also `one-at-a-time` / `one_at_a_time`, the seed's spellings; exactly one item whatever
-//! the limit). Each pulled item is audited as a `steering.injected` event-log row; an audit
-//! failure is logged and does not fail the pull — the items are already off the list, and
-//! losing them would be worse than a missing audit row.
+//! the limit). Each pulled item is audited as a `steering.injected` event-log row (built by
+//! `sb_store::audit::steering_injected`); an audit failure is logged and does not fail the
+//! pull — the items are already off the list, and losing them would be worse than a missing
+//! audit row.
 
 use sb_common::session::PullMode;
 use sb_protocol::error::AgentApiError;
-use sb_store::events::is_valid_idempotency_key;
-use sb_store::{EventStatus, NewEvent};
+use sb_store::audit::{STEERING_INJECTED, steering_injected};
 use serde_json::{Value, json};
 
 use super::params::page_limit;
-use super::{AUDIT_TARGET, ActionDispatcher, Cx, GatedCall, api_not_granted, invalid};
-
-/// Event type of the audit row of a pulled item.
-pub const STEERING_INJECTED: &str = "steering.injected";
-/// Source of that row (the seed's).
-pub const STEERING_SOURCE: &str = "agent_runner";
+use super::{AUDIT_TARGET, ActionDispatcher, Cx, api_not_granted, invalid};
 
 fn pull_mode(mode: Option<&str>) -> Result<(PullMode, &'static str), AgentApiError> {
     match mode.map(str::to_ascii_lowercase).as_deref() {
@@ -27,54 +22,6 @@ fn pull_mode(mode: Option<&str>) -> Result<(PullMode, &'static str), AgentApiErr
         Some("one" | "one-at-a-time" | "one_at_a_time") => Ok((PullMode::One, "one")),
         Some(other) => Err(invalid(format!("mode must be all or one, not {other}"))),
     }
-}
-
-/// The `steering.injected` row of one pulled item.
-fn injected_event(call: &GatedCall<'_>, item: &Value, pull_mode: &str) -> NewEvent {
-    let snap = call.snapshot;
-    let text = |pointer: &str| {
-        item.pointer(pointer)
-            .and_then(Value::as_str)
-            .map(str::to_owned)
-    };
-    let source_event_id = text("/event/event_id");
-    let mut event = NewEvent::new(
-        snap.workspace_id.clone(),
-        STEERING_INJECTED,
-        STEERING_SOURCE,
-    );
-    // A retried audit (same run, same source event) appends once.
-    event.idempotency_key = source_event_id
-        .as_deref()
-        .map(|id| format!("{STEERING_INJECTED}:{}:{id}", call.run_id))
-        .filter(|key| is_valid_idempotency_key(key));
-    event.bot_id = text("/conversation/bot_id").or_else(|| snap.bot_id.clone());
-    event.conversation_id =
-        text("/conversation/conversation_id").or_else(|| snap.conversation_id.clone());
-    event.thread_id = text("/conversation/thread_id").or_else(|| snap.thread_id.clone());
-    event.actor_type = text("/actor/actor_type");
-    event.actor_id = text("/actor/actor_id");
-    event.actor_name = text("/actor/actor_name");
-    event.subject_type = text("/subject/subject_type");
-    event.subject_id = text("/subject/subject_id");
-    event.input_summary = Some(format!(
-        "steering injected from {}",
-        source_event_id.as_deref().unwrap_or("unknown event")
-    ));
-    event.status = EventStatus::Dispatched;
-    event.run_id = Some(call.run_id);
-    event.runner_id = Some(snap.runner_id.to_string());
-    event.metadata = json!({
-        "steering": {
-            "status": "injected",
-            "source_event_id": source_event_id,
-            "claimed_by_run_id": item.get("claimed_run_id").cloned().unwrap_or(Value::Null),
-            "claimed_runner_id": item.get("runner_id").cloned().unwrap_or(Value::Null),
-            "claimed_at": item.get("claimed_at").cloned().unwrap_or(Value::Null),
-            "pull_mode": pull_mode,
-        }
-    });
-    event
 }
 
 impl ActionDispatcher {
@@ -113,7 +60,10 @@ impl ActionDispatcher {
             if let Err(error) = self
                 .stores
                 .events
-                .append(injected_event(&cx.call, item, mode_name), Vec::new())
+                .append(
+                    steering_injected(item, cx.call.run_id, snap, mode_name),
+                    Vec::new(),
+                )
                 .await
             {
                 tracing::warn!(%error, event_id, "writing the steering.injected audit row failed");

@@ -1,5 +1,7 @@
-//! Plugin and workspace binary storage (`get_binary_storage`, `set_binary_storage`,
-//! `delete_binary_storage`, `get_binary_storage_keys`; host-behaviour §22.2 "Storage").
+//! Plugin and workspace binary storage: `storage_get`, `storage_set`, `storage_delete`,
+//! `storage_keys` (the canonical names), also served under the seed host's
+//! `get_binary_storage`, `set_binary_storage`, `delete_binary_storage`,
+//! `get_binary_storage_keys` (host-behaviour §22.2 "Storage").
 //!
 //! `owner_type` is the resource id of the grant check: `plugin` needs
 //! `resources.storage.plugin_storage`, `workspace` needs `workspace_storage`; anything else is

@@ -100,6 +100,12 @@ pub trait HostApi: Send + Sync + 'static {
 pub struct BasicHostApi;
 
 /// Every action name of the Host API (PROTOCOL_V1 §8, host-behaviour Appendix A).
+///
+/// The storage actions' canonical names are `storage_get`, `storage_set`, `storage_delete`
+/// and `storage_keys` (`owner_type` `plugin` | `workspace`); the seed host's
+/// `get_binary_storage`, `set_binary_storage`, `delete_binary_storage` and
+/// `get_binary_storage_keys` are accepted aliases of the same actions. Both spellings are
+/// listed so calls under either are served and labelled by name in the metrics.
 pub const KNOWN_ACTIONS: &[&str] = &[
     "invoke_llm",
     "invoke_llm_stream",
@@ -119,6 +125,11 @@ pub const KNOWN_ACTIONS: &[&str] = &[
     "state_set",
     "state_delete",
     "state_list",
+    "storage_get",
+    "storage_set",
+    "storage_delete",
+    "storage_keys",
+    // seed aliases of the four storage actions above
     "get_binary_storage",
     "set_binary_storage",
     "delete_binary_storage",
