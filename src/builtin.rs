@@ -9,15 +9,13 @@
 //! **only when the standalone runner cannot be loaded** ([`runner_loads`]); the official
 //! plugin always wins when it is there.
 //!
-//! The runner is the same program as `runners/echo/src/main.rs` (one `message.delta` per
-//! word, then `message.completed` with the whole text, then `run.completed`), written against
-//! the same SDK, so the two cannot behave differently on the wire.
+//! The runner is the very same code as the standalone binary (the `sb-runner-echo` library:
+//! one `message.delta` per word, then `message.completed` with the whole text, then
+//! `run.completed`), so the two cannot behave differently on the wire.
 
 use std::io;
 use std::path::{Path, PathBuf};
 
-use sb_runner::sb_protocol::error::run_failure;
-use sb_runner::{Emitter, Run, RunError, Runner};
 use sb_worker::plugins::{CommandLookup, MANIFEST_FILES, load_plugin_dir};
 use serde_json::json;
 
@@ -27,49 +25,10 @@ pub const ECHO_RUNNER_ID: &str = "plugin:switchboard/echo/default";
 /// Name of the plugin directory [`write_echo_plugin`] creates.
 pub const ECHO_PLUGIN_DIR: &str = "switchboard-echo";
 
-/// The echo runner.
-#[derive(Debug, Clone, Copy, Default)]
-pub struct Echo;
-
-impl Runner for Echo {
-    fn run(&self, run: &Run, out: &Emitter) -> Result<(), RunError> {
-        let text = run.input_text();
-        for chunk in chunks(text) {
-            if run.is_cancelled() {
-                return Err(RunError::new(
-                    run_failure::CANCELLED,
-                    "cancelled by the host",
-                ));
-            }
-            out.delta(chunk)?;
-        }
-        out.completed_text(text)?;
-        out.run_completed()?;
-        Ok(())
-    }
-}
-
-/// The delta chunks for `text`: each word with one trailing space, the last without.
-fn chunks(text: &str) -> Vec<String> {
-    let words: Vec<&str> = text.split_whitespace().collect();
-    let last = words.len().saturating_sub(1);
-    words
-        .iter()
-        .enumerate()
-        .map(|(i, w)| {
-            if i == last {
-                (*w).to_owned()
-            } else {
-                format!("{w} ")
-            }
-        })
-        .collect()
-}
-
 /// Serves the echo runner on stdin/stdout until the host says `shutdown` or closes stdin.
 /// Blocks the calling thread.
 pub fn serve_echo() -> io::Result<()> {
-    sb_runner::serve(Echo)
+    sb_runner_echo::serve()
 }
 
 /// Whether the plugin directories `dirs` (searched like the worker does, in order) yield a
@@ -136,13 +95,6 @@ pub fn write_echo_plugin(root: &Path, program: &Path) -> io::Result<PathBuf> {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn words_with_trailing_spaces_except_the_last() {
-        assert_eq!(chunks("hello  big\tworld"), vec!["hello ", "big ", "world"]);
-        assert_eq!(chunks("one"), vec!["one"]);
-        assert!(chunks("   ").is_empty());
-    }
 
     #[test]
     fn the_generated_plugin_loads_as_the_echo_runner() {
