@@ -1,7 +1,10 @@
 //! [`ApiError`]: the one place where an error becomes an HTTP response, and [`ApiJson`], the
 //! JSON extractor whose rejections use the same shape.
 //!
-//! Every error body is `{"code": "...", "message": "..."}`. The status comes from
+//! Every error body is `{"code": "...", "message": "..."}`; the remote Host API
+//! (`/v1/host/{action}`) answers the runner-facing shape of PROTOCOL_V1 §9 instead,
+//! `{"code", "message", "retryable", "details"}` ([`ApiError::from_agent`],
+//! [`ApiError::for_runner`]). The status comes from
 //! [`ErrorCode::http_status`] and nowhere else. Messages of 4xx errors say what was expected;
 //! `internal` (and dependency outages, `unavailable`) go out with a generic message while the
 //! real error travels in the response extensions ([`ErrorDetail`]) to
@@ -19,9 +22,10 @@ use axum::{Json, http};
 use sb_common::bus::{BatchPublishError, BusError};
 use sb_common::error::ShutdownError;
 use sb_common::session::SessionError;
-use sb_protocol::error::{ErrorCode, HasErrorCode};
+use sb_protocol::error::{AgentApiError, ErrorCode, HasErrorCode};
 use serde::Serialize;
 use serde::de::DeserializeOwned;
+use serde_json::{Map, Value};
 
 /// Result alias of the handlers.
 pub type ApiResult<T> = Result<T, ApiError>;
@@ -37,6 +41,16 @@ pub struct ApiError {
     /// `invalid_argument` about a well-formed request naming something that does not exist
     /// (an unregistered runner): answered `422` instead of `400`. See [`ApiError::status`].
     unprocessable: bool,
+    /// Set for answers to runners (the remote Host API): the body then also carries
+    /// `retryable` and `details`, the PROTOCOL_V1 §9 error shape.
+    runner_fields: Option<RunnerFields>,
+}
+
+/// The two fields the runner-facing error shape adds.
+#[derive(Debug, Clone, Default)]
+struct RunnerFields {
+    retryable: bool,
+    details: Map<String, Value>,
 }
 
 /// Body of every error response.
@@ -44,6 +58,10 @@ pub struct ApiError {
 struct ErrorBody<'a> {
     code: ErrorCode,
     message: &'a str,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    retryable: Option<bool>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    details: Option<&'a Map<String, Value>>,
 }
 
 /// The hidden cause of an error response, carried in the response extensions so the logging
@@ -65,7 +83,39 @@ impl ApiError {
             message: message.into(),
             detail: None,
             unprocessable: false,
+            runner_fields: None,
         }
+    }
+
+    /// The answer to a runner for a Host API error: its code decides the status, and the body
+    /// is the error as the runner would get it over the stdio wire (the action code already
+    /// keeps host internals out of its messages).
+    pub fn from_agent(error: AgentApiError) -> Self {
+        let code = error.code();
+        Self {
+            code,
+            message: error.message,
+            detail: None,
+            unprocessable: false,
+            runner_fields: Some(RunnerFields {
+                retryable: error.retryable,
+                details: error.details,
+            }),
+        }
+    }
+
+    /// The same error in the runner-facing shape (`retryable` from the code, no details
+    /// unless already set): for refusals the remote Host API makes before the pipeline runs
+    /// (missing token, unreadable body, timeout).
+    #[must_use]
+    pub fn for_runner(mut self) -> Self {
+        if self.runner_fields.is_none() {
+            self.runner_fields = Some(RunnerFields {
+                retryable: self.code.is_retryable(),
+                details: Map::new(),
+            });
+        }
+        self
     }
 
     /// `400 invalid_argument`.
@@ -93,6 +143,7 @@ impl ApiError {
             message: generic_message(ErrorCode::Internal).to_owned(),
             detail: Some(detail.to_string()),
             unprocessable: false,
+            runner_fields: None,
         }
     }
 
@@ -116,6 +167,7 @@ impl ApiError {
                 message: generic_message(code).to_owned(),
                 detail: Some(err.to_string()),
                 unprocessable: false,
+                runner_fields: None,
             }
         } else {
             Self::new(code, err.to_string())
@@ -174,6 +226,8 @@ impl IntoResponse for ApiError {
         let body = ErrorBody {
             code: self.code,
             message: &self.message,
+            retryable: self.runner_fields.as_ref().map(|f| f.retryable),
+            details: self.runner_fields.as_ref().map(|f| &f.details),
         };
         let mut response = (status, Json(body)).into_response();
         if self.code == ErrorCode::Unauthorized {
@@ -357,6 +411,34 @@ mod tests {
         let body = body_json(response).await;
         assert_eq!(body["code"], "unavailable");
         assert!(!body["message"].as_str().unwrap().contains("secret"));
+    }
+
+    #[tokio::test]
+    async fn runner_errors_carry_retryable_and_details() {
+        let error = AgentApiError::new(ErrorCode::RateLimited, "slow down").with_detail("limit", 5);
+        let response = ApiError::from_agent(error).into_response();
+        assert_eq!(response.status(), StatusCode::TOO_MANY_REQUESTS);
+        assert_eq!(
+            body_json(response).await,
+            serde_json::json!({"code": "rate_limited", "message": "slow down", "retryable": true, "details": {"limit": 5}})
+        );
+        let response = ApiError::not_found("gone").for_runner().into_response();
+        assert_eq!(response.status(), StatusCode::NOT_FOUND);
+        assert_eq!(
+            body_json(response).await,
+            serde_json::json!({"code": "not_found", "message": "gone", "retryable": false, "details": {}})
+        );
+        // an unknown code from a provider counts as runtime_error (502)
+        let error = AgentApiError {
+            code: "flux_capacitor".into(),
+            message: "x".into(),
+            retryable: false,
+            details: Map::new(),
+        };
+        assert_eq!(
+            ApiError::from_agent(error).into_response().status(),
+            StatusCode::BAD_GATEWAY
+        );
     }
 
     #[tokio::test]

@@ -19,10 +19,14 @@
 //! | `GET /v1/conversations/{id}/transcript` | `{items: [TranscriptItem], next_cursor, has_more}` |
 //! | `GET /v1/runners` | registered runners |
 //! | `GET/POST /v1/agents`, `GET/PATCH/DELETE /v1/agents/{id}` | agents (`422` unknown runner, `409` ambiguous scope) |
+//! | `GET/POST /v1/models`, `/v1/tools`, `/v1/knowledge-bases`; `POST /v1/knowledge-bases/{kb_id}/documents` | the resource registry (see [`routes::resources`]) |
 //! | `GET /healthz`, `GET /readyz`, `GET /metrics` | liveness, dependency readiness, Prometheus text |
+//! | `POST /v1/host/{action}` | the Host API for runners outside a worker: `{data}` (see [`routes::host`]) |
 //!
 //! Every `/v1` route needs `Authorization: Bearer <api key>`; errors are
-//! `{"code", "message"}` with the status of `ErrorCode::http_status`.
+//! `{"code", "message"}` with the status of `ErrorCode::http_status`. The exception is the
+//! remote Host API: its bearer is the run's token (`ctx.runtime.metadata.host_api`), never an
+//! API key, and its errors are the runner-facing `{"code", "message", "retryable", "details"}`.
 //!
 //! # Layout
 //! - [`error`]: [`error::ApiError`], the only place an error becomes an HTTP response, and
@@ -31,7 +35,7 @@
 //! - [`auth`]: bearer API key middleware and the [`auth::Caller`] extractor (workspace).
 //! - [`normalize`]: ingest payload → `AgentEventEnvelope` (pure, unit-tested).
 //! - [`routes`]: one file per resource: events, runs, conversations, agents, runners,
-//!   health.
+//!   health, `resources` (models, tools, knowledge bases) and `host` (the remote Host API).
 //! - [`stream`]: SSE framing and the ledger-then-live, gap-free result stream.
 //! - [`live`]: the gateway's exclusive delivery queue and the per-run fan-out.
 //! - [`relay`]: the outbox relay task.
@@ -55,6 +59,7 @@ use axum::http::header::CONTENT_LENGTH;
 use axum::middleware::{Next, from_fn, from_fn_with_state};
 use axum::response::Response;
 use axum::routing::{get, post};
+use axum::serve::ListenerExt as _;
 use sb_common::config::SwitchboardConfig;
 use sb_common::error::ShutdownError;
 use sb_common::shutdown::Shutdown;
@@ -68,7 +73,7 @@ pub use crate::error::{ApiError, ApiResult};
 pub use crate::state::{AppState, GatewayDeps, GatewayOptions};
 
 use crate::relay::OutboxRelay;
-use crate::routes::{agents, conversations, events, health, runners, runs};
+use crate::routes::{agents, conversations, events, health, host, resources, runners, runs};
 
 /// Errors that stop the gateway.
 #[derive(Debug, thiserror::Error)]
@@ -126,6 +131,22 @@ pub fn app(state: AppState) -> Router {
                 .patch(agents::update_agent)
                 .delete(agents::delete_agent),
         )
+        .route(
+            "/v1/models",
+            get(resources::list_models).post(resources::create_model),
+        )
+        .route(
+            "/v1/tools",
+            get(resources::list_tools).post(resources::create_tool),
+        )
+        .route(
+            "/v1/knowledge-bases",
+            get(resources::list_kbs).post(resources::create_kb),
+        )
+        .route(
+            "/v1/knowledge-bases/{kb_id}/documents",
+            post(resources::add_document),
+        )
         .layer(
             ServiceBuilder::new()
                 .layer(HandleErrorLayer::new(timeout_error))
@@ -135,12 +156,21 @@ pub fn app(state: AppState) -> Router {
     let v1 = timed
         .merge(streams)
         .route_layer(from_fn_with_state(state.clone(), auth::require_api_key));
+    // Authenticated by the run token inside the handler, not by an API key.
+    let remote_host_api = Router::new()
+        .route("/v1/host/{action}", post(host::call))
+        .layer(
+            ServiceBuilder::new()
+                .layer(HandleErrorLayer::new(host_timeout_error))
+                .layer(tower::timeout::TimeoutLayer::new(timeout)),
+        );
 
     Router::new()
         .route("/healthz", get(health::healthz))
         .route("/readyz", get(health::readyz))
         .route("/metrics", get(health::metrics))
         .merge(v1)
+        .merge(remote_host_api)
         .fallback(not_found)
         .method_not_allowed_fallback(method_not_allowed)
         .layer(DefaultBodyLimit::max(max_body))
@@ -163,6 +193,11 @@ async fn timeout_error(err: tower::BoxError) -> ApiError {
     } else {
         ApiError::internal(err)
     }
+}
+
+/// [`timeout_error`] in the runner-facing error shape of the remote Host API.
+async fn host_timeout_error(err: tower::BoxError) -> ApiError {
+    timeout_error(err).await.for_runner()
 }
 
 async fn not_found() -> ApiError {
@@ -257,6 +292,14 @@ pub async fn serve(
     if let Ok(addr) = listener.local_addr() {
         tracing::info!(%addr, gateway_id = %state.options().gateway_id, "gateway listening");
     }
+    // No Nagle: SSE frames and small JSON answers are written as soon as they are ready.
+    // With Nagle, a frame written while the previous one is unacknowledged waits for the
+    // client's delayed ACK (~40 ms on Linux), which alone would dwarf the pipeline latency.
+    let listener = listener.tap_io(|tcp| {
+        if let Err(error) = tcp.set_nodelay(true) {
+            tracing::debug!(%error, "cannot set TCP_NODELAY on a connection");
+        }
+    });
     axum::serve(listener, app(state))
         .with_graceful_shutdown(token.cancelled_owned())
         .await

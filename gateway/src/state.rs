@@ -14,6 +14,9 @@ use sb_common::config::SwitchboardConfig;
 use sb_common::session::SessionStore;
 use sb_common::shutdown::Shutdown;
 use sb_store::Stores;
+use sb_worker::actions::{ActionDispatcher, ActionLimits};
+use sb_worker::api_gate::ApiGate;
+use sb_worker::runner::HostApi;
 
 use crate::live::LiveHub;
 use crate::normalize::NormalizeLimits;
@@ -43,6 +46,9 @@ pub struct GatewayOptions {
     pub delivery_prefetch: u16,
     /// Time allowed to each dependency check of `/readyz`.
     pub readiness_timeout: Duration,
+    /// Limits of the remote Host API (`POST /v1/host/{action}`): the workers' own, from the
+    /// same `[limits]` section, so a call is judged alike whichever way it arrives.
+    pub host_api: ActionLimits,
 }
 
 impl Default for GatewayOptions {
@@ -74,6 +80,7 @@ impl GatewayOptions {
             page_size_max: u64::from(limits.page_size_max.get()),
             delivery_prefetch: config.bus.prefetch.get(),
             readiness_timeout: Duration::from_secs(2),
+            host_api: ActionLimits::from_config(limits),
         }
     }
 }
@@ -85,7 +92,8 @@ pub struct GatewayDeps {
     pub stores: Stores,
     /// The message bus.
     pub bus: Arc<dyn Bus>,
-    /// The active-run session store (readiness only, for now).
+    /// The active-run session store: readiness, the cancel flag, and the run sessions the
+    /// remote Host API is checked against.
     pub sessions: Arc<dyn SessionStore>,
     /// Exchange names and shard counts.
     pub topology: Topology,
@@ -103,6 +111,7 @@ struct Inner {
     live: LiveHub,
     relay: RelayHandle,
     shutdown: Shutdown,
+    host_api: Arc<dyn HostApi>,
 }
 
 impl AppState {
@@ -124,6 +133,13 @@ impl AppState {
             shutdown.token(),
         )
         .await?;
+        let dispatcher = ActionDispatcher::new(
+            deps.stores.clone(),
+            Arc::clone(&deps.sessions),
+            options.host_api.clone(),
+        );
+        let host_api: Arc<dyn HostApi> =
+            Arc::new(ApiGate::new(Arc::clone(&deps.sessions), dispatcher));
         Ok(Self {
             inner: Arc::new(Inner {
                 deps,
@@ -131,6 +147,7 @@ impl AppState {
                 live,
                 relay: RelayHandle::new(),
                 shutdown,
+                host_api,
             }),
         })
     }
@@ -168,6 +185,12 @@ impl AppState {
     /// Wakes the outbox relay.
     pub fn relay(&self) -> &RelayHandle {
         &self.inner.relay
+    }
+
+    /// The Host API pipeline (gate, then actions) that remote runner calls go through once
+    /// their run token is verified.
+    pub fn host_api(&self) -> &Arc<dyn HostApi> {
+        &self.inner.host_api
     }
 
     /// Process shutdown.

@@ -6,6 +6,10 @@
 //! as `context.available_apis` allows. `context.latest_cursor` is the conversation's latest
 //! transcript cursor *before* this event's own user transcript row, so a runner paging
 //! backwards from it sees strictly earlier history.
+//!
+//! `runtime.metadata.host_api` (`{url, token}`) tells a runner that runs outside a worker
+//! where the remote Host API is (`POST <gateway>{url}/{action}`) and the run's bearer token;
+//! see [`sb_protocol::host::host_api_token`].
 
 use std::time::Duration;
 
@@ -13,9 +17,9 @@ use sb_protocol::context::{
     AdapterContext, AgentRunContext, AgentRunState, AgentRuntimeContext, AgentTrigger,
     ContextAccess, ConversationContext, InlineContextPolicy, StateScope, TriggerSource,
 };
-use sb_protocol::host::{AgentBinding, AgentEventEnvelope, StatePolicy};
+use sb_protocol::host::{AgentBinding, AgentEventEnvelope, StatePolicy, host_api_token};
 use sb_protocol::ids::RunId;
-use serde_json::{Map, Value};
+use serde_json::{Map, Value, json};
 
 use crate::access::EffectiveAccess;
 use crate::state_keys::EXTERNAL_CONVERSATION_ID;
@@ -106,6 +110,9 @@ pub struct ContextInputs {
     pub state: AgentRunState,
     /// Host version (`runtime.langbot_version`).
     pub host_version: String,
+    /// The run's remote Host API token (`runtime.metadata.host_api.token`), if the run has
+    /// one.
+    pub host_api_token: Option<String>,
 }
 
 /// Builds the context a runner receives for `event` handled by `binding`.
@@ -123,6 +130,7 @@ pub fn build(
         access,
         state,
         host_version,
+        host_api_token,
     } = inputs;
 
     let conversation = event
@@ -170,6 +178,12 @@ pub fn build(
             .model_context_window_tokens
             .map_or(Value::Null, Value::from),
     );
+    if let Some(token) = host_api_token {
+        runtime_metadata.insert(
+            host_api_token::METADATA_KEY.into(),
+            json!({ "url": host_api_token::PATH, "token": token }),
+        );
+    }
 
     let now_secs = now_epoch_secs.floor() as i64;
     AgentRunContext {
@@ -357,9 +371,14 @@ mod tests {
                 access: access.clone(),
                 state: AgentRunState::default(),
                 host_version: "0.1.0".into(),
+                host_api_token: Some("tok-1".into()),
             },
         );
         assert_eq!(ctx.run_id, run_id);
+        assert_eq!(
+            ctx.runtime.metadata["host_api"],
+            json!({"url": "/v1/host", "token": "tok-1"})
+        );
         assert_eq!(ctx.runtime.trace_id, run_id.to_string());
         assert_eq!(ctx.runtime.deadline_at, Some(1_700_000_060.7));
         assert_eq!(ctx.runtime.langbot_version.as_deref(), Some("0.1.0"));
@@ -437,9 +456,11 @@ mod tests {
                 access,
                 state: AgentRunState::default(),
                 host_version: "0.1.0".into(),
+                host_api_token: None,
             },
         );
         assert!(ctx.conversation.is_none());
+        assert!(!ctx.runtime.metadata.contains_key("host_api"));
         assert_eq!(ctx.trigger.timestamp, Some(123));
         assert_eq!(ctx.context.latest_cursor, None);
         assert!(!ctx.context.has_history_before);

@@ -24,12 +24,15 @@
 //! 5. the transcript's latest cursor (before this event's own row);
 //! 6. the run row (`queued`, unique on the event: a redelivery gets the existing run back,
 //!    with its id and its deadline, which are never recomputed);
-//! 7. the state snapshot, the context, the frozen snapshot and the job ([`crate::plan`]);
+//! 7. the state snapshot, the context, the frozen snapshot and the job ([`crate::plan`]),
+//!    with a freshly minted remote Host API token (`ctx.runtime.metadata.host_api`; the
+//!    snapshot keeps its SHA-256 only);
 //! 8. the user transcript row (deterministic id: written once);
 //! 9. the session (TTL = deadline + grace) in the session store, then the run in the
 //!    conversation's active index (and, for a formerly parked event, out of the queue);
 //! 10. the event → `dispatched` with the run id, and the frozen snapshot under
-//!     `metadata.authorization` (the result sink reads it after the session has ended);
+//!     `metadata.authorization` (the result sink reads it after the session has ended;
+//!     without the digest of the run's remote Host API token, which only the session keeps);
 //! 11. the job to `switchboard.runs.<pool>`, awaited until the broker confirms;
 //! 12. the event delivery is acked.
 //!
@@ -51,7 +54,7 @@ use std::time::Duration;
 use chrono::Utc;
 use sb_common::bus::topology::control_routing_key;
 use sb_common::bus::{ConsumeOptions, Delivery, PublishOptions};
-use sb_common::session::PushOutcome;
+use sb_common::session::{PushOutcome, cancel_flag_key};
 use sb_common::shutdown::Shutdown;
 use sb_common::telemetry::{Registry, names};
 use sb_protocol::context::StateScope;
@@ -492,7 +495,7 @@ impl EventRouter {
             self.deps
                 .sessions
                 .set_ex(
-                    &concurrency::cancel_flag_key(&run_id),
+                    &cancel_flag_key(&run_id),
                     reason.as_bytes(),
                     remaining + CANCEL_FLAG_SLACK,
                 )
@@ -680,6 +683,7 @@ impl EventRouter {
                     host_version: options.host_version.clone(),
                     session_grace: options.session_grace,
                     no_deadline_session_ttl: options.no_deadline_session_ttl,
+                    host_api_token: Some(mint_host_api_token()),
                 },
             );
 
@@ -701,8 +705,14 @@ impl EventRouter {
                 }
             }
 
+            // The event keeps the frozen authorization for operators, without the token's
+            // digest: the credential check belongs to the session alone.
+            let mut authorization = snapshot_json;
+            if let Some(fields) = authorization.as_object_mut() {
+                fields.remove("host_api_token_sha256");
+            }
             let mut metadata = json!({
-                "authorization": snapshot_json,
+                "authorization": authorization,
                 "routing": {"binding_id": binding.binding_id, "runner_id": binding.runner_id.to_string(), "pool": dispatch.pool},
             });
             if let Some(concurrency) = &start.concurrency {
@@ -776,6 +786,22 @@ impl EventRouter {
     }
 }
 
+/// A fresh remote Host API token: 32 random bytes (256 bits), base64url without padding.
+///
+/// Minted per dispatch attempt. A redelivered event whose run is still `queued` gets a new
+/// token and the session is rewritten with its digest; a job published by the earlier
+/// attempt, if a worker claims it, carries the earlier token, which the gateway then refuses
+/// (`unauthorized`). Only the remote Host API is affected (runner processes of the worker
+/// use the stdio wire), and only after an orchestrator lost an ack between publishing a job
+/// and acknowledging its event.
+fn mint_host_api_token() -> String {
+    use base64::Engine as _;
+    use rand::RngCore as _;
+    let mut bytes = [0u8; 32];
+    rand::rng().fill_bytes(&mut bytes);
+    base64::engine::general_purpose::URL_SAFE_NO_PAD.encode(bytes)
+}
+
 fn decode_envelope(record: &EventRecord) -> Result<AgentEventEnvelope> {
     let bad = |reason: String| OrchestratorError::BadEnvelope {
         event_id: record.id,
@@ -834,5 +860,22 @@ pub async fn run_shard(router: Arc<EventRouter>, shard: u32, shutdown: Shutdown)
                 }
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn host_api_tokens_are_256_random_bits_in_base64url() {
+        let a = mint_host_api_token();
+        let b = mint_host_api_token();
+        assert_eq!(a.len(), 43, "32 bytes, unpadded");
+        assert!(
+            a.bytes()
+                .all(|c| c.is_ascii_alphanumeric() || c == b'-' || c == b'_')
+        );
+        assert_ne!(a, b);
     }
 }

@@ -18,7 +18,7 @@ use chrono::{DateTime, TimeZone, Utc};
 use sb_protocol::context::AgentRunContext;
 use sb_protocol::host::{
     ActorRef, AgentBinding, AgentEventEnvelope, AgentRunnerDescriptor, AuthorizationSnapshot,
-    SubjectRef,
+    SubjectRef, host_api_token,
 };
 use sb_protocol::ids::RunId;
 use sb_protocol::messages::RunJob;
@@ -164,6 +164,9 @@ pub struct PrepareInputs {
     pub session_grace: Duration,
     /// Session lifetime of a run without a deadline.
     pub no_deadline_session_ttl: Duration,
+    /// The run's remote Host API token, minted by the caller (randomness is not a decision):
+    /// handed to the runner in the context, frozen into the snapshot as its digest only.
+    pub host_api_token: Option<String>,
 }
 
 /// Everything the consumer writes and publishes for a dispatched run.
@@ -192,6 +195,7 @@ pub fn prepare(event: &AgentEventEnvelope, dispatch: &Dispatch, inputs: PrepareI
         host_version,
         session_grace,
         no_deadline_session_ttl,
+        host_api_token,
     } = inputs;
 
     let snapshot = AuthorizationSnapshot {
@@ -216,6 +220,7 @@ pub fn prepare(event: &AgentEventEnvelope, dispatch: &Dispatch, inputs: PrepareI
         state_policy: dispatch.binding.state_policy.clone(),
         budgets: dispatch.binding.budgets,
         deadline_at,
+        host_api_token_sha256: host_api_token.as_deref().map(host_api_token::digest),
     };
 
     let context = context::build(
@@ -229,6 +234,7 @@ pub fn prepare(event: &AgentEventEnvelope, dispatch: &Dispatch, inputs: PrepareI
             access,
             state,
             host_version,
+            host_api_token,
         },
     );
     let job = RunJob::new(
@@ -391,6 +397,7 @@ mod tests {
                 host_version: "0.1.0".into(),
                 session_grace: Duration::from_secs(15),
                 no_deadline_session_ttl: Duration::from_secs(86_400),
+                host_api_token: Some("run-token".into()),
             },
         );
         assert_eq!(prepared.job.run_id, run_id);
@@ -411,6 +418,17 @@ mod tests {
         );
         assert_eq!(s.available_apis, prepared.context.context.available_apis);
         assert!(s.resources.storage.plugin_storage && s.available_apis.storage);
+        // the runner gets the token, the session only its digest
+        assert_eq!(
+            prepared.context.runtime.metadata["host_api"]["token"],
+            "run-token"
+        );
+        assert_eq!(
+            s.host_api_token_sha256.as_deref(),
+            Some(host_api_token::digest("run-token").as_str())
+        );
+        assert!(s.accepts_host_api_token("run-token"));
+        assert!(!serde_json::to_string(s).unwrap().contains("\"run-token\""));
     }
 
     #[test]

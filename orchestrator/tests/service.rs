@@ -47,6 +47,10 @@ fn ws() -> WorkspaceId {
 }
 
 async fn harness() -> Harness {
+    harness_with_shards(2).await
+}
+
+async fn harness_with_shards(shards: u32) -> Harness {
     let store = SqlStore::connect(
         "sqlite::memory:",
         &SqlStoreOptions {
@@ -59,8 +63,8 @@ async fn harness() -> Harness {
     let bus = Arc::new(MemoryBus::new());
     let options = TopologyOptions {
         name_prefix: format!("t-{}.switchboard", uuid::Uuid::new_v4().simple()),
-        events_shards: NonZeroU32::new(2).unwrap(),
-        results_shards: NonZeroU32::new(2).unwrap(),
+        events_shards: NonZeroU32::new(shards).unwrap(),
+        results_shards: NonZeroU32::new(shards).unwrap(),
         pools: vec!["default".into()],
         queue_type: QueueType::Classic,
         delivery_limit: None,
@@ -317,7 +321,10 @@ async fn event_is_routed_to_a_job_with_the_right_context() {
     let orchestrator = Orchestrator::spawn(h.deps(), h.options(), &shutdown)
         .await
         .unwrap();
-    assert_eq!(orchestrator.task_count(), 2 + 2 + 1);
+    // the shard reconciler, the reaper, and (alone) every events and results shard
+    assert_eq!(orchestrator.task_count(), 2 + 2 + 2);
+    assert_eq!(orchestrator.owned_shards().events, (0..2).collect());
+    assert_eq!(orchestrator.owned_shards().results, (0..2).collect());
     let mut jobs = h.jobs().await;
 
     let before = Utc::now().timestamp_millis();
@@ -384,10 +391,24 @@ async fn event_is_routed_to_a_job_with_the_right_context() {
     assert_eq!(snapshot.resources, ctx.resources);
     assert_eq!(snapshot.available_apis, ctx.context.available_apis);
     assert_eq!(snapshot.deadline_at, ctx.runtime.deadline_at);
-    assert_eq!(
-        event.metadata["authorization"],
-        serde_json::to_value(&snapshot).unwrap()
+    // The runner gets the remote Host API token; the session keeps only its digest, and the
+    // event's copy of the snapshot not even that.
+    let token = ctx.runtime.metadata["host_api"]["token"]
+        .as_str()
+        .expect("a remote host api token");
+    assert_eq!(ctx.runtime.metadata["host_api"]["url"], "/v1/host");
+    assert!(snapshot.accepts_host_api_token(token));
+    let session_text = serde_json::to_string(&snapshot).unwrap();
+    assert!(
+        !session_text.contains(token),
+        "the token itself is not stored"
     );
+    let mut without_digest = serde_json::to_value(&snapshot).unwrap();
+    without_digest
+        .as_object_mut()
+        .unwrap()
+        .remove("host_api_token_sha256");
+    assert_eq!(event.metadata["authorization"], without_digest);
     let page = h
         .stores
         .transcript
@@ -969,4 +990,201 @@ async fn results_for_unknown_runs_are_dropped_and_garbage_is_dead_lettered() {
 
     shutdown.trigger();
     orchestrator.join().await;
+}
+
+// --- shard ownership across orchestrators ---------------------------------------------------
+
+const SHARDS: u32 = 4;
+
+/// Two member ids that split both the events and the results shards between them (chosen
+/// with the same pure assignment the orchestrators use, so the test is deterministic).
+fn splitting_ids() -> (String, String) {
+    use sb_orchestrator::shards::{ShardFamily, assign};
+    for i in 0..100 {
+        let (a, b) = (format!("orch-a{i}"), format!("orch-b{i}"));
+        let both: std::collections::BTreeSet<String> = [a.clone(), b.clone()].into();
+        let splits = |family| {
+            let mine = assign(family, SHARDS, &both, &a);
+            !mine.is_empty() && mine.len() < SHARDS as usize
+        };
+        if splits(ShardFamily::Events) && splits(ShardFamily::Results) {
+            return (a, b);
+        }
+    }
+    unreachable!("some pair of ids splits 4 shards");
+}
+
+fn member_options(h: &Harness, id: &str) -> OrchestratorOptions {
+    OrchestratorOptions {
+        member_id: Some(id.to_owned()),
+        membership_heartbeat: Duration::from_millis(50),
+        membership_ttl: Duration::from_millis(200),
+        ..h.options()
+    }
+}
+
+/// Names of the events/results consumer tasks still running under `shutdown`.
+fn consumer_tasks(shutdown: &Shutdown) -> Vec<String> {
+    shutdown
+        .running_tasks()
+        .into_iter()
+        .filter(|t| t.starts_with("orchestrator.events.") || t.starts_with("orchestrator.sink."))
+        .collect()
+}
+
+fn task_names(shards: &sb_orchestrator::OwnedShards) -> Vec<String> {
+    let mut names: Vec<String> = shards
+        .events
+        .iter()
+        .map(|k| format!("orchestrator.events.{k}"))
+        .chain(
+            shards
+                .results
+                .iter()
+                .map(|k| format!("orchestrator.sink.{k}")),
+        )
+        .collect();
+    names.sort();
+    names
+}
+
+/// One conversation id per events shard.
+fn conversation_per_shard() -> Vec<String> {
+    let shards = NonZeroU32::new(SHARDS).unwrap();
+    let mut found: Vec<Option<String>> = vec![None; SHARDS as usize];
+    for i in 0.. {
+        let conversation = format!("conv-{i}");
+        let k = sb_common::bus::topology::events_shard(WS, Some(&conversation), shards);
+        found[k as usize].get_or_insert(conversation);
+        if found.iter().all(Option::is_some) {
+            break;
+        }
+    }
+    found.into_iter().map(Option::unwrap).collect()
+}
+
+/// Starts orchestrator `a`, then `b`, and waits until they split the shards between them
+/// (disjoint, covering all, and `a` released the consumers of the shards `b` took).
+async fn two_orchestrators(h: &Harness) -> ((Orchestrator, Shutdown), (Orchestrator, Shutdown)) {
+    let (id_a, id_b) = splitting_ids();
+    let shutdown_a = Shutdown::new();
+    let a = Orchestrator::spawn(h.deps(), member_options(h, &id_a), &shutdown_a)
+        .await
+        .unwrap();
+    assert_eq!(a.id(), id_a);
+    assert_eq!(
+        a.owned_shards().events.len(),
+        SHARDS as usize,
+        "alone, a owns all"
+    );
+    let shutdown_b = Shutdown::new();
+    let b = Orchestrator::spawn(h.deps(), member_options(h, &id_b), &shutdown_b)
+        .await
+        .unwrap();
+    // b saw a in the registry on its first tick.
+    let mine = b.owned_shards();
+    assert!(!mine.events.is_empty() && mine.events.len() < SHARDS as usize);
+    assert!(!mine.results.is_empty() && mine.results.len() < SHARDS as usize);
+    // a notices b on its next heartbeat and hands b's shards over.
+    let theirs = tokio::time::timeout(
+        Duration::from_secs(5),
+        a.wait_for_shards(|s| {
+            s.events.is_disjoint(&mine.events) && s.results.is_disjoint(&mine.results)
+        }),
+    )
+    .await
+    .expect("a hands shards over")
+    .unwrap();
+    let all: std::collections::BTreeSet<u32> = (0..SHARDS).collect();
+    assert_eq!(&theirs.events | &mine.events, all);
+    assert_eq!(&theirs.results | &mine.results, all);
+    eventually("a's released consumers stopped", || async {
+        consumer_tasks(&shutdown_a) == task_names(&theirs)
+    })
+    .await;
+    assert_eq!(consumer_tasks(&shutdown_b), task_names(&mine));
+    ((a, shutdown_a), (b, shutdown_b))
+}
+
+#[tokio::test]
+async fn two_orchestrators_split_the_shards_and_route_each_event_once() {
+    let h = harness_with_shards(SHARDS).await;
+    standard_setup(&h, json!({})).await;
+    let mut jobs = h.jobs().await;
+    let ((a, shutdown_a), (b, shutdown_b)) = two_orchestrators(&h).await;
+
+    // Three events in every shard: each becomes exactly one job.
+    let mut sent = std::collections::BTreeSet::new();
+    for round in 0..3 {
+        for conversation in conversation_per_shard() {
+            let event_id = h.ingest(Some(&conversation), &format!("m{round}")).await;
+            h.publish_event(event_id, Some(&conversation)).await;
+            sent.insert(event_id.to_string());
+        }
+    }
+    let mut routed = std::collections::BTreeSet::new();
+    for _ in 0..sent.len() {
+        let job = next_job(&mut jobs).await;
+        assert!(
+            routed.insert(job.context.event.event_id),
+            "one job per event"
+        );
+    }
+    assert_eq!(routed, sent);
+    assert!(
+        tokio::time::timeout(Duration::from_millis(200), jobs.next())
+            .await
+            .is_err(),
+        "no extra job"
+    );
+    assert_eq!(h.run_count().await, sent.len());
+    for k in 0..SHARDS {
+        let q = h.topology.events_queue(k).name;
+        assert_eq!(h.bus.ready_count(&q), Some(0));
+        assert_eq!(h.bus.unacked_count(&q), Some(0));
+    }
+
+    shutdown_a.trigger();
+    shutdown_b.trigger();
+    a.join().await;
+    b.join().await;
+}
+
+#[tokio::test]
+async fn a_stopped_orchestrators_shards_move_to_the_other() {
+    let h = harness_with_shards(SHARDS).await;
+    standard_setup(&h, json!({})).await;
+    let mut jobs = h.jobs().await;
+    let ((a, shutdown_a), (b, shutdown_b)) = two_orchestrators(&h).await;
+    let a_events = a.owned_shards().events;
+
+    shutdown_a.trigger();
+    a.join().await;
+    assert!(consumer_tasks(&shutdown_a).is_empty());
+    let all: std::collections::BTreeSet<u32> = (0..SHARDS).collect();
+    tokio::time::timeout(
+        Duration::from_secs(5),
+        b.wait_for_shards(|s| s.events == all && s.results == all),
+    )
+    .await
+    .expect("b takes every shard")
+    .unwrap();
+
+    // A new event in each shard a owned is routed by b.
+    let conversations = conversation_per_shard();
+    let mut sent = std::collections::BTreeSet::new();
+    for k in &a_events {
+        let conversation = &conversations[*k as usize];
+        let event_id = h.ingest(Some(conversation), "after the handover").await;
+        h.publish_event(event_id, Some(conversation)).await;
+        sent.insert(event_id.to_string());
+    }
+    let mut routed = std::collections::BTreeSet::new();
+    for _ in 0..sent.len() {
+        routed.insert(next_job(&mut jobs).await.context.event.event_id);
+    }
+    assert_eq!(routed, sent);
+
+    shutdown_b.trigger();
+    b.join().await;
 }

@@ -602,6 +602,12 @@ pub struct AuthorizationSnapshot {
     /// Absolute deadline, epoch seconds; `None` = no deadline.
     #[serde(default)]
     pub deadline_at: Option<f64>,
+    /// SHA-256 (lower-case hex) of the run's remote Host API token, the bearer credential of
+    /// `POST /v1/host/{action}` for runners outside a worker (see [`host_api_token`]). Only
+    /// the digest is kept, so the session store never holds a usable credential; the token
+    /// dies with the session. `None`: the run has no remote Host API.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub host_api_token_sha256: Option<String>,
 }
 
 impl AuthorizationSnapshot {
@@ -652,6 +658,59 @@ impl AuthorizationSnapshot {
     #[must_use]
     pub fn is_expired(&self, now: f64) -> bool {
         self.deadline_at.is_some_and(|d| now >= d)
+    }
+
+    /// Whether `token` is this run's remote Host API token (constant time in the token's
+    /// content). Always false for a run without one.
+    #[must_use]
+    pub fn accepts_host_api_token(&self, token: &str) -> bool {
+        self.host_api_token_sha256
+            .as_deref()
+            .is_some_and(|digest| host_api_token::matches(digest, token))
+    }
+}
+
+/// The per-run token of the remote Host API (SPEC §8: `POST /v1/host/{action}` "with the
+/// run's token").
+///
+/// The orchestrator mints a random token per run, hands it to the runner in
+/// `ctx.runtime.metadata.host_api = {"url": PATH, "token": <token>}` and freezes only its
+/// [`digest`] into the run's [`AuthorizationSnapshot`]. The gateway compares the digest of a
+/// presented token with the frozen one; since the snapshot *is* the run session, the token
+/// stops working the moment the session ends (terminal result, cancel, deadline).
+///
+/// ```
+/// use sb_protocol::host::host_api_token;
+/// let digest = host_api_token::digest("tok");
+/// assert_eq!(digest.len(), 64);
+/// assert!(host_api_token::matches(&digest, "tok"));
+/// assert!(!host_api_token::matches(&digest, "tok2"));
+/// ```
+pub mod host_api_token {
+    use sha2::{Digest as _, Sha256};
+
+    /// Key of the runner-visible entry in `ctx.runtime.metadata`.
+    pub const METADATA_KEY: &str = "host_api";
+    /// Path of the remote Host API on the gateway (`POST {PATH}/{action}`), relative to the
+    /// gateway's base URL.
+    pub const PATH: &str = "/v1/host";
+
+    /// SHA-256 of the token, lower-case hex.
+    #[must_use]
+    pub fn digest(token: &str) -> String {
+        hex::encode(Sha256::digest(token.as_bytes()))
+    }
+
+    /// Whether `token` hashes to `expected` (lower-case hex). The digests are compared
+    /// without an early exit, so the time taken says nothing about how much matched.
+    #[must_use]
+    pub fn matches(expected: &str, token: &str) -> bool {
+        let actual = digest(token);
+        let (a, b) = (actual.as_bytes(), expected.as_bytes());
+        if a.len() != b.len() {
+            return false;
+        }
+        a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
     }
 }
 
@@ -784,6 +843,30 @@ mod tests {
     }
 
     #[test]
+    fn host_api_tokens_match_their_digest_only() {
+        let digest = host_api_token::digest("secret-token");
+        // the SHA-256 test vector of "abc"
+        assert_eq!(
+            host_api_token::digest("abc"),
+            "ba7816bf8f01cfea414140de5dae2223b00361a396177a9cb410ff61f20015ad"
+        );
+        assert!(host_api_token::matches(&digest, "secret-token"));
+        assert!(!host_api_token::matches(&digest, "secret-tokeN"));
+        assert!(!host_api_token::matches(&digest, ""));
+        assert!(!host_api_token::matches(&digest[..63], "secret-token"));
+        assert!(!host_api_token::matches("", ""));
+        let snap: AuthorizationSnapshot = serde_json::from_value(json!({
+            "run_id": RunId::new(), "plugin_id": "a/b", "runner_id": "plugin:a/b/c",
+            "binding_id": "x", "workspace_id": "default", "resources": {},
+            "available_apis": {}, "state_policy": {}, "budgets": {},
+            "host_api_token_sha256": digest,
+        }))
+        .unwrap();
+        assert!(snap.accepts_host_api_token("secret-token"));
+        assert!(!snap.accepts_host_api_token("other"));
+    }
+
+    #[test]
     fn snapshot_checks() {
         let snap: AuthorizationSnapshot = serde_json::from_value(json!({
             "run_id": RunId::new(),
@@ -813,6 +896,16 @@ mod tests {
         assert!(snap.allows_state(StateScope::Conversation));
         assert!(!snap.allows_state(StateScope::Actor));
         assert!(!snap.is_expired(99.9) && snap.is_expired(100.0));
+        // no remote host api token: nothing is accepted, and the key is not written
+        assert!(snap.host_api_token_sha256.is_none());
+        assert!(!snap.accepts_host_api_token(""));
+        assert!(
+            !serde_json::to_value(&snap)
+                .unwrap()
+                .as_object()
+                .unwrap()
+                .contains_key("host_api_token_sha256")
+        );
         let json = serde_json::to_string(&snap).unwrap();
         assert_eq!(
             serde_json::from_str::<AuthorizationSnapshot>(&json).unwrap(),

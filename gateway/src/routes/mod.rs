@@ -4,6 +4,8 @@ pub mod agents;
 pub mod conversations;
 pub mod events;
 pub mod health;
+pub mod host;
+pub mod resources;
 pub mod runners;
 pub mod runs;
 

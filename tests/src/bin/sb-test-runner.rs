@@ -24,7 +24,7 @@
 //! | `late` | `run.completed`, then more results and `done` |
 //! | `dup` | deltas with sequences 1, 1, 2, 2, 3, then `run.completed` (sequence 4) |
 //! | `api <action>` | calls the Host API action (default `get_host_version`) and reports the answer |
-//! | `api_foreign` | calls the Host API with another run's id and reports the answer |
+//! | `api_foreign [<run_id> [<action>]]` | calls the Host API (default `get_host_version`) with another run's id (default: one that never existed) and reports the answer |
 //! | `env` | reports the names of its environment variables |
 //! | `pid` | reports its process id |
 //! | `exit0` | one delta, then the process exits with status 0 (no `done`) |
@@ -231,7 +231,12 @@ fn execute(run: &Run, text: &str, script_override: Option<&str>) {
             run.report(&answer.to_string());
         }
         "api_foreign" => {
-            let answer = run.api("00000000-0000-7000-8000-000000000000", "get_host_version");
+            let mut words = arg.split_whitespace();
+            let foreign = words
+                .next()
+                .unwrap_or("00000000-0000-7000-8000-000000000000");
+            let action = words.next().unwrap_or("get_host_version");
+            let answer = run.api(foreign, action);
             run.report(&answer.to_string());
         }
         "env" => {

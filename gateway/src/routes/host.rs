@@ -1,0 +1,270 @@
+//! `POST /v1/host/{action}`: the Host API for runners that run outside a worker (SPEC §8),
+//! e.g. an external harness driving its own agent loop.
+//!
+//! ```text
+//!  Authorization: Bearer <run token>           (ctx.runtime.metadata.host_api.token)
+//!  {"run_id": "...", "params": {...}}
+//!      │
+//!      ├─ bearer token present ───────────────── no ──▶ 401 unauthorized
+//!      ├─ body {run_id, params} ──────────────── bad ─▶ 400 invalid_argument
+//!      ├─ session of run_id exists ───────────── no ──▶ 404 not_found "run session … not found or expired"
+//!      ├─ session has a plugin identity and the
+//!      │  token's SHA-256 equals the frozen one ─ no ──▶ 401 unauthorized
+//!      └─ ApiGate → ActionDispatcher (the workers' pipeline: session, identity, deadline,
+//!         grants, scope, arguments, size, rate) with caller = the session's plugin identity
+//!      ▼
+//!  200 {"data": <answer>}            or   <status of the code> {code, message, retryable, details}
+//! ```
+//!
+//! The token is what a runner process's connection is on the stdio wire: the proof of
+//! identity. It is minted per run by the orchestrator, and only its digest is frozen into the
+//! run's session, so it authenticates exactly one run and stops working when the session
+//! ends (terminal result, cancel, deadline): a call after that is `not_found`, as it is for
+//! a runner process. A token of another run, or any other bearer value, is `unauthorized`,
+//! whatever the run.
+//!
+//! Everything after the token check is the same code the workers run ([`sb_worker::api_gate`],
+//! [`sb_worker::actions`]) against the same session store and database, so a call is judged
+//! identically over both transports, and the per-run rate limit is shared between them.
+//!
+//! Streamed answers: HTTP has no `api_chunk`. The parts a streaming action produces are
+//! collected and returned with the final data as `{"data": ..., "chunks": [...]}` (the key is
+//! absent when nothing was streamed); a remote runner that needs tokens as they are produced
+//! must run inside a worker. Request bodies are capped by `gateway.max_body_bytes`, so a
+//! storage value above that cap can only be written from a worker.
+
+use axum::Json;
+use axum::extract::{Path, State};
+use axum::http::HeaderMap;
+use axum::http::header::AUTHORIZATION;
+use sb_protocol::error::{AgentApiError, ErrorCode};
+use sb_protocol::host::AuthorizationSnapshot;
+use sb_protocol::ids::RunId;
+use sb_protocol::wire::HostToRunner;
+use sb_worker::api_gate::{decode_snapshot, session_not_found};
+use sb_worker::runner::{ApiStream, CallerIdentity, HostApi};
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
+use tokio::sync::mpsc;
+
+use crate::auth::bearer_token;
+use crate::error::{ApiError, ApiJson, ApiResult};
+use crate::state::AppState;
+
+/// Body of `POST /v1/host/{action}`.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct HostCall {
+    /// The run the call is made for; the bearer token must be this run's.
+    pub run_id: RunId,
+    /// The action's parameters (an object; absent = `{}`).
+    #[serde(default)]
+    pub params: Value,
+}
+
+/// A successful answer.
+#[derive(Debug, Serialize)]
+pub struct HostAnswer {
+    /// What the action returned (the `data` of an `api_result` on the stdio wire).
+    pub data: Value,
+    /// The parts a streaming action produced before its final data, in order.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub chunks: Vec<Value>,
+}
+
+/// The refusal of a missing, malformed or wrong token.
+fn bad_token(what: &str) -> ApiError {
+    ApiError::new(
+        ErrorCode::Unauthorized,
+        format!("{what} (expected `Authorization: Bearer <run token>` from ctx.runtime.metadata.host_api)"),
+    )
+    .for_runner()
+}
+
+/// Who may call for this run: the session's plugin, if `token` is the run's.
+fn authenticate(snapshot: &AuthorizationSnapshot, token: &str) -> Result<CallerIdentity, ApiError> {
+    if snapshot.plugin_id.trim().is_empty() {
+        tracing::error!(run_id = %snapshot.run_id, "run session has no plugin identity");
+        return Err(ApiError::from_agent(AgentApiError::new(
+            ErrorCode::Unauthorized,
+            format!("run session {} has no plugin identity", snapshot.run_id),
+        )));
+    }
+    if !snapshot.accepts_host_api_token(token) {
+        return Err(bad_token(&format!(
+            "the bearer token is not the host api token of run {}",
+            snapshot.run_id
+        )));
+    }
+    Ok(CallerIdentity {
+        runner_id: snapshot.runner_id.clone(),
+        plugin_id: snapshot.plugin_id.clone(),
+    })
+}
+
+/// `POST /v1/host/{action}`.
+pub async fn call(
+    State(state): State<AppState>,
+    Path(action): Path<String>,
+    headers: HeaderMap,
+    body: Result<ApiJson<HostCall>, ApiError>,
+) -> ApiResult<Json<HostAnswer>> {
+    let token = headers
+        .get(AUTHORIZATION)
+        .and_then(|v| v.to_str().ok())
+        .and_then(bearer_token)
+        .ok_or_else(|| bad_token("missing run token"))?;
+    let ApiJson(HostCall { run_id, params }) = body.map_err(ApiError::for_runner)?;
+
+    let session = state
+        .sessions()
+        .get_session(&run_id)
+        .await
+        .map_err(|e| ApiError::from(e).for_runner())?
+        .ok_or_else(|| ApiError::from_agent(session_not_found(run_id)))?;
+    let snapshot = decode_snapshot(session).map_err(|reason| {
+        tracing::error!(%run_id, %reason, "run session does not hold an authorization snapshot");
+        ApiError::from_agent(AgentApiError::new(
+            ErrorCode::Internal,
+            "internal host error",
+        ))
+    })?;
+    if snapshot.run_id != run_id {
+        tracing::error!(%run_id, stored = %snapshot.run_id, "run session belongs to another run");
+        return Err(ApiError::from_agent(AgentApiError::new(
+            ErrorCode::Internal,
+            "internal host error",
+        )));
+    }
+    let caller = authenticate(&snapshot, token)?;
+
+    let (outcome, chunks) =
+        serve_collecting(state.host_api().as_ref(), &caller, run_id, &action, params).await;
+    match outcome {
+        Ok(data) => Ok(Json(HostAnswer { data, chunks })),
+        Err(error) => Err(ApiError::from_agent(error)),
+    }
+}
+
+/// Runs one call through `host_api`, collecting the parts it streams while it runs (the
+/// stream's sender lives in the call's future, so the collector ends when the call does).
+async fn serve_collecting(
+    host_api: &dyn HostApi,
+    caller: &CallerIdentity,
+    run_id: RunId,
+    action: &str,
+    params: Value,
+) -> (Result<Value, AgentApiError>, Vec<Value>) {
+    let (tx, mut rx) = mpsc::channel::<HostToRunner>(64);
+    let served = async move {
+        let stream = ApiStream::new(format!("http-{run_id}"), tx);
+        host_api.call(caller, run_id, action, params, &stream).await
+    };
+    let collected = async move {
+        let mut chunks = Vec::new();
+        while let Some(message) = rx.recv().await {
+            if let HostToRunner::ApiChunk { data, .. } = message {
+                chunks.push(data);
+            }
+        }
+        chunks
+    };
+    tokio::join!(served, collected)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use sb_protocol::host::host_api_token;
+    use serde_json::json;
+
+    fn snapshot(plugin_id: &str, token: Option<&str>) -> AuthorizationSnapshot {
+        serde_json::from_value(json!({
+            "run_id": RunId::new(), "plugin_id": plugin_id, "runner_id": "plugin:a/b/c",
+            "binding_id": "x", "workspace_id": "default", "resources": {},
+            "available_apis": {}, "state_policy": {}, "budgets": {},
+            "host_api_token_sha256": token.map(host_api_token::digest),
+        }))
+        .unwrap()
+    }
+
+    /// Streams `n` chunks (`n` = `params.n`), then answers `{"done": n}`.
+    struct Streaming;
+
+    #[async_trait::async_trait]
+    impl HostApi for Streaming {
+        async fn call(
+            &self,
+            _caller: &CallerIdentity,
+            _run_id: RunId,
+            action: &str,
+            params: Value,
+            stream: &ApiStream,
+        ) -> Result<Value, AgentApiError> {
+            if action != "invoke_llm_stream" {
+                return Err(AgentApiError::new(ErrorCode::NotFound, "no such action"));
+            }
+            let n = params["n"].as_u64().unwrap_or(0);
+            for i in 0..n {
+                assert!(stream.send(json!({"chunk": i})).await);
+            }
+            Ok(json!({"done": n}))
+        }
+    }
+
+    #[tokio::test]
+    async fn streamed_parts_are_collected_with_the_final_data() {
+        let caller = CallerIdentity::for_runner(&"plugin:a/b/c".parse().unwrap());
+        let run_id = RunId::new();
+        // more chunks than the channel holds: the collector runs alongside the call
+        let (outcome, chunks) = serve_collecting(
+            &Streaming,
+            &caller,
+            run_id,
+            "invoke_llm_stream",
+            json!({"n": 200}),
+        )
+        .await;
+        assert_eq!(outcome.unwrap(), json!({"done": 200}));
+        assert_eq!(chunks.len(), 200);
+        assert_eq!(chunks[0], json!({"chunk": 0}));
+        assert_eq!(chunks[199], json!({"chunk": 199}));
+        let (outcome, chunks) =
+            serve_collecting(&Streaming, &caller, run_id, "ping", json!({})).await;
+        assert_eq!(outcome.unwrap_err().code, "not_found");
+        assert!(chunks.is_empty());
+        let answer = serde_json::to_value(HostAnswer {
+            data: json!(1),
+            chunks: Vec::new(),
+        })
+        .unwrap();
+        assert_eq!(answer, json!({"data": 1}), "no `chunks` key without chunks");
+    }
+
+    #[test]
+    fn the_token_establishes_the_sessions_identity() {
+        let s = snapshot("a/b", Some("tok"));
+        let caller = authenticate(&s, "tok").unwrap();
+        assert_eq!(caller.plugin_id, "a/b");
+        assert_eq!(caller.runner_id.to_string(), "plugin:a/b/c");
+        assert_eq!(
+            authenticate(&s, "tok2").unwrap_err().code(),
+            ErrorCode::Unauthorized
+        );
+        // a run without a token accepts none
+        let s = snapshot("a/b", None);
+        assert_eq!(
+            authenticate(&s, "").unwrap_err().code(),
+            ErrorCode::Unauthorized
+        );
+        // a session without an identity accepts nobody, even with its token
+        let s = snapshot(" ", Some("tok"));
+        let e = authenticate(&s, "tok").unwrap_err();
+        assert_eq!(e.code(), ErrorCode::Unauthorized);
+        assert!(
+            e.message().contains("no plugin identity"),
+            "{}",
+            e.message()
+        );
+    }
+}
