@@ -135,6 +135,19 @@ impl Shutdown {
         self.token.child_token()
     }
 
+    /// A handle sharing this one's task tracker and task names, with its own token: a child
+    /// of this one's. Cancelling `child.token()` stops only the loops handed `child` (e.g. one
+    /// shard a service hands over to another process), without logging a shutdown; triggering
+    /// this handle still reaches them. Tasks spawned through the child are tracked (and
+    /// drained) like any other.
+    pub fn child(&self) -> Shutdown {
+        Shutdown {
+            token: self.token.child_token(),
+            tracker: self.tracker.clone(),
+            tasks: Arc::clone(&self.tasks),
+        }
+    }
+
     /// Spawns a named, tracked task. Refused with [`ShutdownError`] once shutdown has begun, so
     /// no new work starts during the drain.
     ///
@@ -276,6 +289,27 @@ mod tests {
         shutdown.trigger();
         let err = shutdown.spawn("late", async {}).unwrap_err();
         assert_eq!(err.task, "late");
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn child_cancels_alone_but_follows_the_root() {
+        let root = Shutdown::new();
+        let a = root.child();
+        let b = root.child();
+        let task = a
+            .spawn("child-task", {
+                let a = a.clone();
+                async move { a.cancelled().await }
+            })
+            .unwrap();
+        assert_eq!(root.running_tasks(), vec!["child-task".to_owned()]);
+        a.token().cancel();
+        task.await.unwrap();
+        assert!(a.is_shutting_down());
+        assert!(!root.is_shutting_down() && !b.is_shutting_down());
+        assert!(a.spawn("late", async {}).is_err());
+        root.trigger();
+        assert!(b.is_shutting_down());
     }
 
     #[tokio::test(start_paused = true)]

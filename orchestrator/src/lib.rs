@@ -36,7 +36,10 @@
 //! - [`events`]: the event consumer (one loop per events shard).
 //! - [`sink`]: the result sink (one loop per results shard, batched ledger writes).
 //! - [`reaper`]: finalizes overdue runs as `timeout`.
-//! - [`service`]: [`Orchestrator::spawn`], dependencies, options, message settlement.
+//! - [`shards`]: which orchestrator consumes which shard queue (rendezvous hashing over the
+//!   live members, pure) and the member registry in the session store.
+//! - [`service`]: [`Orchestrator::spawn`], dependencies, options, message settlement, the
+//!   shard reconciler.
 //! - [`error`]: [`OrchestratorError`] and its error codes.
 
 pub mod access;
@@ -51,9 +54,10 @@ pub mod journal;
 pub mod plan;
 pub mod reaper;
 pub mod service;
+pub mod shards;
 pub mod sink;
 pub mod steering;
 pub use sb_protocol::state_keys;
 
 pub use error::{OrchestratorError, Result};
-pub use service::{Orchestrator, OrchestratorDeps, OrchestratorOptions};
+pub use service::{Orchestrator, OrchestratorDeps, OrchestratorOptions, OwnedShards};

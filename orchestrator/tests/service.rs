@@ -1018,7 +1018,9 @@ fn member_options(h: &Harness, id: &str) -> OrchestratorOptions {
     OrchestratorOptions {
         member_id: Some(id.to_owned()),
         membership_heartbeat: Duration::from_millis(50),
-        membership_ttl: Duration::from_millis(200),
+        // Long enough that a busy test machine never lets a live member expire; the
+        // handover test relies on the explicit leave on shutdown, not on expiry.
+        membership_ttl: Duration::from_secs(2),
         ..h.options()
     }
 }

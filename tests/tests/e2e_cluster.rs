@@ -422,6 +422,28 @@ async fn a_hundred_conversations_at_once() {
     }
     let expected: BTreeSet<String> = cluster.worker_ids().into_iter().collect();
     assert_eq!(workers, expected, "every worker executed some of the runs");
+    // The shard queues are spread over both orchestrators rather than all consumed by the
+    // first one started: each saw the other in the member registry (a two-member set is
+    // logged as `members={"a", "b"}`) and consumes some of the 16 events and results shards
+    // (unless rendezvous hashing gave one all 16: odds 2^-15).
+    let processes = |needles: &[&str]| -> BTreeSet<String> {
+        cluster
+            .log_lines(Role::Orchestrator, needles)
+            .iter()
+            .filter_map(|line| line.split(':').next().map(str::to_owned))
+            .collect()
+    };
+    let both = BTreeSet::from(["orchestrator-0".to_owned(), "orchestrator-1".to_owned()]);
+    // (The one started first sees the other on its next heartbeat, within 2 s of the start.)
+    wait_until("each orchestrator sees two members", || {
+        processes(&["orchestrator members changed", "\", \""]) == both
+    })
+    .await;
+    assert_eq!(
+        processes(&["consuming a shard"]),
+        both,
+        "both orchestrators consume shards"
+    );
     eprintln!("100 concurrent streamed runs across the cluster in {elapsed:?}");
 }
 

@@ -1,0 +1,367 @@
+//! Which orchestrator consumes which shard queue (SPEC §2/§3: one conversation's events and
+//! one run's results are handled in order, while the shards spread across orchestrators).
+//!
+//! Every `switchboard.events.<k>` / `switchboard.results.<k>` queue is single-active-consumer,
+//! and RabbitMQ makes the *first* subscriber active. If every orchestrator subscribed to every
+//! shard, the first one started would do all the work. Instead each orchestrator consumes
+//! only the shards [`assign`] gives it among the live members, and the single-active-consumer
+//! flag stays as the safety net: while two members briefly disagree about the membership
+//! (one saw a join or a leave a tick before the other), both may be subscribed to a shard, and
+//! the broker still hands its messages to one of them only.
+//!
+//! # Layout
+//! - [`assign`] / [`owner`]: rendezvous (highest-random-weight) hashing of shards onto
+//!   members. Pure: every process computing it over the same members gets the same answer,
+//!   each shard has exactly one owner, and a join or leave moves only the shards that must
+//!   move (to the joiner, or away from the leaver).
+//! - [`Membership`]: the live-member registry in the session store (a heartbeat key per
+//!   member, plus an index set), read by the shard reconciler of
+//!   [`crate::service::Orchestrator`].
+//!
+//! # Key space (session store)
+//! ```text
+//! kv:orchestrators/<id>   member heartbeat, TTL = membership TTL, value = <id>
+//! set:orchestrators       index of member ids (dead ids are pruned when their key is gone)
+//! ```
+
+use std::collections::BTreeSet;
+use std::sync::Arc;
+use std::time::Duration;
+
+use sb_common::session::{Result as SessionResult, SessionStore};
+use sha2::{Digest, Sha256};
+
+/// Which shard queues a shard number refers to. Each family is hashed with its own salt, so
+/// events shard `k` and results shard `k` are placed independently.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum ShardFamily {
+    /// `switchboard.events.<k>` (by conversation).
+    Events,
+    /// `switchboard.results.<k>` (by run).
+    Results,
+}
+
+impl ShardFamily {
+    /// Short name, used as the hash salt and in task names and logs.
+    #[must_use]
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Events => "events",
+            Self::Results => "results",
+        }
+    }
+}
+
+impl std::fmt::Display for ShardFamily {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// Rendezvous weight of `member` for `shard`: the first 8 bytes of
+/// `sha256(family ‖ 0 ‖ member ‖ 0 ‖ shard as big-endian u32)`.
+///
+/// A cryptographic hash rather than `std`'s hasher because every orchestrator process (maybe
+/// built by different compilers during a rolling upgrade) must compute the same weights.
+fn weight(family: ShardFamily, shard: u32, member: &str) -> u64 {
+    let mut hasher = Sha256::new();
+    hasher.update(family.as_str().as_bytes());
+    hasher.update([0]);
+    hasher.update(member.as_bytes());
+    hasher.update([0]);
+    hasher.update(shard.to_be_bytes());
+    let digest = hasher.finalize();
+    let mut first = [0u8; 8];
+    first.copy_from_slice(&digest[..8]);
+    u64::from_be_bytes(first)
+}
+
+/// The member that owns `shard`: the one with the highest weight (ties, astronomically
+/// unlikely, go to the greater id). `None` only when `members` is empty.
+#[must_use]
+pub fn owner<'a, I>(family: ShardFamily, shard: u32, members: I) -> Option<&'a str>
+where
+    I: IntoIterator<Item = &'a str>,
+{
+    members
+        .into_iter()
+        .max_by_key(|member| (weight(family, shard, member), *member))
+}
+
+/// The shards among `0..shards` that `me` owns when the live members are `members`.
+///
+/// `me` always counts as a member, whether or not `members` lists it (a process that is
+/// running is alive, even if its own heartbeat has not been read back yet). With no other
+/// member, `me` owns every shard.
+#[must_use]
+pub fn assign(
+    family: ShardFamily,
+    shards: u32,
+    members: &BTreeSet<String>,
+    me: &str,
+) -> BTreeSet<u32> {
+    let everyone: BTreeSet<&str> = members
+        .iter()
+        .map(String::as_str)
+        .chain(std::iter::once(me))
+        .collect();
+    (0..shards)
+        .filter(|&shard| owner(family, shard, everyone.iter().copied()) == Some(me))
+        .collect()
+}
+
+/// Index set of member ids (the family prefix `set:` is added by the store).
+const MEMBERS_SET: &str = "orchestrators";
+
+/// Heartbeat key of one member (the family prefix `kv:` is added by the store).
+fn member_key(id: &str) -> String {
+    format!("orchestrators/{id}")
+}
+
+/// One orchestrator's entry in the live-member registry.
+///
+/// A member is live while its heartbeat key exists: [`heartbeat`](Self::heartbeat) rewrites
+/// it with the membership TTL, so a member that stops heartbeating (crashed, partitioned from
+/// the store) drops out one TTL later, and its shards move to the others.
+#[derive(Clone)]
+pub struct Membership {
+    sessions: Arc<dyn SessionStore>,
+    id: String,
+    ttl: Duration,
+}
+
+impl std::fmt::Debug for Membership {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Membership")
+            .field("id", &self.id)
+            .field("ttl", &self.ttl)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Membership {
+    /// The entry of member `id`, live for `ttl` after each heartbeat.
+    #[must_use]
+    pub fn new(sessions: Arc<dyn SessionStore>, id: impl Into<String>, ttl: Duration) -> Self {
+        Self {
+            sessions,
+            id: id.into(),
+            ttl,
+        }
+    }
+
+    /// This member's id.
+    #[must_use]
+    pub fn id(&self) -> &str {
+        &self.id
+    }
+
+    /// Marks this member live for another TTL. The key is written before the index entry,
+    /// so a reader that finds the id in the index without its key knows it expired.
+    pub async fn heartbeat(&self) -> SessionResult<()> {
+        self.sessions
+            .set_ex(&member_key(&self.id), self.id.as_bytes(), self.ttl)
+            .await?;
+        // The index outlives the keys; it only goes away once every member stopped
+        // heartbeating for several TTLs.
+        self.sessions
+            .set_add(MEMBERS_SET, &self.id, Some(self.ttl.saturating_mul(4)))
+            .await?;
+        Ok(())
+    }
+
+    /// The ids of the live members (this one included only if its heartbeat is current).
+    /// Index entries whose heartbeat key is gone are pruned on the way (best effort: a member
+    /// pruned while it was re-registering re-adds itself on its next heartbeat).
+    pub async fn live_members(&self) -> SessionResult<BTreeSet<String>> {
+        let mut live = BTreeSet::new();
+        for id in self.sessions.set_members(MEMBERS_SET).await? {
+            if self.sessions.get(&member_key(&id)).await?.is_some() {
+                live.insert(id);
+            } else if let Err(error) = self.sessions.set_remove(MEMBERS_SET, &id).await {
+                tracing::debug!(%error, member = %id, "could not prune an expired member");
+            }
+        }
+        Ok(live)
+    }
+
+    /// Removes this member at once (on shutdown), so the others take its shards on their
+    /// next tick rather than one TTL later.
+    pub async fn leave(&self) -> SessionResult<()> {
+        self.sessions.del(&member_key(&self.id)).await?;
+        self.sessions.set_remove(MEMBERS_SET, &self.id).await?;
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::collections::BTreeMap;
+
+    use sb_common::session::memory::MemorySessionStore;
+
+    use super::*;
+
+    fn members(ids: &[&str]) -> BTreeSet<String> {
+        ids.iter().map(|s| (*s).to_owned()).collect()
+    }
+
+    /// shard → owner for every shard, computed through `assign` of every member.
+    fn owners(family: ShardFamily, shards: u32, ids: &[&str]) -> BTreeMap<u32, String> {
+        let set = members(ids);
+        let mut owners = BTreeMap::new();
+        for id in ids {
+            for shard in assign(family, shards, &set, id) {
+                let previous = owners.insert(shard, (*id).to_owned());
+                assert!(previous.is_none(), "shard {shard} owned twice");
+            }
+        }
+        owners
+    }
+
+    const IDS: [&str; 5] = ["orch-a", "orch-b", "orch-c", "orch-d", "orch-e"];
+
+    #[test]
+    fn every_shard_has_exactly_one_owner() {
+        for n in 1..=IDS.len() {
+            for family in [ShardFamily::Events, ShardFamily::Results] {
+                let owners = owners(family, 64, &IDS[..n]);
+                assert_eq!(owners.len(), 64, "{n} members: every shard owned");
+                for (shard, id) in &owners {
+                    let set = members(&IDS[..n]);
+                    assert_eq!(
+                        owner(family, *shard, set.iter().map(String::as_str)),
+                        Some(id.as_str())
+                    );
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn a_lone_member_owns_everything_and_counts_itself() {
+        let all: BTreeSet<u32> = (0..8).collect();
+        assert_eq!(
+            assign(ShardFamily::Events, 8, &BTreeSet::new(), "solo"),
+            all
+        );
+        assert_eq!(
+            assign(ShardFamily::Results, 8, &members(&["solo"]), "solo"),
+            all
+        );
+        // A member not (yet) listed still takes its share.
+        let with_me = assign(ShardFamily::Events, 64, &members(&["orch-a"]), "orch-b");
+        let listed = assign(
+            ShardFamily::Events,
+            64,
+            &members(&["orch-a", "orch-b"]),
+            "orch-b",
+        );
+        assert_eq!(with_me, listed);
+        assert!(assign(ShardFamily::Events, 0, &BTreeSet::new(), "solo").is_empty());
+    }
+
+    #[test]
+    fn assignment_is_deterministic_and_order_free() {
+        let a = owners(ShardFamily::Events, 32, &IDS);
+        let mut reversed = IDS;
+        reversed.reverse();
+        let b = owners(ShardFamily::Events, 32, &reversed);
+        assert_eq!(a, b);
+        assert_ne!(
+            weight(ShardFamily::Events, 0, "orch-a"),
+            weight(ShardFamily::Results, 0, "orch-a"),
+            "families are salted"
+        );
+        // The weight's definition is pinned: it must not change between builds, or during
+        // a rolling upgrade two versions would disagree on the owners.
+        let expected = {
+            let digest = Sha256::digest(b"events\0orch-a\0\0\0\0\x07");
+            u64::from_be_bytes(digest[..8].try_into().unwrap())
+        };
+        assert_eq!(weight(ShardFamily::Events, 7, "orch-a"), expected);
+    }
+
+    #[test]
+    fn a_join_moves_shards_only_to_the_joiner() {
+        for n in 1..IDS.len() {
+            let before = owners(ShardFamily::Events, 256, &IDS[..n]);
+            let after = owners(ShardFamily::Events, 256, &IDS[..=n]);
+            let joiner = IDS[n];
+            let mut moved = 0;
+            for (shard, old) in &before {
+                let new = &after[shard];
+                if new != old {
+                    assert_eq!(new, joiner, "shard {shard} moved between old members");
+                    moved += 1;
+                }
+            }
+            // Rendezvous hashing gives the joiner about 1/(n+1) of the shards.
+            let fair = 256 / (n + 1);
+            assert!(
+                moved > fair / 2 && moved < fair * 2,
+                "{moved} shards moved to member {} (fair share {fair})",
+                n + 1
+            );
+        }
+    }
+
+    #[test]
+    fn a_leave_moves_only_the_leavers_shards() {
+        let before = owners(ShardFamily::Results, 256, &IDS);
+        for leaver in IDS {
+            let rest: Vec<&str> = IDS.iter().copied().filter(|id| *id != leaver).collect();
+            let after = owners(ShardFamily::Results, 256, &rest);
+            for (shard, old) in &before {
+                if old != leaver {
+                    assert_eq!(
+                        &after[shard], old,
+                        "shard {shard} of a staying member moved"
+                    );
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn shards_spread_over_members() {
+        let owners = owners(ShardFamily::Events, 256, &IDS[..2]);
+        let a = owners.values().filter(|id| *id == "orch-a").count();
+        assert!((64..=192).contains(&a), "orch-a owns {a} of 256");
+    }
+
+    #[tokio::test]
+    async fn membership_follows_heartbeats_and_leaves() {
+        let store: Arc<dyn SessionStore> = Arc::new(MemorySessionStore::new());
+        let ttl = Duration::from_millis(1000);
+        let a = Membership::new(Arc::clone(&store), "orch-a", ttl);
+        let b = Membership::new(Arc::clone(&store), "orch-b", ttl);
+        assert!(a.live_members().await.unwrap().is_empty());
+
+        a.heartbeat().await.unwrap();
+        b.heartbeat().await.unwrap();
+        assert_eq!(
+            a.live_members().await.unwrap(),
+            members(&["orch-a", "orch-b"])
+        );
+
+        // b stops heartbeating: it drops out after one TTL, and is pruned from the index.
+        tokio::time::sleep(Duration::from_millis(700)).await;
+        a.heartbeat().await.unwrap();
+        tokio::time::sleep(Duration::from_millis(400)).await;
+        assert_eq!(a.live_members().await.unwrap(), members(&["orch-a"]));
+        assert_eq!(
+            store.set_members(MEMBERS_SET).await.unwrap(),
+            vec!["orch-a"]
+        );
+
+        // b comes back; then a leaves explicitly and is gone at once.
+        b.heartbeat().await.unwrap();
+        assert_eq!(
+            b.live_members().await.unwrap(),
+            members(&["orch-a", "orch-b"])
+        );
+        a.leave().await.unwrap();
+        assert_eq!(b.live_members().await.unwrap(), members(&["orch-b"]));
+    }
+}
