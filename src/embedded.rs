@@ -74,7 +74,7 @@ use sb_common::session::memory::MemorySessionStore;
 use sb_common::session::{SessionError, SessionStore};
 use sb_common::shutdown::{DrainReport, Shutdown};
 use sb_gateway::{GatewayDeps, GatewayError, GatewayOptions};
-use sb_orchestrator::access::Catalog;
+use sb_orchestrator::catalog::StoreCatalog;
 use sb_orchestrator::sink::ResultSink;
 use sb_orchestrator::{Orchestrator, OrchestratorDeps, OrchestratorError, OrchestratorOptions};
 use sb_protocol::error::run_failure;
@@ -695,10 +695,9 @@ async fn start_roles(
         sessions: deps.sessions.clone(),
         stores: deps.stores.clone(),
         topology: deps.topology.clone(),
-        // No resource provider is configured yet (models, tools and knowledge bases have no
-        // store): runs get history, events, artifacts, state and storage as the manifest and
-        // the agent's policy allow.
-        catalog: Arc::new(Catalog::default()),
+        // Models, tools and knowledge bases registered through `/v1/models`, `/v1/tools`
+        // and `/v1/knowledge-bases`.
+        catalog: Arc::new(StoreCatalog::new(deps.stores.resources.clone())),
     };
     let orchestrator_options = OrchestratorOptions::from_config(config);
 

@@ -13,11 +13,17 @@
 //! ledger read is published to a bound queue and reaches the stream. The stream then drops
 //! what it already sent (by sequence) and fills gaps from the ledger (see `stream.rs`).
 //!
-//! Bindings are reference-counted per run: the first watcher binds, the last one leaving
-//! unbinds (in the background, since it happens on drop). Bind and unbind of one run are
-//! serialised by a per-run async lock, and the entry is removed only while that lock is
-//! held and nobody watches, so a watcher arriving during an unbind rebinds afterwards
-//! instead of being left without a binding.
+//! [`LiveHub::watch_conversation`] does the same for every run of one conversation
+//! (`<workspace>.<conversation>.*`): `POST /v1/events?stream=true` binds it before the event
+//! is routed, so the run's first item both tells the stream that the event has been routed
+//! (no polling of the event log) and is already covered by a binding when the stream reads
+//! the ledger.
+//!
+//! Bindings are reference-counted per watched key (a run or a conversation): the first
+//! watcher binds, the last one leaving unbinds (in the background, since it happens on drop).
+//! Bind and unbind of one key are serialised by a per-key async lock, and the entry is
+//! removed only while that lock is held and nobody watches, so a watcher arriving during an
+//! unbind rebinds afterwards instead of being left without a binding.
 //!
 //! Deliveries are best effort by design (the ledger is the source of truth): a slow stream
 //! that falls behind its channel gets `Lagged` and re-reads the ledger; if the queue itself
@@ -48,7 +54,32 @@ struct HubInner {
     queue: QueueSpec,
     /// `switchboard.deliveries` (with the deployment prefix).
     exchange: String,
-    runs: Mutex<HashMap<RunId, RunEntry>>,
+    runs: Mutex<HashMap<WatchKey, RunEntry>>,
+}
+
+/// What a [`Watch`] follows.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+enum WatchKey {
+    /// One run (`*.*.<run_id>`).
+    Run(RunId),
+    /// Every run of one conversation: the binding pattern `<workspace>.<conversation or _>.*`.
+    Conversation(String),
+}
+
+impl WatchKey {
+    fn conversation(workspace: &str, conversation: Option<&str>) -> Self {
+        Self::Conversation(sb_common::bus::topology::deliveries_conversation_pattern(
+            workspace,
+            conversation,
+        ))
+    }
+
+    fn pattern(&self) -> String {
+        match self {
+            Self::Run(run_id) => sb_common::bus::topology::deliveries_run_pattern(run_id),
+            Self::Conversation(pattern) => pattern.clone(),
+        }
+    }
 }
 
 struct RunEntry {
@@ -61,31 +92,55 @@ struct RunEntry {
     op: Arc<tokio::sync::Mutex<()>>,
 }
 
-/// A stream's registration for one run. Dropping it unregisters (and unbinds when it was
-/// the last one).
+/// A stream's registration for one run or one conversation. Dropping it unregisters (and
+/// unbinds when it was the last one).
 pub struct Watch {
     receiver: broadcast::Receiver<Arc<DeliveryMessage>>,
-    _guard: WatchGuard,
+    guard: WatchGuard,
 }
 
 impl Watch {
-    /// The next live item of the run. `Err(Lagged)` means items were skipped (read the
-    /// ledger); `Err(Closed)` means the hub stopped (rely on the ledger).
+    /// The next live item of the watched run (of any run of the watched conversation).
+    /// `Err(Lagged)` means items were skipped (read the ledger); `Err(Closed)` means the hub
+    /// stopped (rely on the ledger).
     pub async fn recv(&mut self) -> Result<Arc<DeliveryMessage>, broadcast::error::RecvError> {
         self.receiver.recv().await
+    }
+
+    /// Discards the items already received, without waiting. `false` if the hub stopped.
+    pub fn drain(&mut self) -> bool {
+        loop {
+            match self.receiver.try_recv() {
+                Ok(_) | Err(broadcast::error::TryRecvError::Lagged(_)) => {}
+                Err(broadcast::error::TryRecvError::Empty) => return true,
+                Err(broadcast::error::TryRecvError::Closed) => return false,
+            }
+        }
+    }
+
+    /// Whether the live items of run `run_id` (of `workspace`, in `conversation`) reach this
+    /// watch.
+    #[must_use]
+    pub fn covers(&self, run_id: RunId, workspace: &str, conversation: Option<&str>) -> bool {
+        match &self.guard.key {
+            WatchKey::Run(id) => *id == run_id,
+            key @ WatchKey::Conversation(_) => {
+                *key == WatchKey::conversation(workspace, conversation)
+            }
+        }
     }
 }
 
 struct WatchGuard {
     hub: LiveHub,
-    run_id: RunId,
+    key: WatchKey,
 }
 
 impl Drop for WatchGuard {
     fn drop(&mut self) {
         let last = {
             let mut runs = self.hub.lock();
-            match runs.get_mut(&self.run_id) {
+            match runs.get_mut(&self.key) {
                 Some(entry) => {
                     entry.watchers = entry.watchers.saturating_sub(1);
                     entry.watchers == 0
@@ -95,11 +150,11 @@ impl Drop for WatchGuard {
         };
         if last {
             let hub = self.hub.clone();
-            let run_id = self.run_id;
-            // Drop cannot await; the cleanup re-checks under the run's lock, so it is
+            let key = self.key.clone();
+            // Drop cannot await; the cleanup re-checks under the key's lock, so it is
             // harmless if a new watcher arrives before it runs.
             if let Ok(rt) = tokio::runtime::Handle::try_current() {
-                rt.spawn(async move { hub.cleanup(run_id).await });
+                rt.spawn(async move { hub.cleanup(key).await });
             }
         }
     }
@@ -131,7 +186,7 @@ impl LiveHub {
         Ok(hub)
     }
 
-    fn lock(&self) -> MutexGuard<'_, HashMap<RunId, RunEntry>> {
+    fn lock(&self) -> MutexGuard<'_, HashMap<WatchKey, RunEntry>> {
         // Every critical section is a few map operations that cannot leave it inconsistent.
         self.inner.runs.lock().unwrap_or_else(|e| e.into_inner())
     }
@@ -143,9 +198,25 @@ impl LiveHub {
     /// Registers interest in `run_id` and returns once live items of the run are routed to
     /// this gateway (the binding `*.*.<run_id>` is on the queue).
     pub async fn watch(&self, run_id: RunId) -> Result<Watch, BusError> {
+        self.watch_key(WatchKey::Run(run_id)).await
+    }
+
+    /// Registers interest in every run of a conversation and returns once their live items
+    /// are routed to this gateway (the binding `<workspace>.<conversation or _>.*` is on the
+    /// queue). Items of other runs of the conversation arrive too: filter by run id.
+    pub async fn watch_conversation(
+        &self,
+        workspace: &str,
+        conversation: Option<&str>,
+    ) -> Result<Watch, BusError> {
+        self.watch_key(WatchKey::conversation(workspace, conversation))
+            .await
+    }
+
+    async fn watch_key(&self, key: WatchKey) -> Result<Watch, BusError> {
         let (receiver, op) = {
             let mut runs = self.lock();
-            let entry = runs.entry(run_id).or_insert_with(|| RunEntry {
+            let entry = runs.entry(key.clone()).or_insert_with(|| RunEntry {
                 sender: broadcast::channel(RUN_CHANNEL_CAPACITY).0,
                 watchers: 0,
                 bound: false,
@@ -157,39 +228,36 @@ impl LiveHub {
         // From here on, dropping the guard undoes the registration (also on error).
         let guard = WatchGuard {
             hub: self.clone(),
-            run_id,
+            key: key.clone(),
         };
         let _op = op.lock().await;
         // The entry cannot have been removed: removal needs `watchers == 0`.
-        let needs_bind = self.lock().get(&run_id).is_some_and(|e| !e.bound);
+        let needs_bind = self.lock().get(&key).is_some_and(|e| !e.bound);
         if needs_bind {
-            let binding = self.binding(sb_common::bus::topology::deliveries_run_pattern(&run_id));
+            let binding = self.binding(key.pattern());
             self.inner
                 .bus
                 .bind(&self.inner.queue.name, &binding)
                 .await?;
-            if let Some(entry) = self.lock().get_mut(&run_id) {
+            if let Some(entry) = self.lock().get_mut(&key) {
                 entry.bound = true;
             }
         }
-        Ok(Watch {
-            receiver,
-            _guard: guard,
-        })
+        Ok(Watch { receiver, guard })
     }
 
-    /// Unbinds and forgets `run_id` if nobody watches it any more.
-    async fn cleanup(&self, run_id: RunId) {
-        let Some(op) = self.lock().get(&run_id).map(|e| Arc::clone(&e.op)) else {
+    /// Unbinds and forgets `key` if nobody watches it any more.
+    async fn cleanup(&self, key: WatchKey) {
+        let Some(op) = self.lock().get(&key).map(|e| Arc::clone(&e.op)) else {
             return;
         };
         let _op = op.lock().await;
         let bound = {
             let mut runs = self.lock();
-            match runs.get(&run_id) {
+            match runs.get(&key) {
                 Some(entry) if entry.watchers > 0 => return,
                 Some(entry) if !entry.bound => {
-                    runs.remove(&run_id);
+                    runs.remove(&key);
                     return;
                 }
                 Some(_) => true,
@@ -197,7 +265,7 @@ impl LiveHub {
             }
         };
         if bound {
-            let binding = self.binding(sb_common::bus::topology::deliveries_run_pattern(&run_id));
+            let binding = self.binding(key.pattern());
             if let Err(error) = self
                 .inner
                 .bus
@@ -206,13 +274,13 @@ impl LiveHub {
             {
                 // A stale binding only costs a few unwanted messages (dropped on arrival);
                 // it disappears with the queue.
-                tracing::warn!(%run_id, %error, "cannot unbind a finished live stream");
+                tracing::warn!(?key, %error, "cannot unbind a finished live stream");
             }
         }
         let mut runs = self.lock();
-        if let Some(entry) = runs.get_mut(&run_id) {
+        if let Some(entry) = runs.get_mut(&key) {
             if entry.watchers == 0 {
-                runs.remove(&run_id);
+                runs.remove(&key);
             } else {
                 // A watcher arrived during the unbind and waits for `op`: it will rebind.
                 entry.bound = false;
@@ -220,7 +288,8 @@ impl LiveHub {
         }
     }
 
-    /// Number of runs with live watchers or pending cleanup (diagnostics, tests).
+    /// Number of watched runs and conversations, with live watchers or pending cleanup
+    /// (diagnostics, tests).
     pub fn watched_runs(&self) -> usize {
         self.lock().len()
     }
@@ -251,10 +320,27 @@ impl LiveHub {
             };
             match decode_delivery(&delivery.body) {
                 Ok(message) => {
-                    let sender = self.lock().get(&message.run_id).map(|e| e.sender.clone());
-                    if let Some(sender) = sender {
-                        // No receiver left is fine: the stream just ended.
-                        let _ = sender.send(Arc::new(message));
+                    let conversation = WatchKey::conversation(
+                        message.workspace_id.as_str(),
+                        message.conversation_id.as_deref(),
+                    );
+                    let senders: Vec<_> = {
+                        let runs = self.lock();
+                        [
+                            runs.get(&WatchKey::Run(message.run_id)),
+                            runs.get(&conversation),
+                        ]
+                        .into_iter()
+                        .flatten()
+                        .map(|e| e.sender.clone())
+                        .collect()
+                    };
+                    if !senders.is_empty() {
+                        let message = Arc::new(message);
+                        for sender in senders {
+                            // No receiver left is fine: the stream just ended.
+                            let _ = sender.send(Arc::clone(&message));
+                        }
                     }
                 }
                 Err(error) => {

@@ -136,9 +136,9 @@ impl OutboxRelay {
                         // A full batch: there is probably more; go again at once.
                         continue;
                     }
-                    if report.claimed > 0 {
-                        continue;
-                    }
+                    // Not full: nothing else was claimable. Rows committed since then woke
+                    // the relay during the round, and `Notify` keeps that wake-up for the
+                    // wait below, so no extra (empty) claim is needed to find them.
                     None
                 }
                 Ok(report) => {

@@ -30,6 +30,15 @@
 //! Step 1 before step 2 is what makes it gap-free: an item persisted after the ledger read
 //! is published after the binding exists. If the run has ended but its terminal item is no
 //! longer in the ledger (retention), the stream says so instead of waiting forever.
+//!
+//! `POST /v1/events?stream=true` first has to learn which run handles the event. It registers
+//! for live items of the event's whole conversation ([`LiveHub::watch_conversation`]) and
+//! then reads the event's routing state; while it is not routed yet, every live item of the
+//! conversation (the new run's first item comes right after the routing) makes it read the
+//! state again, and so does a timer that starts at a millisecond and backs off (it usually
+//! finds the route before the run's first item exists, and it covers unrouted or rejected
+//! events, which produce no item). The conversation registration then serves as step 1 for the run's stream: it was
+//! in place before anything of the run was persisted.
 
 use std::convert::Infallible;
 use std::sync::Arc;
@@ -38,10 +47,10 @@ use std::time::Duration;
 use axum::response::sse::{Event, KeepAlive, Sse};
 use futures::Stream;
 use sb_protocol::error::ErrorCode;
-use sb_protocol::ids::{EventId, RunId};
+use sb_protocol::ids::{EventId, RunId, WorkspaceId};
 use sb_protocol::result::AgentRunResult;
 use sb_store::events::{EventLog, EventStatus};
-use sb_store::runs::{RunEventRecord, RunLedger};
+use sb_store::runs::{RunEventRecord, RunLedger, RunRecord};
 use serde_json::{Map, Value, json};
 use tokio::sync::{broadcast, mpsc};
 use tokio_stream::StreamExt as _;
@@ -49,7 +58,7 @@ use tokio_stream::wrappers::ReceiverStream;
 use tokio_util::sync::CancellationToken;
 
 use crate::error::ApiError;
-use crate::live::LiveHub;
+use crate::live::{LiveHub, Watch};
 
 /// Tuning of result streams.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -190,15 +199,27 @@ pub fn run_stream(
     sse_from(rx, keep_alive)
 }
 
-/// The SSE response of `POST /v1/events?stream=true`: waits until `event_id` is routed,
-/// then streams the run that handles it.
-pub fn event_stream(ctx: StreamContext, event_id: EventId) -> impl axum::response::IntoResponse {
+/// The SSE response of `POST /v1/events?stream=true`: waits until `event_id` (of
+/// `workspace`, in `conversation`) is routed, then streams the run that handles it.
+pub fn event_stream(
+    ctx: StreamContext,
+    event_id: EventId,
+    workspace: WorkspaceId,
+    conversation: Option<String>,
+) -> impl axum::response::IntoResponse {
     let (tx, rx) = mpsc::channel(ctx.options.buffer.max(1));
     let keep_alive = ctx.options.keep_alive;
     tokio::spawn(async move {
-        let outcome = wait_for_route(&ctx, event_id, &tx).await;
+        let outcome = async {
+            let watch = ctx
+                .live
+                .watch_conversation(workspace.as_str(), conversation.as_deref())
+                .await?;
+            wait_for_route(&ctx, event_id, &tx, watch).await
+        }
+        .await;
         match outcome {
-            Ok(Some((run_id, after))) => {
+            Ok(Some((run_id, after, watch))) => {
                 let mut pump = Pump {
                     ctx: &ctx,
                     run_id,
@@ -206,7 +227,7 @@ pub fn event_stream(ctx: StreamContext, event_id: EventId) -> impl axum::respons
                     tx: &tx,
                     terminal: false,
                 };
-                let outcome = pump_run(&mut pump).await;
+                let outcome = pump_run_with(&mut pump, Some(watch)).await;
                 if let Err(end) = outcome {
                     send_end(&tx, end).await;
                 }
@@ -304,14 +325,14 @@ impl Pump<'_> {
 
     /// Reads the run's status, then the ledger. A run that ended while its terminal item is
     /// not in the ledger (after the status was read, so after the item would have been
-    /// stored) has lost its results to retention: say so and stop.
-    async fn catch_up_checked(&mut self) -> Result<(), End> {
+    /// stored) has lost its results to retention: say so and stop. Returns the run as read.
+    async fn catch_up_checked(&mut self) -> Result<Option<RunRecord>, End> {
         let run = self.ctx.runs.get_run(self.run_id).await?;
         self.catch_up().await?;
         if self.terminal {
-            return Ok(());
+            return Ok(run);
         }
-        match run {
+        match &run {
             None => Err(End::Error {
                 code: ErrorCode::NotFound,
                 message: format!("run {} not found", self.run_id),
@@ -330,7 +351,7 @@ impl Pump<'_> {
                     extra,
                 })
             }
-            Some(_) => Ok(()),
+            Some(_) => Ok(run),
         }
     }
 }
@@ -348,23 +369,53 @@ async fn send_end(tx: &mpsc::Sender<Event>, end: End) {
 }
 
 async fn pump_run(p: &mut Pump<'_>) -> Result<(), End> {
+    pump_run_with(p, None).await
+}
+
+/// [`pump_run`] with step 1 already done by the caller (a watch bound before anything of the
+/// run was persisted), if `bound` is given.
+async fn pump_run_with(p: &mut Pump<'_>, bound: Option<Watch>) -> Result<(), End> {
     // 1. Bind first.
-    let mut watch = p.ctx.live.watch(p.run_id).await?;
+    let mut watch = match bound {
+        Some(watch) => watch,
+        None => p.ctx.live.watch(p.run_id).await?,
+    };
     // 2. Then the ledger.
-    p.catch_up_checked().await?;
+    let run = p.catch_up_checked().await?;
     if p.terminal {
         return Ok(());
     }
+    if let Some(run) = run {
+        if !watch.covers(
+            run.id,
+            run.workspace_id.as_str(),
+            run.conversation_id.as_deref(),
+        ) {
+            // The run's items are not routed to the watched conversation (cannot happen
+            // while runs keep their event's conversation): bind the run itself, then read the
+            // ledger again.
+            watch = p.ctx.live.watch(p.run_id).await?;
+            p.catch_up().await?;
+            if p.terminal {
+                return Ok(());
+            }
+        }
+    }
     // 3. Then live items, with the ledger as the gap filler and safety net.
     let mut live = true;
+    let mut poll_at = tokio::time::Instant::now() + p.ctx.options.ledger_poll;
     loop {
-        let poll = tokio::time::sleep(p.ctx.options.ledger_poll);
+        // Items of other runs (of a watched conversation) do not count as progress.
+        let poll = tokio::time::sleep_until(poll_at);
         tokio::select! {
             biased;
             () = p.ctx.shutdown.cancelled() => return Err(End::Quiet),
             () = p.tx.closed() => return Err(End::Quiet),
             item = watch.recv(), if live => match item {
                 Ok(message) => {
+                    if message.run_id != p.run_id {
+                        continue; // another run of a watched conversation
+                    }
                     if message.sequence <= p.last {
                         continue; // already sent (from the ledger)
                     }
@@ -384,27 +435,36 @@ async fn pump_run(p: &mut Pump<'_>) -> Result<(), End> {
                     live = false;
                 }
             },
-            () = poll => p.catch_up_checked().await?,
+            () = poll => {
+                p.catch_up_checked().await?;
+            }
         }
         if p.terminal {
             return Ok(());
         }
+        poll_at = tokio::time::Instant::now() + p.ctx.options.ledger_poll;
     }
 }
 
-/// Waits until the event is routed. Returns the run to stream and the sequence to start
-/// after, or `Ok(None)` when the client left.
+/// Waits until the event is routed, woken by the live items of the event's conversation
+/// (`watch`) and, as a safety net, by a backed-off timer. Returns the run to stream, the
+/// sequence to start after and `watch`, or `Ok(None)` when the client left.
 async fn wait_for_route(
     ctx: &StreamContext,
     event_id: EventId,
     tx: &mpsc::Sender<Event>,
-) -> Result<Option<(RunId, u64)>, End> {
+    mut watch: Watch,
+) -> Result<Option<(RunId, u64, Watch)>, End> {
     let deadline = tokio::time::Instant::now() + ctx.options.route_wait;
-    // Embedded mode routes within a millisecond or two; back off to bound the DB load of a
-    // slow route.
-    let mut delay = Duration::from_millis(2);
+    // The timer finds the route while the run is still starting (a route takes a few
+    // milliseconds when idle), so its first item goes out as soon as it is delivered; it is
+    // also the safety net for what the live items do not signal (unrouted and rejected
+    // events produce none). Backed off to bound the reads of a slow route: the wake-ups by
+    // the conversation's live items cover the rest.
+    let mut delay = Duration::from_millis(1);
+    let mut live = true;
     loop {
-        let Some(event) = ctx.events.get(event_id).await? else {
+        let Some(event) = ctx.events.routing(event_id).await? else {
             return Err(End::Error {
                 code: ErrorCode::NotFound,
                 message: format!("event {event_id} not found"),
@@ -420,7 +480,7 @@ async fn wait_for_route(
         match event.status {
             EventStatus::Dispatched => {
                 if let Some(run_id) = event.run_id {
-                    return Ok(Some((run_id, 0)));
+                    return Ok(Some((run_id, 0, watch)));
                 }
             }
             EventStatus::Claimed => {
@@ -432,7 +492,7 @@ async fn wait_for_route(
                         .get_run(run_id)
                         .await?
                         .map_or(0, |r| u64::try_from(r.last_sequence).unwrap_or(0));
-                    return Ok(Some((run_id, after)));
+                    return Ok(Some((run_id, after, watch)));
                 }
             }
             EventStatus::Unrouted => {
@@ -480,8 +540,14 @@ async fn wait_for_route(
             biased;
             () = ctx.shutdown.cancelled() => return Ok(None),
             () = tx.closed() => return Ok(None),
-            () = tokio::time::sleep(delay.min(deadline - now)) => {}
+            item = watch.recv(), if live => {
+                // Something happened in the conversation: look again, once for everything
+                // that arrived meanwhile.
+                live = !matches!(item, Err(broadcast::error::RecvError::Closed)) && watch.drain();
+            }
+            () = tokio::time::sleep(delay.min(deadline - now)) => {
+                delay = (delay * 2).min(Duration::from_millis(250));
+            }
         }
-        delay = (delay * 2).min(Duration::from_millis(100));
     }
 }

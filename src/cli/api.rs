@@ -109,6 +109,33 @@ impl GatewayClient {
         }
     }
 
+    /// One JSON request to `path`; the answer's JSON on a `2xx`, else an error with the
+    /// gateway's `{code, message}`.
+    pub async fn json(
+        &self,
+        method: reqwest::Method,
+        path: &str,
+        body: Option<&Value>,
+    ) -> anyhow::Result<Value> {
+        let mut req = self.request(method, path);
+        if let Some(body) = body {
+            req = req.json(body);
+        }
+        let resp = req
+            .send()
+            .await
+            .with_context(|| format!("cannot reach the gateway at {}", self.base))?;
+        let status = resp.status();
+        let text = resp.text().await.context("cannot read the gateway answer")?;
+        let value: Value = serde_json::from_str(&text).unwrap_or(Value::String(text));
+        if !status.is_success() {
+            let code = value["code"].as_str().unwrap_or("error");
+            let message = value["message"].as_str().unwrap_or("");
+            anyhow::bail!("gateway answered {status}: {code}: {message}");
+        }
+        Ok(value)
+    }
+
     fn request(&self, method: reqwest::Method, path: &str) -> reqwest::RequestBuilder {
         let mut req = self.http.request(method, format!("{}{path}", self.base));
         if let Some(auth) = &self.authorization {

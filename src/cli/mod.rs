@@ -13,6 +13,7 @@
 //! - [`client`]: `send` and `bench` (HTTP clients of a running gateway): their flags;
 //!   [`send`] and [`bench`] implement them on [`api`] (the gateway API client) and [`sse`]
 //!   (the event-stream parser).
+//! - [`resources`]: `models`, `tools`, `kb` (the resource registry, through the gateway).
 //! - [`db`]: database connection helpers shared by the commands above.
 
 pub mod api;
@@ -21,6 +22,7 @@ pub mod client;
 pub mod db;
 pub mod keys;
 pub mod migrate;
+pub mod resources;
 pub mod roles;
 pub mod send;
 pub mod sse;
@@ -60,6 +62,12 @@ pub enum Command {
     Send(client::SendArgs),
     /// Manage API keys.
     Keys(keys::KeysArgs),
+    /// Register and list models (through a running gateway).
+    Models(resources::ModelsArgs),
+    /// Register and list HTTP tools (through a running gateway).
+    Tools(resources::ToolsArgs),
+    /// Create knowledge bases and upload documents (through a running gateway).
+    Kb(resources::KbArgs),
     /// Drive load against a running gateway; print throughput and latency percentiles.
     Bench(client::BenchArgs),
     /// Serve a runner built into this binary on stdin/stdout (started by the worker).
@@ -157,6 +165,9 @@ pub async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
         Command::Migrate(args) => migrate::run(args).await,
         Command::Send(args) => client::send(args).await,
         Command::Keys(args) => keys::run(args).await,
+        Command::Models(args) => resources::models(args).await,
+        Command::Tools(args) => resources::tools(args).await,
+        Command::Kb(args) => resources::kb(args).await,
         Command::Bench(args) => client::bench(args).await,
         Command::Runner(args) => roles::runner(args).await,
     }

@@ -10,6 +10,10 @@
 //!   4+. Dispatcher::dispatch(call with the frozen snapshot) (grants, scope, arguments, budgets, the action)
 //! ```
 //!
+//! The gateway serves the same gate to runners outside a worker (`POST /v1/host/{action}`,
+//! `sb_gateway::routes::host`): there the caller identity is the session's own, established
+//! by the run's token (whose digest the session holds) instead of by a process connection.
+//!
 //! The order matters and is the seed host's: a run that ended (its session removed
 //! atomically by the worker, SPEC §4.4) answers `not_found` even to its own process, and a
 //! process can never learn anything about another plugin's run beyond "unauthorized". The

@@ -13,12 +13,14 @@
 //!
 //! # Layout
 //! - [`actions`]: [`actions::ActionDispatcher`] — the Host API actions (history, events,
-//!   artifacts, state, storage, steering, resource grants) behind the gate.
+//!   artifacts, state, storage, steering, models, tools, knowledge) behind the gate.
 //! - [`service`]: [`service::Worker`] — job consumer, claim/lease/interrupt decisions, result
 //!   publishing, cancel via the control queue, drain on shutdown.
 //! - [`api_gate`]: [`api_gate::ApiGate`] — the Host API gate (session, identity, deadline)
 //!   in front of a [`api_gate::Dispatcher`] that serves the actions.
 //! - [`plugins`]: runner plugin manifests on disk → [`plugins::PluginRunner`]s.
+//! - [`providers`]: clients of the model providers (OpenAI-compatible chat, SSE streams,
+//!   rerank) and HTTP tools behind the resource actions.
 //! - [`runner`]: runner processes: framing, spawning, the per-process state machine and
 //!   [`runner::RunnerHost`], which turns a run request into an ordered result stream.
 //! - [`sequencer`]: per-run result validation and transport sequencing (pure).
@@ -26,6 +28,7 @@
 pub mod actions;
 pub mod api_gate;
 pub mod plugins;
+pub mod providers;
 pub mod runner;
 pub mod sequencer;
 pub mod service;

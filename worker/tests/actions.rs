@@ -1789,7 +1789,8 @@ async fn models_tools_and_knowledge_check_grants_honestly() {
         "unauthorized",
     );
 
-    // Granted, but this worker has no provider: the resource does not exist here.
+    // Granted, but the registry has no such model, tool or knowledge base (ids that are not
+    // even UUIDs cannot name one).
     assert_code(
         &f.err(
             &granted,

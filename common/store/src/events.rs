@@ -168,6 +168,35 @@ impl NewEvent {
     }
 }
 
+/// Where an event stands in routing: the few columns of an [`EventRecord`] that change
+/// while it is routed, without the envelope and metadata documents (read by
+/// [`EventLog::routing`] when waiting for the route of an event).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct EventRouting {
+    /// Owning workspace.
+    pub workspace_id: WorkspaceId,
+    /// Current status.
+    pub status: EventStatus,
+    /// Reason for the status.
+    pub reason: Option<String>,
+    /// The run it started (`dispatched`).
+    pub run_id: Option<RunId>,
+    /// The run that absorbed it as steering input (`claimed`).
+    pub claimed_by_run_id: Option<RunId>,
+}
+
+impl From<&EventRecord> for EventRouting {
+    fn from(record: &EventRecord) -> Self {
+        Self {
+            workspace_id: record.workspace_id.clone(),
+            status: record.status,
+            reason: record.reason.clone(),
+            run_id: record.run_id,
+            claimed_by_run_id: record.claimed_by_run_id,
+        }
+    }
+}
+
 /// A stored event.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct EventRecord {
@@ -385,6 +414,13 @@ pub trait EventLog: Send + Sync + 'static {
 
     /// The event with this id, if any.
     async fn get(&self, id: EventId) -> Result<Option<EventRecord>>;
+
+    /// The routing state of the event with this id, if any: what [`get`](Self::get) says
+    /// about it, read without the large documents (a stream waiting for the route reads it
+    /// repeatedly).
+    async fn routing(&self, id: EventId) -> Result<Option<EventRouting>> {
+        Ok(self.get(id).await?.as_ref().map(EventRouting::from))
+    }
 
     /// Changes an event's status (and optionally reason, run ids, metadata) atomically:
     /// concurrent metadata merges do not lose each other's keys. `not_found` if there is no

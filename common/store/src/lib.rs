@@ -23,6 +23,8 @@
 //! - [`artifacts`]: [`ArtifactStore`] (verified content, ranged reads, expiry).
 //! - [`state`]: [`StateStore`] (scoped JSON with compare-and-set) and [`BlobStorage`].
 //! - [`agents`]: [`AgentStore`], [`RunnerRegistry`], [`Tenancy`] (workspaces, API keys).
+//! - [`resources`]: [`ResourceRegistry`] (models, tools, knowledge bases, documents,
+//!   chunking and knowledge search).
 //! - [`page`]: [`Page`], cursors, limit clamping, [`ThreadFilter`].
 //! - [`audit`]: builders of the event-log audit rows of steering input
 //!   (`steering.injected`, `steering.dropped`), shared by the worker and the orchestrator.
@@ -40,6 +42,7 @@ pub mod error;
 pub mod events;
 pub mod page;
 pub mod redact;
+pub mod resources;
 pub mod runs;
 mod sql;
 pub mod state;
@@ -57,10 +60,14 @@ pub use artifacts::{
 };
 pub use error::{Result, StoreError};
 pub use events::{
-    EventLog, EventQuery, EventRecord, EventStatus, EventStatusUpdate, NewEvent, NewOutboxMessage,
-    Outbox, OutboxMessage,
+    EventLog, EventQuery, EventRecord, EventRouting, EventStatus, EventStatusUpdate, NewEvent,
+    NewOutboxMessage, Outbox, OutboxMessage,
 };
 pub use page::{Page, ThreadFilter};
+pub use resources::{
+    KbDocumentRecord, KbHit, KbSearch, KnowledgeBaseRecord, ModelKind, ModelRecord, NewKbDocument,
+    NewModel, NewTool, ResourceRegistry, ToolRecord,
+};
 pub use runs::{
     CancelOutcome, NewRun, NewRunEvent, RunEventRecord, RunFilter, RunLedger, RunOutcome,
     RunRecord, RunStatus,

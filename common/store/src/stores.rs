@@ -6,8 +6,8 @@ use async_trait::async_trait;
 
 use crate::error::Result;
 use crate::{
-    AgentStore, ArtifactStore, BlobStorage, EventLog, Outbox, RunLedger, RunnerRegistry, SqlStore,
-    StateStore, Tenancy, Transcript,
+    AgentStore, ArtifactStore, BlobStorage, EventLog, Outbox, ResourceRegistry, RunLedger,
+    RunnerRegistry, SqlStore, StateStore, Tenancy, Transcript,
 };
 
 /// Liveness of the database behind the stores (readiness probes).
@@ -48,6 +48,8 @@ pub struct Stores {
     pub runners: Arc<dyn RunnerRegistry>,
     /// Workspaces and API keys.
     pub tenancy: Arc<dyn Tenancy>,
+    /// Models, tools and knowledge bases.
+    pub resources: Arc<dyn ResourceRegistry>,
     /// Database liveness.
     pub health: Arc<dyn Health>,
 }
@@ -68,6 +70,7 @@ impl Stores {
             agents: store.clone(),
             runners: store.clone(),
             tenancy: store.clone(),
+            resources: store.clone(),
             health: store,
         }
     }

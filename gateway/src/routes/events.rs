@@ -102,7 +102,13 @@ pub async fn ingest(
     }
 
     let mut response = if query.stream {
-        let mut response = event_stream(state.stream_context(), record.id).into_response();
+        let mut response = event_stream(
+            state.stream_context(),
+            record.id,
+            record.workspace_id.clone(),
+            record.conversation_id.clone(),
+        )
+        .into_response();
         if let Ok(value) = HeaderValue::from_str(&record.id.to_string()) {
             response.headers_mut().insert(EVENT_ID_HEADER, value);
         }

@@ -335,3 +335,38 @@ async fn bench_and_send_run_against_the_real_gateway() {
         .unwrap();
     assert_eq!(code, std::process::ExitCode::SUCCESS);
 }
+
+/// The JSON helper behind `switchboard models|tools|kb` against the real routes: created
+/// resources come back, and the gateway's refusals surface with their code.
+#[tokio::test]
+async fn registers_resources_through_the_real_gateway() {
+    let gw = start().await;
+    let client = GatewayClient::new(&gw.url, Some(&gw.key)).unwrap();
+    let model = client
+        .json(
+            reqwest::Method::POST,
+            "/v1/models",
+            Some(&serde_json::json!({
+                "name": "m", "kind": "llm", "base_url": "http://127.0.0.1:9/v1",
+                "model_name": "x", "api_key_env": "OPENAI_API_KEY"
+            })),
+        )
+        .await
+        .unwrap();
+    assert!(model["model_id"].is_string());
+    let list = client
+        .json(reqwest::Method::GET, "/v1/models", None)
+        .await
+        .unwrap();
+    assert_eq!(list["items"][0]["model_id"], model["model_id"]);
+    let err = client
+        .json(
+            reqwest::Method::POST,
+            "/v1/tools",
+            Some(&serde_json::json!({"name": "t", "kind": "mcp", "url": "http://x"})),
+        )
+        .await
+        .unwrap_err()
+        .to_string();
+    assert!(err.contains("invalid_argument"), "{err}");
+}

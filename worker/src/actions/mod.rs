@@ -29,10 +29,9 @@
 //! `run_id` (the dispatch span), and every refusal is an audit event on the tracing target
 //! [`AUDIT_TARGET`] with the run, runner, action, resource and code (PROTOCOL_V1 §11).
 //!
-//! Model, tool, knowledge, prompt and config-file actions have no provider in this worker
-//! yet: they check the grant (so an ungranted call is `unauthorized`, as it will stay), and a
-//! granted one answers `not_found` — the host really has no such model/tool/base to offer —
-//! without consuming a budget.
+//! Model, tool and knowledge actions are served from the workspace resource registry
+//! through [`crate::providers`], under the run's budgets (`budgets`); prompt and config-file
+//! actions have no provider yet and answer a granted call with `not_found`.
 //!
 //! # Layout
 //! - this file: [`ActionDispatcher`], [`ActionLimits`], the action table ([`Action`]) and the
@@ -46,9 +45,11 @@
 //!   `sb_protocol::state_keys`.
 //! - `storage`: plugin / workspace binary storage (`storage_*`, seed aliases `*_binary_storage*`).
 //! - `steering`: `steering_pull` and its `steering.injected` audit rows.
-//! - `resources`: model, tool, knowledge, prompt and config-file actions (grant checks).
+//! - `resources`: model, tool, knowledge, prompt and config-file actions.
+//! - `budgets`: per-run budgets and `call_tool` idempotency in the session store.
 
 mod artifacts;
+mod budgets;
 mod events;
 mod history;
 mod params;
@@ -68,6 +69,7 @@ use sb_store::{StoreError, Stores};
 use serde_json::{Value, json};
 
 use crate::api_gate::{Dispatcher, GatedCall, PROTOCOL_VERSION};
+use crate::providers::ProviderOptions;
 use crate::runner::api::{ApiStream, HOST_VERSION};
 use params::Params;
 
@@ -258,6 +260,14 @@ pub struct ActionDispatcher {
     stores: Stores,
     sessions: Arc<dyn SessionStore>,
     limits: ActionLimits,
+    providers: Providers,
+}
+
+/// The HTTP client and options of the model and tool providers.
+#[derive(Clone, Debug)]
+pub(crate) struct Providers {
+    pub(crate) client: reqwest::Client,
+    pub(crate) options: ProviderOptions,
 }
 
 impl std::fmt::Debug for ActionDispatcher {
@@ -277,7 +287,18 @@ impl ActionDispatcher {
             stores,
             sessions,
             limits,
+            providers: Providers {
+                client: reqwest::Client::new(),
+                options: ProviderOptions::default(),
+            },
         }
+    }
+
+    /// The same dispatcher with other provider timeouts and retries.
+    #[must_use]
+    pub fn with_provider_options(mut self, options: ProviderOptions) -> Self {
+        self.providers.options = options;
+        self
     }
 
     /// The limits in force.
@@ -292,12 +313,14 @@ impl ActionDispatcher {
         action: Action,
         call: GatedCall<'_>,
         params: &Value,
+        stream: &ApiStream,
     ) -> Result<Value, AgentApiError> {
         let p = Params::new(params)?;
         let cx = Cx {
             call,
             p: &p,
             request_bytes: json_len(params),
+            stream: Some(stream),
         };
         match action {
             Action::HistoryPage => self.history_page(&cx).await,
@@ -324,14 +347,13 @@ impl ActionDispatcher {
                 self.admit(&cx).await?;
                 Ok(json!({}))
             }
-            Action::GetPrompt
-            | Action::GetConfigFile
-            | Action::InvokeLlm
-            | Action::InvokeLlmStream
-            | Action::InvokeRerank
-            | Action::GetToolDetail
-            | Action::CallTool
-            | Action::RetrieveKnowledge => self.unprovided(action, &cx).await,
+            Action::InvokeLlm => self.invoke_llm(&cx, false).await,
+            Action::InvokeLlmStream => self.invoke_llm(&cx, true).await,
+            Action::InvokeRerank => self.invoke_rerank(&cx).await,
+            Action::GetToolDetail => self.get_tool_detail(&cx).await,
+            Action::CallTool => self.call_tool(&cx).await,
+            Action::RetrieveKnowledge => self.retrieve_knowledge(&cx).await,
+            Action::GetPrompt | Action::GetConfigFile => self.unprovided(action, &cx).await,
         }
     }
 
@@ -389,6 +411,8 @@ pub(crate) struct Cx<'c, 'p> {
     call: GatedCall<'c>,
     p: &'p Params<'p>,
     request_bytes: usize,
+    /// Where streamed parts of the answer go (`invoke_llm_stream`).
+    stream: Option<&'p ApiStream>,
 }
 
 /// The session-store rate key of a run (the store adds its `rate:` family prefix).
@@ -514,10 +538,10 @@ impl Dispatcher for ActionDispatcher {
         &self,
         call: GatedCall<'_>,
         params: Value,
-        _stream: &ApiStream,
+        stream: &ApiStream,
     ) -> Result<Value, AgentApiError> {
         let outcome = match Action::parse(call.action) {
-            Some(action) => self.serve(action, call, &params).await,
+            Some(action) => self.serve(action, call, &params, stream).await,
             None => Err(not_found(format!(
                 "unknown host api action `{}`",
                 call.action

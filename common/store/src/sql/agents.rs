@@ -14,7 +14,7 @@ use sha2::{Digest, Sha256};
 use uuid::Uuid;
 
 use super::entity::{agent, api_key, runner, workspace as workspace_entity};
-use super::{ID_LEN, SqlStore, check_len_opt, check_required, now, workspace};
+use super::{ID_LEN, SqlStore, UniqueRow, check_len_opt, check_required, now, workspace};
 use crate::agents::{
     AgentRow, AgentStore, ApiKeyRecord, NewAgent, NewApiKey, RunnerRegistry, RunnerRow, Tenancy,
 };
@@ -124,7 +124,7 @@ impl AgentStore for SqlStore {
             updated_at: Set(now),
         };
         let model = agent::Entity::insert(row)
-            .exec_with_returning(&self.db)
+            .exec_with_returning(self.writer())
             .await
             .map_err(name_taken(new.workspace_id.as_str(), &new.name))?;
         agent_row(model)
@@ -133,8 +133,9 @@ impl AgentStore for SqlStore {
     async fn get(&self, workspace_id: &WorkspaceId, id: AgentId) -> Result<Option<AgentRow>> {
         agent::Entity::find_by_id(id.into_uuid())
             .filter(agent::Column::WorkspaceId.eq(workspace_id.as_str()))
-            .one(&self.db)
+            .all(&self.db)
             .await?
+            .unique_row()
             .map(agent_row)
             .transpose()
     }
@@ -166,8 +167,9 @@ impl AgentStore for SqlStore {
         let [bot_id, channel, conversation_id, actor_id] = scope_columns(&row.scope)?;
         let existing = agent::Entity::find_by_id(row.id.into_uuid())
             .filter(agent::Column::WorkspaceId.eq(row.workspace_id.as_str()))
-            .one(&self.db)
+            .all(&self.db)
             .await?
+            .unique_row()
             .ok_or_else(|| StoreError::not_found(format!("agent {}", row.id)))?;
         let mut active = existing.into_active_model();
         active.name = Set(row.name.clone());
@@ -186,7 +188,7 @@ impl AgentStore for SqlStore {
         active.delivery_policy = Set(row.delivery_policy);
         active.enabled = Set(row.enabled);
         active.updated_at = Set(now());
-        let model = active.update(&self.db).await.map_err(|e| match e {
+        let model = active.update(self.writer()).await.map_err(|e| match e {
             sea_orm::DbErr::RecordNotUpdated => StoreError::not_found(format!("agent {}", row.id)),
             e => name_taken(row.workspace_id.as_str(), &row.name)(e),
         })?;
@@ -197,7 +199,7 @@ impl AgentStore for SqlStore {
         let res = agent::Entity::delete_many()
             .filter(agent::Column::Id.eq(id.into_uuid()))
             .filter(agent::Column::WorkspaceId.eq(workspace_id.as_str()))
-            .exec(&self.db)
+            .exec(self.writer())
             .await?;
         Ok(res.rows_affected > 0)
     }
@@ -229,15 +231,16 @@ impl RunnerRegistry for SqlStore {
                 ])
                 .to_owned(),
         )
-        .exec_without_returning(&self.db)
+        .exec_without_returning(self.writer())
         .await?;
         Ok(())
     }
 
     async fn get(&self, id: &str) -> Result<Option<RunnerRow>> {
         Ok(runner::Entity::find_by_id(id.to_owned())
-            .one(&self.db)
+            .all(&self.db)
             .await?
+            .unique_row()
             .map(runner_row))
     }
 
@@ -286,7 +289,7 @@ impl Tenancy for SqlStore {
                 .do_nothing()
                 .to_owned(),
         )
-        .exec_without_returning(&self.db)
+        .exec_without_returning(self.writer())
         .await?;
         Ok(())
     }
@@ -312,7 +315,7 @@ impl Tenancy for SqlStore {
             created_at: Set(now()),
             revoked_at: Set(None),
         })
-        .exec_without_returning(&self.db)
+        .exec_without_returning(self.writer())
         .await?;
         Ok(NewApiKey {
             id,
@@ -329,8 +332,9 @@ impl Tenancy for SqlStore {
         api_key::Entity::find()
             .filter(api_key::Column::KeyHash.eq(hash_key(plaintext)))
             .filter(api_key::Column::RevokedAt.is_null())
-            .one(&self.db)
+            .all(&self.db)
             .await?
+            .unique_row()
             .map(|m| workspace(m.workspace_id))
             .transpose()
     }
@@ -340,7 +344,7 @@ impl Tenancy for SqlStore {
             .col_expr(api_key::Column::RevokedAt, Expr::value(now()))
             .filter(api_key::Column::Id.eq(key_id))
             .filter(api_key::Column::RevokedAt.is_null())
-            .exec(&self.db)
+            .exec(self.writer())
             .await?;
         Ok(res.rows_affected == 1)
     }

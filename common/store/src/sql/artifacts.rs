@@ -11,7 +11,8 @@ use sha2::{Digest, Sha256};
 
 use super::entity::{artifact, artifact_blob};
 use super::{
-    ID_LEN, SqlStore, check_len_opt, check_required, metadata_in, metadata_out, now, workspace,
+    ID_LEN, SqlStore, UniqueRow, check_len_opt, check_required, metadata_in, metadata_out, now,
+    workspace,
 };
 use crate::artifacts::{
     ArtifactContent, ArtifactRead, ArtifactRecord, ArtifactStore, DEFAULT_ARTIFACT_READ_BYTES,
@@ -60,8 +61,9 @@ impl SqlStore {
                     .add(artifact::Column::ExpiresAt.is_null())
                     .add(artifact::Column::ExpiresAt.gt(now)),
             )
-            .one(&self.db)
+            .all(&self.db)
             .await?
+            .unique_row()
             .ok_or_else(|| StoreError::not_found(format!("artifact {id}")))
     }
 }
@@ -215,8 +217,9 @@ impl ArtifactStore for SqlStore {
             .column_as(range, "chunk")
             .column_as(Expr::cust(r#"CAST(length("data") AS bigint)"#), "total")
             .into_tuple()
-            .one(&self.db)
-            .await?;
+            .all(&self.db)
+            .await?
+            .unique_row();
         let (chunk, total) =
             row.ok_or_else(|| StoreError::Corrupt(format!("artifact {id} has no content")))?;
         let end = offset.saturating_add(chunk.len() as i64);

@@ -14,18 +14,27 @@ use serde_json::Value;
 
 use super::entity::{event_log, outbox};
 use super::{
-    ID_LEN, SqlStore, check_len, check_len_opt, check_required, metadata_in, metadata_out, now,
-    workspace,
+    ID_LEN, SqlStore, UniqueRow, check_len, check_len_opt, check_required, metadata_in,
+    metadata_out, now, workspace,
 };
 use crate::error::{Result, StoreError, is_unique_violation};
 use crate::events::{
-    EventLog, EventQuery, EventRecord, EventStatusUpdate, MAX_INPUT_SUMMARY_CHARS, NewEvent,
-    NewOutboxMessage, Outbox, OutboxMessage, is_valid_idempotency_key, truncate_chars,
+    EventLog, EventQuery, EventRecord, EventRouting, EventStatusUpdate, MAX_INPUT_SUMMARY_CHARS,
+    NewEvent, NewOutboxMessage, Outbox, OutboxMessage, is_valid_idempotency_key, truncate_chars,
 };
 use crate::page::{
     CursorKind, DEFAULT_PAGE_LIMIT, MAX_PAGE_LIMIT, Page, ThreadFilter, clamp_limit, decode_seq,
     encode_seq,
 };
+
+/// `workspace_id, status, reason, run_id, claimed_by_run_id` of an event row.
+type RoutingColumns = (
+    String,
+    String,
+    Option<String>,
+    Option<uuid::Uuid>,
+    Option<uuid::Uuid>,
+);
 
 /// Largest outbox claim.
 const MAX_OUTBOX_CLAIM: u64 = 1000;
@@ -221,8 +230,9 @@ impl EventLog for SqlStore {
                 let existing = event_log::Entity::find()
                     .filter(event_log::Column::WorkspaceId.eq(workspace_id))
                     .filter(event_log::Column::IdempotencyKey.eq(key))
-                    .one(&txn)
+                    .all(&txn)
                     .await?
+                    .unique_row()
                     .ok_or_else(|| {
                         StoreError::Corrupt("idempotency conflict without a stored event".into())
                     })?;
@@ -236,10 +246,42 @@ impl EventLog for SqlStore {
     async fn get(&self, id: EventId) -> Result<Option<EventRecord>> {
         event_log::Entity::find()
             .filter(event_log::Column::Id.eq(id.into_uuid()))
-            .one(&self.db)
+            .all(&self.db)
             .await?
+            .unique_row()
             .map(event_record)
             .transpose()
+    }
+
+    async fn routing(&self, id: EventId) -> Result<Option<EventRouting>> {
+        let row: Option<RoutingColumns> = event_log::Entity::find()
+            .select_only()
+            .columns([
+                event_log::Column::WorkspaceId,
+                event_log::Column::Status,
+                event_log::Column::Reason,
+                event_log::Column::RunId,
+                event_log::Column::ClaimedByRunId,
+            ])
+            .filter(event_log::Column::Id.eq(id.into_uuid()))
+            .into_tuple()
+            .all(&self.db)
+            .await?
+            .unique_row();
+        row.map(
+            |(workspace_id, status, reason, run_id, claimed_by_run_id)| {
+                Ok(EventRouting {
+                    workspace_id: workspace(workspace_id)?,
+                    status: status
+                        .parse()
+                        .map_err(|e: StoreError| StoreError::Corrupt(e.to_string()))?,
+                    reason,
+                    run_id: run_id.map(RunId::from_uuid),
+                    claimed_by_run_id: claimed_by_run_id.map(RunId::from_uuid),
+                })
+            },
+        )
+        .transpose()
     }
 
     async fn update_status(&self, id: EventId, update: EventStatusUpdate) -> Result<EventRecord> {
@@ -254,8 +296,9 @@ impl EventLog for SqlStore {
         let current = event_log::Entity::find()
             .filter(event_log::Column::Id.eq(id.into_uuid()))
             .lock(LockType::Update)
-            .one(&txn)
+            .all(&txn)
             .await?
+            .unique_row()
             .ok_or_else(|| StoreError::not_found(format!("event {id}")))?;
         let mut metadata = match current.metadata.clone() {
             Some(Value::Object(map)) => map,
@@ -348,7 +391,7 @@ impl EventLog for SqlStore {
             .to_owned();
         let res = event_log::Entity::delete_many()
             .filter(event_log::Column::Seq.in_subquery(victims))
-            .exec(&self.db)
+            .exec(self.writer())
             .await?;
         Ok(res.rows_affected)
     }
@@ -360,7 +403,7 @@ impl Outbox for SqlStore {
         for message in &messages {
             validate_outbox(message)?;
         }
-        insert_outbox(&self.db, messages, now()).await
+        insert_outbox(self.writer(), messages, now()).await
     }
 
     async fn claim(&self, limit: u64, lease: Duration) -> Result<Vec<OutboxMessage>> {
@@ -397,7 +440,7 @@ impl Outbox for SqlStore {
             .filter(outbox::Column::Id.in_subquery(candidates))
             .filter(outbox::Column::PublishedAt.is_null())
             .filter(lease_free())
-            .exec_with_returning(&self.db)
+            .exec_with_returning(self.writer())
             .await?;
         rows.sort_by_key(|m| m.id);
         Ok(rows.into_iter().map(outbox_message).collect())
@@ -414,7 +457,7 @@ impl Outbox for SqlStore {
                 )
                 .filter(outbox::Column::Id.is_in(chunk.iter().copied()))
                 .filter(outbox::Column::PublishedAt.is_null())
-                .exec(&self.db)
+                .exec(self.writer())
                 .await?;
         }
         Ok(())
@@ -429,7 +472,7 @@ impl Outbox for SqlStore {
                 )
                 .filter(outbox::Column::Id.is_in(chunk.iter().copied()))
                 .filter(outbox::Column::PublishedAt.is_null())
-                .exec(&self.db)
+                .exec(self.writer())
                 .await?;
         }
         Ok(())
@@ -445,7 +488,7 @@ impl Outbox for SqlStore {
             .to_owned();
         let res = outbox::Entity::delete_many()
             .filter(outbox::Column::Id.in_subquery(victims))
-            .exec(&self.db)
+            .exec(self.writer())
             .await?;
         Ok(res.rows_affected)
     }

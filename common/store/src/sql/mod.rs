@@ -7,6 +7,33 @@
 //! Write transactions start with `BEGIN IMMEDIATE` on SQLite: taking the write lock up front
 //! means a transaction that reads before it writes cannot fail with `SQLITE_BUSY` half way
 //! (the busy timeout applies to `BEGIN` instead). Postgres ignores the mode.
+//!
+//! # One SQLite writer
+//!
+//! SQLite has one write lock per database. When several pooled connections of one process
+//! compete for it, the losers wait in SQLite's busy handler, which *sleeps* (1, 2, 5, 10, …,
+//! 100 ms) instead of queueing: under load most of the time of a write is spent asleep while
+//! the lock is already free again. So a file database gets two pools: every write (single
+//! statements and transactions) goes through a **one-connection writer pool**, where writers
+//! queue in the pool (FIFO, woken at once when the connection is returned), and reads go to the
+//! general pool, which in WAL mode never blocks on the writer nor blocks it. The busy timeout
+//! stays as the fallback for other processes on the same file (a CLI command next to
+//! `switchboard dev`). An in-memory database and Postgres use one pool for both.
+//!
+//! # No bound `LIMIT` on hot lookups
+//!
+//! SQLite (3.51, built with `SQLITE_ENABLE_STAT4` by libsqlite3-sys) marks a statement whose
+//! `LIMIT` is a bound parameter as expired whenever that parameter is bound again, so every
+//! execution parses and plans it from scratch. sea-orm's `.one()` adds such a `LIMIT ?`. For
+//! lookups by a primary key or a unique index the store therefore fetches with `.all()` and
+//! takes the [`UniqueRow::unique_row`] (a unique key yields at most one row), and "latest"
+//! lookups use `max()`; paging queries keep their `LIMIT`.
+//!
+//! Durability: the journal is WAL with `synchronous = NORMAL`, so a commit appends to the WAL
+//! without an fsync; the WAL is synced at checkpoints. A committed transaction survives a
+//! crash of the process; only a power loss or OS crash can roll back the last transactions
+//! before the latest checkpoint (never corrupting the database). That is the documented
+//! choice for embedded mode; cluster mode runs on Postgres.
 
 use std::time::Duration;
 
@@ -26,6 +53,7 @@ mod artifacts;
 mod entity;
 mod events;
 mod fts;
+mod resources;
 mod runs;
 mod state;
 mod transcript;
@@ -93,10 +121,15 @@ impl Default for SqlStoreOptions {
     }
 }
 
-/// The sea-orm store. Cheap to clone (the pool is shared).
+/// The sea-orm store. Cheap to clone (the pools are shared).
 #[derive(Debug, Clone)]
 pub struct SqlStore {
+    /// Reads, and everything on Postgres and in-memory SQLite.
     db: DatabaseConnection,
+    /// Writes: a one-connection pool on a SQLite file (see the module docs), else `db`.
+    writer: DatabaseConnection,
+    /// `writer` is its own pool.
+    separate_writer: bool,
     limits: StoreLimits,
 }
 
@@ -178,31 +211,66 @@ impl SqlStore {
         if let Some(schema) = schema {
             opts.set_schema_search_path(schema.to_owned());
         }
+        let sqlite_file = url.starts_with("sqlite:")
+            && !(url.contains(":memory:") || url.contains("mode=memory"));
+        // The writer pool: same options, exactly one connection, never closed for idleness
+        // (reopening costs more than the file handle it saves).
+        let writer_opts = sqlite_file.then(|| {
+            let mut w = opts.clone();
+            w.max_connections(1)
+                .min_connections(1)
+                .idle_timeout(None)
+                .max_lifetime(None);
+            w
+        });
         let db = Database::connect(opts).await?;
-        tracing::debug!(backend = ?db.get_database_backend(), schema, "database connected");
+        let writer = match writer_opts {
+            Some(w) => Database::connect(w).await?,
+            None => db.clone(),
+        };
+        tracing::debug!(backend = ?db.get_database_backend(), schema, separate_writer = sqlite_file, "database connected");
         if options.migrate {
-            sb_migrations::migrate(&db).await?;
+            sb_migrations::migrate(&writer).await?;
             tracing::info!("database migrations applied");
         }
-        Ok(Self::from_connection(db, options.limits.clone()))
+        Ok(Self {
+            db,
+            writer,
+            separate_writer: sqlite_file,
+            limits: options.limits.clone(),
+        })
     }
 
-    /// Wraps an existing connection (migrations are the caller's business).
+    /// Wraps an existing connection, used for reads and writes alike (migrations are the
+    /// caller's business).
     #[must_use]
     pub fn from_connection(db: DatabaseConnection, limits: StoreLimits) -> Self {
-        Self { db, limits }
+        Self {
+            writer: db.clone(),
+            db,
+            separate_writer: false,
+            limits,
+        }
     }
 
     /// Applies pending migrations.
     pub async fn migrate(&self) -> Result<()> {
-        sb_migrations::migrate(&self.db).await?;
+        sb_migrations::migrate(&self.writer).await?;
         Ok(())
     }
 
-    /// The underlying connection pool, for stores added later (models, tools, knowledge).
+    /// The general connection pool, for reads and for stores added later (models, tools,
+    /// knowledge). On a SQLite file, writes through it compete for the database lock with
+    /// the store's own writer (see the module docs): fine for occasional writes; hot write
+    /// paths belong in the store.
     #[must_use]
     pub fn connection(&self) -> &DatabaseConnection {
         &self.db
+    }
+
+    /// The connection every write of the store goes through (see the module docs).
+    pub(crate) fn writer(&self) -> &DatabaseConnection {
+        &self.writer
     }
 
     /// The backend in use.
@@ -217,16 +285,19 @@ impl SqlStore {
         Ok(())
     }
 
-    /// Closes the pool.
+    /// Closes the pools.
     pub async fn close(self) -> Result<()> {
+        if self.separate_writer {
+            self.writer.close().await?;
+        }
         self.db.close().await?;
         Ok(())
     }
 
-    /// Begins a write transaction (`BEGIN IMMEDIATE` on SQLite).
+    /// Begins a write transaction (`BEGIN IMMEDIATE` on SQLite) on the writer.
     async fn write_txn(&self) -> Result<DatabaseTransaction> {
         Ok(self
-            .db
+            .writer
             .begin_with_options(TransactionOptions {
                 sqlite_transaction_mode: Some(SqliteTransactionMode::Immediate),
                 ..Default::default()
@@ -319,6 +390,19 @@ pub(crate) fn metadata_in(field: &str, value: Value) -> Result<Option<Value>> {
 /// Read form of a metadata object: `{}` for none.
 pub(crate) fn metadata_out(value: Option<Value>) -> Value {
     value.unwrap_or_else(|| Value::Object(serde_json::Map::new()))
+}
+
+/// The row of a lookup by a primary key or a unique index, fetched with `.all()` instead of
+/// `.one()` (see "No bound `LIMIT`" in the module docs).
+pub(crate) trait UniqueRow<T> {
+    /// The only row, if any.
+    fn unique_row(self) -> Option<T>;
+}
+
+impl<T> UniqueRow<T> for Vec<T> {
+    fn unique_row(self) -> Option<T> {
+        self.into_iter().next()
+    }
 }
 
 /// Splits ids into chunks that stay well below every backend's bind-parameter limit.

@@ -13,7 +13,9 @@ use sea_orm::{
 use uuid::Uuid;
 
 use super::entity::{run, run_event};
-use super::{ID_LEN, SqlStore, check_len, check_len_opt, check_required, now, workspace};
+use super::{
+    ID_LEN, SqlStore, UniqueRow, check_len, check_len_opt, check_required, now, workspace,
+};
 use crate::error::{Result, StoreError, is_foreign_key_violation, is_unique_violation};
 use crate::page::{
     CursorKind, DEFAULT_PAGE_LIMIT, MAX_PAGE_LIMIT, Page, clamp_limit, decode_time_id,
@@ -162,7 +164,7 @@ impl RunLedger for SqlStore {
                     .do_nothing()
                     .to_owned(),
             )
-            .exec_with_returning_many(&self.db)
+            .exec_with_returning_many(self.writer())
             .await
             .map_err(|e| {
                 if is_unique_violation(&e) {
@@ -176,16 +178,18 @@ impl RunLedger for SqlStore {
         }
         let existing = run::Entity::find()
             .filter(run::Column::EventId.eq(event_id.into_uuid()))
-            .one(&self.db)
+            .all(&self.db)
             .await?
+            .unique_row()
             .ok_or_else(|| StoreError::Corrupt("event conflict without a stored run".into()))?;
         Ok((run_record(existing)?, false))
     }
 
     async fn get_run(&self, id: RunId) -> Result<Option<RunRecord>> {
         run::Entity::find_by_id(id.into_uuid())
-            .one(&self.db)
+            .all(&self.db)
             .await?
+            .unique_row()
             .map(run_record)
             .transpose()
     }
@@ -244,7 +248,7 @@ impl RunLedger for SqlStore {
             .col_expr(run::Column::StartedAt, Expr::value(now()))
             .filter(run::Column::Id.eq(id.into_uuid()))
             .filter(run::Column::Status.eq(RunStatus::Queued.as_str()))
-            .exec(&self.db)
+            .exec(self.writer())
             .await?;
         Ok(res.rows_affected == 1)
     }
@@ -271,7 +275,7 @@ impl RunLedger for SqlStore {
         let res = update
             .filter(run::Column::Id.eq(id.into_uuid()))
             .filter(run::Column::Status.is_in(active()))
-            .exec(&self.db)
+            .exec(self.writer())
             .await?;
         Ok(res.rows_affected == 1)
     }
@@ -283,7 +287,7 @@ impl RunLedger for SqlStore {
             .filter(run::Column::Id.eq(id.into_uuid()))
             .filter(run::Column::Status.is_in(active()))
             .filter(run::Column::CancelRequestedAt.is_null())
-            .exec(&self.db)
+            .exec(self.writer())
             .await?;
         if res.rows_affected == 1 {
             return Ok(CancelOutcome::Requested);

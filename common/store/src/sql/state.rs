@@ -8,7 +8,7 @@ use sea_orm::{ColumnTrait, EntityTrait, QueryFilter, QueryOrder, QuerySelect, Se
 use serde_json::Value;
 
 use super::entity::{agent_state, storage};
-use super::{ID_LEN, SqlStore, check_required, now};
+use super::{ID_LEN, SqlStore, UniqueRow, check_required, now};
 use crate::error::{Result, StoreError};
 use crate::page::{CursorKind, MAX_PAGE_LIMIT, Page, clamp_limit, decode_key, encode_key};
 use crate::state::{
@@ -48,8 +48,9 @@ impl StateStore for SqlStore {
         check_state_key(scope_key, key)?;
         Ok(
             agent_state::Entity::find_by_id((scope_key.to_owned(), key.to_owned()))
-                .one(&self.db)
+                .all(&self.db)
                 .await?
+                .unique_row()
                 .map(|m| StateEntry {
                     value: m.value,
                     revision: m.revision,
@@ -100,7 +101,7 @@ impl StateStore for SqlStore {
                         .do_nothing()
                         .to_owned(),
                     )
-                    .exec_without_returning(&self.db)
+                    .exec_without_returning(self.writer())
                     .await?;
                 if inserted == 1 {
                     Ok(1)
@@ -117,7 +118,7 @@ impl StateStore for SqlStore {
                     .filter(agent_state::Column::ScopeKey.eq(write.scope_key.clone()))
                     .filter(agent_state::Column::Key.eq(write.key.clone()))
                     .filter(agent_state::Column::Revision.eq(expected))
-                    .exec(&self.db)
+                    .exec(self.writer())
                     .await?;
                 if rows.rows_affected == 1 {
                     Ok(expected + 1)
@@ -154,7 +155,7 @@ impl StateStore for SqlStore {
                         )
                         .to_owned(),
                     )
-                    .exec_with_returning(&self.db)
+                    .exec_with_returning(self.writer())
                     .await?;
                 Ok(model.revision)
             }
@@ -169,7 +170,7 @@ impl StateStore for SqlStore {
         if let Some(expected) = if_revision {
             delete = delete.filter(agent_state::Column::Revision.eq(expected));
         }
-        let res = delete.exec(&self.db).await?;
+        let res = delete.exec(self.writer()).await?;
         if if_revision.is_some() && res.rows_affected == 0 {
             return Err(StoreError::Conflict(format!(
                 "state key {key} does not have the expected revision"
@@ -232,8 +233,9 @@ impl BlobStorage for SqlStore {
         check_storage_key(owner_type, owner, key)?;
         Ok(
             storage::Entity::find_by_id((owner_type.to_owned(), owner.to_owned(), key.to_owned()))
-                .one(&self.db)
+                .all(&self.db)
                 .await?
+                .unique_row()
                 .map(|m| m.value),
         )
     }
@@ -264,7 +266,7 @@ impl BlobStorage for SqlStore {
             .update_columns([storage::Column::Value, storage::Column::UpdatedAt])
             .to_owned(),
         )
-        .exec_without_returning(&self.db)
+        .exec_without_returning(self.writer())
         .await?;
         Ok(())
     }
@@ -275,7 +277,7 @@ impl BlobStorage for SqlStore {
             .filter(storage::Column::OwnerType.eq(owner_type))
             .filter(storage::Column::Owner.eq(owner))
             .filter(storage::Column::Key.eq(key))
-            .exec(&self.db)
+            .exec(self.writer())
             .await?;
         Ok(res.rows_affected > 0)
     }

@@ -12,8 +12,8 @@ use sea_orm::{
 use super::entity::transcript;
 use super::fts::fts5_match_expression;
 use super::{
-    ID_LEN, SqlStore, check_len, check_len_opt, check_required, metadata_in, metadata_out, now,
-    workspace,
+    ID_LEN, SqlStore, UniqueRow, check_len, check_len_opt, check_required, metadata_in,
+    metadata_out, now, workspace,
 };
 use crate::error::{Result, StoreError, is_unique_violation};
 use crate::page::{
@@ -111,7 +111,7 @@ impl Transcript for SqlStore {
             created_at: Set(now()),
         };
         let model = transcript::Entity::insert(row)
-            .exec_with_returning(&self.db)
+            .exec_with_returning(self.writer())
             .await
             .map_err(|e| {
                 if is_unique_violation(&e) {
@@ -163,16 +163,19 @@ impl Transcript for SqlStore {
         conversation_id: &str,
     ) -> Result<Option<String>> {
         check_len("conversation_id", conversation_id, ID_LEN)?;
+        // `max` rather than `ORDER BY seq DESC LIMIT 1`: the same single index seek on both
+        // backends, without the bound `LIMIT` that makes SQLite re-prepare the statement on
+        // every call (see the `sql` module docs).
         let seq: Option<i64> = transcript::Entity::find()
             .select_only()
-            .column(transcript::Column::Seq)
+            .column_as(transcript::Column::Seq.max(), "seq")
             .filter(transcript::Column::WorkspaceId.eq(workspace_id.as_str()))
             .filter(transcript::Column::ConversationId.eq(conversation_id))
-            .order_by_desc(transcript::Column::Seq)
-            .limit(1)
-            .into_tuple()
-            .one(&self.db)
-            .await?;
+            .into_tuple::<Option<i64>>()
+            .all(&self.db)
+            .await?
+            .unique_row()
+            .flatten();
         Ok(seq.map(|s| encode_seq(CursorKind::Transcript, s)))
     }
 
@@ -255,7 +258,7 @@ impl Transcript for SqlStore {
             .to_owned();
         let res = transcript::Entity::delete_many()
             .filter(transcript::Column::Seq.in_subquery(victims))
-            .exec(&self.db)
+            .exec(self.writer())
             .await?;
         Ok(res.rows_affected)
     }

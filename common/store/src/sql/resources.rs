@@ -1,0 +1,494 @@
+//! [`ResourceRegistry`] on SQL; knowledge search is backend-specific full-text search.
+
+use async_trait::async_trait;
+use sb_protocol::ids::WorkspaceId;
+use sea_orm::{
+    ActiveValue::NotSet, ColumnTrait, DbBackend, EntityTrait, FromQueryResult, PaginatorTrait,
+    QueryFilter, QueryOrder, Set, Statement, Value as SqlValue,
+};
+use serde_json::Value;
+use sha2::{Digest, Sha256};
+use uuid::Uuid;
+
+use super::entity::{kb_chunk, kb_document, knowledge_base, model, tool};
+use super::fts::fts5_match_expression;
+use super::{
+    ID_LEN, IN_CHUNK, SqlStore, check_len_opt, check_required, metadata_in, now, workspace,
+};
+use crate::error::{Result, StoreError, is_foreign_key_violation, is_unique_violation};
+use crate::resources::{
+    CHUNK_CHARS, KbDocumentRecord, KbHit, KbSearch, KnowledgeBaseRecord, MAX_DOCUMENT_BYTES,
+    MAX_FILTER_DOCUMENTS, MAX_KB_TOP_K, ModelKind, ModelRecord, NewKbDocument, NewModel, NewTool,
+    ResourceRegistry, ToolRecord, chunk_text,
+};
+
+fn model_record(m: model::Model) -> Result<ModelRecord> {
+    Ok(ModelRecord {
+        model_id: m.id,
+        workspace_id: workspace(m.workspace_id)?,
+        kind: ModelKind::parse(&m.kind)
+            .ok_or_else(|| StoreError::Corrupt(format!("unknown model kind {:?}", m.kind)))?,
+        name: m.name,
+        base_url: m.base_url,
+        model_name: m.model,
+        api_key_env: m.api_key_env,
+        context_window: m.context_window,
+        extra_args: m
+            .extra_args
+            .unwrap_or_else(|| Value::Object(serde_json::Map::new())),
+        enabled: m.enabled,
+        created_at: m.created_at,
+    })
+}
+
+fn tool_record(m: tool::Model) -> Result<ToolRecord> {
+    Ok(ToolRecord {
+        tool_id: m.id,
+        workspace_id: workspace(m.workspace_id)?,
+        name: m.name,
+        kind: m.kind,
+        description: m.description,
+        parameters: m.parameters,
+        config: m.config,
+        enabled: m.enabled,
+        created_at: m.created_at,
+    })
+}
+
+fn kb_record(m: knowledge_base::Model) -> Result<KnowledgeBaseRecord> {
+    Ok(KnowledgeBaseRecord {
+        kb_id: m.id,
+        workspace_id: workspace(m.workspace_id)?,
+        name: m.name,
+        description: m.description,
+        created_at: m.created_at,
+    })
+}
+
+fn duplicate(kind: &str, name: &str) -> impl FnOnce(sea_orm::DbErr) -> StoreError {
+    let msg = format!("{kind} {name} already exists");
+    move |e| {
+        if is_unique_violation(&e) {
+            StoreError::Conflict(msg)
+        } else {
+            e.into()
+        }
+    }
+}
+
+fn object_or_empty(field: &str, v: Value) -> Result<Value> {
+    match v {
+        Value::Null => Ok(Value::Object(serde_json::Map::new())),
+        v @ Value::Object(_) => Ok(v),
+        _ => Err(StoreError::invalid(format!(
+            "{field} must be a JSON object"
+        ))),
+    }
+}
+
+#[derive(Debug, FromQueryResult)]
+struct HitRow {
+    content: String,
+    score: f64,
+    document_id: Uuid,
+    title: String,
+    chunk_index: i64,
+}
+
+impl SqlStore {
+    async fn kb_exists(&self, workspace_id: &WorkspaceId, kb_id: Uuid) -> Result<()> {
+        let n = knowledge_base::Entity::find()
+            .filter(knowledge_base::Column::WorkspaceId.eq(workspace_id.as_str()))
+            .filter(knowledge_base::Column::Id.eq(kb_id))
+            .count(&self.db)
+            .await?;
+        if n == 0 {
+            return Err(StoreError::not_found(format!("knowledge base {kb_id}")));
+        }
+        Ok(())
+    }
+}
+
+#[async_trait]
+impl ResourceRegistry for SqlStore {
+    async fn create_model(&self, m: NewModel) -> Result<ModelRecord> {
+        check_required("name", &m.name, ID_LEN)?;
+        check_required("model_name", &m.model_name, ID_LEN)?;
+        check_required("base_url", &m.base_url, 2048)?;
+        if !(m.base_url.starts_with("http://") || m.base_url.starts_with("https://")) {
+            return Err(StoreError::invalid("base_url must be an http or https URL"));
+        }
+        check_len_opt("api_key_env", m.api_key_env.as_deref(), ID_LEN)?;
+        if let Some(env) = m.api_key_env.as_deref()
+            && (env.is_empty() || !env.chars().all(|c| c.is_ascii_alphanumeric() || c == '_'))
+        {
+            return Err(StoreError::invalid(
+                "api_key_env must be an environment variable name ([A-Za-z0-9_]+)",
+            ));
+        }
+        if m.context_window.is_some_and(|w| w <= 0) {
+            return Err(StoreError::invalid("context_window must be positive"));
+        }
+        let extra = metadata_in("extra_args", m.extra_args.unwrap_or(Value::Null))?;
+        let at = now();
+        let row = model::ActiveModel {
+            id: Set(Uuid::now_v7()),
+            workspace_id: Set(m.workspace_id.as_str().to_owned()),
+            name: Set(m.name.clone()),
+            kind: Set(m.kind.as_str().to_owned()),
+            base_url: Set(m.base_url),
+            model: Set(m.model_name),
+            api_key_env: Set(m.api_key_env),
+            context_window: Set(m.context_window),
+            abilities: Set(Value::Array(Vec::new())),
+            extra_args: Set(extra),
+            enabled: Set(true),
+            created_at: Set(at),
+            updated_at: Set(at),
+        };
+        let model = model::Entity::insert(row)
+            .exec_with_returning(self.writer())
+            .await
+            .map_err(duplicate("model", &m.name))?;
+        model_record(model)
+    }
+
+    async fn get_model(&self, workspace_id: &WorkspaceId, model_id: Uuid) -> Result<ModelRecord> {
+        let row = model::Entity::find_by_id(model_id)
+            .filter(model::Column::WorkspaceId.eq(workspace_id.as_str()))
+            .one(&self.db)
+            .await?
+            .ok_or_else(|| StoreError::not_found(format!("model {model_id}")))?;
+        model_record(row)
+    }
+
+    async fn list_models(&self, workspace_id: &WorkspaceId) -> Result<Vec<ModelRecord>> {
+        model::Entity::find()
+            .filter(model::Column::WorkspaceId.eq(workspace_id.as_str()))
+            .order_by_asc(model::Column::Name)
+            .all(&self.db)
+            .await?
+            .into_iter()
+            .map(model_record)
+            .collect()
+    }
+
+    async fn models_by_ids(
+        &self,
+        workspace_id: &WorkspaceId,
+        ids: &[Uuid],
+    ) -> Result<Vec<ModelRecord>> {
+        let mut out = Vec::new();
+        for chunk in ids.chunks(IN_CHUNK) {
+            for row in model::Entity::find()
+                .filter(model::Column::WorkspaceId.eq(workspace_id.as_str()))
+                .filter(model::Column::Id.is_in(chunk.iter().copied()))
+                .all(&self.db)
+                .await?
+            {
+                out.push(model_record(row)?);
+            }
+        }
+        Ok(out)
+    }
+
+    async fn create_tool(&self, t: NewTool) -> Result<ToolRecord> {
+        check_required("name", &t.name, ID_LEN)?;
+        check_required("kind", &t.kind, 32)?;
+        if !matches!(t.parameters, Value::Object(_)) {
+            return Err(StoreError::invalid(
+                "parameters must be a JSON schema object",
+            ));
+        }
+        let config = object_or_empty("config", t.config)?;
+        let at = now();
+        let row = tool::ActiveModel {
+            id: Set(Uuid::now_v7()),
+            workspace_id: Set(t.workspace_id.as_str().to_owned()),
+            name: Set(t.name.clone()),
+            kind: Set(t.kind),
+            description: Set(t.description),
+            parameters: Set(t.parameters),
+            config: Set(config),
+            enabled: Set(true),
+            created_at: Set(at),
+            updated_at: Set(at),
+        };
+        let tool = tool::Entity::insert(row)
+            .exec_with_returning(self.writer())
+            .await
+            .map_err(duplicate("tool", &t.name))?;
+        tool_record(tool)
+    }
+
+    async fn get_tool(&self, workspace_id: &WorkspaceId, name: &str) -> Result<ToolRecord> {
+        let row = tool::Entity::find()
+            .filter(tool::Column::WorkspaceId.eq(workspace_id.as_str()))
+            .filter(tool::Column::Name.eq(name))
+            .one(&self.db)
+            .await?
+            .ok_or_else(|| StoreError::not_found(format!("tool {name}")))?;
+        tool_record(row)
+    }
+
+    async fn list_tools(&self, workspace_id: &WorkspaceId) -> Result<Vec<ToolRecord>> {
+        tool::Entity::find()
+            .filter(tool::Column::WorkspaceId.eq(workspace_id.as_str()))
+            .order_by_asc(tool::Column::Name)
+            .all(&self.db)
+            .await?
+            .into_iter()
+            .map(tool_record)
+            .collect()
+    }
+
+    async fn tools_by_names(
+        &self,
+        workspace_id: &WorkspaceId,
+        names: &[String],
+    ) -> Result<Vec<ToolRecord>> {
+        let mut out = Vec::new();
+        for chunk in names.chunks(IN_CHUNK) {
+            for row in tool::Entity::find()
+                .filter(tool::Column::WorkspaceId.eq(workspace_id.as_str()))
+                .filter(tool::Column::Name.is_in(chunk.iter().cloned()))
+                .all(&self.db)
+                .await?
+            {
+                out.push(tool_record(row)?);
+            }
+        }
+        Ok(out)
+    }
+
+    async fn create_kb(
+        &self,
+        workspace_id: &WorkspaceId,
+        name: &str,
+        description: Option<String>,
+    ) -> Result<KnowledgeBaseRecord> {
+        check_required("name", name, ID_LEN)?;
+        let at = now();
+        let row = knowledge_base::ActiveModel {
+            id: Set(Uuid::now_v7()),
+            workspace_id: Set(workspace_id.as_str().to_owned()),
+            name: Set(name.to_owned()),
+            description: Set(description),
+            config: Set(None),
+            created_at: Set(at),
+            updated_at: Set(at),
+        };
+        let kb = knowledge_base::Entity::insert(row)
+            .exec_with_returning(self.writer())
+            .await
+            .map_err(duplicate("knowledge base", name))?;
+        kb_record(kb)
+    }
+
+    async fn get_kb(&self, workspace_id: &WorkspaceId, kb_id: Uuid) -> Result<KnowledgeBaseRecord> {
+        let row = knowledge_base::Entity::find_by_id(kb_id)
+            .filter(knowledge_base::Column::WorkspaceId.eq(workspace_id.as_str()))
+            .one(&self.db)
+            .await?
+            .ok_or_else(|| StoreError::not_found(format!("knowledge base {kb_id}")))?;
+        kb_record(row)
+    }
+
+    async fn list_kbs(&self, workspace_id: &WorkspaceId) -> Result<Vec<KnowledgeBaseRecord>> {
+        knowledge_base::Entity::find()
+            .filter(knowledge_base::Column::WorkspaceId.eq(workspace_id.as_str()))
+            .order_by_asc(knowledge_base::Column::Name)
+            .all(&self.db)
+            .await?
+            .into_iter()
+            .map(kb_record)
+            .collect()
+    }
+
+    async fn kbs_by_ids(
+        &self,
+        workspace_id: &WorkspaceId,
+        ids: &[Uuid],
+    ) -> Result<Vec<KnowledgeBaseRecord>> {
+        let mut out = Vec::new();
+        for chunk in ids.chunks(IN_CHUNK) {
+            for row in knowledge_base::Entity::find()
+                .filter(knowledge_base::Column::WorkspaceId.eq(workspace_id.as_str()))
+                .filter(knowledge_base::Column::Id.is_in(chunk.iter().copied()))
+                .all(&self.db)
+                .await?
+            {
+                out.push(kb_record(row)?);
+            }
+        }
+        Ok(out)
+    }
+
+    async fn add_document(&self, doc: NewKbDocument) -> Result<KbDocumentRecord> {
+        check_required("title", &doc.title, ID_LEN)?;
+        check_len_opt("artifact_id", doc.artifact_id.as_deref(), ID_LEN)?;
+        if doc.text.len() > MAX_DOCUMENT_BYTES {
+            return Err(StoreError::PayloadTooLarge(format!(
+                "document text is larger than {MAX_DOCUMENT_BYTES} bytes"
+            )));
+        }
+        // Postgres rejects NUL in text; it carries no searchable content.
+        let text = doc.text.replace('\0', " ");
+        let chunks = chunk_text(&text, CHUNK_CHARS);
+        if chunks.is_empty() {
+            return Err(StoreError::invalid("document text is empty"));
+        }
+        let metadata = metadata_in("metadata", doc.metadata)?;
+        self.kb_exists(&doc.workspace_id, doc.kb_id).await?;
+        let at = now();
+        let document_id = Uuid::now_v7();
+        let sha256 = hex::encode(Sha256::digest(doc.text.as_bytes()));
+        let size = i64::try_from(doc.text.len()).unwrap_or(i64::MAX);
+        let txn = self.write_txn().await?;
+        let row = kb_document::ActiveModel {
+            id: Set(document_id),
+            kb_id: Set(doc.kb_id),
+            workspace_id: Set(doc.workspace_id.as_str().to_owned()),
+            name: Set(doc.title.clone()),
+            mime_type: Set(Some("text/plain".to_owned())),
+            size_bytes: Set(size),
+            sha256: Set(sha256.clone()),
+            artifact_id: Set(doc.artifact_id),
+            status: Set("ready".to_owned()),
+            error: Set(None),
+            metadata: Set(metadata),
+            created_at: Set(at),
+            updated_at: Set(at),
+        };
+        kb_document::Entity::insert(row)
+            .exec_without_returning(&txn)
+            .await
+            .map_err(|e| {
+                if is_foreign_key_violation(&e) {
+                    StoreError::not_found(format!("knowledge base {}", doc.kb_id))
+                } else {
+                    e.into()
+                }
+            })?;
+        let n = chunks.len() as u64;
+        let rows: Vec<kb_chunk::ActiveModel> = chunks
+            .into_iter()
+            .enumerate()
+            .map(|(i, content)| kb_chunk::ActiveModel {
+                seq: NotSet,
+                id: Set(Uuid::now_v7()),
+                document_id: Set(document_id),
+                kb_id: Set(doc.kb_id),
+                workspace_id: Set(doc.workspace_id.as_str().to_owned()),
+                chunk_index: Set(i64::try_from(i).unwrap_or(i64::MAX)),
+                content: Set(content),
+                metadata: Set(None),
+                created_at: Set(at),
+            })
+            .collect();
+        // Each chunk row binds 8 values; stay below SQLite's parameter limit.
+        let mut rows = rows.into_iter().peekable();
+        while rows.peek().is_some() {
+            let batch: Vec<_> = rows.by_ref().take(100).collect();
+            kb_chunk::Entity::insert_many(batch)
+                .exec_without_returning(&txn)
+                .await?;
+        }
+        txn.commit().await?;
+        Ok(KbDocumentRecord {
+            document_id,
+            kb_id: doc.kb_id,
+            title: doc.title,
+            size_bytes: size,
+            sha256,
+            chunks: n,
+            created_at: at,
+        })
+    }
+
+    async fn search_kb(&self, search: KbSearch) -> Result<Vec<KbHit>> {
+        if search.document_ids.len() > MAX_FILTER_DOCUMENTS {
+            return Err(StoreError::invalid(format!(
+                "at most {MAX_FILTER_DOCUMENTS} document ids may be filtered on"
+            )));
+        }
+        self.kb_exists(&search.workspace_id, search.kb_id).await?;
+        let top_k = search.top_k.clamp(1, MAX_KB_TOP_K);
+        let query = search.query.replace('\0', " ");
+        if query.trim().is_empty() {
+            return Ok(Vec::new());
+        }
+        let backend = self.backend();
+        let (matcher, sql_head, score, order) = match backend {
+            DbBackend::Postgres => (
+                query,
+                "FROM \"kb_chunks\" c JOIN \"kb_documents\" d ON d.\"id\" = c.\"document_id\" \
+                 WHERE c.\"content_tsv\" @@ websearch_to_tsquery('simple', $1)",
+                "ts_rank(c.\"content_tsv\", websearch_to_tsquery('simple', $1))::float8",
+                "score DESC",
+            ),
+            DbBackend::Sqlite => {
+                let Some(expr) = fts5_match_expression(&query) else {
+                    return Ok(Vec::new());
+                };
+                (
+                    expr,
+                    "FROM \"kb_chunks_fts\" f JOIN \"kb_chunks\" c ON c.\"seq\" = f.\"rowid\" \
+                     JOIN \"kb_documents\" d ON d.\"id\" = c.\"document_id\" \
+                     WHERE \"kb_chunks_fts\" MATCH ?",
+                    // bm25 is smaller-is-better; negate so higher is better everywhere.
+                    "CAST(-bm25(\"kb_chunks_fts\") AS REAL)",
+                    "score DESC",
+                )
+            }
+            other => {
+                return Err(StoreError::invalid(format!(
+                    "full-text search is not supported on {other:?}"
+                )));
+            }
+        };
+        let mut values: Vec<SqlValue> = vec![matcher.into()];
+        // Placeholder of the latest value: `$n` on Postgres, `?` (positional) on SQLite.
+        let mark = |n: usize| {
+            if backend == DbBackend::Postgres {
+                format!("${n}")
+            } else {
+                "?".to_owned()
+            }
+        };
+        let mut sql = format!(
+            "SELECT c.\"content\" AS content, {score} AS score, c.\"document_id\" AS document_id, \
+             d.\"name\" AS title, c.\"chunk_index\" AS chunk_index {sql_head}"
+        );
+        values.push(search.workspace_id.as_str().to_owned().into());
+        sql.push_str(&format!(" AND c.\"workspace_id\" = {}", mark(values.len())));
+        values.push(search.kb_id.into());
+        sql.push_str(&format!(" AND c.\"kb_id\" = {}", mark(values.len())));
+        if !search.document_ids.is_empty() {
+            let mut marks = Vec::new();
+            for id in &search.document_ids {
+                values.push((*id).into());
+                marks.push(mark(values.len()));
+            }
+            sql.push_str(&format!(" AND c.\"document_id\" IN ({})", marks.join(", ")));
+        }
+        values.push(i64::try_from(top_k).unwrap_or(50).into());
+        sql.push_str(&format!(
+            " ORDER BY {order}, c.\"seq\" ASC LIMIT {}",
+            mark(values.len())
+        ));
+        let rows = HitRow::find_by_statement(Statement::from_sql_and_values(backend, sql, values))
+            .all(&self.db)
+            .await?;
+        Ok(rows
+            .into_iter()
+            .map(|r| KbHit {
+                content: r.content,
+                score: r.score,
+                document_id: r.document_id,
+                title: r.title,
+                chunk_index: r.chunk_index,
+            })
+            .collect())
+    }
+}

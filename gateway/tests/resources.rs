@@ -1,0 +1,237 @@
+//! The resource registry routes (`/v1/models`, `/v1/tools`, `/v1/knowledge-bases`): the real
+//! router on in-memory SQLite, the memory bus and the memory session store.
+
+use std::sync::Arc;
+
+use axum::body::Body;
+use axum::http::{Request, StatusCode, header};
+use axum::response::Response;
+use sb_common::bus::memory::MemoryBus;
+use sb_common::bus::topology::{TopologyOptions, declare_topology};
+use sb_common::session::memory::MemorySessionStore;
+use sb_common::shutdown::Shutdown;
+use sb_gateway::{AppState, GatewayDeps, GatewayOptions, app};
+use sb_protocol::ids::WorkspaceId;
+use sb_store::{KbSearch, SqlStore, SqlStoreOptions, Stores};
+use serde_json::{Value, json};
+use tower::ServiceExt;
+
+struct Harness {
+    state: AppState,
+    stores: Stores,
+    key: String,
+    shutdown: Shutdown,
+}
+
+impl Drop for Harness {
+    fn drop(&mut self) {
+        self.shutdown.trigger();
+    }
+}
+
+async fn harness() -> Harness {
+    let store = SqlStore::connect(
+        "sqlite::memory:",
+        &SqlStoreOptions {
+            migrate: true,
+            ..SqlStoreOptions::default()
+        },
+    )
+    .await
+    .expect("sqlite");
+    let stores = Stores::from_sql(store);
+    let bus = Arc::new(MemoryBus::new());
+    let topology = declare_topology(
+        bus.as_ref(),
+        &TopologyOptions {
+            name_prefix: format!("test-{}.switchboard", uuid::Uuid::new_v4().simple()),
+            ..TopologyOptions::default()
+        },
+    )
+    .await
+    .expect("topology");
+    let shutdown = Shutdown::new();
+    let deps = GatewayDeps {
+        stores: stores.clone(),
+        bus,
+        sessions: Arc::new(MemorySessionStore::new()),
+        topology,
+    };
+    let state = AppState::new(deps, GatewayOptions::default(), shutdown.clone())
+        .await
+        .expect("state");
+    let key = stores
+        .tenancy
+        .create_api_key(&WorkspaceId::default_workspace(), Some("test"))
+        .await
+        .unwrap()
+        .plaintext;
+    Harness {
+        state,
+        stores,
+        key,
+        shutdown,
+    }
+}
+
+impl Harness {
+    async fn call(&self, method: &str, uri: &str, body: Option<&Value>) -> (StatusCode, Value) {
+        let req = Request::builder()
+            .method(method)
+            .uri(uri)
+            .header(header::AUTHORIZATION, format!("Bearer {}", self.key))
+            .header(header::CONTENT_TYPE, "application/json")
+            .body(body.map_or_else(Body::empty, |b| Body::from(b.to_string())))
+            .unwrap();
+        let response: Response = app(self.state.clone()).oneshot(req).await.unwrap();
+        let status = response.status();
+        let bytes = axum::body::to_bytes(response.into_body(), usize::MAX)
+            .await
+            .unwrap();
+        let body = serde_json::from_slice(&bytes).unwrap_or(Value::Null);
+        (status, body)
+    }
+}
+
+#[tokio::test]
+async fn models_register_list_and_never_hold_a_key() {
+    let h = harness().await;
+    let body = json!({
+        "name": "gpt", "kind": "llm", "base_url": "http://127.0.0.1:9/v1",
+        "model_name": "gpt-4o-mini", "api_key_env": "SB_TEST_OPENAI_KEY",
+        "context_window": 128000, "extra_args": {"temperature": 0.2}
+    });
+    let (status, created) = h.call("POST", "/v1/models", Some(&body)).await;
+    assert_eq!(status, StatusCode::CREATED, "{created}");
+    assert!(created["model_id"].as_str().is_some());
+    assert_eq!(created["kind"], "llm");
+    assert_eq!(created["context_window"], 128000);
+    assert_eq!(created["api_key_env"], "SB_TEST_OPENAI_KEY");
+    let (status, dup) = h.call("POST", "/v1/models", Some(&body)).await;
+    assert_eq!(status, StatusCode::CONFLICT, "{dup}");
+
+    // A pasted key instead of a variable name is refused, not stored.
+    let mut leaked = body.clone();
+    leaked["name"] = json!("other");
+    leaked["api_key_env"] = json!("sk-live-1234 secret");
+    let (status, err) = h.call("POST", "/v1/models", Some(&leaked)).await;
+    assert_eq!(status, StatusCode::BAD_REQUEST, "{err}");
+    assert!(!err.to_string().contains("sk-live-1234"), "{err}");
+    let mut bad = body.clone();
+    bad["name"] = json!("x");
+    bad["kind"] = json!("embedding");
+    assert_eq!(
+        h.call("POST", "/v1/models", Some(&bad)).await.0,
+        StatusCode::BAD_REQUEST
+    );
+    let mut bad = body.clone();
+    bad["name"] = json!("y");
+    bad["base_url"] = json!("ftp://x");
+    assert_eq!(
+        h.call("POST", "/v1/models", Some(&bad)).await.0,
+        StatusCode::BAD_REQUEST
+    );
+
+    let (status, list) = h.call("GET", "/v1/models", None).await;
+    assert_eq!(status, StatusCode::OK);
+    assert_eq!(list["items"].as_array().unwrap().len(), 1);
+    assert_eq!(list["items"][0]["model_id"], created["model_id"]);
+}
+
+#[tokio::test]
+async fn tools_register_with_http_settings() {
+    let h = harness().await;
+    let body = json!({
+        "name": "weather", "description": "current weather",
+        "parameters": {"type": "object", "properties": {"city": {"type": "string"}}},
+        "kind": "http", "url": "http://127.0.0.1:9/weather", "timeout_ms": 2000,
+        "headers_env": {"X-Api-Key": "SB_TEST_WEATHER_KEY"}
+    });
+    let (status, created) = h.call("POST", "/v1/tools", Some(&body)).await;
+    assert_eq!(status, StatusCode::CREATED, "{created}");
+    assert_eq!(created["name"], "weather");
+    assert_eq!(created["timeout_ms"], 2000);
+    assert_eq!(created["max_response_bytes"], 1024 * 1024);
+    assert_eq!(created["headers_env"]["X-Api-Key"], "SB_TEST_WEATHER_KEY");
+    for (field, value) in [
+        ("kind", json!("mcp")),
+        ("url", json!("not a url")),
+        ("timeout_ms", json!(0)),
+        ("headers_env", json!({"X-Api-Key": "literal value"})),
+        ("name", json!("has space")),
+    ] {
+        let mut bad = body.clone();
+        bad[field] = value;
+        if field != "name" {
+            bad["name"] = json!(format!("t-{field}"));
+        }
+        let (status, err) = h.call("POST", "/v1/tools", Some(&bad)).await;
+        assert_eq!(status, StatusCode::BAD_REQUEST, "{field}: {err}");
+    }
+    let (_, list) = h.call("GET", "/v1/tools", None).await;
+    assert_eq!(list["items"].as_array().unwrap().len(), 1);
+}
+
+#[tokio::test]
+async fn knowledge_bases_take_documents_that_become_searchable() {
+    let h = harness().await;
+    let (status, kb) = h
+        .call(
+            "POST",
+            "/v1/knowledge-bases",
+            Some(&json!({"name": "handbook"})),
+        )
+        .await;
+    assert_eq!(status, StatusCode::CREATED, "{kb}");
+    let kb_id = kb["kb_id"].as_str().unwrap().to_owned();
+    let (status, doc) = h
+        .call(
+            "POST",
+            &format!("/v1/knowledge-bases/{kb_id}/documents"),
+            Some(&json!({"title": "leave", "text": "Annual leave is 25 days.\n\nSick leave is separate."})),
+        )
+        .await;
+    assert_eq!(status, StatusCode::CREATED, "{doc}");
+    assert_eq!(doc["chunks"], 1);
+    let (status, _) = h
+        .call(
+            "POST",
+            "/v1/knowledge-bases/not-a-uuid/documents",
+            Some(&json!({"title": "t", "text": "x"})),
+        )
+        .await;
+    assert_eq!(status, StatusCode::NOT_FOUND);
+    let (status, _) = h
+        .call(
+            "POST",
+            &format!("/v1/knowledge-bases/{}/documents", uuid::Uuid::now_v7()),
+            Some(&json!({"title": "t", "text": "x"})),
+        )
+        .await;
+    assert_eq!(status, StatusCode::NOT_FOUND);
+    let (status, _) = h
+        .call(
+            "POST",
+            &format!("/v1/knowledge-bases/{kb_id}/documents"),
+            Some(&json!({"title": "t", "text": "   "})),
+        )
+        .await;
+    assert_eq!(status, StatusCode::BAD_REQUEST);
+
+    let hits = h
+        .stores
+        .resources
+        .search_kb(KbSearch {
+            workspace_id: WorkspaceId::default_workspace(),
+            kb_id: kb_id.parse().unwrap(),
+            query: "annual leave".into(),
+            top_k: 5,
+            document_ids: vec![],
+        })
+        .await
+        .unwrap();
+    assert_eq!(hits.len(), 1);
+    assert_eq!(hits[0].title, "leave");
+    let (_, list) = h.call("GET", "/v1/knowledge-bases", None).await;
+    assert_eq!(list["items"][0]["kb_id"], kb_id.as_str());
+}

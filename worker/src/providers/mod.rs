@@ -1,0 +1,219 @@
+//! Clients of the providers behind the model and tool actions: OpenAI-compatible chat
+//! completions (plain and SSE streaming), a Cohere/Jina-style `/rerank`, and HTTP tools.
+//!
+//! Secrets: API keys and tool header values are read from the environment variables the
+//! registry names, at call time, and only ever placed in request headers. No error message,
+//! log line or answer contains a header value or a provider response body (a provider or
+//! tool could echo a request header back), only status codes and our own wording.
+//!
+//! Retries: model calls are retried with exponential backoff on `429`, `5xx` and connection
+//! failures, at most [`ProviderOptions::max_attempts`] times, and a stream only before its
+//! first chunk was forwarded. Tool calls are never retried: a tool may have side effects,
+//! and `call_tool` promises at-most-once execution.
+//!
+//! # Layout
+//! - this file: [`ProviderOptions`], [`ProviderError`] and its code mapping, the shared
+//!   request sending with retries.
+//! - `openai`: chat completions (plain and streaming) and rerank.
+//! - `http_tool`: HTTP tools (POST JSON, timeout, response cap, headers from env vars).
+
+pub mod http_tool;
+pub mod openai;
+
+use std::time::Duration;
+
+use sb_protocol::error::{ErrorCode, HasErrorCode};
+
+/// Timeouts and retries of provider calls.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ProviderOptions {
+    /// Whole-request timeout of a non-streaming model call (also bounded by the run
+    /// deadline).
+    pub model_timeout: Duration,
+    /// Longest silence between two chunks of a stream.
+    pub stream_idle_timeout: Duration,
+    /// Attempts of a model call (1 = no retry).
+    pub max_attempts: u32,
+    /// First retry delay; doubled per attempt.
+    pub backoff_base: Duration,
+    /// Largest model response body read (non-streaming), in bytes.
+    pub max_model_response_bytes: usize,
+}
+
+impl Default for ProviderOptions {
+    fn default() -> Self {
+        Self {
+            model_timeout: Duration::from_secs(120),
+            stream_idle_timeout: Duration::from_secs(60),
+            max_attempts: 3,
+            backoff_base: Duration::from_millis(250),
+            max_model_response_bytes: 8 * 1024 * 1024,
+        }
+    }
+}
+
+/// A provider call failed.
+#[derive(Debug, thiserror::Error)]
+pub enum ProviderError {
+    /// The environment variable named by the registry is not set (a deployment error).
+    #[error("environment variable {0} is not set on this worker")]
+    MissingEnv(String),
+    /// The provider answered an error status.
+    #[error("{what} answered http {status}")]
+    Status {
+        /// `model provider` / `tool <name>`.
+        what: String,
+        /// The HTTP status.
+        status: u16,
+    },
+    /// No answer in time.
+    #[error("{0} timed out")]
+    Timeout(String),
+    /// Could not connect or the connection broke.
+    #[error("{0} is unreachable")]
+    Transport(String),
+    /// The answer is not what the protocol promises.
+    #[error("{0}")]
+    Malformed(String),
+    /// The answer is over its size cap.
+    #[error("{what} response is larger than {limit} bytes")]
+    TooLarge {
+        /// Who answered.
+        what: String,
+        /// The cap.
+        limit: usize,
+    },
+    /// The registered configuration cannot be used.
+    #[error("{0}")]
+    Config(String),
+}
+
+impl HasErrorCode for ProviderError {
+    fn code(&self) -> ErrorCode {
+        match self {
+            Self::MissingEnv(_) | Self::Transport(_) | Self::Config(_) => ErrorCode::Unavailable,
+            Self::Status { status: 429, .. } => ErrorCode::RateLimited,
+            Self::Status { status, .. } if *status >= 500 => ErrorCode::Unavailable,
+            Self::Status { status: 408, .. } | Self::Timeout(_) => ErrorCode::DeadlineExceeded,
+            Self::Status { status: 413, .. } | Self::TooLarge { .. } => ErrorCode::PayloadTooLarge,
+            Self::Status {
+                status: 400 | 422, ..
+            } => ErrorCode::InvalidArgument,
+            Self::Status { .. } | Self::Malformed(_) => ErrorCode::RuntimeError,
+        }
+    }
+}
+
+impl ProviderError {
+    /// Whether a model call may be retried.
+    fn retryable(&self) -> bool {
+        matches!(self, Self::Transport(_))
+            || matches!(self, Self::Status { status, .. } if *status == 429 || *status >= 500)
+    }
+
+    fn from_reqwest(what: &str, e: &reqwest::Error) -> Self {
+        if e.is_timeout() {
+            Self::Timeout(what.to_owned())
+        } else if e.is_decode() || e.is_body() {
+            Self::Malformed(format!("{what} sent an unreadable body"))
+        } else {
+            // `reqwest::Error`'s Display can include the URL; the URL is registry data, not
+            // a secret, but keep messages uniform and short.
+            Self::Transport(what.to_owned())
+        }
+    }
+}
+
+/// Refuses URLs this build cannot reach: the workspace's `reqwest` is built without a TLS
+/// backend, so an `https` provider fails with a clear configuration error instead of a
+/// vague transport one.
+pub(crate) fn check_url(what: &str, url: &str) -> Result<(), ProviderError> {
+    if url.starts_with("http://") {
+        Ok(())
+    } else if url.starts_with("https://") {
+        Err(ProviderError::Config(format!(
+            "{what} uses https, which this host build does not support (no tls backend)"
+        )))
+    } else {
+        Err(ProviderError::Config(format!("{what} has an invalid url")))
+    }
+}
+
+/// Reads the value of the environment variable `name`.
+pub(crate) fn env_value(name: &str) -> Result<String, ProviderError> {
+    std::env::var(name).map_err(|_| ProviderError::MissingEnv(name.to_owned()))
+}
+
+/// Sends the request `build` makes, retrying per [`ProviderOptions`] on retryable
+/// failures. Returns the first successful (`2xx`) response.
+pub(crate) async fn send_with_retries(
+    options: &ProviderOptions,
+    what: &str,
+    build: impl Fn() -> reqwest::RequestBuilder,
+) -> Result<reqwest::Response, ProviderError> {
+    let attempts = options.max_attempts.max(1);
+    let mut delay = options.backoff_base;
+    let mut attempt = 1;
+    loop {
+        let err = match build().send().await {
+            Ok(resp) if resp.status().is_success() => return Ok(resp),
+            Ok(resp) => ProviderError::Status {
+                what: what.to_owned(),
+                status: resp.status().as_u16(),
+            },
+            Err(e) => ProviderError::from_reqwest(what, &e),
+        };
+        if attempt >= attempts || !err.retryable() {
+            return Err(err);
+        }
+        tracing::debug!(attempt, error = %err, "provider call failed, retrying");
+        tokio::time::sleep(delay).await;
+        delay = delay.saturating_mul(2);
+        attempt += 1;
+    }
+}
+
+/// Reads a response body up to `limit` bytes.
+pub(crate) async fn read_capped(
+    mut resp: reqwest::Response,
+    what: &str,
+    limit: usize,
+) -> Result<Vec<u8>, ProviderError> {
+    let mut body = Vec::new();
+    while let Some(chunk) = resp
+        .chunk()
+        .await
+        .map_err(|e| ProviderError::from_reqwest(what, &e))?
+    {
+        if body.len() + chunk.len() > limit {
+            return Err(ProviderError::TooLarge {
+                what: what.to_owned(),
+                limit,
+            });
+        }
+        body.extend_from_slice(&chunk);
+    }
+    Ok(body)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn statuses_map_to_codes() {
+        let s = |status| ProviderError::Status {
+            what: "m".into(),
+            status,
+        };
+        assert_eq!(s(429).code(), ErrorCode::RateLimited);
+        assert_eq!(s(503).code(), ErrorCode::Unavailable);
+        assert_eq!(s(400).code(), ErrorCode::InvalidArgument);
+        assert_eq!(s(401).code(), ErrorCode::RuntimeError);
+        assert_eq!(
+            ProviderError::Timeout("m".into()).code(),
+            ErrorCode::DeadlineExceeded
+        );
+        assert!(s(500).retryable() && s(429).retryable() && !s(400).retryable());
+    }
+}
