@@ -124,16 +124,11 @@ impl ProviderError {
     }
 }
 
-/// Refuses URLs this build cannot reach: the workspace's `reqwest` is built without a TLS
-/// backend, so an `https` provider fails with a clear configuration error instead of a
-/// vague transport one.
+/// Refuses URLs that are not `http` or `https` (rustls with the webpki roots), so a typo in
+/// the registry fails with a clear configuration error instead of a vague transport one.
 pub(crate) fn check_url(what: &str, url: &str) -> Result<(), ProviderError> {
-    if url.starts_with("http://") {
+    if url.starts_with("http://") || url.starts_with("https://") {
         Ok(())
-    } else if url.starts_with("https://") {
-        Err(ProviderError::Config(format!(
-            "{what} uses https, which this host build does not support (no tls backend)"
-        )))
     } else {
         Err(ProviderError::Config(format!("{what} has an invalid url")))
     }
@@ -215,5 +210,18 @@ mod tests {
             ErrorCode::DeadlineExceeded
         );
         assert!(s(500).retryable() && s(429).retryable() && !s(400).retryable());
+    }
+}
+
+#[cfg(test)]
+mod url_tests {
+    use super::check_url;
+
+    #[test]
+    fn http_and_https_are_reachable_other_schemes_are_not() {
+        assert!(check_url("model", "http://127.0.0.1:9/v1").is_ok());
+        assert!(check_url("model", "https://api.example.com/v1").is_ok());
+        assert!(check_url("model", "ftp://example.com").is_err());
+        assert!(check_url("model", "api.example.com").is_err());
     }
 }
