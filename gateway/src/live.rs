@@ -20,7 +20,8 @@
 //! the ledger.
 //!
 //! Bindings are reference-counted per watched key (a run or a conversation): the first
-//! watcher binds, the last one leaving unbinds (in the background, since it happens on drop).
+//! watcher binds, the last one leaving unbinds (in the background, since it happens on drop;
+//! a conversation's binding lingers a few seconds for the conversation's next message).
 //! Bind and unbind of one key are serialised by a per-key async lock, and the entry is
 //! removed only while that lock is held and nobody watches, so a watcher arriving during an
 //! unbind rebinds afterwards instead of being left without a binding.
@@ -41,6 +42,12 @@ use tokio_util::sync::CancellationToken;
 
 /// Items buffered per run for its slowest stream before it lags (and re-reads the ledger).
 const RUN_CHANNEL_CAPACITY: usize = 256;
+
+/// How long a conversation's binding outlives its last watcher. Conversations come back (the
+/// next message of a chat), and a binding still in place spares that stream a bind and the
+/// broker an unbind and a bind (on RabbitMQ each is a metadata transaction); meanwhile the
+/// conversation's items reach this gateway unwatched and are dropped on arrival.
+const CONVERSATION_LINGER: std::time::Duration = std::time::Duration::from_secs(10);
 
 /// The live-delivery hub of one gateway process. Cheap to clone.
 #[derive(Clone)]
@@ -151,10 +158,19 @@ impl Drop for WatchGuard {
         if last {
             let hub = self.hub.clone();
             let key = self.key.clone();
+            let linger = match key {
+                WatchKey::Run(_) => None,
+                WatchKey::Conversation(_) => Some(CONVERSATION_LINGER),
+            };
             // Drop cannot await; the cleanup re-checks under the key's lock, so it is
-            // harmless if a new watcher arrives before it runs.
+            // harmless if a new watcher arrives before it runs (or during the linger).
             if let Ok(rt) = tokio::runtime::Handle::try_current() {
-                rt.spawn(async move { hub.cleanup(key).await });
+                rt.spawn(async move {
+                    if let Some(linger) = linger {
+                        tokio::time::sleep(linger).await;
+                    }
+                    hub.cleanup(key).await;
+                });
             }
         }
     }

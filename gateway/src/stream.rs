@@ -71,6 +71,13 @@ pub struct StreamOptions {
     pub page_size: u64,
     /// How long `POST /v1/events?stream=true` waits for the event to be routed.
     pub route_wait: Duration,
+    /// First interval of the timer that re-reads an event's routing state while
+    /// `?stream=true` waits (doubled after each tick, up to `route_poll_max`). The live items
+    /// of the conversation wake the wait as well; the timer finds the route before the
+    /// run's first item exists, and covers events that produce no item (unrouted, rejected).
+    pub route_poll_min: Duration,
+    /// Longest interval of that timer.
+    pub route_poll_max: Duration,
     /// Frames buffered between the stream task and the HTTP connection.
     pub buffer: usize,
 }
@@ -82,6 +89,10 @@ impl Default for StreamOptions {
             ledger_poll: Duration::from_secs(5),
             page_size: 500,
             route_wait: Duration::from_secs(30),
+            // An idle host routes in a few milliseconds.
+            route_poll_min: Duration::from_millis(1),
+            // Bounds the reads of a slow route; live items wake the wait anyway.
+            route_poll_max: Duration::from_millis(250),
             buffer: 64,
         }
     }
@@ -461,7 +472,7 @@ async fn wait_for_route(
     // also the safety net for what the live items do not signal (unrouted and rejected
     // events produce none). Backed off to bound the reads of a slow route: the wake-ups by
     // the conversation's live items cover the rest.
-    let mut delay = Duration::from_millis(1);
+    let mut delay = ctx.options.route_poll_min;
     let mut live = true;
     loop {
         let Some(event) = ctx.events.routing(event_id).await? else {
@@ -546,7 +557,7 @@ async fn wait_for_route(
                 live = !matches!(item, Err(broadcast::error::RecvError::Closed)) && watch.drain();
             }
             () = tokio::time::sleep(delay.min(deadline - now)) => {
-                delay = (delay * 2).min(Duration::from_millis(250));
+                delay = (delay * 2).min(ctx.options.route_poll_max);
             }
         }
     }

@@ -1269,6 +1269,77 @@ async fn ingest_with_stream_waits_for_routing_then_streams() {
     assert_eq!(sse.sequences_until_end().await, [2]);
 }
 
+/// The wait for the route is woken by the conversation's live items: with the timer and
+/// the ledger polls out of the picture (an hour), the run's first delivered item alone gets
+/// the stream going.
+#[tokio::test]
+async fn ingest_with_stream_is_woken_by_the_conversations_live_items() {
+    let mut options = GatewayOptions::default();
+    options.stream.ledger_poll = Duration::from_secs(3600);
+    options.stream.route_poll_min = Duration::from_secs(3600);
+    options.stream.route_poll_max = Duration::from_secs(3600);
+    options.stream.route_wait = Duration::from_secs(7200);
+    let h = harness_with(options).await;
+    let response = h
+        .send(h.post_json("/v1/events?stream=true", &message("hi")))
+        .await;
+    let event_id: EventId = response.headers()["x-event-id"]
+        .to_str()
+        .unwrap()
+        .parse()
+        .unwrap();
+    let mut sse = SseReader::new(response);
+    // Let the stream read the event once (still `received`) and go to sleep.
+    tokio::time::sleep(Duration::from_millis(50)).await;
+
+    let (run, _) = h
+        .stores
+        .runs
+        .create_run(NewRun {
+            id: None,
+            workspace_id: WorkspaceId::default_workspace(),
+            event_id,
+            agent_id: None,
+            runner_id: "plugin:acme/echo/default".into(),
+            pool: "default".into(),
+            conversation_id: Some("c1".into()),
+            thread_id: None,
+            bot_id: None,
+            deadline_at: None,
+            attempt: 1,
+        })
+        .await
+        .unwrap();
+    h.stores
+        .events
+        .update_status(
+            event_id,
+            EventStatusUpdate {
+                run_id: Some(run.id),
+                ..EventStatusUpdate::status(EventStatus::Dispatched)
+            },
+        )
+        .await
+        .unwrap();
+    h.store_result(run.id, 1, AgentRunResult::delta("hi")).await;
+    h.deliver(run.id, 1, AgentRunResult::delta("hi")).await;
+    let first = tokio::time::timeout(Duration::from_secs(10), sse.next())
+        .await
+        .expect("the live item woke the wait")
+        .unwrap();
+    assert_eq!(first.data["run_id"], run.id.to_string());
+    assert_eq!(first.data["sequence"], 1);
+
+    // The conversation's binding also carries the rest of the run.
+    h.store_result(run.id, 2, AgentRunResult::run_completed())
+        .await;
+    h.deliver(run.id, 2, AgentRunResult::run_completed()).await;
+    let rest = tokio::time::timeout(Duration::from_secs(10), sse.sequences_until_end())
+        .await
+        .expect("live items");
+    assert_eq!(rest, [2]);
+}
+
 #[tokio::test]
 async fn ingest_with_stream_reports_unrouted_events() {
     let h = harness().await;

@@ -17,7 +17,10 @@
 //!    identity or is a last-writer-wins write replayed in order, so applying it again is
 //!    harmless;
 //! 4. publish those items to `switchboard.deliveries` (after the ledger write, so a client
-//!    that reads the ledger and then follows live items misses nothing);
+//!    that reads the ledger and then follows live items misses nothing), in queue order;
+//!    the items applied so far are published before the side effects of a later item are
+//!    written, so a delta is not held back by the transcript and status writes of the
+//!    terminal item that arrived in the same batch;
 //! 5. ack each delivery once its publish is confirmed.
 //!
 //! A plain duplicate (the same result published twice) is neither applied nor delivered
@@ -28,7 +31,7 @@
 //! mismatching artifact) never fail the message: they are logged and the item is still
 //! stored and delivered, as the seed host does (host-behaviour §10, §14).
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::sync::{Arc, Mutex};
 
 use futures::FutureExt;
@@ -62,6 +65,10 @@ pub struct ResultSink {
     /// Immutable facts of active runs (ledger row + frozen snapshot), so a streaming run
     /// costs one ledger insert per batch instead of two extra reads per item.
     runs: Mutex<HashMap<RunId, Arc<RunInfo>>>,
+    /// Active runs for which this sink applied a complete assistant message: their terminal
+    /// item need not read the run's items back to find out (see `finish`). Bounded like
+    /// `runs`; a run missing here is just read back.
+    messaged: Mutex<HashSet<RunId>>,
     /// The conversations' active-run index and parked queues: a terminal item takes its run
     /// out of the index and wakes the next parked event.
     conversations: Conversations,
@@ -82,6 +89,7 @@ impl ResultSink {
             deps,
             options,
             runs: Mutex::new(HashMap::new()),
+            messaged: Mutex::new(HashSet::new()),
             conversations,
         }
     }
@@ -156,7 +164,14 @@ impl ResultSink {
         );
         match &plan.effect {
             Effect::None => {}
-            Effect::AssistantMessage(m) => self.write_assistant(info, message.sequence, m).await?,
+            Effect::AssistantMessage(m) => {
+                self.write_assistant(info, message.sequence, m).await?;
+                let mut messaged = self.messaged.lock().unwrap_or_else(|e| e.into_inner());
+                if messaged.len() >= RUN_CACHE_CAP {
+                    messaged.clear();
+                }
+                messaged.insert(info.run_id);
+            }
             Effect::State(update) => self.apply_state(info, update).await?,
             Effect::Artifact(created) => {
                 self.store_artifact(info, message.sequence, created).await?
@@ -279,7 +294,12 @@ impl ResultSink {
         }
         // A runner that only streamed leaves no complete message: the transcript gets the
         // assembled deltas instead (the seed host stored nothing, host-behaviour §26.13).
-        if info.conversation_id.is_some() {
+        let messaged = self
+            .messaged
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .remove(&info.run_id);
+        if info.conversation_id.is_some() && !messaged {
             let items = self.stored_items(info.run_id).await?;
             if !journal::has_complete_message(&items) {
                 if let Some(text) = journal::assembled_deltas(&items) {
@@ -359,10 +379,15 @@ impl ResultSink {
                 }
             };
 
-        // 3. Side effects, in queue order; stop at the first transient failure.
+        // 3. Side effects, in queue order; stop at the first transient failure. Applied items
+        // are delivered (4.) in queue order as well, and *before* the side effects of a later
+        // item of the batch are written: a delta reaches its readers as soon as it is
+        // persisted, not after the transcript and run-status writes of the terminal item that
+        // arrived in the same batch.
         let mut outcomes: Vec<Result<bool>> = Vec::with_capacity(items.len());
+        let mut unsent: Vec<usize> = Vec::new();
         let mut halted = false;
-        for (item, inserted) in items.iter().zip(inserted) {
+        for (index, (item, inserted)) in items.iter().zip(inserted).enumerate() {
             if halted {
                 outcomes.push(Err(OrchestratorError::Deferred));
                 continue;
@@ -370,56 +395,33 @@ impl ResultSink {
             let outcome = match inserted {
                 Err(e) => Err(e),
                 Ok(new) if !new && !item.delivery.redelivered => Ok(false),
-                Ok(_) => match self.run_info(item.message.run_id).await {
-                    Ok(info) => self.apply(&info, &item.message).await.map(|()| true),
-                    Err(e) => Err(e),
-                },
+                Ok(_) => {
+                    if !unsent.is_empty()
+                        && has_side_effect(&item.message)
+                        && !self.deliver(&items, &mut unsent, &mut outcomes).await
+                    {
+                        halted = true;
+                        outcomes.push(Err(OrchestratorError::Deferred));
+                        continue;
+                    }
+                    match self.run_info(item.message.run_id).await {
+                        Ok(info) => self.apply(&info, &item.message).await.map(|()| true),
+                        Err(e) => Err(e),
+                    }
+                }
             };
             if let Err(e) = &outcome {
                 use sb_protocol::error::{Disposition, HasErrorCode};
                 halted = e.code().disposition() == Disposition::Retry;
             }
+            if matches!(outcome, Ok(true)) {
+                unsent.push(index);
+            }
             outcomes.push(outcome);
         }
 
-        // 4. Deliveries, after the ledger write.
-        let to_publish: Vec<usize> = outcomes
-            .iter()
-            .enumerate()
-            .filter_map(|(i, o)| matches!(o, Ok(true)).then_some(i))
-            .collect();
-        if !to_publish.is_empty() {
-            let batch = to_publish
-                .iter()
-                .map(|&i| self.outgoing(&items[i].message))
-                .collect();
-            match self.deps.bus.publish_batch(batch).await {
-                Ok(()) => {
-                    Registry::global().add(
-                        names::BUS_PUBLISHED_TOTAL,
-                        &[("exchange", "deliveries")],
-                        to_publish.len() as u64,
-                    );
-                }
-                Err(error) => {
-                    // Requeue from the first failed item on, keeping the run order.
-                    let first_failed = error.failed.first().map_or(0, |(i, _)| *i);
-                    let cut = to_publish[first_failed];
-                    tracing::warn!(%error, "publishing deliveries failed; requeueing");
-                    for (i, outcome) in outcomes.iter_mut().enumerate().skip(cut) {
-                        if i == cut {
-                            *outcome = Err(OrchestratorError::Bus(
-                                sb_common::bus::BusError::Unavailable(format!(
-                                    "delivery publish failed: {error}"
-                                )),
-                            ));
-                        } else if outcome.is_ok() {
-                            *outcome = Err(OrchestratorError::Deferred);
-                        }
-                    }
-                }
-            }
-        }
+        // 4. The remaining deliveries, after the ledger write.
+        self.deliver(&items, &mut unsent, &mut outcomes).await;
 
         // 5. Settle in order.
         for (item, outcome) in items.into_iter().zip(outcomes) {
@@ -430,6 +432,54 @@ impl ResultSink {
                     }
                 }
                 other => settle(item.delivery, &other.map(|_| ()), queue, options, shutdown).await,
+            }
+        }
+    }
+
+    /// Publishes the deliveries of the items at `unsent` (indices into `items`, ascending;
+    /// emptied). If the bus fails, the first failed item and every later one of the batch
+    /// (those of `outcomes` so far) are set to be requeued, keeping the run order, and
+    /// `false` is returned.
+    async fn deliver(
+        &self,
+        items: &[Item],
+        unsent: &mut Vec<usize>,
+        outcomes: &mut [Result<bool>],
+    ) -> bool {
+        if unsent.is_empty() {
+            return true;
+        }
+        let indices = std::mem::take(unsent);
+        let batch = indices
+            .iter()
+            .map(|&i| self.outgoing(&items[i].message))
+            .collect();
+        match self.deps.bus.publish_batch(batch).await {
+            Ok(()) => {
+                Registry::global().add(
+                    names::BUS_PUBLISHED_TOTAL,
+                    &[("exchange", "deliveries")],
+                    indices.len() as u64,
+                );
+                true
+            }
+            Err(error) => {
+                // Requeue from the first failed item on, keeping the run order.
+                let first_failed = error.failed.first().map_or(0, |(i, _)| *i);
+                let cut = indices[first_failed];
+                tracing::warn!(%error, "publishing deliveries failed; requeueing");
+                for (i, outcome) in outcomes.iter_mut().enumerate().skip(cut) {
+                    if i == cut {
+                        *outcome = Err(OrchestratorError::Bus(
+                            sb_common::bus::BusError::Unavailable(format!(
+                                "delivery publish failed: {error}"
+                            )),
+                        ));
+                    } else if outcome.is_ok() {
+                        *outcome = Err(OrchestratorError::Deferred);
+                    }
+                }
+                false
             }
         }
     }
@@ -480,6 +530,13 @@ fn run_info_from(run: &RunRecord, snapshot: Option<AuthorizationSnapshot>) -> Ru
         bot_id: run.bot_id.clone(),
         snapshot,
     }
+}
+
+/// Whether applying `message` writes anything besides its ledger row (transcript, state,
+/// artifact, run status).
+fn has_side_effect(message: &ResultMessage) -> bool {
+    let plan = journal::plan_item(&message.result);
+    !matches!(plan.effect, Effect::None) || plan.outcome.is_some()
 }
 
 fn ledger_row(message: &ResultMessage) -> NewRunEvent {

@@ -140,6 +140,8 @@ macro_rules! store_suite {
             event_append_failure_writes_no_outbox,
             event_input_summary_is_truncated,
             event_update_status_merges_metadata,
+            event_routing_follows_the_status,
+            event_update_status_merge_replaces_whole_values,
             event_update_status_concurrent_merges_keep_all_keys,
             event_page_orders_filters_and_follows_cursors,
             event_page_clamps_limits_and_rejects_bad_cursors,
@@ -537,6 +539,98 @@ pub mod suite {
             db.stores.events.update_status(e.id, bad).await,
             ErrorCode::InvalidArgument,
         );
+    }
+
+    /// A metadata merge replaces each top-level value whole (nested nulls and arrays are
+    /// kept as given), takes any key (dots, quotes, backslashes, non-ASCII), and removing
+    /// every key leaves `{}`.
+    pub async fn event_update_status_merge_replaces_whole_values(db: &TestDb) {
+        let events = &db.stores.events;
+        let mut event = message("c1", "hi");
+        event.metadata = json!({"a.b": 1, "keep": {"x": 1, "y": 2}});
+        let (e, _) = events.append(event, vec![]).await.unwrap();
+        let merge = |m: Value| EventStatusUpdate {
+            metadata_merge: Some(m),
+            ..EventStatusUpdate::status(EventStatus::Dispatched)
+        };
+        let updated = events
+            .update_status(
+                e.id,
+                merge(json!({
+                    "a.b": null,
+                    "keep": {"x": 3},
+                    "new": {"n": null, "list": [1, null, "s"]},
+                    "ünï": "v",
+                    "": 0,
+                })),
+            )
+            .await
+            .unwrap();
+        let expected = json!({
+            "keep": {"x": 3},
+            "new": {"n": null, "list": [1, null, "s"]},
+            "ünï": "v",
+            "": 0,
+        });
+        assert_eq!(updated.metadata, expected);
+        assert_eq!(events.get(e.id).await.unwrap().unwrap().metadata, expected);
+
+        let updated = events
+            .update_status(
+                e.id,
+                merge(json!({"quo\"te": 1, "back\\slash": [2], "ünï": null})),
+            )
+            .await
+            .unwrap();
+        assert_eq!(
+            updated.metadata,
+            json!({
+                "keep": {"x": 3},
+                "new": {"n": null, "list": [1, null, "s"]},
+                "": 0,
+                "quo\"te": 1,
+                "back\\slash": [2],
+            })
+        );
+
+        let emptied = events
+            .update_status(
+                e.id,
+                merge(json!({"keep": null, "new": null, "": null, "quo\"te": null, "back\\slash": null})),
+            )
+            .await
+            .unwrap();
+        assert_eq!(emptied.metadata, json!({}));
+        assert_eq!(events.get(e.id).await.unwrap().unwrap(), emptied);
+        assert_eq!(emptied.status, EventStatus::Dispatched);
+    }
+
+    /// `routing` says what `get` says about the routing, as the status changes.
+    pub async fn event_routing_follows_the_status(db: &TestDb) {
+        let events = &db.stores.events;
+        let (e, _) = events.append(message("c1", "hi"), vec![]).await.unwrap();
+        let routing = events.routing(e.id).await.unwrap().unwrap();
+        assert_eq!(routing.status, EventStatus::Received);
+        assert_eq!(routing, EventRouting::from(&e));
+
+        let run = RunId::new();
+        let mut update = EventStatusUpdate::status(EventStatus::Dispatched);
+        update.run_id = Some(run);
+        update.metadata_merge = Some(json!({"authorization": {"big": "document"}}));
+        let dispatched = events.update_status(e.id, update).await.unwrap();
+        let routing = events.routing(e.id).await.unwrap().unwrap();
+        assert_eq!(routing.run_id, Some(run));
+        assert_eq!(routing, EventRouting::from(&dispatched));
+
+        let mut update = EventStatusUpdate::status(EventStatus::Unrouted);
+        update.reason = Some("binding.not_found".into());
+        update.claimed_by_run_id = Some(run);
+        let unrouted = events.update_status(e.id, update).await.unwrap();
+        let routing = events.routing(e.id).await.unwrap().unwrap();
+        assert_eq!(routing.reason.as_deref(), Some("binding.not_found"));
+        assert_eq!(routing, EventRouting::from(&unrouted));
+
+        assert_eq!(events.routing(EventId::new()).await.unwrap(), None);
     }
 
     /// Concurrent metadata merges do not lose each other's keys.

@@ -7,8 +7,8 @@ use chrono::{DateTime, Utc};
 use sb_protocol::ids::{EventId, RunId};
 use sea_orm::sea_query::{Expr, LockBehavior, LockType, OnConflict, Query};
 use sea_orm::{
-    ActiveModelTrait, ActiveValue::NotSet, ColumnTrait, Condition, ConnectionTrait, EntityTrait,
-    IntoActiveModel, QueryFilter, QueryOrder, QuerySelect, Set,
+    ActiveModelTrait, ActiveValue::NotSet, ColumnTrait, Condition, ConnectionTrait, DbBackend,
+    EntityTrait, IntoActiveModel, QueryFilter, QueryOrder, QuerySelect, Set,
 };
 use serde_json::Value;
 
@@ -284,12 +284,23 @@ impl EventLog for SqlStore {
         .transpose()
     }
 
-    async fn update_status(&self, id: EventId, update: EventStatusUpdate) -> Result<EventRecord> {
-        let merge = match update.metadata_merge {
+    async fn update_status(
+        &self,
+        id: EventId,
+        mut update: EventStatusUpdate,
+    ) -> Result<EventRecord> {
+        let merge = match update.metadata_merge.take() {
             None => None,
             Some(Value::Object(map)) => Some(map),
             Some(_) => return Err(StoreError::invalid("metadata_merge must be a JSON object")),
         };
+        if self.backend() == DbBackend::Sqlite
+            && merge
+                .as_ref()
+                .is_none_or(|m| m.keys().all(|k| sqlite_path_label(k).is_some()))
+        {
+            return self.update_status_in_one_statement(id, update, merge).await;
+        }
         let txn = self.write_txn().await?;
         // Row lock on Postgres (SQLite's write lock is already held) so concurrent merges
         // serialise instead of overwriting each other.
@@ -395,6 +406,82 @@ impl EventLog for SqlStore {
             .await?;
         Ok(res.rows_affected)
     }
+}
+
+impl SqlStore {
+    /// [`EventLog::update_status`] on SQLite as one `UPDATE … RETURNING`, the metadata merge
+    /// done by `json_set`/`json_remove`: atomic under the database's write lock like the
+    /// read-modify-write transaction it replaces, in one round trip on the writer instead of
+    /// four (`BEGIN`, `SELECT`, `UPDATE`, `COMMIT`). Every key of `merge` must have a
+    /// [`sqlite_path_label`].
+    async fn update_status_in_one_statement(
+        &self,
+        id: EventId,
+        update: EventStatusUpdate,
+        merge: Option<serde_json::Map<String, Value>>,
+    ) -> Result<EventRecord> {
+        let mut statement = event_log::Entity::update_many()
+            .col_expr(
+                event_log::Column::Status,
+                Expr::value(update.status.as_str()),
+            )
+            .col_expr(event_log::Column::UpdatedAt, Expr::value(now()));
+        if let Some(reason) = update.reason {
+            statement = statement.col_expr(event_log::Column::Reason, Expr::value(reason));
+        }
+        if let Some(run_id) = update.run_id {
+            statement =
+                statement.col_expr(event_log::Column::RunId, Expr::value(run_id.into_uuid()));
+        }
+        if let Some(run_id) = update.claimed_by_run_id {
+            statement = statement.col_expr(
+                event_log::Column::ClaimedByRunId,
+                Expr::value(run_id.into_uuid()),
+            );
+        }
+        if let Some(merge) = merge.filter(|m| !m.is_empty()) {
+            // coalesce(metadata, '{}') → json_remove(…, removed keys) → json_set(…, key,
+            // json(value), …) → NULL when empty (the stored form of `{}`).
+            let mut sql = String::from(r#"coalesce("metadata", '{}')"#);
+            let mut values: Vec<sea_orm::Value> = Vec::new();
+            let (removed, set): (Vec<_>, Vec<_>) =
+                merge.into_iter().partition(|(_, v)| v.is_null());
+            if !removed.is_empty() {
+                sql = format!("json_remove({sql}{})", ", ?".repeat(removed.len()));
+                values.extend(
+                    removed
+                        .iter()
+                        .filter_map(|(k, _)| sqlite_path_label(k))
+                        .map(Into::into),
+                );
+            }
+            if !set.is_empty() {
+                sql = format!("json_set({sql}{})", ", ?, json(?)".repeat(set.len()));
+                for (k, v) in &set {
+                    values.push(sqlite_path_label(k).unwrap_or_default().into());
+                    values.push(v.to_string().into());
+                }
+            }
+            statement = statement.col_expr(
+                event_log::Column::Metadata,
+                Expr::cust_with_values(format!("nullif({sql}, '{{}}')"), values),
+            );
+        }
+        let model = statement
+            .filter(event_log::Column::Id.eq(id.into_uuid()))
+            .exec_with_returning(self.writer())
+            .await?
+            .unique_row()
+            .ok_or_else(|| StoreError::not_found(format!("event {id}")))?;
+        event_record(model)
+    }
+}
+
+/// The SQLite JSON path of a top-level object key (`$."key"`), or `None` for a key that a
+/// quoted path label cannot hold (a `"` or a backslash; such merges take the transaction
+/// path).
+fn sqlite_path_label(key: &str) -> Option<String> {
+    (!key.contains(['"', '\\'])).then(|| format!("$.\"{key}\""))
 }
 
 #[async_trait]

@@ -29,6 +29,16 @@
 //! takes the [`UniqueRow::unique_row`] (a unique key yields at most one row), and "latest"
 //! lookups use `max()`; paging queries keep their `LIMIT`.
 //!
+//! # Pool checks
+//!
+//! sqlx pings a pooled connection when it is handed out (`test_before_acquire`) and again when
+//! it is returned. The first doubles the round trips of every statement, and on SQLite every
+//! round trip is a hand-over to the connection's thread and back. A SQLite connection is a
+//! file handle that cannot be dropped by a server, so it is never pinged on checkout; a
+//! Postgres connection is pinged on checkout only after [`PING_IF_IDLE_FOR`] of idleness (the
+//! way connections die in practice: a server, proxy or firewall dropping idle ones). The ping
+//! on return still catches a connection broken in use.
+//!
 //! Durability: the journal is WAL with `synchronous = NORMAL`, so a commit appends to the WAL
 //! without an fsync; the WAL is synced at checkpoints. A committed transaction survives a
 //! crash of the process; only a power loss or OS crash can roll back the last transactions
@@ -57,6 +67,10 @@ mod resources;
 mod runs;
 mod state;
 mod transcript;
+
+/// A pooled Postgres connection idle at least this long is pinged before it is handed out
+/// (see "Pool checks" in the module docs).
+const PING_IF_IDLE_FOR: Duration = Duration::from_secs(30);
 
 /// Default cap of inline artifact content stored by [`crate::ArtifactStore::put`].
 pub const DEFAULT_MAX_ARTIFACT_BYTES: usize = 10 * 1024 * 1024;
@@ -185,6 +199,12 @@ impl SqlStore {
             .min_connections(options.min_connections.min(options.max_connections.max(1)))
             .acquire_timeout(options.acquire_timeout)
             .sqlx_logging(false);
+        // See "Pool checks" in the module docs.
+        if url.starts_with("sqlite:") {
+            opts.test_before_acquire(false);
+        } else {
+            opts.test_before_acquire_if_idle_for(PING_IF_IDLE_FOR);
+        }
         if url.starts_with("sqlite:") {
             let memory = url.contains(":memory:") || url.contains("mode=memory");
             let busy = options.sqlite_busy_timeout;
