@@ -413,6 +413,18 @@ pub struct OrchestratorConfig {
     /// How often the reaper scans for overdue runs and expired leases.
     #[serde(with = "humantime_serde")]
     pub reaper_interval: Duration,
+    /// How often an orchestrator renews its entry in the member registry and rebalances the
+    /// event and result shards; a joining orchestrator gets its share within this long.
+    #[serde(with = "humantime_serde")]
+    pub membership_heartbeat: Duration,
+    /// How long an orchestrator stays a member after its last renewal: the shards of one
+    /// that died move to the others within this plus one heartbeat. Must exceed
+    /// `membership_heartbeat`.
+    #[serde(with = "humantime_serde")]
+    pub membership_ttl: Duration,
+    /// This orchestrator's id in the member registry. Unset: unique per process start.
+    /// Two running orchestrators must never share an id.
+    pub member_id: Option<String>,
 }
 
 impl Default for OrchestratorConfig {
@@ -424,6 +436,10 @@ impl Default for OrchestratorConfig {
             lease_grace: Duration::from_secs(15),
             // A stuck run is noticed within deadline + grace + 5 s; the scan is one indexed query.
             reaper_interval: Duration::from_secs(5),
+            // Two missed renewals are tolerated before a member is presumed dead.
+            membership_heartbeat: Duration::from_secs(2),
+            membership_ttl: Duration::from_secs(6),
+            member_id: None,
         }
     }
 }
@@ -807,6 +823,16 @@ impl SwitchboardConfig {
         p.positive("orchestrator.default_run_timeout", o.default_run_timeout);
         p.positive("orchestrator.lease_grace", o.lease_grace);
         p.positive("orchestrator.reaper_interval", o.reaper_interval);
+        p.positive("orchestrator.membership_heartbeat", o.membership_heartbeat);
+        if o.membership_ttl <= o.membership_heartbeat {
+            p.push(
+                "orchestrator.membership_ttl",
+                "expected a duration greater than orchestrator.membership_heartbeat",
+            );
+        }
+        if let Some(id) = &o.member_id {
+            p.name("orchestrator.member_id", id, &['.', ':']);
+        }
     }
 
     fn validate_worker(&self, p: &mut Problems) {
@@ -1533,6 +1559,12 @@ mod tests {
     #[test]
     fn rejects_zero_lease_grace() {
         assert_rejected("orchestrator.lease_grace", "0s");
+    }
+
+    #[test]
+    fn rejects_a_membership_ttl_not_above_the_heartbeat() {
+        assert_rejected("orchestrator.membership_ttl", "2s");
+        assert_rejected("orchestrator.membership_heartbeat", "0s");
     }
 
     #[test]
