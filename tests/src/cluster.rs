@@ -153,7 +153,11 @@ pub struct ClusterSpec {
     pub orchestrators: usize,
     /// Worker processes.
     pub workers: usize,
-    /// Extra `SWITCHBOARD__*` variables for every process (e.g. shorter leases).
+    /// Extra environment variables for every process: `SWITCHBOARD__*` settings (e.g.
+    /// shorter leases), or anything else the processes read, like the API key variable a
+    /// registered model names or `RUST_LOG`. Only `SWITCHBOARD__*` names reach the
+    /// configuration; a runner process gets one only when its manifest lists the name (the
+    /// worker clears their environment).
     pub env: Vec<(String, String)>,
 }
 
@@ -170,7 +174,7 @@ impl Default for ClusterSpec {
 }
 
 impl ClusterSpec {
-    /// Adds a `SWITCHBOARD__*` variable for every process.
+    /// Adds an environment variable for every process (see the `env` field).
     #[must_use]
     pub fn env(mut self, key: &str, value: &str) -> Self {
         self.env.push((key.to_owned(), value.to_owned()));
