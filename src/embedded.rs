@@ -1155,6 +1155,7 @@ async fn ensure_default_agent(stores: &Stores) -> Result<Option<AgentId>, StartE
         resource_policy: empty(),
         state_policy: empty(),
         delivery_policy: empty(),
+        budgets: empty(),
         enabled: true,
     };
     match stores.agents.create(agent).await {

@@ -1539,6 +1539,117 @@ async fn agents_can_be_patched_under_the_same_rules() {
     assert_eq!(response.status(), StatusCode::NOT_FOUND);
 }
 
+#[tokio::test]
+async fn agents_take_partial_budget_overrides() {
+    let h = harness().await;
+    register_runner(&h, "plugin:acme/echo/default").await;
+    let agent = |name: &str, bot: &str, budgets: Option<Value>| {
+        let mut body = json!({"name": name, "runner_id": "plugin:acme/echo/default", "scope": {"bot_id": bot}});
+        if let Some(b) = budgets {
+            body["budgets"] = b;
+        }
+        body
+    };
+    // No budgets: no overrides (the defaults apply).
+    let plain = json_body(
+        h.send(h.post_json("/v1/agents", &agent("plain", "b0", None)))
+            .await,
+    )
+    .await;
+    assert_eq!(plain["budgets"], json!({}), "{plain}");
+
+    // A partial object is stored and returned as given; 0 is a legitimate setting.
+    let response = h
+        .send(h.post_json(
+            "/v1/agents",
+            &agent(
+                "thrifty",
+                "b1",
+                Some(json!({"max_tool_calls": 1, "max_model_calls": 0})),
+            ),
+        ))
+        .await;
+    assert_eq!(response.status(), StatusCode::CREATED);
+    let created = json_body(response).await;
+    assert_eq!(
+        created["budgets"],
+        json!({"max_tool_calls": 1, "max_model_calls": 0})
+    );
+    let id = created["agent_id"].as_str().unwrap().to_owned();
+    let one = json_body(h.send(h.get(&format!("/v1/agents/{id}"))).await).await;
+    assert_eq!(one["budgets"], created["budgets"]);
+
+    // Unknown names, negative, fractional, null or too large values, and non-objects: 400.
+    for (i, bad) in [
+        json!({"max_tool_callz": 1}),
+        json!({"max_tool_calls": -1}),
+        json!({"max_tool_calls": 0.5}),
+        json!({"max_tool_calls": null}),
+        json!({"max_model_calls": 4_294_967_296_u64}),
+        json!([1]),
+        json!("lots"),
+    ]
+    .into_iter()
+    .enumerate()
+    {
+        let response = h
+            .send(h.post_json(
+                "/v1/agents",
+                &agent(&format!("bad-{i}"), &format!("x{i}"), Some(bad.clone())),
+            ))
+            .await;
+        assert_error(
+            response,
+            StatusCode::BAD_REQUEST,
+            "invalid_argument",
+            "budgets",
+        )
+        .await;
+    }
+
+    // PATCH replaces the overrides as a whole, like every other top-level field; `{}`
+    // clears them. Other fields keep their overrides.
+    let patch = |body: Value| {
+        Request::patch(format!("/v1/agents/{id}"))
+            .header(header::AUTHORIZATION, format!("Bearer {}", h.key))
+            .header(header::CONTENT_TYPE, "application/json")
+            .body(Body::from(body.to_string()))
+            .unwrap()
+    };
+    let response = h.send(patch(json!({"name": "thrifty-2"}))).await;
+    assert_eq!(response.status(), StatusCode::OK);
+    assert_eq!(json_body(response).await["budgets"], created["budgets"]);
+    let response = h
+        .send(patch(json!({"budgets": {"max_tool_result_chars": 500}})))
+        .await;
+    assert_eq!(response.status(), StatusCode::OK);
+    assert_eq!(
+        json_body(response).await["budgets"],
+        json!({"max_tool_result_chars": 500})
+    );
+    let response = h
+        .send(patch(json!({"budgets": {"max_tool_calls": -3}})))
+        .await;
+    assert_error(
+        response,
+        StatusCode::BAD_REQUEST,
+        "invalid_argument",
+        "budgets",
+    )
+    .await;
+    let response = h.send(patch(json!({"budgets": {}}))).await;
+    assert_eq!(response.status(), StatusCode::OK);
+    assert_eq!(json_body(response).await["budgets"], json!({}));
+    let stored = h
+        .stores
+        .agents
+        .get(&WorkspaceId::default_workspace(), id.parse().unwrap())
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(stored.budgets, json!({}));
+}
+
 /// Reads from a raw connection until `needle` appears (or fails after 5 s).
 async fn read_until(conn: &mut tokio::net::TcpStream, needle: &str) -> String {
     use tokio::io::AsyncReadExt;

@@ -12,7 +12,10 @@ use sb_common::session::memory::MemorySessionStore;
 use sb_common::shutdown::Shutdown;
 use sb_gateway::{AppState, GatewayDeps, GatewayOptions, app};
 use sb_protocol::ids::WorkspaceId;
-use sb_store::{KbSearch, SqlStore, SqlStoreOptions, Stores};
+use sb_store::resources::MAX_DOCUMENT_BYTES;
+use sb_store::{
+    ArtifactContent, ArtifactScope, KbSearch, NewArtifact, SqlStore, SqlStoreOptions, Stores,
+};
 use serde_json::{Value, json};
 use tower::ServiceExt;
 
@@ -234,4 +237,158 @@ async fn knowledge_bases_take_documents_that_become_searchable() {
     assert_eq!(hits[0].title, "leave");
     let (_, list) = h.call("GET", "/v1/knowledge-bases", None).await;
     assert_eq!(list["items"][0]["kb_id"], kb_id.as_str());
+}
+
+/// Registers an inline artifact holding `bytes` in `workspace`; returns its id.
+async fn artifact(h: &Harness, workspace: &str, bytes: &[u8]) -> String {
+    h.stores
+        .artifacts
+        .put(NewArtifact::inline(
+            WorkspaceId::new(workspace).unwrap(),
+            "file",
+            "api",
+            ArtifactScope::Workspace,
+            bytes.to_vec(),
+        ))
+        .await
+        .unwrap()
+        .id
+}
+
+#[tokio::test]
+async fn documents_can_be_read_from_an_artifact_of_the_workspace() {
+    let h = harness().await;
+    let (_, kb) = h
+        .call(
+            "POST",
+            "/v1/knowledge-bases",
+            Some(&json!({"name": "handbook"})),
+        )
+        .await;
+    let kb_id = kb["kb_id"].as_str().unwrap().to_owned();
+    let docs = format!("/v1/knowledge-bases/{kb_id}/documents");
+
+    let text = "Parental leave is 16 weeks.\n\nIt can be split in two.";
+    let ours = artifact(&h, "default", text.as_bytes()).await;
+    let (status, doc) = h
+        .call(
+            "POST",
+            &docs,
+            Some(&json!({"title": "parental", "artifact_id": ours})),
+        )
+        .await;
+    assert_eq!(status, StatusCode::CREATED, "{doc}");
+    assert_eq!(doc["artifact_id"], ours.as_str(), "the source is recorded");
+    assert_eq!(doc["size_bytes"], text.len());
+    let hits = h
+        .stores
+        .resources
+        .search_kb(KbSearch {
+            workspace_id: WorkspaceId::default_workspace(),
+            kb_id: kb_id.parse().unwrap(),
+            query: "parental leave".into(),
+            top_k: 5,
+            document_ids: vec![],
+        })
+        .await
+        .unwrap();
+    assert_eq!(hits.len(), 1);
+    assert_eq!(hits[0].title, "parental");
+    assert_eq!(hits[0].content, text);
+    assert_eq!(
+        hits[0].document_id.to_string(),
+        doc["document_id"].as_str().unwrap()
+    );
+
+    // Another workspace's artifact, an unknown one and an expired one look alike: 404.
+    let foreign = artifact(&h, "elsewhere", b"not yours").await;
+    let mut expired = NewArtifact::inline(
+        WorkspaceId::default_workspace(),
+        "file",
+        "api",
+        ArtifactScope::Workspace,
+        b"too late".to_vec(),
+    );
+    expired.expires_at = Some(chrono::Utc::now() - chrono::TimeDelta::minutes(1));
+    let expired = h.stores.artifacts.put(expired).await.unwrap().id;
+    for id in [foreign.as_str(), "no-such-artifact", expired.as_str()] {
+        let (status, err) = h
+            .call(
+                "POST",
+                &docs,
+                Some(&json!({"title": "t", "artifact_id": id})),
+            )
+            .await;
+        assert_eq!(status, StatusCode::NOT_FOUND, "{id}: {err}");
+        assert_eq!(err["code"], "not_found", "{err}");
+        assert_eq!(err["message"], format!("artifact {id} not found"));
+    }
+
+    // Binary content is refused with the reason; so is content the host does not hold.
+    let binary = artifact(&h, "default", &[0x89, b'P', b'N', b'G', 0xff, 0xfe, 0]).await;
+    let (status, err) = h
+        .call(
+            "POST",
+            &docs,
+            Some(&json!({"title": "t", "artifact_id": binary})),
+        )
+        .await;
+    assert_eq!(status, StatusCode::BAD_REQUEST, "{err}");
+    assert_eq!(err["code"], "invalid_argument");
+    assert!(
+        err["message"].as_str().unwrap().contains("not UTF-8 text"),
+        "{err}"
+    );
+    let mut external = NewArtifact::inline(
+        WorkspaceId::default_workspace(),
+        "file",
+        "platform",
+        ArtifactScope::Workspace,
+        Vec::new(),
+    );
+    external.content = ArtifactContent::Url("https://example.com/a.txt".into());
+    let external = h.stores.artifacts.put(external).await.unwrap().id;
+    let (status, err) = h
+        .call(
+            "POST",
+            &docs,
+            Some(&json!({"title": "t", "artifact_id": external})),
+        )
+        .await;
+    assert_eq!(status, StatusCode::BAD_REQUEST, "{err}");
+    assert!(
+        err["message"]
+            .as_str()
+            .unwrap()
+            .contains("no content stored by the host"),
+        "{err}"
+    );
+
+    // The size limit of text documents holds for artifacts too.
+    let big = artifact(&h, "default", &vec![b'a'; MAX_DOCUMENT_BYTES + 1]).await;
+    let (status, err) = h
+        .call(
+            "POST",
+            &docs,
+            Some(&json!({"title": "t", "artifact_id": big})),
+        )
+        .await;
+    assert_eq!(status, StatusCode::PAYLOAD_TOO_LARGE, "{err}");
+    assert_eq!(err["code"], "payload_too_large");
+
+    // Exactly one of `text` and `artifact_id`.
+    for body in [
+        json!({"title": "t", "text": "x", "artifact_id": ours}),
+        json!({"title": "t"}),
+    ] {
+        let (status, err) = h.call("POST", &docs, Some(&body)).await;
+        assert_eq!(status, StatusCode::BAD_REQUEST, "{body}: {err}");
+        assert_eq!(err["code"], "invalid_argument");
+        assert!(
+            err["message"].as_str().unwrap().contains("exactly one of"),
+            "{err}"
+        );
+    }
+    let (_, list) = h.call("GET", "/v1/knowledge-bases", None).await;
+    assert_eq!(list["items"].as_array().unwrap().len(), 1);
 }

@@ -2,7 +2,9 @@
 
 use sb_migrations::{Migrator, MigratorTrait, migrate};
 use sea_orm_migration::SchemaManager;
-use sea_orm_migration::sea_orm::{ConnectOptions, ConnectionTrait, Database, DatabaseConnection};
+use sea_orm_migration::sea_orm::{
+    ConnectOptions, ConnectionTrait, Database, DatabaseConnection, Statement,
+};
 
 const TABLES: &[&str] = &[
     "workspaces",
@@ -58,6 +60,31 @@ async fn roundtrip(db: &DatabaseConnection) {
     assert_eq!(tables_present(db).await, TABLES);
 }
 
+/// Agents stored before `agents.budgets` existed get `{}` (no override) when it is added.
+async fn budgets_default_for_existing_agents(db: &DatabaseConnection) {
+    Migrator::up(db, Some(9)).await.unwrap();
+    let backend = db.get_database_backend();
+    db.execute_unprepared(
+        "INSERT INTO agents (id, workspace_id, name, runner_id, runner_config, event_types, scope, \
+         filters, resource_policy, state_policy, delivery_policy, enabled, created_at, updated_at) \
+         VALUES ('0190f7a6-0000-7000-8000-000000000001', 'w', 'old', 'plugin:a/b/c', '{}', '[]', \
+         '{}', '[]', '{}', '{}', '{}', true, '2025-01-01T00:00:00+00:00', '2025-01-01T00:00:00+00:00')",
+    )
+    .await
+    .unwrap();
+    migrate(db).await.unwrap();
+    let row = db
+        .query_one_raw(Statement::from_string(
+            backend,
+            "SELECT CAST(budgets AS TEXT) AS budgets FROM agents WHERE name = 'old'",
+        ))
+        .await
+        .unwrap()
+        .unwrap();
+    let budgets: String = row.try_get("", "budgets").unwrap();
+    assert_eq!(budgets, "{}");
+}
+
 #[tokio::test]
 async fn sqlite_up_down_up() {
     let db = Database::connect("sqlite::memory:").await.unwrap();
@@ -91,6 +118,12 @@ async fn sqlite_up_down_up() {
 }
 
 #[tokio::test]
+async fn sqlite_existing_agents_get_default_budgets() {
+    let db = Database::connect("sqlite::memory:").await.unwrap();
+    budgets_default_for_existing_agents(&db).await;
+}
+
+#[tokio::test]
 async fn postgres_up_down_up() {
     let url = std::env::var("SWITCHBOARD_TEST_DATABASE_URL")
         .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/test".to_owned());
@@ -106,6 +139,8 @@ async fn postgres_up_down_up() {
     opts.set_schema_search_path(schema.clone());
     let db = Database::connect(opts).await.unwrap();
     roundtrip(&db).await;
+    Migrator::down(&db, None).await.unwrap();
+    budgets_default_for_existing_agents(&db).await;
     // The generated tsvector column exists and is indexed.
     let row = db
         .query_one_raw(sea_orm_migration::sea_orm::Statement::from_string(

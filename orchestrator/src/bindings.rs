@@ -242,8 +242,8 @@ impl AgentCandidate {
                 "delivery_policy",
             )
             .map_err(err)?,
-            // The agents table has no budgets column yet: every agent gets the defaults.
-            budgets: RunBudgets::default(),
+            // The row holds only the overrides; a budget it leaves out keeps the default.
+            budgets: json_or_default::<RunBudgets>(&row.budgets, "budgets").map_err(err)?,
             event_types,
             enabled: row.enabled,
             metadata: serde_json::Map::new(),
@@ -636,12 +636,34 @@ mod tests {
             resource_policy: json!({"allowed_tool_names": ["t"]}),
             state_policy: Value::Null,
             delivery_policy: json!({}),
+            budgets: json!({"max_tool_calls": 1, "max_model_output_chars": 0}),
             enabled: true,
             created_at: now,
             updated_at: now,
         };
         let c = AgentCandidate::from_row(&row).unwrap();
         assert_eq!(c.config.agent_id, Some(row.id));
+        // Overrides replace their budget; the others keep the defaults.
+        assert_eq!(
+            c.config.budgets,
+            RunBudgets {
+                max_tool_calls: 1,
+                max_model_output_chars: 0,
+                ..RunBudgets::default()
+            }
+        );
+        assert_eq!(
+            AgentBinding::from_config(&c.config).budgets,
+            c.config.budgets
+        );
+        for none in [json!({}), Value::Null] {
+            let c = AgentCandidate::from_row(&AgentRow {
+                budgets: none,
+                ..row.clone()
+            })
+            .unwrap();
+            assert_eq!(c.config.budgets, RunBudgets::default());
+        }
         assert_eq!(c.config.scope.bot_id.as_deref(), Some("bot1"));
         assert_eq!(c.config.runner_config["timeout"], 5);
         assert_eq!(c.config.event_types.len(), 2);
@@ -671,10 +693,17 @@ mod tests {
         assert!(AgentCandidate::from_row(&bad_runner).is_err());
         let bad_policy = AgentRow {
             state_policy: json!({"state_scopes": ["galaxy"]}),
-            ..row
+            ..row.clone()
         };
         let e = AgentCandidate::from_row(&bad_policy).unwrap_err();
         assert!(e.reason.starts_with("state_policy"), "{e}");
+        // An unreadable override rejects the row rather than running on the defaults.
+        let bad_budgets = AgentRow {
+            budgets: json!({"max_tool_calls": -1}),
+            ..row
+        };
+        let e = AgentCandidate::from_row(&bad_budgets).unwrap_err();
+        assert!(e.reason.starts_with("budgets"), "{e}");
     }
 
     #[test]

@@ -284,6 +284,7 @@ impl Harness {
                 resource_policy: json!({}),
                 state_policy: json!({}),
                 delivery_policy: json!({"concurrency": concurrency}),
+                budgets: json!({}),
                 enabled: true,
             })
             .await

@@ -22,7 +22,7 @@ use sb_orchestrator::sink::ResultSink;
 use sb_orchestrator::state_keys::{StateKeyParts, scope_key};
 use sb_orchestrator::{Orchestrator, OrchestratorDeps, OrchestratorOptions};
 use sb_protocol::context::{ActorContext, AgentInput, DeliveryContext, StateScope};
-use sb_protocol::host::{AgentEventEnvelope, AuthorizationSnapshot};
+use sb_protocol::host::{AgentEventEnvelope, AuthorizationSnapshot, RunBudgets};
 use sb_protocol::ids::{EventId, RunId, WorkspaceId};
 use sb_protocol::messages::{self, DeliveryMessage, EventMessage, ResultMessage, RunJob};
 use sb_protocol::result::AgentRunResult;
@@ -151,6 +151,7 @@ impl Harness {
                 resource_policy: json!({}),
                 state_policy,
                 delivery_policy: json!({}),
+                budgets: json!({}),
                 enabled: true,
             })
             .await
@@ -541,6 +542,42 @@ async fn unrouted_events_get_a_reason_and_no_run() {
     assert_eq!(
         sb_protocol::error::HasErrorCode::code(&err),
         sb_protocol::error::ErrorCode::NotFound
+    );
+}
+
+/// The agent's budget overrides reach the run's frozen authorization snapshot (what the
+/// workers enforce); budgets it does not set keep the defaults.
+#[tokio::test]
+async fn the_run_snapshot_carries_the_agents_budgets() {
+    let h = harness().await;
+    let router = h.router();
+    let mut agent = standard_setup(&h, json!({})).await;
+    agent.budgets = json!({"max_tool_calls": 1, "max_model_output_chars": 0});
+    h.stores.agents.update(agent).await.unwrap();
+
+    let event_id = h.ingest(Some("conv-b"), "hello").await;
+    let RouteOutcome::Dispatched { run_id, .. } = router
+        .route(&EventMessage::new(ws(), event_id))
+        .await
+        .unwrap()
+    else {
+        panic!("dispatched")
+    };
+    let snapshot: AuthorizationSnapshot = serde_json::from_value(
+        h.sessions
+            .get_session(&run_id)
+            .await
+            .unwrap()
+            .expect("session"),
+    )
+    .unwrap();
+    assert_eq!(
+        snapshot.budgets,
+        RunBudgets {
+            max_tool_calls: 1,
+            max_model_output_chars: 0,
+            ..RunBudgets::default()
+        }
     );
 }
 

@@ -115,7 +115,8 @@ pub enum KbCommand {
     },
     /// List the workspace's knowledge bases.
     List,
-    /// Upload a text document (chunked and indexed by the gateway).
+    /// Add a text document (chunked and indexed by the gateway), from a local file or from
+    /// an artifact of the workspace.
     AddDoc {
         /// Knowledge base id.
         #[arg(long)]
@@ -124,8 +125,11 @@ pub enum KbCommand {
         #[arg(long)]
         title: String,
         /// Text file to upload.
-        #[arg(long, value_name = "FILE")]
-        file: PathBuf,
+        #[arg(long, value_name = "FILE", required_unless_present = "artifact")]
+        file: Option<PathBuf>,
+        /// Id of an artifact of the workspace whose content (UTF-8 text) is the document.
+        #[arg(long, value_name = "ID", conflicts_with = "file")]
+        artifact: Option<String>,
     },
 }
 
@@ -213,12 +217,58 @@ pub async fn kb(args: KbArgs) -> anyhow::Result<ExitCode> {
             )
         }
         KbCommand::List => print(&c.json(Method::GET, "/v1/knowledge-bases", None).await?),
-        KbCommand::AddDoc { kb, title, file } => {
-            let text = std::fs::read_to_string(&file)
-                .with_context(|| format!("cannot read {}", file.display()))?;
-            let body = json!({"title": title, "text": text});
+        KbCommand::AddDoc {
+            kb,
+            title,
+            file,
+            artifact,
+        } => {
+            let body = match (file, artifact) {
+                (Some(file), _) => {
+                    let text = std::fs::read_to_string(&file)
+                        .with_context(|| format!("cannot read {}", file.display()))?;
+                    json!({"title": title, "text": text})
+                }
+                (None, Some(artifact)) => json!({"title": title, "artifact_id": artifact}),
+                // clap requires one of the two.
+                (None, None) => anyhow::bail!("give --file or --artifact"),
+            };
             let path = format!("/v1/knowledge-bases/{kb}/documents");
             print(&c.json(Method::POST, &path, Some(&body)).await?)
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use clap::Parser as _;
+
+    use super::*;
+    use crate::cli::{Cli, Command};
+
+    fn add_doc(args: &[&str]) -> Result<KbCommand, clap::Error> {
+        let mut argv = vec!["switchboard", "kb", "add-doc", "--kb", "k1", "--title", "t"];
+        argv.extend_from_slice(args);
+        Cli::try_parse_from(argv).map(|cli| match cli.command {
+            Command::Kb(kb) => kb.command,
+            other => panic!("not kb: {other:?}"),
+        })
+    }
+
+    #[test]
+    fn add_doc_takes_a_file_or_an_artifact() {
+        let KbCommand::AddDoc { file, artifact, .. } = add_doc(&["--file", "a.txt"]).unwrap()
+        else {
+            panic!("not add-doc")
+        };
+        assert_eq!((file, artifact), (Some(PathBuf::from("a.txt")), None));
+        let KbCommand::AddDoc { file, artifact, .. } = add_doc(&["--artifact", "art-1"]).unwrap()
+        else {
+            panic!("not add-doc")
+        };
+        assert_eq!((file, artifact.as_deref()), (None, Some("art-1")));
+        // Exactly one of the two.
+        assert!(add_doc(&[]).is_err());
+        assert!(add_doc(&["--file", "a.txt", "--artifact", "art-1"]).is_err());
     }
 }

@@ -389,6 +389,7 @@ async fn tied_agents_leave_the_event_unrouted_as_ambiguous() {
             resource_policy: json!({}),
             state_policy: json!({}),
             delivery_policy: json!({}),
+            budgets: json!({}),
             enabled: true,
         })
         .await
@@ -464,6 +465,89 @@ async fn empty_output_is_not_a_silent_success() {
     assert_eq!(types(&items), ["run.failed"]);
     assert_eq!(failure_code(&items).as_deref(), Some("runner.empty_output"));
     assert_eq!(run["status"], "failed");
+    cluster.shutdown().await;
+}
+
+/// `tool.call.*` telemetry (PROTOCOL_V1: lenient, never validated) is sequenced, kept in the
+/// run ledger exactly as sent and served by `GET /v1/runs/{id}/events`, but it is not a
+/// message: it reaches no transcript, and a run that emits only telemetry still fails with
+/// `runner.empty_output`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn tool_call_telemetry_is_kept_in_the_ledger_but_is_not_a_message() {
+    let cluster = TestCluster::embedded().await;
+    let started = json!({"type": "tool.call.started", "data": {
+        "tool_call_id": "call-1", "tool_name": "search", "parameters": {"q": "leave"}}});
+    let completed = json!({"type": "tool.call.completed", "data": {
+        "tool_call_id": "call-1", "tool_name": "search", "result": {"hits": 2},
+        "duration_ms": 12, "extra": "kept"}});
+    let answer = json!({"type": "message.completed",
+        "data": {"message": {"role": "assistant", "content": "found 2"}}});
+    let script = json!([started, completed, answer]);
+    let (run_id, run, items) =
+        run_on(&cluster, TEST_SHARED, "telemetry", &format!("raw {script}")).await;
+    assert_eq!(
+        types(&items),
+        [
+            "tool.call.started",
+            "tool.call.completed",
+            "message.completed",
+            "run.completed"
+        ],
+        "{run_id}"
+    );
+    assert_eq!(json!(items[0].data), started["data"]);
+    assert_eq!(json!(items[1].data), completed["data"], "kept as sent");
+    assert!(items.iter().all(|i| i.run_id == run_id.to_string()));
+    assert_eq!(run["status"], "completed", "{run}");
+    // Paging the ledger past the telemetry starts after it.
+    let client = cluster.client();
+    assert_eq!(
+        types(&client.run_events(run_id, 2).await),
+        ["message.completed", "run.completed"]
+    );
+    let transcript = wait_for("the assistant's transcript row", || async {
+        let items = client.transcript("telemetry").await;
+        items
+            .iter()
+            .any(|i| i["role"] == "assistant")
+            .then_some(items)
+    })
+    .await;
+    let rows: Vec<(&str, &str)> = transcript
+        .iter()
+        .map(|i| {
+            (
+                i["role"].as_str().unwrap_or_default(),
+                i["item_type"].as_str().unwrap_or_default(),
+            )
+        })
+        .collect();
+    assert_eq!(
+        rows,
+        [("user", "message"), ("assistant", "message")],
+        "telemetry is not transcribed"
+    );
+
+    // Telemetry alone, even with junk data, is recorded, and the run is still empty.
+    let only = json!([
+        {"type": "tool.call.started", "data": "junk"},
+        {"type": "tool.call.completed", "data": {"tool_call_id": "call-2"}}
+    ]);
+    let event = client
+        .send_message("telemetry", &format!("raw {only}"))
+        .await;
+    let run_id = client.run_of(event).await;
+    let run = client.wait_run_terminal(run_id).await;
+    let items = client.run_events(run_id, 0).await;
+    assert_dense_with_one_terminal(run_id, &items);
+    assert_eq!(
+        types(&items),
+        ["tool.call.started", "tool.call.completed", "run.failed"]
+    );
+    assert_eq!(json!(items[0].data), json!({"value": "junk"}));
+    assert_eq!(failure_code(&items).as_deref(), Some("runner.empty_output"));
+    assert_eq!(run["status"], "failed", "{run}");
+    assert_eq!(run["error"]["code"], "runner.empty_output", "{run}");
     cluster.shutdown().await;
 }
 

@@ -918,3 +918,54 @@ async fn calls_are_logged_without_secrets() {
     assert!(!text.contains(&secret()), "a secret was logged");
     assert_eq!(f.seen.bad_auth.load(Ordering::SeqCst), 0);
 }
+
+/// A model answer refused for the output budget still logs the usage the provider reported
+/// (the work was done, and billed), and a tool call logs the size of its result.
+#[tokio::test]
+async fn refused_answers_still_log_their_usage() {
+    let logs = LogBuf::default();
+    let subscriber = tracing_subscriber::fmt()
+        .with_writer(logs.clone())
+        .with_max_level(tracing::Level::INFO)
+        .with_ansi(false)
+        .finish();
+    let _guard = tracing::subscriber::set_default(subscriber);
+    let (f, ids) = fixture().await;
+    let s = ids.snap(json!({"max_model_output_chars": 1, "max_tool_result_chars": 1}));
+    let model = f
+        .call(
+            &s,
+            "invoke_llm",
+            json!({"model_id": ids.model("plain"), "messages": messages()}),
+        )
+        .await;
+    assert_eq!(code(&model), "budget_exceeded");
+    let tool = f
+        .call(
+            &s,
+            "call_tool",
+            json!({"tool_name": "echo", "parameters": {"a": 1}}),
+        )
+        .await;
+    assert_eq!(code(&tool), "budget_exceeded");
+    let text = String::from_utf8(logs.0.lock().unwrap().clone()).unwrap();
+    let line = |needle: &str| {
+        text.lines()
+            .find(|l| l.contains(needle))
+            .unwrap_or_else(|| panic!("no {needle:?} in {text}"))
+            .to_owned()
+    };
+    let model_line = line("model call failed");
+    for part in [
+        s.run_id.to_string().as_str(),
+        "outcome=budget_exceeded",
+        "duration_ms=",
+        "\"total_tokens\":5",
+    ] {
+        assert!(model_line.contains(part), "{part:?} not in {model_line}");
+    }
+    let tool_line = line("tool call failed");
+    for part in ["outcome=budget_exceeded", "duration_ms=", "result_chars="] {
+        assert!(tool_line.contains(part), "{part:?} not in {tool_line}");
+    }
+}

@@ -36,6 +36,9 @@ pub struct NewAgent {
     pub state_policy: Value,
     /// Delivery policy (concurrency, …).
     pub delivery_policy: Value,
+    /// Per-run budget overrides: an object holding only the budgets the agent sets (the
+    /// others keep the host defaults); `{}` = none. `null` is stored as `{}`.
+    pub budgets: Value,
     /// Whether the resolver considers it.
     pub enabled: bool,
 }
@@ -79,6 +82,8 @@ pub struct AgentRow {
     pub state_policy: Value,
     /// Delivery policy.
     pub delivery_policy: Value,
+    /// Per-run budget overrides (`{}` = none).
+    pub budgets: Value,
     /// Enabled.
     pub enabled: bool,
     /// Creation time.

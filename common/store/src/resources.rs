@@ -190,6 +190,8 @@ pub struct KbDocumentRecord {
     pub sha256: String,
     /// Number of chunks indexed.
     pub chunks: u64,
+    /// Artifact the text was read from, if any.
+    pub artifact_id: Option<String>,
     /// Creation time.
     pub created_at: DateTime<Utc>,
 }

@@ -2528,20 +2528,29 @@ pub mod suite {
             resource_policy: json!({"models": []}),
             state_policy: json!({"enabled": true}),
             delivery_policy: json!({"concurrency": "parallel"}),
+            budgets: json!({"max_tool_calls": 1, "max_model_output_chars": 0}),
             enabled: true,
         }
     }
 
-    /// Create, read, list, update (with scope denormalisation), rename conflicts, delete.
+    /// Create, read, list, update (with scope denormalisation and budget overrides), rename
+    /// conflicts, delete.
     pub async fn agents_crud(db: &TestDb) {
         let a = db.stores.agents.create(agent("alpha", ws())).await.unwrap();
         assert_eq!(a.bot_id.as_deref(), Some("bot-1"));
         assert_eq!(a.conversation_id.as_deref(), Some("c1"));
         assert_eq!(a.channel, None);
         assert_eq!(a.runner_config, json!({"timeout": 30}));
+        assert_eq!(
+            a.budgets,
+            json!({"max_tool_calls": 1, "max_model_output_chars": 0})
+        );
         let mut disabled = agent("beta", ws());
         disabled.enabled = false;
+        // No overrides at all: stored (and read back) as an empty object.
+        disabled.budgets = Value::Null;
         let b = db.stores.agents.create(disabled).await.unwrap();
+        assert_eq!(b.budgets, json!({}));
         assert_code(
             db.stores.agents.create(agent("alpha", ws())).await,
             ErrorCode::Conflict,
@@ -2577,9 +2586,11 @@ pub mod suite {
         changed.scope = json!({"channel": "web", "actor_id": "u1"});
         changed.enabled = false;
         changed.delivery_policy = json!({"concurrency": "reject"});
+        changed.budgets = json!({"max_model_calls": 3});
         changed.created_at = Utc::now() + TimeDelta::days(1); // ignored
         let updated = db.stores.agents.update(changed).await.unwrap();
         assert_eq!(updated.name, "alpha-2");
+        assert_eq!(updated.budgets, json!({"max_model_calls": 3}));
         assert_eq!(updated.bot_id, None);
         assert_eq!(updated.channel.as_deref(), Some("web"));
         assert_eq!(updated.actor_id.as_deref(), Some("u1"));
@@ -2611,6 +2622,18 @@ pub mod suite {
         bad_scope.scope = json!(["not", "an", "object"]);
         assert_code(
             db.stores.agents.create(bad_scope).await,
+            ErrorCode::InvalidArgument,
+        );
+        let mut bad_budgets = agent("gamma", ws());
+        bad_budgets.budgets = json!([1]);
+        assert_code(
+            db.stores.agents.create(bad_budgets).await,
+            ErrorCode::InvalidArgument,
+        );
+        let mut bad_budgets = b.clone();
+        bad_budgets.budgets = json!(7);
+        assert_code(
+            db.stores.agents.update(bad_budgets).await,
             ErrorCode::InvalidArgument,
         );
 

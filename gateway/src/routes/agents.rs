@@ -2,14 +2,25 @@
 //! `DELETE /v1/agents/{id}`.
 //!
 //! Creating an agent validates every policy against its `sb-protocol` type (unknown fields
-//! refused), the filters against the resolver's filter language, and then two things that
-//! need the database:
+//! refused), the filters against the resolver's filter language, the budget overrides
+//! against [`RunBudgets`], and then two things that need the database:
 //! - the runner must be registered by some worker (`422` otherwise: the request is
 //!   well-formed but names something that does not exist);
 //! - an enabled agent must not tie with an existing enabled agent: same specificity,
 //!   overlapping scope and a shared event type would make events ambiguous, which the
 //!   resolver refuses to decide (SPEC §5), so it is refused here with `409 conflict`. The
 //!   rule is the resolver's own [`sb_orchestrator::bindings::conflicts`].
+//!
+//! # Budgets
+//!
+//! `budgets` holds per-run budget overrides (SPEC §8): any of `max_model_calls`,
+//! `max_tool_calls`, `max_tool_result_chars`, `max_model_output_chars`, as non-negative
+//! integers; a budget left out keeps the host default (16, 32, 100 000, 100 000) and `{}`
+//! (the default) overrides nothing. Only the overrides are stored and returned, so an agent
+//! follows the defaults for what it does not set. `0` is accepted on purpose: it turns the
+//! budgeted capability off for the agent (every call is `budget_exceeded`) while leaving
+//! its grants untouched. The run's frozen authorization snapshot carries the resulting
+//! budgets; workers enforce them.
 
 use std::str::FromStr;
 
@@ -78,6 +89,10 @@ pub struct CreateAgent {
     /// Delivery and concurrency.
     #[serde(default)]
     pub delivery_policy: DeliveryPolicy,
+    /// Per-run budget overrides (see the module docs); checked against [`RunBudgets`] and
+    /// stored as given, so unset budgets keep following the defaults.
+    #[serde(default)]
+    pub budgets: Map<String, Value>,
     /// Whether the resolver considers it (default `true`).
     #[serde(default = "yes")]
     pub enabled: bool,
@@ -108,6 +123,8 @@ pub struct AgentView {
     pub state_policy: Value,
     /// Delivery policy.
     pub delivery_policy: Value,
+    /// Budget overrides (`{}` = the defaults).
+    pub budgets: Value,
     /// Enabled.
     pub enabled: bool,
     /// Epoch seconds.
@@ -130,6 +147,7 @@ impl From<AgentRow> for AgentView {
             resource_policy: r.resource_policy,
             state_policy: r.state_policy,
             delivery_policy: r.delivery_policy,
+            budgets: r.budgets,
             enabled: r.enabled,
             created_at: epoch(r.created_at),
             updated_at: epoch(r.updated_at),
@@ -205,6 +223,7 @@ pub async fn create_agent(
         resource_policy: checked.resource_policy,
         state_policy: checked.state_policy,
         delivery_policy: checked.delivery_policy,
+        budgets: Value::Object(body.budgets),
         enabled: body.enabled,
     };
     let row = state.stores().agents.create(new).await?;
@@ -261,6 +280,7 @@ pub async fn update_agent(
         resource_policy: checked.resource_policy,
         state_policy: checked.state_policy,
         delivery_policy: checked.delivery_policy,
+        budgets: Value::Object(body.budgets),
         enabled: body.enabled,
         ..row
     };
@@ -288,7 +308,7 @@ async fn check(
     body: &CreateAgent,
     except: Option<AgentId>,
 ) -> ApiResult<Checked> {
-    let runner_id = validate(body)?;
+    let (runner_id, budgets) = validate(body)?;
     if state
         .stores()
         .runners
@@ -309,7 +329,7 @@ async fn check(
         resource_policy: body.resource_policy.clone(),
         state_policy: body.state_policy.clone(),
         delivery_policy: body.delivery_policy.clone(),
-        budgets: RunBudgets::default(),
+        budgets,
         event_types: body.event_types.clone(),
         enabled: body.enabled,
         metadata: Map::new(),
@@ -360,8 +380,9 @@ fn to_json<T: Serialize>(value: &T) -> ApiResult<Value> {
     serde_json::to_value(value).map_err(ApiError::internal)
 }
 
-/// Checks what can be checked without the database; returns the parsed runner id.
-fn validate(body: &CreateAgent) -> ApiResult<RunnerId> {
+/// Checks what can be checked without the database; returns the parsed runner id and the
+/// budgets the overrides give.
+fn validate(body: &CreateAgent) -> ApiResult<(RunnerId, RunBudgets)> {
     check_text("name", &body.name, MAX_NAME_LEN)?;
     if let Some(d) = &body.description {
         if d.chars().count() > MAX_DESCRIPTION_LEN {
@@ -407,7 +428,19 @@ fn validate(body: &CreateAgent) -> ApiResult<RunnerId> {
             .validate()
             .map_err(|e| ApiError::invalid(format!("invalid `filters[{i}]`: {e}")))?;
     }
-    Ok(runner_id)
+    let budgets = budgets(&body.budgets)?;
+    Ok((runner_id, budgets))
+}
+
+/// The budgets that `overrides` give: unknown names, negative or fractional numbers, values
+/// out of range and `null` are refused (a partial object is the normal case).
+fn budgets(overrides: &Map<String, Value>) -> ApiResult<RunBudgets> {
+    serde_json::from_value(Value::Object(overrides.clone())).map_err(|e| {
+        ApiError::invalid(format!(
+            "invalid `budgets`: {e} (expected non-negative integers for any of \
+             max_model_calls, max_tool_calls, max_tool_result_chars, max_model_output_chars)"
+        ))
+    })
 }
 
 fn check_text(field: &str, value: &str, max: usize) -> ApiResult<()> {
@@ -460,6 +493,36 @@ mod tests {
             let err = validate(&body(extra.clone())).unwrap_err();
             assert_eq!(err.code(), ErrorCode::InvalidArgument);
             assert!(err.message().contains(needle), "{extra}: {}", err.message());
+        }
+    }
+
+    #[test]
+    fn budgets_are_partial_overrides() {
+        let (_, b) = validate(&body(json!({}))).unwrap();
+        assert_eq!(b, RunBudgets::default());
+        let (_, b) = validate(&body(json!({"budgets": {"max_tool_calls": 0}}))).unwrap();
+        assert_eq!(
+            b,
+            RunBudgets {
+                max_tool_calls: 0,
+                ..RunBudgets::default()
+            }
+        );
+        for bad in [
+            json!({"max_tool_callz": 1}),
+            json!({"max_tool_calls": -1}),
+            json!({"max_tool_calls": 1.5}),
+            json!({"max_tool_calls": "1"}),
+            json!({"max_tool_calls": null}),
+            json!({"max_model_calls": 4_294_967_296_u64}),
+        ] {
+            let err = validate(&body(json!({ "budgets": bad.clone() }))).unwrap_err();
+            assert_eq!(err.code(), ErrorCode::InvalidArgument, "{bad}");
+            assert!(
+                err.message().contains("`budgets`"),
+                "{bad}: {}",
+                err.message()
+            );
         }
     }
 

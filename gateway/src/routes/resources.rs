@@ -1,6 +1,10 @@
 //! The workspace resource registry (SPEC §8): `POST/GET /v1/models`, `POST/GET /v1/tools`,
 //! `POST/GET /v1/knowledge-bases`, `POST /v1/knowledge-bases/{kb_id}/documents`.
 //!
+//! A document's text is given inline (`text`) or read from an artifact of the workspace
+//! (`artifact_id`, e.g. a file a runner produced or an event attached); see
+//! [`add_document`] for what an artifact must be.
+//!
 //! Secrets never pass through here: a model names the environment variable holding its API
 //! key (`api_key_env`) and a tool the environment variables of its static headers
 //! (`headers_env`), and only workers read the values when they call the provider. The
@@ -11,9 +15,12 @@ use std::collections::BTreeMap;
 use axum::extract::{Path, State};
 use axum::http::StatusCode;
 use axum::response::IntoResponse;
+use sb_protocol::error::ErrorCode;
+use sb_protocol::ids::WorkspaceId;
+use sb_store::resources::MAX_DOCUMENT_BYTES;
 use sb_store::{
     KbDocumentRecord, KnowledgeBaseRecord, ModelKind, ModelRecord, NewKbDocument, NewModel,
-    NewTool, ToolRecord,
+    NewTool, StoreError, ToolRecord,
 };
 use serde::{Deserialize, Serialize};
 use serde_json::{Map, Value, json};
@@ -364,14 +371,19 @@ pub async fn list_kbs(
     }))
 }
 
-/// Body of `POST /v1/knowledge-bases/{kb_id}/documents`.
+/// Body of `POST /v1/knowledge-bases/{kb_id}/documents`: exactly one of `text` and
+/// `artifact_id`.
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct AddDocument {
     /// Title returned with every hit.
     pub title: String,
     /// The text (chunked and indexed).
-    pub text: String,
+    #[serde(default)]
+    pub text: Option<String>,
+    /// An artifact of the workspace whose content is the text.
+    #[serde(default)]
+    pub artifact_id: Option<String>,
     /// Metadata object.
     #[serde(default)]
     pub metadata: Option<Map<String, Value>>,
@@ -386,6 +398,7 @@ pub struct DocumentView {
     size_bytes: i64,
     sha256: String,
     chunks: u64,
+    artifact_id: Option<String>,
     created_at: i64,
 }
 
@@ -398,12 +411,23 @@ impl From<KbDocumentRecord> for DocumentView {
             size_bytes: d.size_bytes,
             sha256: d.sha256,
             chunks: d.chunks,
+            artifact_id: d.artifact_id,
             created_at: epoch(d.created_at),
         }
     }
 }
 
 /// `POST /v1/knowledge-bases/{kb_id}/documents` → `201`.
+///
+/// With `artifact_id`, the artifact's content becomes the text, under the rules of inline
+/// text (same size limit, `413` above it) plus:
+/// - it must be a live artifact of the caller's workspace: a missing, expired or foreign one
+///   is `404`, worded alike so ids of other workspaces cannot be probed;
+/// - its bytes must be stored by the host (an artifact that is only a URL or a platform
+///   file reference is `400`: the host does not fetch external content);
+/// - they must be UTF-8 text (`400` otherwise, with the offset of the first invalid byte).
+///
+/// The document records the artifact id (`kb_documents.artifact_id`) and returns it.
 pub async fn add_document(
     State(state): State<AppState>,
     caller: Caller,
@@ -411,6 +435,18 @@ pub async fn add_document(
     ApiJson(body): ApiJson<AddDocument>,
 ) -> ApiResult<impl IntoResponse> {
     let kb_uuid: Uuid = parse_id("knowledge base", &kb_id)?;
+    let (text, artifact_id) = match (body.text, body.artifact_id) {
+        (Some(text), None) => (text, None),
+        (None, Some(id)) => (
+            artifact_text(&state, &caller.workspace_id, &id).await?,
+            Some(id),
+        ),
+        (Some(_), Some(_)) | (None, None) => {
+            return Err(ApiError::invalid(
+                "exactly one of `text` and `artifact_id` is required",
+            ));
+        }
+    };
     let row = state
         .stores()
         .resources
@@ -418,11 +454,44 @@ pub async fn add_document(
             workspace_id: caller.workspace_id,
             kb_id: kb_uuid,
             title: body.title,
-            text: body.text,
-            artifact_id: None,
+            text,
+            artifact_id,
             metadata: body.metadata.map_or(Value::Null, Value::Object),
         })
         .await?;
     tracing::info!(kb_id = %row.kb_id, document_id = %row.document_id, chunks = row.chunks, "document indexed");
     Ok((StatusCode::CREATED, ApiJson(DocumentView::from(row))))
+}
+
+/// The content of artifact `id` of `workspace` as document text (see [`add_document`]).
+async fn artifact_text(state: &AppState, workspace: &WorkspaceId, id: &str) -> ApiResult<String> {
+    let missing = || ApiError::not_found(format!("artifact {id} not found"));
+    // One byte past the limit tells "too large" from "exactly at the limit".
+    let limit = i64::try_from(MAX_DOCUMENT_BYTES + 1).unwrap_or(i64::MAX);
+    let read = match state.stores().artifacts.read(id, 0, Some(limit)).await {
+        Ok(read) => read,
+        Err(StoreError::NotFound(_)) => return Err(missing()),
+        Err(e) => return Err(e.into()),
+    };
+    if read.artifact.workspace_id != *workspace {
+        return Err(missing());
+    }
+    let Some(bytes) = read.content else {
+        return Err(ApiError::invalid(format!(
+            "artifact {id} has no content stored by the host (storage `{}`); upload its text instead",
+            read.artifact.storage_type
+        )));
+    };
+    if bytes.len() > MAX_DOCUMENT_BYTES {
+        return Err(ApiError::new(
+            ErrorCode::PayloadTooLarge,
+            format!("artifact {id} is larger than the {MAX_DOCUMENT_BYTES}-byte document limit"),
+        ));
+    }
+    String::from_utf8(bytes).map_err(|e| {
+        ApiError::invalid(format!(
+            "artifact {id} is not UTF-8 text (invalid byte at offset {}); only text can be indexed",
+            e.utf8_error().valid_up_to()
+        ))
+    })
 }

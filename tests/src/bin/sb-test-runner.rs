@@ -30,6 +30,7 @@
 //! | `exit0` | one delta, then the process exits with status 0 (no `done`) |
 //! | `grandchild` | starts `sleep 600` in its process group, reports its pid, stalls |
 //! | `slow <n>` | `n` deltas 5 ms apart, then completes |
+//! | `raw <json array>` | sends each element of the array as a result exactly as written (no `sequence` added), then `done`; a text that is not a JSON array is reported instead |
 //!
 //! "Reports" means: a `message.completed` whose content is the answer, then `run.completed`.
 
@@ -270,6 +271,15 @@ fn execute(run: &Run, text: &str, script_override: Option<&str>) {
             }
             run.report(&format!("slow {n}"));
         }
+        "raw" => match serde_json::from_str::<Vec<Value>>(arg) {
+            Ok(results) => {
+                for result in results {
+                    run.state
+                        .send(&json!({"op": "result", "run_id": run.id, "result": result}));
+                }
+            }
+            Err(e) => run.report(&format!("raw needs a JSON array of results: {e}")),
+        },
         _ => run.echo(text),
     }
     run.done();

@@ -186,8 +186,12 @@ impl ActionDispatcher {
             extra_args,
         };
         let started = Instant::now();
-        let outcome = if stream {
-            self.stream_llm(cx, req).await
+        // The usage is logged even when the answer is then refused (output budget): the
+        // provider has done, and billed, the work.
+        let (outcome, usage) = if stream {
+            let outcome = self.stream_llm(cx, req).await;
+            let usage = outcome.as_ref().ok().and_then(|v| v.get("usage").cloned());
+            (outcome, usage)
         } else {
             match openai::chat(
                 &self.providers.client,
@@ -199,19 +203,23 @@ impl ActionDispatcher {
             {
                 Ok(a) => {
                     let chars = openai::output_chars(&a.message);
-                    budgets::charge(
+                    let charged = budgets::charge(
                         self.sessions.as_ref(),
                         snap,
                         Budget::ModelOutputChars,
                         chars,
                     )
-                    .await
-                    .map(|()| json!({"message": a.message, "usage": a.usage}))
+                    .await;
+                    let usage = a.usage.clone();
+                    (
+                        charged.map(|()| json!({"message": a.message, "usage": a.usage})),
+                        Some(usage),
+                    )
                 }
-                Err(e) => Err(provider_error(&e)),
+                Err(e) => (Err(provider_error(&e)), None),
             }
         };
-        log_model_call(cx, &model, stream, started, &outcome);
+        log_model_call(cx, &model, stream, started, usage.as_ref(), &outcome);
         outcome
     }
 
@@ -303,7 +311,8 @@ impl ActionDispatcher {
         .await
         .map(|results| json!({"results": results}))
         .map_err(|e| provider_error(&e));
-        log_model_call(cx, &model, false, started, &outcome);
+        // The rerank client surfaces only the ranked results, not the provider's usage.
+        log_model_call(cx, &model, false, started, None, &outcome);
         outcome
     }
 
@@ -415,6 +424,8 @@ impl ActionDispatcher {
     ) -> Result<Value, AgentApiError> {
         let snap = cx.call.snapshot;
         let started = Instant::now();
+        // Characters of the tool's answer (its "usage"), when it answered.
+        let mut result_chars: Option<u64> = None;
         let outcome = match crate::providers::http_tool::call(
             &self.providers.client,
             tool,
@@ -428,6 +439,7 @@ impl ActionDispatcher {
                     Value::String(s) => s.chars().count(),
                     other => other.to_string().chars().count(),
                 } as u64;
+                result_chars = Some(chars);
                 let limit = snap.budgets.max_tool_result_chars;
                 if chars > limit {
                     Err(budgets::exceeded(
@@ -443,12 +455,14 @@ impl ActionDispatcher {
         };
         let ms = u64::try_from(started.elapsed().as_millis()).unwrap_or(u64::MAX);
         match &outcome {
-            Ok(_) => {
-                tracing::info!(run_id = %snap.run_id, tool = %tool.name, duration_ms = ms, outcome = "ok", "tool called")
-            }
-            Err(e) => {
-                tracing::info!(run_id = %snap.run_id, tool = %tool.name, duration_ms = ms, outcome = %e.code, message = %e.message, "tool call failed")
-            }
+            Ok(_) => tracing::info!(
+                run_id = %snap.run_id, tool = %tool.name, duration_ms = ms, outcome = "ok",
+                result_chars, "tool called"
+            ),
+            Err(e) => tracing::info!(
+                run_id = %snap.run_id, tool = %tool.name, duration_ms = ms, outcome = %e.code,
+                message = %e.message, result_chars, "tool call failed"
+            ),
         }
         outcome
     }
@@ -536,26 +550,27 @@ fn provider_error(e: &ProviderError) -> AgentApiError {
     AgentApiError::from_error(e)
 }
 
+/// Logs one model call that reached the provider: run, model, duration, the usage the
+/// provider reported (`None` when it never answered) and the outcome.
 fn log_model_call(
     cx: &Cx<'_, '_>,
     model: &ModelRecord,
     stream: bool,
     started: Instant,
+    usage: Option<&Value>,
     outcome: &Result<Value, AgentApiError>,
 ) {
     let ms = u64::try_from(started.elapsed().as_millis()).unwrap_or(u64::MAX);
     let run_id = cx.call.run_id;
+    let usage = usage.map(Value::to_string).unwrap_or_default();
     match outcome {
-        Ok(v) => {
-            let usage = v.get("usage").map(Value::to_string).unwrap_or_default();
-            tracing::info!(
-                %run_id, model_id = %model.model_id, stream, duration_ms = ms, outcome = "ok",
-                usage = %usage, "model called"
-            );
-        }
+        Ok(_) => tracing::info!(
+            %run_id, model_id = %model.model_id, stream, duration_ms = ms, outcome = "ok",
+            usage = %usage, "model called"
+        ),
         Err(e) => tracing::info!(
             %run_id, model_id = %model.model_id, stream, duration_ms = ms, outcome = %e.code,
-            message = %e.message, "model call failed"
+            message = %e.message, usage = %usage, "model call failed"
         ),
     }
 }

@@ -43,6 +43,7 @@ fn agent_row(m: agent::Model) -> Result<AgentRow> {
         resource_policy: m.resource_policy,
         state_policy: m.state_policy,
         delivery_policy: m.delivery_policy,
+        budgets: m.budgets,
         enabled: m.enabled,
         created_at: m.created_at,
         updated_at: m.updated_at,
@@ -78,6 +79,16 @@ fn scope_columns(scope: &Value) -> Result<[Option<String>; 4]> {
         field("conversation_id")?,
         field("actor_id")?,
     ])
+}
+
+/// The stored budget overrides: an object, `null` meaning none (the column is not null).
+/// Their members are the gateway's to validate, as for the policies.
+fn budgets_column(budgets: Value) -> Result<Value> {
+    match budgets {
+        Value::Null => Ok(Value::Object(serde_json::Map::new())),
+        v @ Value::Object(_) => Ok(v),
+        _ => Err(StoreError::invalid("budgets must be a JSON object")),
+    }
 }
 
 fn name_taken(workspace_id: &str, name: &str) -> impl Fn(sea_orm::DbErr) -> StoreError {
@@ -119,6 +130,7 @@ impl AgentStore for SqlStore {
             resource_policy: Set(new.resource_policy),
             state_policy: Set(new.state_policy),
             delivery_policy: Set(new.delivery_policy),
+            budgets: Set(budgets_column(new.budgets)?),
             enabled: Set(new.enabled),
             created_at: Set(now),
             updated_at: Set(now),
@@ -186,6 +198,7 @@ impl AgentStore for SqlStore {
         active.resource_policy = Set(row.resource_policy);
         active.state_policy = Set(row.state_policy);
         active.delivery_policy = Set(row.delivery_policy);
+        active.budgets = Set(budgets_column(row.budgets)?);
         active.enabled = Set(row.enabled);
         active.updated_at = Set(now());
         let model = active.update(self.writer()).await.map_err(|e| match e {

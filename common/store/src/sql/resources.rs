@@ -353,7 +353,7 @@ impl ResourceRegistry for SqlStore {
             mime_type: Set(Some("text/plain".to_owned())),
             size_bytes: Set(size),
             sha256: Set(sha256.clone()),
-            artifact_id: Set(doc.artifact_id),
+            artifact_id: Set(doc.artifact_id.clone()),
             status: Set("ready".to_owned()),
             error: Set(None),
             metadata: Set(metadata),
@@ -402,6 +402,7 @@ impl ResourceRegistry for SqlStore {
             size_bytes: size,
             sha256,
             chunks: n,
+            artifact_id: doc.artifact_id,
             created_at: at,
         })
     }

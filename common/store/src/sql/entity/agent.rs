@@ -29,6 +29,8 @@ pub struct Model {
     pub state_policy: Json,
     #[sea_orm(column_type = "JsonBinary")]
     pub delivery_policy: Json,
+    #[sea_orm(column_type = "JsonBinary")]
+    pub budgets: Json,
     pub enabled: bool,
     pub created_at: DateTimeUtc,
     pub updated_at: DateTimeUtc,
