@@ -33,8 +33,8 @@
 //! parse never matches (fail closed) and the reason is logged.
 
 use sb_protocol::host::{
-    AgentBinding, AgentConfig, AgentEventEnvelope, AgentScope, DeliveryPolicy, ResourcePolicy,
-    RunBudgets, ScopeSpecificity, StatePolicy,
+    AgentBinding, AgentConfig, AgentEventEnvelope, AgentScope, BudgetOverrides, DeliveryPolicy,
+    ResourcePolicy, ScopeSpecificity, StatePolicy,
 };
 use sb_store::AgentRow;
 use serde::{Deserialize, Serialize};
@@ -243,7 +243,7 @@ impl AgentCandidate {
             )
             .map_err(err)?,
             // The row holds only the overrides; a budget it leaves out keeps the default.
-            budgets: json_or_default::<RunBudgets>(&row.budgets, "budgets").map_err(err)?,
+            budgets: json_or_default::<BudgetOverrides>(&row.budgets, "budgets").map_err(err)?,
             event_types,
             enabled: row.enabled,
             metadata: serde_json::Map::new(),
@@ -646,10 +646,10 @@ mod tests {
         // Overrides replace their budget; the others keep the defaults.
         assert_eq!(
             c.config.budgets,
-            RunBudgets {
-                max_tool_calls: 1,
-                max_model_output_chars: 0,
-                ..RunBudgets::default()
+            BudgetOverrides {
+                max_tool_calls: Some(1),
+                max_model_output_chars: Some(0),
+                ..BudgetOverrides::default()
             }
         );
         assert_eq!(
@@ -662,7 +662,7 @@ mod tests {
                 ..row.clone()
             })
             .unwrap();
-            assert_eq!(c.config.budgets, RunBudgets::default());
+            assert_eq!(c.config.budgets, BudgetOverrides::default());
         }
         assert_eq!(c.config.scope.bot_id.as_deref(), Some("bot1"));
         assert_eq!(c.config.runner_config["timeout"], 5);

@@ -681,6 +681,7 @@ impl EventRouter {
                     latest_cursor,
                     state,
                     host_version: options.host_version.clone(),
+                    default_budgets: options.default_budgets,
                     session_grace: options.session_grace,
                     no_deadline_session_ttl: options.no_deadline_session_ttl,
                     host_api_token: Some(mint_host_api_token()),

@@ -18,7 +18,7 @@ use chrono::{DateTime, TimeZone, Utc};
 use sb_protocol::context::AgentRunContext;
 use sb_protocol::host::{
     ActorRef, AgentBinding, AgentEventEnvelope, AgentRunnerDescriptor, AuthorizationSnapshot,
-    SubjectRef, host_api_token,
+    RunBudgets, SubjectRef, host_api_token,
 };
 use sb_protocol::ids::RunId;
 use sb_protocol::messages::RunJob;
@@ -160,6 +160,8 @@ pub struct PrepareInputs {
     pub state: sb_protocol::context::AgentRunState,
     /// Host version.
     pub host_version: String,
+    /// The deployment's per-run budgets; the agent's own budgets override them.
+    pub default_budgets: RunBudgets,
     /// Extra session lifetime past the deadline.
     pub session_grace: Duration,
     /// Session lifetime of a run without a deadline.
@@ -193,6 +195,7 @@ pub fn prepare(event: &AgentEventEnvelope, dispatch: &Dispatch, inputs: PrepareI
         latest_cursor,
         state,
         host_version,
+        default_budgets,
         session_grace,
         no_deadline_session_ttl,
         host_api_token,
@@ -218,7 +221,7 @@ pub fn prepare(event: &AgentEventEnvelope, dispatch: &Dispatch, inputs: PrepareI
         resources: access.resources.clone(),
         available_apis: access.available_apis,
         state_policy: dispatch.binding.state_policy.clone(),
-        budgets: dispatch.binding.budgets,
+        budgets: dispatch.binding.budgets.over(default_budgets),
         deadline_at,
         host_api_token_sha256: host_api_token.as_deref().map(host_api_token::digest),
     };
@@ -395,11 +398,18 @@ mod tests {
                 latest_cursor: None,
                 state: AgentRunState::default(),
                 host_version: "0.1.0".into(),
+                default_budgets: RunBudgets {
+                    max_model_calls: 3,
+                    ..RunBudgets::default()
+                },
                 session_grace: Duration::from_secs(15),
                 no_deadline_session_ttl: Duration::from_secs(86_400),
                 host_api_token: Some("run-token".into()),
             },
         );
+        // The agent sets no budgets of its own: the deployment's apply.
+        assert_eq!(prepared.snapshot.budgets.max_model_calls, 3);
+        assert_eq!(prepared.snapshot.budgets.max_tool_calls, 32);
         assert_eq!(prepared.job.run_id, run_id);
         assert_eq!(prepared.job.pool, "gpu");
         assert_eq!(prepared.job.deadline_at_ms, Some(1_060_000));

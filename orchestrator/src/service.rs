@@ -46,6 +46,7 @@ use sb_common::session::SessionStore;
 use sb_common::shutdown::Shutdown;
 use sb_common::telemetry::{Registry, names};
 use sb_protocol::error::{Disposition, HasErrorCode};
+use sb_protocol::host::RunBudgets;
 use sb_store::Stores;
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
@@ -124,6 +125,8 @@ pub struct OrchestratorOptions {
     pub max_inline_artifact_bytes: usize,
     /// Host version reported to runners (`runtime.langbot_version`).
     pub host_version: String,
+    /// Per-run budgets of a run whose agent does not set its own (`limits.budgets`).
+    pub default_budgets: RunBudgets,
     /// Steering items a run's list holds; a message arriving when it is full is dispatched
     /// normally (SPEC §13).
     pub steering_queue_cap: usize,
@@ -170,6 +173,7 @@ impl Default for OrchestratorOptions {
             max_state_value_bytes: crate::state_keys::MAX_STATE_VALUE_BYTES,
             max_inline_artifact_bytes: sb_protocol::result::MAX_ARTIFACT_INLINE_BYTES,
             host_version: env!("CARGO_PKG_VERSION").to_owned(),
+            default_budgets: RunBudgets::default(),
             steering_queue_cap: sb_common::session::STEERING_CAP,
             // Routing takes milliseconds; a holder stuck this long is presumed dead.
             route_lock_ttl: Duration::from_secs(30),
@@ -197,6 +201,7 @@ impl OrchestratorOptions {
             prefetch: config.bus.prefetch.get(),
             max_state_value_bytes: config.limits.state_value_bytes.get(),
             max_inline_artifact_bytes: config.limits.artifact_inline_bytes.get(),
+            default_budgets: default_budgets(&config.limits.budgets),
             steering_queue_cap: usize::try_from(config.limits.steering_queue_items.get())
                 .unwrap_or(sb_common::session::STEERING_CAP),
             ..Self::default()
@@ -211,6 +216,18 @@ impl OrchestratorOptions {
         self.retry_backoff
             .saturating_mul(factor)
             .min(self.retry_backoff_max)
+    }
+}
+
+/// The configured budgets as the snapshot carries them.
+fn default_budgets(config: &sb_common::config::BudgetsConfig) -> RunBudgets {
+    RunBudgets {
+        max_model_calls: config.max_model_calls.get(),
+        max_tool_calls: config.max_tool_calls.get(),
+        max_tool_result_chars: u64::try_from(config.max_tool_result_chars.get())
+            .unwrap_or(u64::MAX),
+        max_model_output_chars: u64::try_from(config.max_model_output_chars.get())
+            .unwrap_or(u64::MAX),
     }
 }
 
@@ -624,5 +641,17 @@ mod tests {
         assert_eq!(o.max_state_value_bytes, 256 * 1024);
         assert_eq!(o.max_inline_artifact_bytes, 1024 * 1024);
         assert_eq!(o.steering_queue_cap, 100);
+        assert_eq!(o.default_budgets, RunBudgets::default());
+        assert_eq!(o.membership_ttl, Duration::from_secs(6));
+
+        let mut config = SwitchboardConfig::default();
+        config.limits.budgets.max_tool_calls = std::num::NonZeroU32::new(3).unwrap();
+        config.orchestrator.membership_heartbeat = Duration::from_millis(500);
+        config.orchestrator.member_id = Some("orch-a".into());
+        let o = OrchestratorOptions::from_config(&config);
+        assert_eq!(o.default_budgets.max_tool_calls, 3);
+        assert_eq!(o.default_budgets.max_model_calls, 16);
+        assert_eq!(o.membership_heartbeat, Duration::from_millis(500));
+        assert_eq!(o.member_id.as_deref(), Some("orch-a"));
     }
 }

@@ -245,6 +245,52 @@ impl Default for RunBudgets {
     }
 }
 
+/// An agent's own budgets (the `budgets` of `POST /v1/agents`): each budget it names
+/// replaces the deployment's default (`limits.budgets`), the others keep it. Stored as
+/// given, so a deployment that changes its defaults changes them for every agent that did
+/// not choose its own. Zero is a legitimate value: it switches that capability off for the
+/// agent (every call is `budget_exceeded`) without touching its grants.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct BudgetOverrides {
+    /// Replaces [`RunBudgets::max_model_calls`].
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub max_model_calls: Option<u32>,
+    /// Replaces [`RunBudgets::max_tool_calls`].
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub max_tool_calls: Option<u32>,
+    /// Replaces [`RunBudgets::max_tool_result_chars`].
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub max_tool_result_chars: Option<u64>,
+    /// Replaces [`RunBudgets::max_model_output_chars`].
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub max_model_output_chars: Option<u64>,
+}
+
+impl BudgetOverrides {
+    /// The budgets of a run: `defaults` with these overrides applied.
+    ///
+    /// ```
+    /// use sb_protocol::host::{BudgetOverrides, RunBudgets};
+    /// let mine = BudgetOverrides { max_tool_calls: Some(1), ..Default::default() };
+    /// let run = mine.over(RunBudgets::default());
+    /// assert_eq!((run.max_tool_calls, run.max_model_calls), (1, 16));
+    /// ```
+    #[must_use]
+    pub fn over(self, defaults: RunBudgets) -> RunBudgets {
+        RunBudgets {
+            max_model_calls: self.max_model_calls.unwrap_or(defaults.max_model_calls),
+            max_tool_calls: self.max_tool_calls.unwrap_or(defaults.max_tool_calls),
+            max_tool_result_chars: self
+                .max_tool_result_chars
+                .unwrap_or(defaults.max_tool_result_chars),
+            max_model_output_chars: self
+                .max_model_output_chars
+                .unwrap_or(defaults.max_model_output_chars),
+        }
+    }
+}
+
 /// How specific an [`AgentScope`] is; binding resolution picks the most specific match, and
 /// two matches at the same level are ambiguous (SPEC §5). Ordered least to most specific.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
@@ -335,9 +381,9 @@ pub struct AgentConfig {
     /// Delivery and concurrency.
     #[serde(default)]
     pub delivery_policy: DeliveryPolicy,
-    /// Per-run budgets.
+    /// The agent's own per-run budgets, over the deployment's defaults.
     #[serde(default)]
-    pub budgets: RunBudgets,
+    pub budgets: BudgetOverrides,
     /// Handled event types.
     #[serde(default = "default_event_types")]
     pub event_types: Vec<String>,
@@ -378,9 +424,9 @@ pub struct AgentBinding {
     /// Delivery and concurrency.
     #[serde(default)]
     pub delivery_policy: DeliveryPolicy,
-    /// Per-run budgets.
+    /// The agent's own per-run budgets, over the deployment's defaults.
     #[serde(default)]
-    pub budgets: RunBudgets,
+    pub budgets: BudgetOverrides,
     /// Whether it can match.
     pub enabled: bool,
 }

@@ -3,7 +3,7 @@
 //!
 //! Creating an agent validates every policy against its `sb-protocol` type (unknown fields
 //! refused), the filters against the resolver's filter language, the budget overrides
-//! against [`RunBudgets`], and then two things that need the database:
+//! against [`BudgetOverrides`], and then two things that need the database:
 //! - the runner must be registered by some worker (`422` otherwise: the request is
 //!   well-formed but names something that does not exist);
 //! - an enabled agent must not tie with an existing enabled agent: same specificity,
@@ -30,7 +30,8 @@ use axum::response::IntoResponse;
 use sb_orchestrator::bindings::{AgentCandidate, EventFilter, conflicts};
 use sb_protocol::error::ErrorCode;
 use sb_protocol::host::{
-    AgentConfig, AgentScope, DeliveryPolicy, ResourcePolicy, RunBudgets, StatePolicy, event_types,
+    AgentConfig, AgentScope, BudgetOverrides, DeliveryPolicy, ResourcePolicy, StatePolicy,
+    event_types,
 };
 use sb_protocol::ids::AgentId;
 use sb_protocol::manifest::RunnerId;
@@ -89,8 +90,9 @@ pub struct CreateAgent {
     /// Delivery and concurrency.
     #[serde(default)]
     pub delivery_policy: DeliveryPolicy,
-    /// Per-run budget overrides (see the module docs); checked against [`RunBudgets`] and
-    /// stored as given, so unset budgets keep following the defaults.
+    /// Per-run budget overrides (see the module docs); checked against [`BudgetOverrides`]
+    /// and stored as given, so unset budgets keep following the deployment's defaults
+    /// (`limits.budgets`).
     #[serde(default)]
     pub budgets: Map<String, Value>,
     /// Whether the resolver considers it (default `true`).
@@ -382,7 +384,7 @@ fn to_json<T: Serialize>(value: &T) -> ApiResult<Value> {
 
 /// Checks what can be checked without the database; returns the parsed runner id and the
 /// budgets the overrides give.
-fn validate(body: &CreateAgent) -> ApiResult<(RunnerId, RunBudgets)> {
+fn validate(body: &CreateAgent) -> ApiResult<(RunnerId, BudgetOverrides)> {
     check_text("name", &body.name, MAX_NAME_LEN)?;
     if let Some(d) = &body.description {
         if d.chars().count() > MAX_DESCRIPTION_LEN {
@@ -433,8 +435,9 @@ fn validate(body: &CreateAgent) -> ApiResult<(RunnerId, RunBudgets)> {
 }
 
 /// The budgets that `overrides` give: unknown names, negative or fractional numbers, values
-/// out of range and `null` are refused (a partial object is the normal case).
-fn budgets(overrides: &Map<String, Value>) -> ApiResult<RunBudgets> {
+/// out of range are refused; a partial object is the normal case, and `null` leaves a
+/// budget to the default.
+fn budgets(overrides: &Map<String, Value>) -> ApiResult<BudgetOverrides> {
     serde_json::from_value(Value::Object(overrides.clone())).map_err(|e| {
         ApiError::invalid(format!(
             "invalid `budgets`: {e} (expected non-negative integers for any of \
@@ -499,13 +502,16 @@ mod tests {
     #[test]
     fn budgets_are_partial_overrides() {
         let (_, b) = validate(&body(json!({}))).unwrap();
-        assert_eq!(b, RunBudgets::default());
+        assert_eq!(b, BudgetOverrides::default());
+        // `null` leaves a budget to the deployment's default, like leaving it out.
+        let (_, b) = validate(&body(json!({"budgets": {"max_model_calls": null}}))).unwrap();
+        assert_eq!(b, BudgetOverrides::default());
         let (_, b) = validate(&body(json!({"budgets": {"max_tool_calls": 0}}))).unwrap();
         assert_eq!(
             b,
-            RunBudgets {
-                max_tool_calls: 0,
-                ..RunBudgets::default()
+            BudgetOverrides {
+                max_tool_calls: Some(0),
+                ..BudgetOverrides::default()
             }
         );
         for bad in [
@@ -513,7 +519,6 @@ mod tests {
             json!({"max_tool_calls": -1}),
             json!({"max_tool_calls": 1.5}),
             json!({"max_tool_calls": "1"}),
-            json!({"max_tool_calls": null}),
             json!({"max_model_calls": 4_294_967_296_u64}),
         ] {
             let err = validate(&body(json!({ "budgets": bad.clone() }))).unwrap_err();
