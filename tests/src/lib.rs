@@ -25,8 +25,11 @@
 //! - [`message`]: the body of a `message.received` event.
 //! - [`cluster`]: cluster mode — every role its own `switchboard` process on RabbitMQ, Redis
 //!   and Postgres — driven with the same [`Client`].
+//! - [`script`]: scripted Host API runs (`sb-api-runner`) and their outcomes, with either
+//!   harness.
 
 pub mod cluster;
+pub mod script;
 
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Once};

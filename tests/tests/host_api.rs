@@ -2,44 +2,41 @@
 //! runner processes built on the `sb-runner` SDK call every action through the worker, and
 //! remote runners call it over HTTP (`POST /v1/host/{action}`) with their run's token.
 //!
-//! The scripted runner is `sb-api-runner` (tests/src/bin): its input text is a JSON array of
-//! steps, and it reports one outcome per step (`{"do", "ok", "data" | "error"}`) in its
-//! `message.completed`. Two plugins run it: `sdk-api` (asks for every permission and for
-//! steering) and `sdk-api-bare` (asks for nothing). Misuse of run ids by a runner process is
-//! driven with `sb-test-runner`'s `api_foreign`.
+//! The scripted runner is `sb-api-runner` (tests/src/bin), driven through
+//! [`sb_tests::script`]: its input text is a JSON array of steps, and it reports one outcome
+//! per step (`{"do", "ok", "data" | "error"}`) in its `message.completed`. Two plugins run
+//! it: `sdk-api` (asks for every permission and for steering) and `sdk-api-bare` (asks for
+//! nothing). Misuse of run ids by a runner process is driven with `sb-test-runner`'s
+//! `api_foreign`.
 //!
-//! Needs the runner binaries: `cargo build --workspace --bins` (scripts/test does it). The
-//! cluster-mode test at the end also needs the local Postgres, Redis and RabbitMQ (skipped,
-//! with a message, when one is unreachable).
-
-use std::time::Duration;
+//! The refusal scenarios are plain `async fn`s over a [`Client`] and the deployment's
+//! [`Stores`]; `in_both_modes!` runs each in embedded mode (`embedded::<name>`) and in
+//! cluster mode (`cluster_mode::<name>`: two gateway, two orchestrator and two worker
+//! processes on Postgres, Redis and RabbitMQ), so the host refuses the same things wherever
+//! the run, its session and its caller live.
+//!
+//! Needs the runner binaries and the `switchboard` binary: `cargo build --workspace --bins`
+//! (scripts/test does it). The cluster-mode tests also need the local Postgres, Redis and
+//! RabbitMQ (skipped, with a message, when one is unreachable).
 
 use chrono::Utc;
 use sb_protocol::ids::{EventId, RunId, WorkspaceId};
-use sb_protocol::result::AgentRunResult;
-use sb_store::{ArtifactScope, EventQuery, EventRecord, NewArtifact, Stores};
-use sb_tests::{
-    Client, ClusterBuilder, TEST_PER_RUN, TEST_SHARED, TestCluster, runner_binary, wait_for,
+use sb_store::{ArtifactScope, NewArtifact, Stores};
+use sb_tests::cluster::{ClusterSpec, TestCluster as Deployment};
+use sb_tests::script::{
+    API, API_PLUGIN, BARE, agent, announced, assert_codes, assert_remote_refused, audit_rows,
+    cancel, content_of, ok, open_barrier, outcomes, patch_agent, remote, require_api_runner,
+    script, start_script, unique, wait_claimed,
 };
+use sb_tests::{Client, ClusterBuilder, TEST_PER_RUN, TEST_SHARED, TestCluster, wait_for};
 use serde_json::{Value, json};
-
-/// `sb-api-runner` with every permission and steering.
-const API: &str = "plugin:switchboard-tests/sdk-api/default";
-/// The plugin identity of [`API`] (the owner of its plugin storage).
-const API_PLUGIN: &str = "switchboard-tests/sdk-api";
-/// `sb-api-runner` without any permission.
-const BARE: &str = "plugin:switchboard-tests/sdk-api-bare/default";
 
 // ---------------------------------------------------------------------------------------------
 // Helpers
 // ---------------------------------------------------------------------------------------------
 
-fn unique(prefix: &str) -> String {
-    format!("{prefix}-{}", uuid::Uuid::new_v4().simple())
-}
-
 async fn start(builder: ClusterBuilder) -> TestCluster {
-    let _ = runner_binary("sb-api-runner");
+    require_api_runner();
     builder.start().await
 }
 
@@ -47,217 +44,51 @@ async fn cluster() -> TestCluster {
     start(TestCluster::builder()).await
 }
 
-/// Creates an agent for `conversation` bound to `runner`; `extra` adds or replaces fields of
-/// the body (policies, `runner_config`). Returns its id.
-async fn agent(client: &Client, conversation: &str, runner: &str, extra: Value) -> String {
-    let mut body = json!({
-        "name": unique("agent"),
-        "runner_id": runner,
-        "scope": {"conversation_id": conversation},
-    });
-    for (k, v) in extra.as_object().expect("extra is an object") {
-        body[k] = v.clone();
-    }
-    let created = client.create_agent(&body).await.expect(201);
-    created.str("agent_id").to_owned()
+/// A deployment of separate processes, two of each role (so the runner, its session, the
+/// ingesting gateway and the routing orchestrator are spread over processes), or `None` when
+/// a service is unreachable.
+async fn deployment() -> Option<Deployment> {
+    require_api_runner();
+    Deployment::spawn_or_skip(ClusterSpec::default()).await
 }
 
-/// `PATCH /v1/agents/{id}` (the harness client has no PATCH).
-async fn patch_agent(cluster: &TestCluster, agent_id: &str, body: &Value) {
-    let key = cluster.process().api_key().expect("an api key");
-    let response = reqwest::Client::new()
-        .patch(format!(
-            "{}/v1/agents/{agent_id}",
-            cluster.client().base_url()
-        ))
-        .bearer_auth(key)
-        .json(body)
-        .send()
-        .await
-        .expect("the patch request");
-    assert!(
-        response.status().is_success(),
-        "patch refused: {}",
-        response.text().await.unwrap_or_default()
-    );
+/// Instantiates each scenario (`async fn(&Client, &Stores)`) twice: `embedded::<name>` on the
+/// in-process harness and `cluster_mode::<name>` on a [`deployment`], through its first
+/// gateway and with stores on its schema.
+macro_rules! in_both_modes {
+    ($($scenario:ident),* $(,)?) => {
+        mod embedded {
+            $(
+                #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+                async fn $scenario() {
+                    let cluster = super::cluster().await;
+                    super::$scenario(cluster.client(), cluster.stores()).await;
+                    cluster.shutdown().await;
+                }
+            )*
+        }
+
+        mod cluster_mode {
+            $(
+                #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+                async fn $scenario() {
+                    let Some(deployment) = super::deployment().await else {
+                        return;
+                    };
+                    let stores = sb_store::Stores::from_sql(deployment.store().clone());
+                    super::$scenario(&deployment.client(0), &stores).await;
+                }
+            )*
+        }
+    };
 }
 
-/// Posts `steps` as a message in `conversation`; returns the event and its run.
-async fn start_script(client: &Client, conversation: &str, steps: &Value) -> (EventId, RunId) {
-    let event = client.send_message(conversation, &steps.to_string()).await;
-    let run_id = client.run_of(event).await;
-    (event, run_id)
-}
-
-/// The text of a message-like item (`data.message.content` or `data.chunk.content`).
-fn content_of(item: &AgentRunResult, key: &str) -> Option<String> {
-    match item.data.get(key)?.get("content")? {
-        Value::String(text) => Some(text.clone()),
-        Value::Array(blocks) => Some(
-            blocks
-                .iter()
-                .filter_map(|b| b.get("text").and_then(Value::as_str))
-                .collect(),
-        ),
-        _ => None,
-    }
-}
-
-/// Waits for the run to end and returns the outcomes it reported; panics, with the run's
-/// items, when it reported none.
-///
-/// The run's status becomes terminal when its result is persisted, a moment before the worker
-/// ends its session; until then, a message in the same conversation could still be claimed
-/// as steering by the ending run. So this also waits until the run's remote Host API answers
-/// `not_found` (its session is gone), which checks on the way that every run's token dies
-/// with it.
-async fn outcomes(client: &Client, run_id: RunId) -> Vec<Value> {
-    let run = client.wait_run_terminal(run_id).await;
-    let items = client.run_events(run_id, 0).await;
-    let text = items
-        .iter()
-        .find(|i| i.result_type == "message.completed")
-        .and_then(|i| content_of(i, "message"))
-        .unwrap_or_else(|| panic!("run {run_id} reported nothing: {run} {items:?}"));
-    let report: Value =
-        serde_json::from_str(&text).unwrap_or_else(|e| panic!("bad report ({e}): {text}"));
-    assert_eq!(report["run_id"], run_id.to_string(), "{report}");
-    let url = report["host_api"]["url"].as_str().expect("a host api url");
-    let token = report["host_api"]["token"]
-        .as_str()
-        .expect("a host api token");
-    wait_for(&format!("the session of run {run_id} to end"), || async {
-        let (status, body) = remote(
-            client.base_url(),
-            url,
-            Some(token),
-            run_id,
-            "get_host_version",
-            json!({}),
-        )
-        .await;
-        assert!(matches!(status, 200 | 404), "{status} {body}");
-        (status == 404).then_some(())
-    })
-    .await;
-    report["outcomes"].as_array().expect("outcomes").clone()
-}
-
-/// Runs a script in `conversation` and returns its outcomes, one per step.
-async fn script(client: &Client, conversation: &str, steps: Value) -> Vec<Value> {
-    let (_, run_id) = start_script(client, conversation, &steps).await;
-    let outcomes = outcomes(client, run_id).await;
-    assert_eq!(
-        outcomes.len(),
-        steps.as_array().unwrap().len(),
-        "{outcomes:?}"
-    );
-    outcomes
-}
-
-/// The data of a successful outcome.
-#[track_caller]
-fn ok(outcome: &Value) -> &Value {
-    assert_eq!(outcome["ok"], true, "expected success: {outcome}");
-    &outcome["data"]
-}
-
-/// Asserts each outcome's code (`"ok"` for a success), naming the step on failure.
-#[track_caller]
-fn assert_codes(outcomes: &[Value], expected: &[&str]) {
-    assert_eq!(outcomes.len(), expected.len(), "{outcomes:#?}");
-    for (i, (outcome, code)) in outcomes.iter().zip(expected).enumerate() {
-        let got = if outcome["ok"] == true {
-            "ok"
-        } else {
-            outcome["error"]["code"].as_str().unwrap_or("?")
-        };
-        assert_eq!(got, *code, "step {i}: {outcome}");
-    }
-}
-
-/// The remote Host API of an active run, from its `announce` delta: `(url path, token)`.
-async fn announced(client: &Client, run_id: RunId) -> (String, String) {
-    wait_for(&format!("run {run_id} to announce itself"), || async {
-        let items = client.run_events(run_id, 0).await;
-        items
-            .iter()
-            .filter(|i| i.result_type == "message.delta")
-            .filter_map(|i| content_of(i, "chunk"))
-            .filter_map(|text| serde_json::from_str::<Value>(&text).ok())
-            .find(|v| v["run_id"] == run_id.to_string())
-            .map(|v| {
-                (
-                    v["host_api"]["url"].as_str().unwrap_or_default().to_owned(),
-                    v["host_api"]["token"]
-                        .as_str()
-                        .unwrap_or_default()
-                        .to_owned(),
-                )
-            })
-    })
-    .await
-}
-
-/// A remote runner: `POST {base}{url}/{action}` with `token` for `run_id`.
-async fn remote(
-    base: &str,
-    url: &str,
-    token: Option<&str>,
-    run_id: RunId,
-    action: &str,
-    params: Value,
-) -> (u16, Value) {
-    let mut request = reqwest::Client::new()
-        .post(format!("{base}{url}/{action}"))
-        .json(&json!({"run_id": run_id, "params": params}));
-    if let Some(token) = token {
-        request = request.bearer_auth(token);
-    }
-    let response = tokio::time::timeout(Duration::from_secs(30), request.send())
-        .await
-        .expect("the remote call timed out")
-        .expect("the remote call failed");
-    let status = response.status().as_u16();
-    let body = response.json().await.unwrap_or(Value::Null);
-    (status, body)
-}
-
-/// Asserts a remote refusal: status, code and the runner-facing error shape.
-#[track_caller]
-fn assert_remote_refused(answer: &(u16, Value), status: u16, code: &str) {
-    assert_eq!(answer.0, status, "{}", answer.1);
-    assert_eq!(answer.1["code"], code, "{}", answer.1);
-    assert!(answer.1["retryable"].is_boolean(), "{}", answer.1);
-    assert!(answer.1["details"].is_object(), "{}", answer.1);
-}
-
-async fn cancel(client: &Client, run_id: RunId) {
-    let response = client
-        .post(&format!("/v1/runs/{run_id}/cancel"), &json!({}))
-        .await;
-    assert!(
-        (200..300).contains(&response.status),
-        "cancel refused: {}",
-        response.body
-    );
-}
-
-/// Waits until `event_id` was claimed as steering by `run_id`.
-async fn wait_claimed(client: &Client, event_id: EventId, run_id: RunId) {
-    let event = client.wait_routed(event_id).await;
-    assert_eq!(event["status"], "claimed", "{event}");
-    assert_eq!(event["claimed_by_run_id"], run_id.to_string(), "{event}");
-}
-
-/// Opens a `wait_storage` barrier of the `sdk-api` plugin.
-async fn open_barrier(stores: &Stores, key: &str) {
-    stores
-        .storage
-        .set("plugin", API_PLUGIN, key, b"go".to_vec())
-        .await
-        .expect("the barrier key is written");
-}
+in_both_modes!(
+    refusals_carry_their_protocol_codes,
+    apis_the_run_was_not_granted_are_refused,
+    run_ids_of_ended_runs_and_of_other_processes_are_refused,
+    state_is_per_binding_and_its_policy_is_frozen_at_run_start,
+);
 
 /// An inline artifact of workspace `default` in `conversation` with `scope`.
 fn artifact(id: &str, conversation: Option<&str>, scope: ArtifactScope) -> NewArtifact {
@@ -273,17 +104,6 @@ fn artifact(id: &str, conversation: Option<&str>, scope: ArtifactScope) -> NewAr
     a.mime_type = Some("text/plain".into());
     a.conversation_id = conversation.map(str::to_owned);
     a
-}
-
-/// Event-log rows of `event_type` in `conversation`, oldest first.
-async fn audit_rows(stores: &Stores, conversation: &str, event_type: &str) -> Vec<EventRecord> {
-    let mut query = EventQuery::new(WorkspaceId::default_workspace());
-    query.conversation_id = Some(conversation.to_owned());
-    query.event_types = vec![event_type.to_owned()];
-    query.limit = Some(100);
-    let mut rows = stores.events.page(query).await.expect("event page").items;
-    rows.reverse();
-    rows
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -500,11 +320,9 @@ async fn every_action_answers_through_the_sdk() {
 // Refusals
 // ---------------------------------------------------------------------------------------------
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn refusals_carry_their_protocol_codes() {
-    let cluster = cluster().await;
-    let client = cluster.client();
-    let stores = cluster.stores();
+/// Every refusal of the validation pipeline, with its protocol code (SPEC §8 steps 5–6,
+/// host-behaviour §22.2 and Appendix B 29–31).
+async fn refusals_carry_their_protocol_codes(client: &Client, stores: &Stores) {
     let conversation = unique("refuse");
     let other = unique("other");
     agent(client, &conversation, API, json!({})).await;
@@ -650,13 +468,11 @@ async fn refusals_carry_their_protocol_codes() {
         "aGVsbG8gYXJ0aWZhY3Q=",
         "`hello artifact`"
     );
-    cluster.shutdown().await;
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn apis_the_run_was_not_granted_are_refused() {
-    let cluster = cluster().await;
-    let client = cluster.client();
+/// A runner that asked for nothing is granted nothing, and an agent that turns state off
+/// takes the state API away.
+async fn apis_the_run_was_not_granted_are_refused(client: &Client, _stores: &Stores) {
     let conversation = unique("bare");
     agent(client, &conversation, BARE, json!({})).await;
     let o = script(
@@ -730,7 +546,6 @@ async fn apis_the_run_was_not_granted_are_refused() {
     .await;
     assert_codes(&o, &["unauthorized", "unauthorized", "ok"]);
     assert_eq!(ok(&o[2])["context"]["available_apis"]["state"], false);
-    cluster.shutdown().await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -805,10 +620,12 @@ async fn foreign_call(client: &Client, conversation: &str, run_id: RunId, action
     serde_json::from_str(&text).unwrap()
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn run_ids_of_ended_runs_and_of_other_processes_are_refused() {
-    let cluster = cluster().await;
-    let client = cluster.client();
+/// A runner process may only name its own active runs: another plugin's run, another
+/// process's run of the same plugin and a run that ended are all refused.
+async fn run_ids_of_ended_runs_and_of_other_processes_are_refused(
+    client: &Client,
+    _stores: &Stores,
+) {
     let shared = unique("shared");
     client.conversation_agent(&shared, TEST_SHARED).await;
     let per_run = unique("per-run");
@@ -860,7 +677,6 @@ async fn run_ids_of_ended_runs_and_of_other_processes_are_refused() {
     let run = client.wait_run_terminal(run_a).await;
     assert_eq!(run["status"], "cancelled", "{run}");
     client.wait_run_terminal(run_p).await;
-    cluster.shutdown().await;
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -1104,10 +920,12 @@ async fn every_way_a_run_ends_closes_its_host_api() {
 // State: bindings, aliases, frozen policy, state.updated
 // ---------------------------------------------------------------------------------------------
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn state_is_per_binding_and_its_policy_is_frozen_at_run_start() {
-    let cluster = cluster().await;
-    let client = cluster.client();
+/// State is keyed by binding: another agent in the same conversation sees none of it; and the
+/// state policy is frozen when a run starts.
+async fn state_is_per_binding_and_its_policy_is_frozen_at_run_start(
+    client: &Client,
+    stores: &Stores,
+) {
     let conversation = unique("state");
     let agent_a = agent(client, &conversation, API, json!({})).await;
 
@@ -1154,7 +972,7 @@ async fn state_is_per_binding_and_its_policy_is_frozen_at_run_start() {
     assert_eq!(ok(&o[2])["state"]["conversation"]["k"], "from-a");
 
     // Another agent (another binding) in the same conversation cannot see it.
-    patch_agent(&cluster, &agent_a, &json!({"enabled": false})).await;
+    patch_agent(client, &agent_a, &json!({"enabled": false})).await;
     let agent_b = agent(client, &conversation, API, json!({})).await;
     let o = script(
         client,
@@ -1186,12 +1004,12 @@ async fn state_is_per_binding_and_its_policy_is_frozen_at_run_start() {
     .await;
     announced(client, run_id).await;
     patch_agent(
-        &cluster,
+        client,
         &agent_b,
         &json!({"state_policy": {"enable_state": false}}),
     )
     .await;
-    open_barrier(cluster.stores(), &barrier).await;
+    open_barrier(stores, &barrier).await;
     let o = outcomes(client, run_id).await;
     assert_codes(&o, &["ok", "ok", "ok", "ok"]);
     assert_eq!(ok(&o[3])["value"], true);
@@ -1202,7 +1020,6 @@ async fn state_is_per_binding_and_its_policy_is_frozen_at_run_start() {
     )
     .await;
     assert_codes(&o, &["unauthorized"]);
-    cluster.shutdown().await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -1361,8 +1178,7 @@ async fn steering_is_pulled_in_order_audited_and_dropped_when_unpulled() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn cluster_mode_runners_and_remote_runners_share_one_pipeline() {
-    use sb_tests::cluster::{ClusterSpec, TestCluster as Deployment};
-    let _ = runner_binary("sb-api-runner");
+    require_api_runner();
     let spec = ClusterSpec {
         gateways: 2,
         orchestrators: 1,
