@@ -613,7 +613,32 @@ async fn model_budgets_refuse_and_stay_exhausted() {
         )
         .await;
     assert_eq!(code(&streamed), "budget_exceeded");
+    assert_eq!(
+        streamed.unwrap_err().details["budget"],
+        "model_output_chars"
+    );
     assert!(rx.try_recv().is_err(), "no chunk past an exhausted budget");
+
+    // Past an exhausted output budget the provider is not called at all, so no model call
+    // is spent on it: with 3 model calls, two were used above and the third is still free.
+    let s = ids.snap(json!({"max_model_output_chars": 15, "max_model_calls": 3}));
+    assert_eq!(code(&f.call(&s, "invoke_llm", p.clone()).await), "ok");
+    assert_eq!(
+        code(&f.call(&s, "invoke_llm", p.clone()).await),
+        "budget_exceeded"
+    );
+    for _ in 0..3 {
+        let refused = f.call(&s, "invoke_llm", p.clone()).await;
+        assert_eq!(refused.unwrap_err().details["budget"], "model_output_chars");
+    }
+    let rerank = json!({"model_id": ids.model("rr"), "query": "q", "documents": ["a"]});
+    assert_eq!(code(&f.call(&s, "invoke_rerank", rerank).await), "ok");
+    // A zero output budget refuses every model answer up front.
+    let s = ids.snap(json!({"max_model_output_chars": 0, "max_model_calls": 1}));
+    let refused = f.call(&s, "invoke_llm", p.clone()).await;
+    assert_eq!(refused.unwrap_err().details["budget"], "model_output_chars");
+    let rerank = json!({"model_id": ids.model("rr"), "query": "q", "documents": ["a"]});
+    assert_eq!(code(&f.call(&s, "invoke_rerank", rerank).await), "ok");
 }
 
 #[tokio::test]

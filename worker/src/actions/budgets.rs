@@ -112,6 +112,24 @@ pub(crate) async fn charge(
     }
 }
 
+/// Fails with `budget_exceeded` when `budget` has nothing left for the run: it is exhausted
+/// (an earlier charge was refused) or its limit is zero.
+///
+/// For a budget charged *after* the work (model output), this is checked before the
+/// provider is called, so a run whose output budget is gone does not pay for answers it
+/// will be refused, nor spend model calls on them.
+pub(crate) async fn ensure_left(
+    sessions: &dyn SessionStore,
+    snap: &AuthorizationSnapshot,
+    budget: Budget,
+) -> Result<(), AgentApiError> {
+    if budget.limit(snap) == 0 {
+        return Err(exceeded(budget.name(), 0));
+    }
+    // Adding nothing succeeds unless the counter is marked exhausted.
+    charge(sessions, snap, budget, 0).await
+}
+
 /// The `budget_exceeded` error of `budget` with its limit.
 pub(crate) fn exceeded(budget: &str, limit: i64) -> AgentApiError {
     AgentApiError::new(

@@ -178,6 +178,7 @@ impl ActionDispatcher {
         self.admit(cx).await?;
         let model = self.load_model(cx, &id, ModelKind::Llm).await?;
         let snap = cx.call.snapshot;
+        budgets::ensure_left(self.sessions.as_ref(), snap, Budget::ModelOutputChars).await?;
         budgets::charge(self.sessions.as_ref(), snap, Budget::ModelCalls, 1).await?;
         let req = openai::ChatRequest {
             model: &model,
