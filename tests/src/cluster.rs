@@ -261,10 +261,16 @@ impl std::fmt::Debug for TestCluster {
 impl TestCluster {
     /// [`Self::spawn`] on [`Services::from_env`], or `None` (with a message on stderr) when
     /// a service is unreachable, so a suite can skip instead of failing on a machine without
-    /// the services. Any other failure panics.
+    /// the services. Any other failure panics, and so does an unreachable service when
+    /// `SWITCHBOARD_TEST_REQUIRE_SERVICES` is set (`scripts/test` sets it: there a skipped
+    /// cluster test would be a test that cannot fail).
     pub async fn spawn_or_skip(spec: ClusterSpec) -> Option<Self> {
         let services = Services::from_env();
         if let Some(why) = services.unreachable().await {
+            assert!(
+                std::env::var_os("SWITCHBOARD_TEST_REQUIRE_SERVICES").is_none(),
+                "cluster tests need Postgres, Redis and RabbitMQ: {why}"
+            );
             eprintln!(
                 "SKIPPED: cluster tests need Postgres, Redis and RabbitMQ: {why} (scripts/test starts them)"
             );

@@ -84,6 +84,7 @@ macro_rules! in_both_modes {
 }
 
 in_both_modes!(
+    every_action_answers_through_the_sdk,
     refusals_carry_their_protocol_codes,
     apis_the_run_was_not_granted_are_refused,
     run_ids_of_ended_runs_and_of_other_processes_are_refused,
@@ -110,10 +111,8 @@ fn artifact(id: &str, conversation: Option<&str>, scope: ArtifactScope) -> NewAr
 // Every action through the SDK
 // ---------------------------------------------------------------------------------------------
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn every_action_answers_through_the_sdk() {
-    let cluster = cluster().await;
-    let client = cluster.client();
+/// Every action answers through the SDK (run in both modes by `in_both_modes!`).
+async fn every_action_answers_through_the_sdk(client: &Client, stores: &Stores) {
     let conversation = unique("all");
     agent(
         client,
@@ -123,8 +122,7 @@ async fn every_action_answers_through_the_sdk() {
     )
     .await;
     let art = unique("art");
-    cluster
-        .stores()
+    stores
         .artifacts
         .put(artifact(
             &art,
@@ -286,7 +284,6 @@ async fn every_action_answers_through_the_sdk() {
     assert_eq!(ok(&o[16])["keys"], json!(["p"]));
     assert_eq!(ok(&o[19])["value_base64"], "c2hhcmVk");
     assert_eq!(ok(&o[20])["keys"], json!(["w"]));
-    let stores = cluster.stores();
     assert_eq!(
         stores.storage.get("plugin", API_PLUGIN, "p").await.unwrap(),
         None,
@@ -313,7 +310,6 @@ async fn every_action_answers_through_the_sdk() {
         "{}",
         o[26]
     );
-    cluster.shutdown().await;
 }
 
 // ---------------------------------------------------------------------------------------------
