@@ -1,13 +1,14 @@
-//! The bus conformance suite against a real RabbitMQ (`SWITCHBOARD_TEST_AMQP_URL`, default
-//! `amqp://guest:guest@127.0.0.1:5672/%2f`), plus connection-recovery tests. Every test uses
-//! its own name prefix and deletes its queues and exchanges afterwards (also on panic).
+//! The bus and dead-letter conformance suites against a real RabbitMQ
+//! (`SWITCHBOARD_TEST_AMQP_URL`, default `amqp://guest:guest@127.0.0.1:5672/%2f`), plus
+//! connection-recovery tests. Every test uses its own name prefix and deletes its queues and
+//! exchanges afterwards (also on panic).
 
 use std::sync::Arc;
 use std::time::Duration;
 
 use sb_common::bus::amqp::{AmqpBus, AmqpOptions};
 use sb_common::bus::{Bus, BusError, ConsumeOptions, ExchangeKind, ExchangeSpec, PublishOptions, QueueSpec};
-use sb_common::testing::{BusFixture, run_detached, unique_prefix};
+use sb_common::testing::{BusFixture, DeadLettersFixture, run_detached, unique_prefix};
 
 fn amqp_url() -> String {
     std::env::var("SWITCHBOARD_TEST_AMQP_URL").unwrap_or_else(|_| "amqp://guest:guest@127.0.0.1:5672/%2f".into())
@@ -42,6 +43,15 @@ async fn amqp_fixture() -> BusFixture {
 }
 
 sb_common::bus_suite!(amqp_bus, amqp_fixture);
+
+async fn amqp_dead_letters_fixture() -> DeadLettersFixture {
+    let prefix = unique_prefix();
+    let bus = AmqpBus::connect(options(&prefix)).await.expect("connect to the test broker");
+    let fx = BusFixture::new(Arc::new(bus.clone()), prefix.clone()).with_teardown(teardown(prefix));
+    DeadLettersFixture::new(fx, Arc::new(bus))
+}
+
+sb_common::dead_letters_suite!(amqp_dead_letters, amqp_dead_letters_fixture);
 
 /// After the connection drops, publishing and consuming resume on their own: the live
 /// subscription gets the message published after the reconnection, and the unacked delivery
@@ -130,6 +140,35 @@ fn close_connection_by_name(name: &str) -> bool {
         closed |= status.success();
     }
     closed
+}
+
+/// An error that closes one channel (RabbitMQ's 404 for a missing exchange or queue) is that
+/// operation's error only: the connection stays, and so do the other channels' unacked
+/// deliveries (a reconnection would requeue them all).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn channel_errors_keep_the_connection() {
+    use sb_common::bus::dead_letters::DeadLetters as _;
+
+    let prefix = unique_prefix();
+    let bus = AmqpBus::connect(options(&prefix)).await.unwrap();
+    let fx = BusFixture::new(Arc::new(bus.clone()), prefix.clone()).with_teardown(teardown(prefix));
+    let ex = fx.name("ex");
+    bus.declare_exchange(&ExchangeSpec::new(&ex, ExchangeKind::Direct)).await.unwrap();
+    let spec = QueueSpec::durable(fx.name("q")).bind(&ex, "k");
+    let mut sub = bus.subscribe(&spec, ConsumeOptions::prefetch(10)).await.unwrap();
+    bus.publish(&ex, "k", "held".into(), PublishOptions::default()).await.unwrap();
+    let held = tokio::time::timeout(Duration::from_secs(10), sub.next()).await.unwrap().unwrap();
+    let generation = bus.connection_generation();
+
+    let err = bus.publish(&fx.name("missing"), "k", "x".into(), PublishOptions::default()).await.unwrap_err();
+    assert!(matches!(err, BusError::NotFound(_)), "{err:?}");
+    let err = bus.peek(&QueueSpec::durable(fx.name("missing-q")), 10).await.unwrap_err();
+    assert!(matches!(err, BusError::NotFound(_)), "{err:?}");
+    // Give a (wrong) reconnection the time to happen.
+    tokio::time::sleep(Duration::from_millis(700)).await;
+
+    assert_eq!(bus.connection_generation(), generation, "no reconnection");
+    held.ack().await.expect("the delivery of before the errors can still be acked");
 }
 
 /// Publishing to an unreachable broker fails with `Unavailable` instead of hanging.

@@ -14,12 +14,14 @@
 //!   [`send`] and [`bench`] implement them on [`api`] (the gateway API client) and [`sse`]
 //!   (the event-stream parser).
 //! - [`resources`]: `models`, `tools`, `kb` (the resource registry, through the gateway).
+//! - [`dlq`]: `dlq list|replay|purge` (the dead-letter queue of a cluster's bus).
 //! - [`db`]: database connection helpers shared by the commands above.
 
 pub mod api;
 pub mod bench;
 pub mod client;
 pub mod db;
+pub mod dlq;
 pub mod keys;
 pub mod migrate;
 pub mod resources;
@@ -70,6 +72,8 @@ pub enum Command {
     Kb(resources::KbArgs),
     /// Drive load against a running gateway; print throughput and latency percentiles.
     Bench(client::BenchArgs),
+    /// Inspect, replay or purge the dead-letter queue of a cluster's message bus.
+    Dlq(dlq::DlqArgs),
     /// Serve a runner built into this binary on stdin/stdout (started by the worker).
     #[command(hide = true)]
     Runner(roles::RunnerArgs),
@@ -169,6 +173,7 @@ pub async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
         Command::Tools(args) => resources::tools(args).await,
         Command::Kb(args) => resources::kb(args).await,
         Command::Bench(args) => client::bench(args).await,
+        Command::Dlq(args) => dlq::run(args).await,
         Command::Runner(args) => roles::runner(args).await,
     }
 }

@@ -4,8 +4,9 @@
 //! it keeps unacked deliveries per consumer and returns them to their queue position when a
 //! subscription is dropped, bounds in-flight deliveries by prefetch, gives single-active-consumer
 //! queues to their oldest subscription, counts returns against the delivery limit and
-//! dead-letters through the queue's dead-letter exchange, and fails mandatory messages nobody
-//! is bound for. Nothing is persisted: "durable" means "stored in this process".
+//! dead-letters through the queue's dead-letter exchange (recording where and why, as RabbitMQ's
+//! `x-death` does, so [`DeadLetters`] can replay them), and fails mandatory messages nobody is
+//! bound for. Nothing is persisted: "durable" means "stored in this process".
 //!
 //! All state changes happen synchronously under one `std::sync::Mutex` (never held across an
 //! `.await`), and deliveries are handed to subscriptions over unbounded channels whose length
@@ -18,6 +19,10 @@ use async_trait::async_trait;
 use bytes::Bytes;
 use tokio::sync::mpsc;
 
+use super::dead_letters::{
+    DeadLetter, DeadLetterList, DeadLetters, Death, DeathReason, ReplayOptions, ReplayReport,
+    ReplayWalk, Step, content_id, refusal_is_per_message,
+};
 use super::{
     BatchPublishError, Binding, Bus, BusError, ConsumeOptions, Delivery, ExchangeKind,
     ExchangeSpec, Outgoing, PublishOptions, QueueKind, QueueSpec, Result, Settlement, Settler,
@@ -83,6 +88,34 @@ struct Message {
     redelivered: bool,
     /// Times returned to the queue.
     returns: u32,
+    /// Set when the message was dead-lettered into this queue: where it died and why.
+    death: Option<Death>,
+}
+
+impl Message {
+    /// A message as published (never delivered, never dead).
+    fn new(seq: u64, exchange: &str, routing_key: &str, body: Bytes) -> Self {
+        Self {
+            seq,
+            body,
+            exchange: exchange.to_owned(),
+            routing_key: routing_key.to_owned(),
+            redelivered: false,
+            returns: 0,
+            death: None,
+        }
+    }
+
+    fn as_dead_letter(&self, position: usize) -> DeadLetter {
+        DeadLetter {
+            position,
+            id: content_id(&self.body),
+            message_id: None,
+            message_type: None,
+            death: self.death.clone(),
+            body: self.body.clone(),
+        }
+    }
 }
 
 struct Consumer {
@@ -253,6 +286,19 @@ impl State {
         body: Bytes,
         options: PublishOptions,
     ) -> Result<()> {
+        self.publish_with_death(shared, exchange, routing_key, body, options, None)
+    }
+
+    /// [`publish`](Self::publish), recording `death` on every stored copy (dead-lettering).
+    fn publish_with_death(
+        &mut self,
+        shared: &Weak<Shared>,
+        exchange: &str,
+        routing_key: &str,
+        body: Bytes,
+        options: PublishOptions,
+        death: Option<Death>,
+    ) -> Result<()> {
         check_key(routing_key)?;
         let targets = self.route(exchange, routing_key)?;
         if targets.is_empty() && options.mandatory {
@@ -262,14 +308,9 @@ impl State {
             let queue = self.queues.get_mut(&name).expect("routed to an existing queue");
             let seq = queue.next_seq;
             queue.next_seq += 1;
-            queue.ready.push_back(Message {
-                seq,
-                body: body.clone(),
-                exchange: exchange.to_owned(),
-                routing_key: routing_key.to_owned(),
-                redelivered: false,
-                returns: 0,
-            });
+            let mut message = Message::new(seq, exchange, routing_key, body.clone());
+            message.death.clone_from(&death);
+            queue.ready.push_back(message);
             self.pump(shared, &name);
         }
         Ok(())
@@ -346,7 +387,9 @@ impl State {
             // Like a RabbitMQ quorum queue (the strictest backend): a nacked message goes to
             // the back of the queue, behind younger messages.
             Settlement::Nack { requeue: true } => self.requeue(shared, queue_name, message, Position::Back),
-            Settlement::Nack { requeue: false } => self.dead_letter(shared, queue_name, message),
+            Settlement::Nack { requeue: false } => {
+                self.dead_letter(shared, queue_name, message, DeathReason::Rejected);
+            }
         }
         self.pump(shared, queue_name);
         Ok(())
@@ -358,7 +401,7 @@ impl State {
         message.returns += 1;
         message.redelivered = true;
         if queue.spec.effective_delivery_limit().is_some_and(|limit| message.returns > limit) {
-            self.dead_letter(shared, queue_name, message);
+            self.dead_letter(shared, queue_name, message, DeathReason::DeliveryLimit);
             return;
         }
         match position {
@@ -374,13 +417,68 @@ impl State {
         }
     }
 
-    fn dead_letter(&mut self, shared: &Weak<Shared>, queue_name: &str, message: Message) {
+    fn dead_letter(&mut self, shared: &Weak<Shared>, queue_name: &str, message: Message, reason: DeathReason) {
         let Some(dlx) = self.queues.get(queue_name).and_then(|q| q.spec.dead_letter_exchange.clone()) else {
             return;
         };
+        // Like RabbitMQ's `x-death`: the count goes on when it dies again in the same queue for
+        // the same reason.
+        let count = match &message.death {
+            Some(previous) if previous.queue == queue_name && previous.reason == reason => previous.count + 1,
+            _ => 1,
+        };
+        let death = Death {
+            exchange: message.exchange.clone(),
+            routing_key: message.routing_key.clone(),
+            queue: queue_name.to_owned(),
+            reason,
+            count,
+        };
         // Dead-lettering is best effort, like RabbitMQ's (at-most-once by default): a missing
         // exchange or no matching binding drops the message.
-        let _ = self.publish(shared, &dlx, &message.routing_key, message.body, PublishOptions::best_effort());
+        let _ = self.publish_with_death(
+            shared,
+            &dlx,
+            &message.routing_key,
+            message.body,
+            PublishOptions::best_effort(),
+            Some(death),
+        );
+    }
+
+    fn existing_queue(&self, name: &str) -> Result<&Queue> {
+        check_name(name)?;
+        self.queues.get(name).ok_or_else(|| BusError::NotFound(format!("queue {name:?}")))
+    }
+
+    /// Replays under the lock: every step (publish, then remove the dead copy) is atomic here,
+    /// so the at-least-once window of RabbitMQ does not exist.
+    fn replay(&mut self, shared: &Weak<Shared>, queue_name: &str, options: &ReplayOptions) -> Result<ReplayReport> {
+        // The messages present at the start; the walk examines no more (a replayed message
+        // that dies again lands behind them).
+        let snapshot: Vec<Message> = self.existing_queue(queue_name)?.ready.iter().cloned().collect();
+        let mut walk = ReplayWalk::new(options, snapshot.len());
+        for (index, message) in snapshot.into_iter().enumerate() {
+            if !walk.wants_more() {
+                break;
+            }
+            let letter = message.as_dead_letter(index + 1);
+            let Step::Replay { exchange, routing_key } = walk.next(&letter) else { continue };
+            match self.publish(shared, &exchange, &routing_key, message.body.clone(), PublishOptions::default()) {
+                Ok(()) => {
+                    if let Some(queue) = self.queues.get_mut(queue_name) {
+                        queue.ready.retain(|m| m.seq != message.seq);
+                    }
+                    walk.replayed();
+                }
+                Err(error) if refusal_is_per_message(&error) => walk.refused(letter, error),
+                Err(error) => {
+                    walk.report.interrupted = Some(error);
+                    break;
+                }
+            }
+        }
+        Ok(walk.report)
     }
 
     fn remove_consumer(&mut self, shared: &Weak<Shared>, queue_name: &str, consumer_id: u64) {
@@ -567,5 +665,32 @@ impl Bus for MemoryBus {
             }
         }
         Ok(())
+    }
+}
+
+/// Dead letters are the ready messages of the dead queue, read and removed under the lock:
+/// peeking reads them without delivering them (their position and delivery count do not
+/// change).
+#[async_trait]
+impl DeadLetters for MemoryBus {
+    async fn peek(&self, queue: &QueueSpec, limit: usize) -> Result<DeadLetterList> {
+        let state = self.lock()?;
+        let ready = &state.existing_queue(&queue.name)?.ready;
+        let letters = ready.iter().take(limit).enumerate().map(|(i, m)| m.as_dead_letter(i + 1)).collect();
+        Ok(DeadLetterList { total: ready.len(), letters })
+    }
+
+    async fn replay(&self, queue: &QueueSpec, options: &ReplayOptions) -> Result<ReplayReport> {
+        let weak = Arc::downgrade(&self.shared);
+        self.lock()?.replay(&weak, &queue.name, options)
+    }
+
+    async fn purge(&self, queue: &QueueSpec) -> Result<u64> {
+        let mut state = self.lock()?;
+        state.existing_queue(&queue.name)?;
+        let queue = state.queues.get_mut(&queue.name).expect("checked above");
+        let purged = queue.ready.len() as u64;
+        queue.ready.clear();
+        Ok(purged)
     }
 }

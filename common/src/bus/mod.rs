@@ -13,6 +13,8 @@
 //!   [`topology::declare_topology`], used by every backend.
 //! - [`memory`]: [`memory::MemoryBus`], tokio/mutex based, always compiled.
 //! - `amqp`: `AmqpBus` on lapin (feature `amqp`), with connection recovery.
+//! - [`dead_letters`]: [`dead_letters::DeadLetters`], the operator's capability to peek at,
+//!   replay and purge a dead-letter queue (`switchboard dlq`), implemented by both backends.
 //!
 //! # Message life cycle
 //!
@@ -23,6 +25,8 @@
 //!  Err(Unroutable)                             └─ subscription ─┘   │ delivery limit exceeded
 //!                                                 dropped           ▼
 //!                                                           dead-letter exchange
+//!                                                                   │
+//!                                      replay (DeadLetters) ◀── dead queue ──purge──▶ gone
 //! ```
 
 use std::fmt;
@@ -36,6 +40,7 @@ use tokio::sync::mpsc;
 
 #[cfg(feature = "amqp")]
 pub mod amqp;
+pub mod dead_letters;
 pub mod memory;
 pub mod topology;
 

@@ -302,7 +302,8 @@ impl Topology {
         queues
     }
 
-    /// Deletes every exchange and durable queue of this topology (test teardown, `dlq purge`).
+    /// Deletes every exchange and durable queue of this topology, with their messages (test
+    /// teardown; `switchboard dlq purge` only empties the dead queue).
     pub async fn delete(&self, bus: &dyn Bus) -> Result<()> {
         for queue in self.durable_queues() {
             bus.delete_queue(&queue.name).await?;

@@ -13,8 +13,10 @@
 //! when the test panics.
 //!
 //! # Layout
-//! - this file: [`BusFixture`], [`SessionFixture`], the two macros.
+//! - this file: [`BusFixture`], [`SessionFixture`], the macros.
 //! - [`bus`]: one `pub async fn` per bus contract point.
+//! - [`dead_letters`]: one `pub async fn` per point of the dead-letter contract, and
+//!   [`DeadLettersFixture`].
 //! - [`session`]: one `pub async fn` per session-store contract point.
 
 use std::sync::{Arc, Mutex};
@@ -25,7 +27,10 @@ use crate::session::SessionStore;
 use crate::session::memory::MemorySessionStore;
 
 pub mod bus;
+pub mod dead_letters;
 pub mod session;
+
+pub use dead_letters::DeadLettersFixture;
 
 /// A unique name prefix for one test (`test-<uuid>.`).
 pub fn unique_prefix() -> String {
@@ -175,6 +180,29 @@ macro_rules! bus_suite {
                 delivery_limit_dead_letters_poison_messages,
                 topology_routes_every_message_kind,
                 closed_bus_ends_subscriptions,
+            );
+        }
+    };
+}
+
+/// Instantiates the dead-letter conformance suite: `dead_letters_suite!(module_name, ctor)`.
+/// The constructor is any expression callable as `ctor().await -> DeadLettersFixture`.
+#[macro_export]
+macro_rules! dead_letters_suite {
+    ($name:ident, $fixture:expr) => {
+        mod $name {
+            #[allow(unused_imports)]
+            use super::*;
+            $crate::__conformance_tests!(dead_letters, DeadLettersFixture, $fixture;
+                over_limit_message_is_peeked_with_its_origin,
+                peek_keeps_messages_and_order,
+                replay_returns_a_message_to_its_queue,
+                replay_selects_by_limit_and_id,
+                replay_leaves_what_it_cannot_send_back,
+                replay_keeps_the_order_of_what_it_leaves,
+                replay_is_one_pass,
+                purge_empties_the_dead_queue,
+                missing_queue_is_not_found,
             );
         }
     };
