@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use axum::Router;
 use axum::body::Body;
-use axum::http::{Request, StatusCode, header};
+use axum::http::{Method, Request, StatusCode, header};
 use axum::response::Response;
 use chrono::Utc;
 use futures::StreamExt;
@@ -119,7 +119,17 @@ impl Harness {
     }
 
     fn post_json(&self, uri: &str, body: &Value) -> Request<Body> {
-        Request::post(uri)
+        self.json_request(Method::POST, uri, body)
+    }
+
+    fn patch_json(&self, uri: &str, body: &Value) -> Request<Body> {
+        self.json_request(Method::PATCH, uri, body)
+    }
+
+    fn json_request(&self, method: Method, uri: &str, body: &Value) -> Request<Body> {
+        Request::builder()
+            .method(method)
+            .uri(uri)
             .header(header::AUTHORIZATION, format!("Bearer {}", self.key))
             .header(header::CONTENT_TYPE, "application/json")
             .body(Body::from(body.to_string()))
@@ -1461,11 +1471,7 @@ async fn agents_can_be_patched_under_the_same_rules() {
     let a = json_body(h.send(create("a", "b1")).await).await;
     let b = json_body(h.send(create("b", "b2")).await).await;
     let patch = |id: &Value, body: Value| {
-        Request::patch(format!("/v1/agents/{}", id.as_str().unwrap()))
-            .header(header::AUTHORIZATION, format!("Bearer {}", h.key))
-            .header(header::CONTENT_TYPE, "application/json")
-            .body(Body::from(body.to_string()))
-            .unwrap()
+        h.patch_json(&format!("/v1/agents/{}", id.as_str().unwrap()), &body)
     };
     // Moving b onto a's scope would tie.
     let response = h
@@ -1550,6 +1556,15 @@ async fn agents_take_partial_budget_overrides() {
         }
         body
     };
+    // Every malformed override is refused the same way, on create and on patch.
+    let refused = |response| {
+        assert_error(
+            response,
+            StatusCode::BAD_REQUEST,
+            "invalid_argument",
+            "budgets",
+        )
+    };
     // No budgets: no overrides (the defaults apply).
     let plain = json_body(
         h.send(h.post_json("/v1/agents", &agent("plain", "b0", None)))
@@ -1592,30 +1607,13 @@ async fn agents_take_partial_budget_overrides() {
     .into_iter()
     .enumerate()
     {
-        let response = h
-            .send(h.post_json(
-                "/v1/agents",
-                &agent(&format!("bad-{i}"), &format!("x{i}"), Some(bad.clone())),
-            ))
-            .await;
-        assert_error(
-            response,
-            StatusCode::BAD_REQUEST,
-            "invalid_argument",
-            "budgets",
-        )
-        .await;
+        let body = agent(&format!("bad-{i}"), &format!("x{i}"), Some(bad));
+        refused(h.send(h.post_json("/v1/agents", &body)).await).await;
     }
 
     // PATCH replaces the overrides as a whole, like every other top-level field; `{}`
     // clears them. Other fields keep their overrides.
-    let patch = |body: Value| {
-        Request::patch(format!("/v1/agents/{id}"))
-            .header(header::AUTHORIZATION, format!("Bearer {}", h.key))
-            .header(header::CONTENT_TYPE, "application/json")
-            .body(Body::from(body.to_string()))
-            .unwrap()
-    };
+    let patch = |body: Value| h.patch_json(&format!("/v1/agents/{id}"), &body);
     let response = h.send(patch(json!({"name": "thrifty-2"}))).await;
     assert_eq!(response.status(), StatusCode::OK);
     assert_eq!(json_body(response).await["budgets"], created["budgets"]);
@@ -1627,14 +1625,9 @@ async fn agents_take_partial_budget_overrides() {
         json_body(response).await["budgets"],
         json!({"max_tool_result_chars": 500})
     );
-    let response = h
-        .send(patch(json!({"budgets": {"max_tool_calls": -3}})))
-        .await;
-    assert_error(
-        response,
-        StatusCode::BAD_REQUEST,
-        "invalid_argument",
-        "budgets",
+    refused(
+        h.send(patch(json!({"budgets": {"max_tool_calls": -3}})))
+            .await,
     )
     .await;
     let response = h.send(patch(json!({"budgets": {}}))).await;

@@ -14,7 +14,7 @@ use sb_gateway::{AppState, GatewayDeps, GatewayOptions, app};
 use sb_protocol::ids::WorkspaceId;
 use sb_store::resources::MAX_DOCUMENT_BYTES;
 use sb_store::{
-    ArtifactContent, ArtifactScope, KbSearch, NewArtifact, SqlStore, SqlStoreOptions, Stores,
+    ArtifactContent, ArtifactScope, KbHit, KbSearch, NewArtifact, SqlStore, SqlStoreOptions, Stores,
 };
 use serde_json::{Value, json};
 use tower::ServiceExt;
@@ -93,6 +93,31 @@ impl Harness {
             .unwrap();
         let body = serde_json::from_slice(&bytes).unwrap_or(Value::Null);
         (status, body)
+    }
+
+    /// Creates knowledge base `name`; panics unless the API answers `201`. Returns its id.
+    async fn create_kb(&self, name: &str) -> String {
+        let (status, kb) = self
+            .call("POST", "/v1/knowledge-bases", Some(&json!({"name": name})))
+            .await;
+        assert_eq!(status, StatusCode::CREATED, "{kb}");
+        kb["kb_id"].as_str().expect("kb_id").to_owned()
+    }
+
+    /// The store's top 5 hits for `query` in knowledge base `kb_id` of workspace `default`:
+    /// what a run's `retrieve_knowledge` would find.
+    async fn search(&self, kb_id: &str, query: &str) -> Vec<KbHit> {
+        self.stores
+            .resources
+            .search_kb(KbSearch {
+                workspace_id: WorkspaceId::default_workspace(),
+                kb_id: kb_id.parse().unwrap(),
+                query: query.into(),
+                top_k: 5,
+                document_ids: vec![],
+            })
+            .await
+            .unwrap()
     }
 }
 
@@ -178,15 +203,7 @@ async fn tools_register_with_http_settings() {
 #[tokio::test]
 async fn knowledge_bases_take_documents_that_become_searchable() {
     let h = harness().await;
-    let (status, kb) = h
-        .call(
-            "POST",
-            "/v1/knowledge-bases",
-            Some(&json!({"name": "handbook"})),
-        )
-        .await;
-    assert_eq!(status, StatusCode::CREATED, "{kb}");
-    let kb_id = kb["kb_id"].as_str().unwrap().to_owned();
+    let kb_id = h.create_kb("handbook").await;
     let (status, doc) = h
         .call(
             "POST",
@@ -221,77 +238,62 @@ async fn knowledge_bases_take_documents_that_become_searchable() {
         .await;
     assert_eq!(status, StatusCode::BAD_REQUEST);
 
-    let hits = h
-        .stores
-        .resources
-        .search_kb(KbSearch {
-            workspace_id: WorkspaceId::default_workspace(),
-            kb_id: kb_id.parse().unwrap(),
-            query: "annual leave".into(),
-            top_k: 5,
-            document_ids: vec![],
-        })
-        .await
-        .unwrap();
+    let hits = h.search(&kb_id, "annual leave").await;
     assert_eq!(hits.len(), 1);
     assert_eq!(hits[0].title, "leave");
     let (_, list) = h.call("GET", "/v1/knowledge-bases", None).await;
     assert_eq!(list["items"][0]["kb_id"], kb_id.as_str());
 }
 
+/// An inline artifact of `workspace`, scoped to the workspace, from `source`, holding `bytes`.
+fn inline_artifact(workspace: &str, source: &str, bytes: &[u8]) -> NewArtifact {
+    NewArtifact::inline(
+        WorkspaceId::new(workspace).unwrap(),
+        "file",
+        source,
+        ArtifactScope::Workspace,
+        bytes.to_vec(),
+    )
+}
+
+/// Stores `artifact`; returns its id.
+async fn put(h: &Harness, artifact: NewArtifact) -> String {
+    h.stores.artifacts.put(artifact).await.unwrap().id
+}
+
 /// Registers an inline artifact holding `bytes` in `workspace`; returns its id.
 async fn artifact(h: &Harness, workspace: &str, bytes: &[u8]) -> String {
-    h.stores
-        .artifacts
-        .put(NewArtifact::inline(
-            WorkspaceId::new(workspace).unwrap(),
-            "file",
-            "api",
-            ArtifactScope::Workspace,
-            bytes.to_vec(),
-        ))
-        .await
-        .unwrap()
-        .id
+    put(h, inline_artifact(workspace, "api", bytes)).await
+}
+
+/// `POST {docs}`: a document titled `title` read from artifact `artifact_id`.
+async fn document_from(
+    h: &Harness,
+    docs: &str,
+    title: &str,
+    artifact_id: &str,
+) -> (StatusCode, Value) {
+    h.call(
+        "POST",
+        docs,
+        Some(&json!({"title": title, "artifact_id": artifact_id})),
+    )
+    .await
 }
 
 #[tokio::test]
 async fn documents_can_be_read_from_an_artifact_of_the_workspace() {
     let h = harness().await;
-    let (_, kb) = h
-        .call(
-            "POST",
-            "/v1/knowledge-bases",
-            Some(&json!({"name": "handbook"})),
-        )
-        .await;
-    let kb_id = kb["kb_id"].as_str().unwrap().to_owned();
+    let kb_id = h.create_kb("handbook").await;
     let docs = format!("/v1/knowledge-bases/{kb_id}/documents");
 
     let text = "Parental leave is 16 weeks.\n\nIt can be split in two.";
     let ours = artifact(&h, "default", text.as_bytes()).await;
-    let (status, doc) = h
-        .call(
-            "POST",
-            &docs,
-            Some(&json!({"title": "parental", "artifact_id": ours})),
-        )
-        .await;
+    let (status, doc) = document_from(&h, &docs, "parental", &ours).await;
     assert_eq!(status, StatusCode::CREATED, "{doc}");
     assert_eq!(doc["artifact_id"], ours.as_str(), "the source is recorded");
     assert_eq!(doc["size_bytes"], text.len());
-    let hits = h
-        .stores
-        .resources
-        .search_kb(KbSearch {
-            workspace_id: WorkspaceId::default_workspace(),
-            kb_id: kb_id.parse().unwrap(),
-            query: "parental leave".into(),
-            top_k: 5,
-            document_ids: vec![],
-        })
-        .await
-        .unwrap();
+    let hits = h.search(&kb_id, "parental leave").await;
     assert_eq!(hits.len(), 1);
     assert_eq!(hits[0].title, "parental");
     assert_eq!(hits[0].content, text);
@@ -302,23 +304,11 @@ async fn documents_can_be_read_from_an_artifact_of_the_workspace() {
 
     // Another workspace's artifact, an unknown one and an expired one look alike: 404.
     let foreign = artifact(&h, "elsewhere", b"not yours").await;
-    let mut expired = NewArtifact::inline(
-        WorkspaceId::default_workspace(),
-        "file",
-        "api",
-        ArtifactScope::Workspace,
-        b"too late".to_vec(),
-    );
+    let mut expired = inline_artifact("default", "api", b"too late");
     expired.expires_at = Some(chrono::Utc::now() - chrono::TimeDelta::minutes(1));
-    let expired = h.stores.artifacts.put(expired).await.unwrap().id;
+    let expired = put(&h, expired).await;
     for id in [foreign.as_str(), "no-such-artifact", expired.as_str()] {
-        let (status, err) = h
-            .call(
-                "POST",
-                &docs,
-                Some(&json!({"title": "t", "artifact_id": id})),
-            )
-            .await;
+        let (status, err) = document_from(&h, &docs, "t", id).await;
         assert_eq!(status, StatusCode::NOT_FOUND, "{id}: {err}");
         assert_eq!(err["code"], "not_found", "{err}");
         assert_eq!(err["message"], format!("artifact {id} not found"));
@@ -326,35 +316,17 @@ async fn documents_can_be_read_from_an_artifact_of_the_workspace() {
 
     // Binary content is refused with the reason; so is content the host does not hold.
     let binary = artifact(&h, "default", &[0x89, b'P', b'N', b'G', 0xff, 0xfe, 0]).await;
-    let (status, err) = h
-        .call(
-            "POST",
-            &docs,
-            Some(&json!({"title": "t", "artifact_id": binary})),
-        )
-        .await;
+    let (status, err) = document_from(&h, &docs, "t", &binary).await;
     assert_eq!(status, StatusCode::BAD_REQUEST, "{err}");
     assert_eq!(err["code"], "invalid_argument");
     assert!(
         err["message"].as_str().unwrap().contains("not UTF-8 text"),
         "{err}"
     );
-    let mut external = NewArtifact::inline(
-        WorkspaceId::default_workspace(),
-        "file",
-        "platform",
-        ArtifactScope::Workspace,
-        Vec::new(),
-    );
+    let mut external = inline_artifact("default", "platform", &[]);
     external.content = ArtifactContent::Url("https://example.com/a.txt".into());
-    let external = h.stores.artifacts.put(external).await.unwrap().id;
-    let (status, err) = h
-        .call(
-            "POST",
-            &docs,
-            Some(&json!({"title": "t", "artifact_id": external})),
-        )
-        .await;
+    let external = put(&h, external).await;
+    let (status, err) = document_from(&h, &docs, "t", &external).await;
     assert_eq!(status, StatusCode::BAD_REQUEST, "{err}");
     assert!(
         err["message"]
@@ -366,13 +338,7 @@ async fn documents_can_be_read_from_an_artifact_of_the_workspace() {
 
     // The size limit of text documents holds for artifacts too.
     let big = artifact(&h, "default", &vec![b'a'; MAX_DOCUMENT_BYTES + 1]).await;
-    let (status, err) = h
-        .call(
-            "POST",
-            &docs,
-            Some(&json!({"title": "t", "artifact_id": big})),
-        )
-        .await;
+    let (status, err) = document_from(&h, &docs, "t", &big).await;
     assert_eq!(status, StatusCode::PAYLOAD_TOO_LARGE, "{err}");
     assert_eq!(err["code"], "payload_too_large");
 

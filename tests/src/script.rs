@@ -1,6 +1,7 @@
 //! Scripted Host API runs, shared by the end-to-end suites (`tests/tests/host_api.rs`,
-//! `tests/tests/cluster_conversations.rs`) and usable with either harness: every helper takes
-//! a [`Client`] (the embedded [`TestCluster`](crate::TestCluster)'s or one of a
+//! `tests/tests/cluster_conversations.rs`, `tests/tests/resources.rs`,
+//! `tests/tests/budgets.rs`) and usable with either harness: every helper that drives a
+//! run takes a [`Client`] (the embedded [`TestCluster`](crate::TestCluster)'s or one of a
 //! [`cluster::TestCluster`](crate::cluster::TestCluster)'s gateways) and, where it reads or
 //! writes the database directly, the deployment's [`Stores`].
 //!
@@ -11,8 +12,10 @@
 //!
 //! # Layout
 //! - [`agent`], [`patch_agent`]: agents bound to a runner for one conversation;
-//! - [`start_script`], [`outcomes`], [`script`]: post a script, collect what it reported;
-//! - [`ok`], [`assert_codes`]: check the outcomes;
+//! - [`start_script`], [`report`], [`outcomes`], [`script`]: post a script, collect what it
+//!   reported;
+//! - [`code`], [`ok`], [`details`], [`assert_codes`]: check the outcomes;
+//! - [`serve_local`]: the fake model providers and HTTP tools a script calls;
 //! - [`announced`], [`remote`], [`assert_remote_refused`]: the remote Host API of a run;
 //! - [`cancel`], [`wait_claimed`], [`open_barrier`], [`audit_rows`]: act on and observe a run
 //!   while it is active.
@@ -24,7 +27,7 @@ use sb_protocol::result::AgentRunResult;
 use sb_store::{EventQuery, EventRecord, Stores};
 use serde_json::{Value, json};
 
-use crate::{Client, runner_binary, wait_for};
+use crate::{ApiResponse, Client, runner_binary, wait_for};
 
 /// `sb-api-runner` with every permission and steering.
 pub const API: &str = "plugin:switchboard-tests/sdk-api/default";
@@ -64,8 +67,9 @@ pub async fn agent(client: &Client, conversation: &str, runner: &str, extra: Val
     created.str("agent_id").to_owned()
 }
 
-/// `PATCH /v1/agents/{id}` with `body`; panics unless the gateway accepts it.
-pub async fn patch_agent(client: &Client, agent_id: &str, body: &Value) {
+/// `PATCH /v1/agents/{id}` with `body`; panics unless the gateway accepts it (any `2xx`).
+/// Returns the response, for callers that check the exact status or the updated agent.
+pub async fn patch_agent(client: &Client, agent_id: &str, body: &Value) -> ApiResponse {
     let response = Client::send(
         client
             .request(reqwest::Method::PATCH, &format!("/v1/agents/{agent_id}"))
@@ -78,6 +82,7 @@ pub async fn patch_agent(client: &Client, agent_id: &str, body: &Value) {
         response.status,
         response.body
     );
+    response
 }
 
 /// Posts `steps` as a message in `conversation`; returns the event and its run.
@@ -102,15 +107,26 @@ pub fn content_of(item: &AgentRunResult, key: &str) -> Option<String> {
     }
 }
 
-/// Waits for the run to end and returns the outcomes it reported; panics, with the run's
-/// items, when it reported none.
+/// What an ended scripted run left behind.
+#[derive(Debug)]
+pub struct Report {
+    /// The run (`GET /v1/runs/{id}`) in its terminal status.
+    pub run: Value,
+    /// Every result item of the run, in sequence order.
+    pub items: Vec<AgentRunResult>,
+    /// The outcomes it reported, one per step that ran.
+    pub outcomes: Vec<Value>,
+}
+
+/// Waits for the run to end and returns what it left: the run, its result items and the
+/// outcomes it reported. Panics, with the run's items, when it reported none.
 ///
 /// The run's status becomes terminal when its result is persisted, a moment before the worker
 /// ends its session; until then, a message in the same conversation could still be claimed
 /// as steering by the ending run. So this also waits until the run's remote Host API answers
 /// `not_found` (its session is gone), which checks on the way that every run's token dies
 /// with it.
-pub async fn outcomes(client: &Client, run_id: RunId) -> Vec<Value> {
+pub async fn report(client: &Client, run_id: RunId) -> Report {
     let run = client.wait_run_terminal(run_id).await;
     let items = client.run_events(run_id, 0).await;
     let text = items
@@ -139,7 +155,16 @@ pub async fn outcomes(client: &Client, run_id: RunId) -> Vec<Value> {
         (status == 404).then_some(())
     })
     .await;
-    report["outcomes"].as_array().expect("outcomes").clone()
+    Report {
+        run,
+        items,
+        outcomes: report["outcomes"].as_array().expect("outcomes").clone(),
+    }
+}
+
+/// Waits for the run to end and returns the outcomes it reported (see [`report`]).
+pub async fn outcomes(client: &Client, run_id: RunId) -> Vec<Value> {
+    report(client, run_id).await.outcomes
 }
 
 /// Runs a script in `conversation` and returns its outcomes, one per step.
@@ -154,6 +179,16 @@ pub async fn script(client: &Client, conversation: &str, steps: Value) -> Vec<Va
     outcomes
 }
 
+/// An outcome's code: `"ok"` for a success, else its error's code (`"?"` when it has none).
+#[must_use]
+pub fn code(outcome: &Value) -> &str {
+    if outcome["ok"] == true {
+        "ok"
+    } else {
+        outcome["error"]["code"].as_str().unwrap_or("?")
+    }
+}
+
 /// The data of a successful outcome.
 #[track_caller]
 #[must_use]
@@ -162,17 +197,22 @@ pub fn ok(outcome: &Value) -> &Value {
     &outcome["data"]
 }
 
+/// The error `details` of a failed outcome; panics unless it failed, and when it carries data
+/// besides its error.
+#[track_caller]
+#[must_use]
+pub fn details(outcome: &Value) -> &Value {
+    assert!(outcome["ok"] == false, "expected a failure: {outcome}");
+    assert!(outcome.get("data").is_none(), "an error carries no data");
+    &outcome["error"]["details"]
+}
+
 /// Asserts each outcome's code (`"ok"` for a success), naming the step on failure.
 #[track_caller]
 pub fn assert_codes(outcomes: &[Value], expected: &[&str]) {
     assert_eq!(outcomes.len(), expected.len(), "{outcomes:#?}");
-    for (i, (outcome, code)) in outcomes.iter().zip(expected).enumerate() {
-        let got = if outcome["ok"] == true {
-            "ok"
-        } else {
-            outcome["error"]["code"].as_str().unwrap_or("?")
-        };
-        assert_eq!(got, *code, "step {i}: {outcome}");
+    for (i, (outcome, want)) in outcomes.iter().zip(expected).enumerate() {
+        assert_eq!(code(outcome), *want, "step {i}: {outcome}");
     }
 }
 
@@ -272,4 +312,21 @@ pub async fn audit_rows(stores: &Stores, conversation: &str, event_type: &str) -
     let mut rows = stores.events.page(query).await.expect("event page").items;
     rows.reverse();
     rows
+}
+
+/// Serves `app` on a free port of 127.0.0.1 until the test ends; returns its base URL
+/// (`http://127.0.0.1:<port>`).
+///
+/// The fake model providers and HTTP tools the suites register: the host reaches them from a
+/// worker over the network like any registered provider or tool, so they need a real socket
+/// (the worker is the test process in embedded mode, a separate process in cluster mode).
+pub async fn serve_local(app: axum::Router) -> String {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+        .await
+        .expect("a local port");
+    let addr = listener.local_addr().expect("the local address");
+    tokio::spawn(async move {
+        let _ = axum::serve(listener, app).await;
+    });
+    format!("http://{addr}")
 }

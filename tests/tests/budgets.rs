@@ -11,11 +11,11 @@ use std::sync::atomic::{AtomicU32, Ordering};
 
 use axum::Router;
 use axum::routing::post;
-use sb_protocol::result::AgentRunResult;
-use sb_tests::{Client, TestCluster, runner_binary};
+use sb_tests::TestCluster;
+use sb_tests::script::{
+    API, assert_codes, details, ok, patch_agent, require_api_runner, script, serve_local, unique,
+};
 use serde_json::{Value, json};
-
-const API: &str = "plugin:switchboard-tests/sdk-api/default";
 
 /// An HTTP tool that counts its executions; returns its URL.
 async fn counting_tool(executions: Arc<AtomicU32>) -> String {
@@ -27,41 +27,13 @@ async fn counting_tool(executions: Arc<AtomicU32>) -> String {
             axum::Json(json!({"echo": params, "execution": n}))
         }
     };
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let addr = listener.local_addr().unwrap();
-    let app = Router::new().route("/tool", post(tool));
-    tokio::spawn(async move {
-        let _ = axum::serve(listener, app).await;
-    });
-    format!("http://{addr}/tool")
-}
-
-/// Runs `steps` in `conversation` and returns the outcomes `sb-api-runner` reported.
-async fn outcomes(client: &Client, conversation: &str, steps: &Value) -> Vec<Value> {
-    let event = client.send_message(conversation, &steps.to_string()).await;
-    let run_id = client.run_of(event).await;
-    let run = client.wait_run_terminal(run_id).await;
-    let items: Vec<AgentRunResult> = client.run_events(run_id, 0).await;
-    let text = items
-        .iter()
-        .find(|i| i.result_type == "message.completed")
-        .and_then(|i| i.data["message"]["content"].as_str().map(str::to_owned))
-        .unwrap_or_else(|| panic!("run {run_id} reported nothing: {run} {items:?}"));
-    let report: Value = serde_json::from_str(&text).unwrap();
-    report["outcomes"].as_array().expect("outcomes").clone()
-}
-
-fn code(outcome: &Value) -> &str {
-    if outcome["ok"] == true {
-        "ok"
-    } else {
-        outcome["error"]["code"].as_str().unwrap_or("?")
-    }
+    let base = serve_local(Router::new().route("/tool", post(tool))).await;
+    format!("{base}/tool")
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_agents_tool_call_budget_is_enforced_per_run() {
-    let _ = runner_binary("sb-api-runner");
+    require_api_runner();
     let executions = Arc::new(AtomicU32::new(0));
     let url = counting_tool(executions.clone()).await;
     let cluster = TestCluster::builder().start().await;
@@ -74,7 +46,7 @@ async fn an_agents_tool_call_budget_is_enforced_per_run() {
         )
         .await
         .expect(201);
-    let conversation = format!("budget-{}", uuid::Uuid::new_v4().simple());
+    let conversation = unique("budget");
     let agent = client
         .create_agent(&json!({
             "name": format!("agent-{conversation}"),
@@ -93,18 +65,13 @@ async fn an_agents_tool_call_budget_is_enforced_per_run() {
                "params": {"tool_name": "count", "parameters": {"n": n}}})
     };
     let steps = json!([call(1), call(2), call(3)]);
-    let o = outcomes(client, &conversation, &steps).await;
-    let codes: Vec<&str> = o.iter().map(code).collect();
+    let o = script(client, &conversation, steps.clone()).await;
     // The 2nd call passes the agent's budget of 1 (the default is 32); once exhausted the
     // budget stays exhausted for the run.
-    assert_eq!(
-        codes,
-        ["ok", "budget_exceeded", "budget_exceeded"],
-        "{o:#?}"
-    );
-    assert_eq!(o[0]["data"]["result"]["echo"]["n"], 1);
-    assert_eq!(o[1]["error"]["details"]["budget"], "tool_calls", "{o:#?}");
-    assert_eq!(o[1]["error"]["details"]["limit"], 1, "{o:#?}");
+    assert_codes(&o, &["ok", "budget_exceeded", "budget_exceeded"]);
+    assert_eq!(ok(&o[0])["result"]["echo"]["n"], 1);
+    assert_eq!(details(&o[1])["budget"], "tool_calls", "{o:#?}");
+    assert_eq!(details(&o[1])["limit"], 1, "{o:#?}");
     assert_eq!(
         executions.load(Ordering::SeqCst),
         1,
@@ -112,18 +79,16 @@ async fn an_agents_tool_call_budget_is_enforced_per_run() {
     );
 
     // A changed override applies to the next run, which starts with a fresh budget.
-    let response = reqwest::Client::new()
-        .patch(format!("{}/v1/agents/{agent_id}", client.base_url()))
-        .bearer_auth(cluster.process().api_key().expect("a key"))
-        .json(&json!({"budgets": {"max_tool_calls": 2}}))
-        .send()
-        .await
-        .unwrap();
-    assert_eq!(response.status(), 200);
-    let o = outcomes(client, &conversation, &steps).await;
-    let codes: Vec<&str> = o.iter().map(code).collect();
-    assert_eq!(codes, ["ok", "ok", "budget_exceeded"], "{o:#?}");
-    assert_eq!(o[2]["error"]["details"]["limit"], 2, "{o:#?}");
+    patch_agent(
+        client,
+        &agent_id,
+        &json!({"budgets": {"max_tool_calls": 2}}),
+    )
+    .await
+    .expect(200);
+    let o = script(client, &conversation, steps).await;
+    assert_codes(&o, &["ok", "ok", "budget_exceeded"]);
+    assert_eq!(details(&o[2])["limit"], 2, "{o:#?}");
     assert_eq!(executions.load(Ordering::SeqCst), 3);
     cluster.shutdown().await;
 }

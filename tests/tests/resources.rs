@@ -7,7 +7,8 @@
 //! policy grants the LLMs, tools and knowledge bases, the runner config selects the rerank
 //! model (a policy never grants one, host-behaviour §8). The model provider
 //! (OpenAI-compatible chat completions, plain and SSE, and `/rerank`) and the HTTP tools are
-//! one local axum server started by the test ([`serve`]).
+//! one local axum server started by the test ([`serve`]). The scripts run through the shared
+//! [`sb_tests::script`] helpers.
 //!
 //! [`scenario`] is written once against a [`Client`] and run in both modes, so every grant,
 //! refusal and budget of SPEC §8 is observed with its code on the embedded host (SQLite,
@@ -42,9 +43,11 @@ use axum::http::{HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::routing::post;
 use sb_protocol::ids::RunId;
-use sb_protocol::result::AgentRunResult;
 use sb_tests::cluster::{ClusterSpec, Role, TestCluster as Deployment};
-use sb_tests::{Client, TestCluster, runner_binary, wait_for};
+use sb_tests::script::{
+    Report, agent, code, details, ok, report, require_api_runner, serve_local, start_script, unique,
+};
+use sb_tests::{Client, TestCluster, wait_for};
 use serde_json::{Value, json};
 
 const RUNNER: &str = "plugin:switchboard-tests/sdk-api-resources/default";
@@ -238,12 +241,7 @@ async fn serve(secret: &Secret) -> (String, Arc<Fake>) {
         .route("/tools/sized", post(sized))
         .route("/tools/fail", post(fail))
         .with_state(Arc::clone(&fake));
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let addr = listener.local_addr().unwrap();
-    tokio::spawn(async move {
-        let _ = axum::serve(listener, app).await;
-    });
-    (format!("http://{addr}"), fake)
+    (serve_local(app).await, fake)
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -384,27 +382,30 @@ fn documents(n: usize) -> Vec<String> {
     (0..n).map(|i| format!("doc-{i}")).collect()
 }
 
-fn code(outcome: &Value) -> &str {
-    if outcome["ok"] == true {
-        "ok"
-    } else {
-        outcome["error"]["code"].as_str().unwrap_or("?")
+/// `call_tool` of tool `name`, with a `call_id` (the idempotency key) when given.
+fn tool_call(name: &str, parameters: Value, call_id: Option<&str>) -> Value {
+    let mut params = json!({"tool_name": name, "parameters": parameters});
+    if let Some(id) = call_id {
+        params["call_id"] = json!(id);
     }
+    call("call_tool", params)
 }
 
-/// The step's `data`; panics unless it succeeded.
-#[track_caller]
-fn ok(outcome: &Value) -> &Value {
-    assert_eq!(code(outcome), "ok", "{outcome}");
-    &outcome["data"]
+/// `invoke_rerank` with `model` over `n` [`documents`], cut to `top_k` when given.
+fn rerank_call(model: &str, n: usize, top_k: Option<usize>) -> Value {
+    let mut params = json!({"rerank_model_uuid": model, "query": "q", "documents": documents(n)});
+    if let Some(k) = top_k {
+        params["top_k"] = json!(k);
+    }
+    call("invoke_rerank", params)
 }
 
-/// The error's `details`; panics unless the step failed.
-#[track_caller]
-fn details(outcome: &Value) -> &Value {
-    assert!(outcome["ok"] == false, "{outcome}");
-    assert!(outcome.get("data").is_none(), "an error carries no data");
-    &outcome["error"]["details"]
+/// `retrieve_knowledge` of `query` from knowledge base `kb`.
+fn retrieve_call(kb: &str, query: &str) -> Value {
+    call(
+        "retrieve_knowledge",
+        json!({"kb_id": kb, "query_text": query}),
+    )
 }
 
 /// One line per step (action, code, error message), for failure messages: the outcomes
@@ -428,42 +429,43 @@ fn describe(checks: &[Check], outcomes: &[Value]) -> String {
         .join("\n")
 }
 
-/// Runs `checks` as one script of a run in `conversation`, asserts the code of every
-/// outcome and the secret's absence; returns the run and its outcomes, in step order.
-async fn run_checked(
-    client: &Client,
-    secret: &Secret,
-    conversation: &str,
-    checks: &[Check],
-) -> (RunId, Vec<Value>) {
-    let steps: Vec<&Value> = checks.iter().map(|(step, _)| step).collect();
-    let event = client
-        .send_message(conversation, &json!(steps).to_string())
-        .await;
-    let run_id = client.run_of(event).await;
-    let run = client.wait_run_terminal(run_id).await;
-    let items: Vec<AgentRunResult> = client.run_events(run_id, 0).await;
-    let text = items
-        .iter()
-        .find(|i| i.result_type == "message.completed")
-        .and_then(|i| i.data["message"]["content"].as_str().map(str::to_owned))
-        .unwrap_or_else(|| panic!("run {run_id} reported nothing: {run}"));
-    assert_eq!(run["status"], "completed", "{run}");
-    let report: Value = serde_json::from_str(&text).expect("the report is JSON");
-    let outcomes = report["outcomes"].as_array().expect("outcomes").clone();
-    assert_eq!(
-        outcomes.len(),
-        checks.len(),
-        "{}",
-        describe(checks, &outcomes)
-    );
-    let codes: Vec<&str> = outcomes.iter().map(code).collect();
-    let wanted: Vec<&str> = checks.iter().map(|(_, want)| *want).collect();
-    assert_eq!(codes, wanted, "\n{}", describe(checks, &outcomes));
-    for item in &items {
-        secret.assert_absent(&format!("a result of run {run_id}"), &json!(item));
+/// The agent of a [`scenario`], its conversation, and what its runs are checked against.
+struct Scene<'a> {
+    client: &'a Client,
+    secret: &'a Secret,
+    conversation: String,
+    reg: Registry,
+    fake: Arc<Fake>,
+}
+
+impl Scene<'_> {
+    /// Runs `checks` as one script of a run in the conversation, asserts that the run
+    /// completed, the code of every outcome and the secret's absence from every result;
+    /// returns the run and its outcomes, in step order.
+    async fn run_checked(&self, checks: &[Check]) -> (RunId, Vec<Value>) {
+        let steps: Vec<&Value> = checks.iter().map(|(step, _)| step).collect();
+        let (_, run_id) = start_script(self.client, &self.conversation, &json!(steps)).await;
+        let Report {
+            run,
+            items,
+            outcomes,
+        } = report(self.client, run_id).await;
+        assert_eq!(run["status"], "completed", "{run}");
+        assert_eq!(
+            outcomes.len(),
+            checks.len(),
+            "{}",
+            describe(checks, &outcomes)
+        );
+        let codes: Vec<&str> = outcomes.iter().map(code).collect();
+        let wanted: Vec<&str> = checks.iter().map(|(_, want)| *want).collect();
+        assert_eq!(codes, wanted, "\n{}", describe(checks, &outcomes));
+        for item in &items {
+            self.secret
+                .assert_absent(&format!("a result of run {run_id}"), &json!(item));
+        }
+        (run_id, outcomes)
     }
-    (run_id, outcomes)
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -475,48 +477,44 @@ async fn run_checked(
 async fn scenario(client: &Client, secret: &Secret) -> Vec<RunId> {
     let (base, fake) = serve(secret).await;
     let reg = register(client, &base, secret).await;
-    let conversation = format!("res-{}", uuid::Uuid::new_v4().simple());
-    client
-        .create_agent(&json!({
-            "name": format!("agent-{conversation}"),
-            "runner_id": RUNNER,
-            "scope": {"conversation_id": conversation},
+    let conversation = unique("res");
+    agent(
+        client,
+        &conversation,
+        RUNNER,
+        json!({
             "runner_config": {"reranker": reg.reranker},
             "resource_policy": {
                 "allowed_model_uuids": [reg.model, reg.broken, reg.flaky],
                 "allowed_tool_names": ["echo", "sized", "fail"],
                 "allowed_kb_uuids": [reg.kb],
             },
-        }))
-        .await
-        .expect(201);
+        }),
+    )
+    .await;
+    let scene = Scene {
+        client,
+        secret,
+        conversation,
+        reg,
+        fake,
+    };
     let runs = vec![
-        happy_path(client, secret, &conversation, &reg, &fake).await,
-        refusals(client, secret, &conversation, &reg, &fake).await,
-        budgets(client, secret, &conversation, &reg, &fake).await,
+        happy_path(&scene).await,
+        refusals(&scene).await,
+        budgets(&scene).await,
     ];
     assert_eq!(
-        count(&fake.seen.bad_auth),
+        count(&scene.fake.seen.bad_auth),
         0,
         "every provider and tool request carried the key"
     );
     runs
 }
 
-async fn happy_path(
-    client: &Client,
-    secret: &Secret,
-    conversation: &str,
-    reg: &Registry,
-    fake: &Fake,
-) -> RunId {
-    let echo = |parameters: Value, call_id: Option<&str>| {
-        let mut params = json!({"tool_name": "echo", "parameters": parameters});
-        if let Some(id) = call_id {
-            params["call_id"] = json!(id);
-        }
-        call("call_tool", params)
-    };
+async fn happy_path(scene: &Scene<'_>) -> RunId {
+    let (reg, fake) = (&scene.reg, &scene.fake);
+    let echo = |parameters: Value, call_id: Option<&str>| tool_call("echo", parameters, call_id);
     let checks: Vec<Check> = vec![
         (stream("invoke_llm_stream", llm(&reg.model)), "ok"),
         (call("invoke_llm", llm(&reg.model)), "ok"),
@@ -527,16 +525,10 @@ async fn happy_path(
         (echo(json!({"x": 2}), Some("c1")), "conflict"),
         // Without a call id every call executes.
         (echo(json!({"x": 2}), None), "ok"),
-        (
-            call(
-                "retrieve_knowledge",
-                json!({"kb_id": reg.kb, "query_text": "annual leave"}),
-            ),
-            "ok",
-        ),
+        (retrieve_call(&reg.kb, "annual leave"), "ok"),
         (json!({"do": "context"}), "ok"),
     ];
-    let (run_id, o) = run_checked(client, secret, conversation, &checks).await;
+    let (run_id, o) = scene.run_checked(&checks).await;
 
     let streamed = ok(&o[0]);
     let chunks: Vec<&str> = streamed["chunks"]
@@ -614,34 +606,11 @@ async fn happy_path(
     run_id
 }
 
-async fn refusals(
-    client: &Client,
-    secret: &Secret,
-    conversation: &str,
-    reg: &Registry,
-    fake: &Fake,
-) -> RunId {
+async fn refusals(scene: &Scene<'_>) -> RunId {
+    let (reg, fake) = (&scene.reg, &scene.fake);
     let unknown = uuid::Uuid::new_v4().to_string();
-    let rerank = |model: &str, n: usize, top_k: Option<usize>| {
-        let mut params =
-            json!({"rerank_model_uuid": model, "query": "q", "documents": documents(n)});
-        if let Some(k) = top_k {
-            params["top_k"] = json!(k);
-        }
-        call("invoke_rerank", params)
-    };
-    let tool = |name: &str, parameters: Value| {
-        call(
-            "call_tool",
-            json!({"tool_name": name, "parameters": parameters}),
-        )
-    };
-    let retrieve = |kb: &str| {
-        call(
-            "retrieve_knowledge",
-            json!({"kb_id": kb, "query_text": "leave"}),
-        )
-    };
+    let tool = |name: &str, parameters: Value| tool_call(name, parameters, None);
+    let retrieve = |kb: &str| retrieve_call(kb, "leave");
     let mut verbose = llm(&reg.model);
     verbose["extra_args"] = json!({"size": MAX_MODEL_OUTPUT_CHARS + 1});
     let checks: Vec<Check> = vec![
@@ -654,7 +623,7 @@ async fn refusals(
         ),
         (call("invoke_llm", llm(&unknown)), "unauthorized"),
         (call("invoke_llm", llm(&reg.reranker)), "unauthorized"),
-        (rerank(&reg.model, 3, None), "unauthorized"),
+        (rerank_call(&reg.model, 3, None), "unauthorized"),
         (
             call("get_tool_detail", json!({"tool_name": "hidden"})),
             "unauthorized",
@@ -665,10 +634,13 @@ async fn refusals(
         (retrieve(&unknown), "unauthorized"),
         // Rerank: at most 64 documents; the answer is sorted by score and cut to top_k.
         (
-            rerank(&reg.reranker, MAX_RERANK_DOCUMENTS + 1, None),
+            rerank_call(&reg.reranker, MAX_RERANK_DOCUMENTS + 1, None),
             "invalid_argument",
         ),
-        (rerank(&reg.reranker, MAX_RERANK_DOCUMENTS, Some(3)), "ok"),
+        (
+            rerank_call(&reg.reranker, MAX_RERANK_DOCUMENTS, Some(3)),
+            "ok",
+        ),
         // Provider failures: a 500 (retried, then mapped), a 429 (retried, then answered),
         // a failing tool (never retried).
         (call("invoke_llm", llm(&reg.broken)), "unavailable"),
@@ -684,7 +656,7 @@ async fn refusals(
         (call("invoke_llm", verbose), "budget_exceeded"),
         (call("invoke_llm", llm(&reg.model)), "budget_exceeded"),
     ];
-    let (run_id, o) = run_checked(client, secret, conversation, &checks).await;
+    let (run_id, o) = scene.run_checked(&checks).await;
 
     assert!(
         o[0]["error"]["message"]
@@ -743,22 +715,11 @@ async fn refusals(
     run_id
 }
 
-async fn budgets(
-    client: &Client,
-    secret: &Secret,
-    conversation: &str,
-    reg: &Registry,
-    fake: &Fake,
-) -> RunId {
+async fn budgets(scene: &Scene<'_>) -> RunId {
+    let (reg, fake) = (&scene.reg, &scene.fake);
     let (chat_before, echo_before) = (count(&fake.seen.chat), count(&fake.seen.echo));
     let rerank_before = count(&fake.seen.rerank);
-    let echo = |n: usize, call_id: Option<&str>| {
-        let mut params = json!({"tool_name": "echo", "parameters": {"n": n}});
-        if let Some(id) = call_id {
-            params["call_id"] = json!(id);
-        }
-        call("call_tool", params)
-    };
+    let echo = |n: usize, call_id: Option<&str>| tool_call("echo", json!({"n": n}), call_id);
     let mut checks: Vec<Check> = Vec::new();
     // Plain and streamed calls share the model-call budget.
     for i in 0..MAX_MODEL_CALLS {
@@ -776,13 +737,7 @@ async fn budgets(
             stream("invoke_llm_stream", llm(&reg.model)),
             "budget_exceeded",
         ),
-        (
-            call(
-                "invoke_rerank",
-                json!({"rerank_model_uuid": reg.reranker, "query": "q", "documents": documents(2)}),
-            ),
-            "budget_exceeded",
-        ),
+        (rerank_call(&reg.reranker, 2, None), "budget_exceeded"),
     ]);
     for i in 0..MAX_TOOL_CALLS {
         checks.push((echo(i, None), "ok"));
@@ -793,15 +748,9 @@ async fn budgets(
         (echo(MAX_TOOL_CALLS, Some("late")), "budget_exceeded"),
         // Neither a tool's detail nor knowledge retrieval is budgeted.
         (call("get_tool_detail", json!({"tool_name": "echo"})), "ok"),
-        (
-            call(
-                "retrieve_knowledge",
-                json!({"kb_id": reg.kb, "query_text": "expenses"}),
-            ),
-            "ok",
-        ),
+        (retrieve_call(&reg.kb, "expenses"), "ok"),
     ]);
-    let (run_id, o) = run_checked(client, secret, conversation, &checks).await;
+    let (run_id, o) = scene.run_checked(&checks).await;
 
     for refused in &o[model_refused..model_refused + 3] {
         let d = details(refused);
@@ -841,7 +790,7 @@ async fn budgets(
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn embedded_runs_get_granted_resources_refusals_and_budgets() {
-    let _ = runner_binary("sb-api-runner");
+    require_api_runner();
     let cluster = TestCluster::builder().start().await;
     scenario(cluster.client(), &Secret::path()).await;
     cluster.shutdown().await;
@@ -849,7 +798,7 @@ async fn embedded_runs_get_granted_resources_refusals_and_budgets() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn cluster_runs_get_granted_resources_refusals_and_budgets() {
-    let _ = runner_binary("sb-api-runner");
+    require_api_runner();
     let secret = Secret::random();
     let spec = ClusterSpec {
         gateways: 1,

@@ -580,20 +580,14 @@ async fn model_budgets_refuse_and_stay_exhausted() {
     let (f, ids) = fixture().await;
     let s = ids.snap(json!({"max_model_calls": 2}));
     let p = json!({"model_id": ids.model("plain"), "messages": messages()});
+    let rerank = json!({"model_id": ids.model("rr"), "query": "q", "documents": ["a"]});
     assert_eq!(code(&f.call(&s, "invoke_llm", p.clone()).await), "ok");
     assert_eq!(code(&f.call(&s, "invoke_llm", p.clone()).await), "ok");
     let third = f.call(&s, "invoke_llm", p.clone()).await;
     assert_eq!(code(&third), "budget_exceeded");
     assert_eq!(third.unwrap_err().details["budget"], "model_calls");
     assert_eq!(
-        code(
-            &f.call(
-                &s,
-                "invoke_rerank",
-                json!({"model_id": ids.model("rr"), "query": "q", "documents": ["a"]})
-            )
-            .await
-        ),
+        code(&f.call(&s, "invoke_rerank", rerank.clone()).await),
         "budget_exceeded"
     );
 
@@ -631,13 +625,14 @@ async fn model_budgets_refuse_and_stay_exhausted() {
         let refused = f.call(&s, "invoke_llm", p.clone()).await;
         assert_eq!(refused.unwrap_err().details["budget"], "model_output_chars");
     }
-    let rerank = json!({"model_id": ids.model("rr"), "query": "q", "documents": ["a"]});
-    assert_eq!(code(&f.call(&s, "invoke_rerank", rerank).await), "ok");
+    assert_eq!(
+        code(&f.call(&s, "invoke_rerank", rerank.clone()).await),
+        "ok"
+    );
     // A zero output budget refuses every model answer up front.
     let s = ids.snap(json!({"max_model_output_chars": 0, "max_model_calls": 1}));
     let refused = f.call(&s, "invoke_llm", p.clone()).await;
     assert_eq!(refused.unwrap_err().details["budget"], "model_output_chars");
-    let rerank = json!({"model_id": ids.model("rr"), "query": "q", "documents": ["a"]});
     assert_eq!(code(&f.call(&s, "invoke_rerank", rerank).await), "ok");
 }
 
@@ -877,6 +872,25 @@ async fn knowledge_retrieval_ranks_and_respects_grants() {
 #[derive(Clone, Default)]
 struct LogBuf(Arc<std::sync::Mutex<Vec<u8>>>);
 
+impl LogBuf {
+    /// Captures what this thread logs at `level` and above until the guard is dropped (a
+    /// `#[tokio::test]` runs on one thread, so that is everything the test logs).
+    fn capture(level: tracing::Level) -> (Self, tracing::subscriber::DefaultGuard) {
+        let logs = Self::default();
+        let subscriber = tracing_subscriber::fmt()
+            .with_writer(logs.clone())
+            .with_max_level(level)
+            .with_ansi(false)
+            .finish();
+        (logs, tracing::subscriber::set_default(subscriber))
+    }
+
+    /// Everything logged so far.
+    fn text(&self) -> String {
+        String::from_utf8(self.0.lock().unwrap().clone()).unwrap()
+    }
+}
+
 impl std::io::Write for LogBuf {
     fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
         self.0.lock().unwrap().extend_from_slice(buf);
@@ -899,13 +913,7 @@ impl<'a> tracing_subscriber::fmt::MakeWriter<'a> for LogBuf {
 /// header value.
 #[tokio::test]
 async fn calls_are_logged_without_secrets() {
-    let logs = LogBuf::default();
-    let subscriber = tracing_subscriber::fmt()
-        .with_writer(logs.clone())
-        .with_max_level(tracing::Level::DEBUG)
-        .with_ansi(false)
-        .finish();
-    let _guard = tracing::subscriber::set_default(subscriber);
+    let (logs, _guard) = LogBuf::capture(tracing::Level::DEBUG);
     let (f, ids) = fixture().await;
     let s = ids.snap(json!({}));
     let mut answers = Vec::new();
@@ -935,7 +943,7 @@ async fn calls_are_logged_without_secrets() {
         vec!["ok", "unavailable", "ok", "ok", "unavailable"]
     );
     assert_no_secret(&answers);
-    let text = String::from_utf8(logs.0.lock().unwrap().clone()).unwrap();
+    let text = logs.text();
     assert!(text.contains("model called"), "{text}");
     assert!(text.contains("model call failed"), "{text}");
     assert!(text.contains("tool called"), "{text}");
@@ -948,13 +956,7 @@ async fn calls_are_logged_without_secrets() {
 /// (the work was done, and billed), and a tool call logs the size of its result.
 #[tokio::test]
 async fn refused_answers_still_log_their_usage() {
-    let logs = LogBuf::default();
-    let subscriber = tracing_subscriber::fmt()
-        .with_writer(logs.clone())
-        .with_max_level(tracing::Level::INFO)
-        .with_ansi(false)
-        .finish();
-    let _guard = tracing::subscriber::set_default(subscriber);
+    let (logs, _guard) = LogBuf::capture(tracing::Level::INFO);
     let (f, ids) = fixture().await;
     let s = ids.snap(json!({"max_model_output_chars": 1, "max_tool_result_chars": 1}));
     let model = f
@@ -973,7 +975,7 @@ async fn refused_answers_still_log_their_usage() {
         )
         .await;
     assert_eq!(code(&tool), "budget_exceeded");
-    let text = String::from_utf8(logs.0.lock().unwrap().clone()).unwrap();
+    let text = logs.text();
     let line = |needle: &str| {
         text.lines()
             .find(|l| l.contains(needle))
