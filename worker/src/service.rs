@@ -13,13 +13,22 @@
 //!     ▼ claim queued → running ── lost ─▶ decide_claim_lost(status, session?)
 //!     │                                     ├─ terminal / no run / no session ▶ ack (drop)
 //!     │                                     └─ running + session ─▶ finalize `interrupted`
-//!     ▼ bind cancel.<run_id> on the control queue
 //!     ▼ cancel flag set? deadline passed? runner missing? ─▶ terminal run.failed, seq 1
 //!     ▼ start on the RunnerHost; heartbeat renews the lease (lost ─▶ cancel the run)
 //!     ▼ publish every item (seq 1, 2, 3, …, exactly one terminal) to switchboard.results,
 //!     │ ready items pipelined in one confirmed batch, failures retried in order
-//!     ▼ terminal: end_session (steering.dropped audits) ─▶ unbind ─▶ release lease ─▶ ack
+//!     ▼ terminal: end_session (steering.dropped audits) ─▶ release lease ─▶ ack
 //! ```
+//!
+//! # Cancel messages
+//! The worker's exclusive control queue is bound to `cancel.*` once, at start, and a cancel
+//! for a run this worker does not hold is acked and ignored. Binding `cancel.<run_id>` per
+//! run instead would put two broker round trips (bind before the run starts, unbind after)
+//! and a broker metadata change on every run's path, to save every worker from seeing cancel
+//! messages, which are rare (user cancels, the `interrupt` policy). With the binding in place
+//! from the start there is also no window in which a cancel published for a just-claimed run
+//! reaches nobody; the session-store cancel flag still covers a run cancelled before any
+//! worker took its job.
 //!
 //! # Why the lease comes before the claim
 //! A run that is `running` in the ledger while nobody holds its lease was abandoned by a dead
@@ -55,7 +64,7 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use chrono::Utc;
 use futures::FutureExt as _;
-use sb_common::bus::topology::{Topology, control_routing_key, declare_topology};
+use sb_common::bus::topology::{CONTROL_ALL_PATTERN, Topology, declare_topology};
 use sb_common::bus::{
     Binding, Bus, BusError, ConsumeOptions, Delivery, Outgoing, Settlement, Subscription,
 };
@@ -371,6 +380,15 @@ async fn start(
             what: control_spec.name.clone(),
             source,
         })?;
+    // Every cancel message, once (see "Cancel messages" in the module docs).
+    let every_cancel = Binding::new(deps.topology.control_exchange(), CONTROL_ALL_PATTERN);
+    deps.bus
+        .bind(&control_spec.name, &every_cancel)
+        .await
+        .map_err(|source| WorkerError::Bus {
+            what: format!("{} binding {CONTROL_ALL_PATTERN}", control_spec.name),
+            source,
+        })?;
     let prefetch = u16::try_from(config.slots.get()).unwrap_or(u16::MAX);
     let mut jobs = Vec::new();
     for pool in &config.pools {
@@ -397,7 +415,6 @@ async fn start(
         topology: deps.topology,
         config,
         hosts,
-        control_queue: control_spec.name,
         active: Arc::new(Mutex::new(HashMap::new())),
         stop: shutdown.token(),
         force: CancellationToken::new(),
@@ -612,8 +629,6 @@ struct Core {
     topology: Topology,
     config: WorkerConfig,
     hosts: HashMap<RunnerId, RunnerHost>,
-    /// This worker's exclusive control queue (bound per held run).
-    control_queue: String,
     active: ActiveRuns,
     /// The root shutdown token: stop taking work.
     stop: CancellationToken,
@@ -818,19 +833,7 @@ impl Core {
             }
         }
         tracing::debug!("run claimed");
-        let binding = Binding::new(
-            self.topology.control_exchange(),
-            control_routing_key(&run_id),
-        );
-        if let Err(error) = self.bus.bind(&self.control_queue, &binding).await {
-            // The session-store flag still stops a run cancelled before it starts.
-            tracing::warn!(%error, "binding the run's cancel key failed; cancel messages will not reach it");
-        }
-        let settlement = self.execute(job, reservation).await;
-        if let Err(error) = self.bus.unbind(&self.control_queue, &binding).await {
-            tracing::warn!(%error, "unbinding the run's cancel key failed");
-        }
-        settlement
+        self.execute(job, reservation).await
     }
 
     async fn on_claim_lost(&self, job: &RunJob) -> Settlement {
