@@ -7,11 +7,14 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use sb_common::bus::amqp::{AmqpBus, AmqpOptions};
-use sb_common::bus::{Bus, BusError, ConsumeOptions, ExchangeKind, ExchangeSpec, PublishOptions, QueueSpec};
+use sb_common::bus::{
+    Bus, BusError, ConsumeOptions, ExchangeKind, ExchangeSpec, PublishOptions, QueueSpec,
+};
 use sb_common::testing::{BusFixture, DeadLettersFixture, run_detached, unique_prefix};
 
 fn amqp_url() -> String {
-    std::env::var("SWITCHBOARD_TEST_AMQP_URL").unwrap_or_else(|_| "amqp://guest:guest@127.0.0.1:5672/%2f".into())
+    std::env::var("SWITCHBOARD_TEST_AMQP_URL")
+        .unwrap_or_else(|_| "amqp://guest:guest@127.0.0.1:5672/%2f".into())
 }
 
 fn options(prefix: &str) -> AmqpOptions {
@@ -26,7 +29,9 @@ fn options(prefix: &str) -> AmqpOptions {
 fn teardown(prefix: String) -> Box<dyn FnOnce(Vec<String>) + Send> {
     Box::new(move |names| {
         run_detached(move || async move {
-            let Ok(bus) = AmqpBus::connect(options(&prefix)).await else { return };
+            let Ok(bus) = AmqpBus::connect(options(&prefix)).await else {
+                return;
+            };
             for name in &names {
                 let _ = bus.delete_queue(name).await;
                 let _ = bus.delete_exchange(name).await;
@@ -38,7 +43,9 @@ fn teardown(prefix: String) -> Box<dyn FnOnce(Vec<String>) + Send> {
 
 async fn amqp_fixture() -> BusFixture {
     let prefix = unique_prefix();
-    let bus = AmqpBus::connect(options(&prefix)).await.expect("connect to the test broker");
+    let bus = AmqpBus::connect(options(&prefix))
+        .await
+        .expect("connect to the test broker");
     BusFixture::new(Arc::new(bus), prefix.clone()).with_teardown(teardown(prefix))
 }
 
@@ -46,7 +53,9 @@ sb_common::bus_suite!(amqp_bus, amqp_fixture);
 
 async fn amqp_dead_letters_fixture() -> DeadLettersFixture {
     let prefix = unique_prefix();
-    let bus = AmqpBus::connect(options(&prefix)).await.expect("connect to the test broker");
+    let bus = AmqpBus::connect(options(&prefix))
+        .await
+        .expect("connect to the test broker");
     let fx = BusFixture::new(Arc::new(bus.clone()), prefix.clone()).with_teardown(teardown(prefix));
     DeadLettersFixture::new(fx, Arc::new(bus))
 }
@@ -56,35 +65,68 @@ sb_common::dead_letters_suite!(amqp_dead_letters, amqp_dead_letters_fixture);
 /// After the connection drops, publishing and consuming resume on their own: the live
 /// subscription gets the message published after the reconnection, and the unacked delivery
 /// of before the loss comes again.
-async fn assert_recovers(bus: &AmqpBus, fx: &BusFixture, sever: impl std::future::Future<Output = ()>) {
+async fn assert_recovers(
+    bus: &AmqpBus,
+    fx: &BusFixture,
+    sever: impl std::future::Future<Output = ()>,
+) {
     let ex = fx.name("ex");
-    bus.declare_exchange(&ExchangeSpec::new(&ex, ExchangeKind::Direct)).await.unwrap();
+    bus.declare_exchange(&ExchangeSpec::new(&ex, ExchangeKind::Direct))
+        .await
+        .unwrap();
     let durable = QueueSpec::durable(fx.name("q")).bind(&ex, "k");
     let exclusive = QueueSpec::exclusive(fx.name("live")).bind(&ex, "live");
-    let mut sub = bus.subscribe(&durable, ConsumeOptions::prefetch(10)).await.unwrap();
-    let mut live = bus.subscribe(&exclusive, ConsumeOptions::prefetch(10)).await.unwrap();
-    bus.publish(&ex, "k", "before".into(), PublishOptions::default()).await.unwrap();
-    let held = tokio::time::timeout(Duration::from_secs(10), sub.next()).await.unwrap().unwrap();
+    let mut sub = bus
+        .subscribe(&durable, ConsumeOptions::prefetch(10))
+        .await
+        .unwrap();
+    let mut live = bus
+        .subscribe(&exclusive, ConsumeOptions::prefetch(10))
+        .await
+        .unwrap();
+    bus.publish(&ex, "k", "before".into(), PublishOptions::default())
+        .await
+        .unwrap();
+    let held = tokio::time::timeout(Duration::from_secs(10), sub.next())
+        .await
+        .unwrap()
+        .unwrap();
     assert_eq!(&held.body[..], b"before");
     let generation = bus.connection_generation().expect("connected");
 
     sever.await;
 
     // Publishing waits for the new connection instead of failing.
-    bus.publish(&ex, "k", "after".into(), PublishOptions::default()).await.expect("publish after recovery");
-    assert!(bus.connection_generation().is_some_and(|g| g > generation), "a new connection was made");
+    bus.publish(&ex, "k", "after".into(), PublishOptions::default())
+        .await
+        .expect("publish after recovery");
+    assert!(
+        bus.connection_generation().is_some_and(|g| g > generation),
+        "a new connection was made"
+    );
     // The exclusive queue and its binding were re-declared.
-    bus.publish(&ex, "live", "live-after".into(), PublishOptions::default()).await.expect("exclusive queue is back");
-    assert!(held.ack().await.is_err(), "a delivery of the lost connection cannot be acked");
+    bus.publish(&ex, "live", "live-after".into(), PublishOptions::default())
+        .await
+        .expect("exclusive queue is back");
+    assert!(
+        held.ack().await.is_err(),
+        "a delivery of the lost connection cannot be acked"
+    );
     let mut got = Vec::new();
     while got.len() < 2 {
-        let d = tokio::time::timeout(Duration::from_secs(15), sub.next()).await.expect("consumer resumed").unwrap();
+        let d = tokio::time::timeout(Duration::from_secs(15), sub.next())
+            .await
+            .expect("consumer resumed")
+            .unwrap();
         got.push(String::from_utf8(d.body.to_vec()).unwrap());
         d.ack().await.unwrap();
     }
     got.sort();
     assert_eq!(got, ["after", "before"]);
-    let d = tokio::time::timeout(Duration::from_secs(15), live.next()).await.expect("live consumer resumed").unwrap();
+    let d = tokio::time::timeout(Duration::from_secs(15), live.next())
+        .await
+        .expect("live consumer resumed")
+        .unwrap();
     assert_eq!(&d.body[..], b"live-after");
     d.ack().await.unwrap();
     bus.ping().await.unwrap();
@@ -114,10 +156,14 @@ async fn recovers_after_the_broker_closes_the_connection() {
     }
     let prefix = unique_prefix();
     let bus = AmqpBus::connect(options(&prefix)).await.unwrap();
-    let fx = BusFixture::new(Arc::new(bus.clone()), prefix.clone()).with_teardown(teardown(prefix.clone()));
+    let fx = BusFixture::new(Arc::new(bus.clone()), prefix.clone())
+        .with_teardown(teardown(prefix.clone()));
     let connection_name = format!("{prefix}sb-common-test");
     let sever = async move {
-        let closed = tokio::task::spawn_blocking(move || close_connection_by_name(&connection_name)).await.unwrap();
+        let closed =
+            tokio::task::spawn_blocking(move || close_connection_by_name(&connection_name))
+                .await
+                .unwrap();
         assert!(closed, "rabbitmqctl closed our connection");
     };
     assert_recovers(&bus, &fx, sever).await;
@@ -126,7 +172,13 @@ async fn recovers_after_the_broker_closes_the_connection() {
 /// Finds our connection by its client-provided name and closes it from the broker side.
 fn close_connection_by_name(name: &str) -> bool {
     let out = std::process::Command::new("rabbitmqctl")
-        .args(["list_connections", "-q", "--no-table-headers", "pid", "client_properties"])
+        .args([
+            "list_connections",
+            "-q",
+            "--no-table-headers",
+            "pid",
+            "client_properties",
+        ])
         .output()
         .expect("run rabbitmqctl list_connections");
     let listing = String::from_utf8_lossy(&out.stdout);
@@ -153,22 +205,45 @@ async fn channel_errors_keep_the_connection() {
     let bus = AmqpBus::connect(options(&prefix)).await.unwrap();
     let fx = BusFixture::new(Arc::new(bus.clone()), prefix.clone()).with_teardown(teardown(prefix));
     let ex = fx.name("ex");
-    bus.declare_exchange(&ExchangeSpec::new(&ex, ExchangeKind::Direct)).await.unwrap();
+    bus.declare_exchange(&ExchangeSpec::new(&ex, ExchangeKind::Direct))
+        .await
+        .unwrap();
     let spec = QueueSpec::durable(fx.name("q")).bind(&ex, "k");
-    let mut sub = bus.subscribe(&spec, ConsumeOptions::prefetch(10)).await.unwrap();
-    bus.publish(&ex, "k", "held".into(), PublishOptions::default()).await.unwrap();
-    let held = tokio::time::timeout(Duration::from_secs(10), sub.next()).await.unwrap().unwrap();
+    let mut sub = bus
+        .subscribe(&spec, ConsumeOptions::prefetch(10))
+        .await
+        .unwrap();
+    bus.publish(&ex, "k", "held".into(), PublishOptions::default())
+        .await
+        .unwrap();
+    let held = tokio::time::timeout(Duration::from_secs(10), sub.next())
+        .await
+        .unwrap()
+        .unwrap();
     let generation = bus.connection_generation();
 
-    let err = bus.publish(&fx.name("missing"), "k", "x".into(), PublishOptions::default()).await.unwrap_err();
+    let err = bus
+        .publish(
+            &fx.name("missing"),
+            "k",
+            "x".into(),
+            PublishOptions::default(),
+        )
+        .await
+        .unwrap_err();
     assert!(matches!(err, BusError::NotFound(_)), "{err:?}");
-    let err = bus.peek(&QueueSpec::durable(fx.name("missing-q")), 10).await.unwrap_err();
+    let err = bus
+        .peek(&QueueSpec::durable(fx.name("missing-q")), 10)
+        .await
+        .unwrap_err();
     assert!(matches!(err, BusError::NotFound(_)), "{err:?}");
     // Give a (wrong) reconnection the time to happen.
     tokio::time::sleep(Duration::from_millis(700)).await;
 
     assert_eq!(bus.connection_generation(), generation, "no reconnection");
-    held.ack().await.expect("the delivery of before the errors can still be acked");
+    held.ack()
+        .await
+        .expect("the delivery of before the errors can still be acked");
 }
 
 /// Publishing to an unreachable broker fails with `Unavailable` instead of hanging.

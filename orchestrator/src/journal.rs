@@ -483,11 +483,11 @@ pub fn assembled_deltas(items: &StoredItems) -> Option<String> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use serde_json::Map;
     use sb_protocol::content::{ContentElement, MessageContent};
     use sb_protocol::context::{ActorContext, AgentInput, DeliveryContext, StateScope};
     use sb_protocol::context::{AgentResources, ContextAPICapabilities};
     use sb_protocol::host::{ActorRef, RunBudgets, StatePolicy};
+    use serde_json::Map;
 
     fn run(conversation: Option<&str>) -> RunInfo {
         RunInfo {

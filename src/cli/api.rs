@@ -126,7 +126,10 @@ impl GatewayClient {
             .await
             .with_context(|| format!("cannot reach the gateway at {}", self.base))?;
         let status = resp.status();
-        let text = resp.text().await.context("cannot read the gateway answer")?;
+        let text = resp
+            .text()
+            .await
+            .context("cannot read the gateway answer")?;
         let value: Value = serde_json::from_str(&text).unwrap_or(Value::String(text));
         if !status.is_success() {
             let code = value["code"].as_str().unwrap_or("error");

@@ -129,7 +129,9 @@ pub struct AmqpBus {
 
 impl std::fmt::Debug for AmqpBus {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("AmqpBus").field("options", &self.inner.options).finish_non_exhaustive()
+        f.debug_struct("AmqpBus")
+            .field("options", &self.inner.options)
+            .finish_non_exhaustive()
     }
 }
 
@@ -202,9 +204,10 @@ fn classify(error: &lapin::Error) -> Failure {
                 let text = amqp.get_message().as_str().to_owned();
                 Failure::Final(match soft {
                     AMQPSoftError::NOTFOUND => BusError::NotFound(text),
-                    AMQPSoftError::PRECONDITIONFAILED => {
-                        BusError::DeclarationConflict { name: extract_name(&text), reason: text }
-                    }
+                    AMQPSoftError::PRECONDITIONFAILED => BusError::DeclarationConflict {
+                        name: extract_name(&text),
+                        reason: text,
+                    },
                     AMQPSoftError::RESOURCELOCKED => BusError::Locked(extract_name(&text)),
                     AMQPSoftError::ACCESSREFUSED => BusError::InvalidArgument(text),
                     _ => BusError::Internal(text),
@@ -212,9 +215,9 @@ fn classify(error: &lapin::Error) -> Failure {
             }
             AMQPErrorKind::Hard(_) => Failure::Connection,
         },
-        ErrorKind::IOError(_) | ErrorKind::InvalidConnectionState(_) | ErrorKind::MissingHeartbeatError => {
-            Failure::Connection
-        }
+        ErrorKind::IOError(_)
+        | ErrorKind::InvalidConnectionState(_)
+        | ErrorKind::MissingHeartbeatError => Failure::Connection,
         ErrorKind::InvalidChannel(_) | ErrorKind::InvalidChannelState(..) => Failure::Channel,
         _ => Failure::Final(BusError::Internal(error.to_string())),
     }
@@ -245,21 +248,36 @@ fn exchange_kind(kind: ExchangeKind) -> lapin::ExchangeKind {
 fn queue_arguments(spec: &QueueSpec) -> (QueueDeclareOptions, FieldTable) {
     let mut args = FieldTable::default();
     let options = match spec.kind {
-        QueueKind::Durable => {
-            QueueDeclareOptions { durable: true, exclusive: false, auto_delete: false, ..Default::default() }
-        }
-        QueueKind::Exclusive => {
-            QueueDeclareOptions { durable: false, exclusive: true, auto_delete: true, ..Default::default() }
-        }
+        QueueKind::Durable => QueueDeclareOptions {
+            durable: true,
+            exclusive: false,
+            auto_delete: false,
+            ..Default::default()
+        },
+        QueueKind::Exclusive => QueueDeclareOptions {
+            durable: false,
+            exclusive: true,
+            auto_delete: true,
+            ..Default::default()
+        },
     };
     if spec.effective_queue_type() == QueueType::Quorum {
-        args.insert("x-queue-type".into(), AMQPValue::LongString("quorum".into()));
+        args.insert(
+            "x-queue-type".into(),
+            AMQPValue::LongString("quorum".into()),
+        );
     }
     if let Some(limit) = spec.effective_delivery_limit() {
-        args.insert("x-delivery-limit".into(), AMQPValue::LongLongInt(i64::from(limit)));
+        args.insert(
+            "x-delivery-limit".into(),
+            AMQPValue::LongLongInt(i64::from(limit)),
+        );
     }
     if let Some(dlx) = &spec.dead_letter_exchange {
-        args.insert("x-dead-letter-exchange".into(), AMQPValue::LongString(dlx.as_str().into()));
+        args.insert(
+            "x-dead-letter-exchange".into(),
+            AMQPValue::LongString(dlx.as_str().into()),
+        );
     }
     if spec.single_active_consumer {
         args.insert("x-single-active-consumer".into(), AMQPValue::Boolean(true));
@@ -282,7 +300,10 @@ fn header_count(value: &AMQPValue) -> Option<u32> {
 }
 
 impl Link {
-    async fn open(options: &AmqpOptions, generation: u64) -> std::result::Result<Self, lapin::Error> {
+    async fn open(
+        options: &AmqpOptions,
+        generation: u64,
+    ) -> std::result::Result<Self, lapin::Error> {
         let properties = ConnectionProperties::default()
             .with_connection_name(options.connection_name.as_str().into())
             .with_executor(tokio_executor_trait::Tokio::current())
@@ -298,9 +319,13 @@ impl Link {
         })
     }
 
-    async fn publish_channel(connection: &Connection) -> std::result::Result<Channel, lapin::Error> {
+    async fn publish_channel(
+        connection: &Connection,
+    ) -> std::result::Result<Channel, lapin::Error> {
         let channel = connection.create_channel().await?;
-        channel.confirm_select(ConfirmSelectOptions::default()).await?;
+        channel
+            .confirm_select(ConfirmSelectOptions::default())
+            .await?;
         Ok(channel)
     }
 
@@ -332,7 +357,10 @@ impl Link {
             ch.exchange_declare(
                 spec.name.as_str(),
                 exchange_kind(spec.kind),
-                ExchangeDeclareOptions { durable: true, ..Default::default() },
+                ExchangeDeclareOptions {
+                    durable: true,
+                    ..Default::default()
+                },
                 FieldTable::default(),
             )
             .await
@@ -342,8 +370,12 @@ impl Link {
 
     async fn declare_queue(&self, spec: &QueueSpec) -> std::result::Result<(), lapin::Error> {
         let (options, args) = queue_arguments(spec);
-        self.topology_op(|ch| async move { ch.queue_declare(spec.name.as_str(), options, args).await.map(drop) })
-            .await
+        self.topology_op(|ch| async move {
+            ch.queue_declare(spec.name.as_str(), options, args)
+                .await
+                .map(drop)
+        })
+        .await
     }
 
     async fn bind(&self, queue: &str, binding: &Binding) -> std::result::Result<(), lapin::Error> {
@@ -363,7 +395,10 @@ impl Link {
     /// Re-declares everything in the registry on a fresh link. Channel-level refusals (someone
     /// changed or deleted a declared object meanwhile) are logged and skipped; a connection
     /// failure aborts (the supervisor retries with a new connection).
-    async fn redeclare(&self, registry: (Vec<ExchangeSpec>, Vec<QueueSpec>)) -> std::result::Result<(), lapin::Error> {
+    async fn redeclare(
+        &self,
+        registry: (Vec<ExchangeSpec>, Vec<QueueSpec>),
+    ) -> std::result::Result<(), lapin::Error> {
         let (exchanges, queues) = registry;
         let skip = |what: &str, name: &str, e: lapin::Error| match classify(&e) {
             Failure::Connection => Err(e),
@@ -413,7 +448,10 @@ impl Inner {
             self.broken.notify_one();
             // Make sure the old connection is really gone (its consumers must not keep
             // receiving) even if only one operation saw it failing.
-            if let (true, Ok(handle)) = (link.connection.status().connected(), tokio::runtime::Handle::try_current()) {
+            if let (true, Ok(handle)) = (
+                link.connection.status().connected(),
+                tokio::runtime::Handle::try_current(),
+            ) {
                 handle.spawn(async move {
                     let _ = link.connection.close(320, "replaced after an error").await;
                 });
@@ -450,7 +488,11 @@ impl Inner {
         let registry = self.registry();
         (
             registry.exchanges.values().cloned().collect(),
-            registry.queues.values().map(|(spec, _)| spec.clone()).collect(),
+            registry
+                .queues
+                .values()
+                .map(|(spec, _)| spec.clone())
+                .collect(),
         )
     }
 
@@ -471,14 +513,18 @@ impl Inner {
             match classify(&error) {
                 Failure::Final(e) => return Err(e),
                 Failure::Connection => self.report_broken(link.generation),
-                Failure::Channel if !link.connection.status().connected() => self.report_broken(link.generation),
+                Failure::Channel if !link.connection.status().connected() => {
+                    self.report_broken(link.generation)
+                }
                 Failure::Channel => {}
             }
             if self.is_closed() {
                 return Err(BusError::Closed);
             }
             if Instant::now() >= deadline {
-                return Err(BusError::Unavailable(format!("broker operation failed: {error}")));
+                return Err(BusError::Unavailable(format!(
+                    "broker operation failed: {error}"
+                )));
             }
             tokio::time::sleep(RETRY_PAUSE).await;
         }
@@ -498,7 +544,10 @@ impl Inner {
             .basic_publish(
                 exchange,
                 routing_key,
-                BasicPublishOptions { mandatory, immediate: false },
+                BasicPublishOptions {
+                    mandatory,
+                    immediate: false,
+                },
                 body,
                 properties.clone(),
             )
@@ -507,8 +556,21 @@ impl Inner {
     }
 
     /// Publishes with retries; see [`Bus::publish`].
-    async fn publish(&self, exchange: &str, routing_key: &str, body: &[u8], options: PublishOptions) -> Result<()> {
-        self.publish_with_properties(exchange, routing_key, body, options.mandatory, &properties(options)).await
+    async fn publish(
+        &self,
+        exchange: &str,
+        routing_key: &str,
+        body: &[u8],
+        options: PublishOptions,
+    ) -> Result<()> {
+        self.publish_with_properties(
+            exchange,
+            routing_key,
+            body,
+            options.mandatory,
+            &properties(options),
+        )
+        .await
     }
 
     /// [`publish`](Self::publish) with explicit message properties (a replayed dead letter
@@ -526,7 +588,8 @@ impl Inner {
         let deadline = Instant::now() + self.options.operation_timeout;
         loop {
             let link = self.link(Some(deadline)).await?;
-            let outcome = Self::publish_on(&link, exchange, routing_key, body, mandatory, properties).await;
+            let outcome =
+                Self::publish_on(&link, exchange, routing_key, body, mandatory, properties).await;
             match self.judge(&link, exchange, routing_key, outcome).await {
                 Judged::Done(result) => return result,
                 Judged::Retry(reason) => {
@@ -534,7 +597,9 @@ impl Inner {
                         return Err(BusError::Closed);
                     }
                     if Instant::now() >= deadline {
-                        return Err(BusError::Unavailable(format!("publish not confirmed: {reason}")));
+                        return Err(BusError::Unavailable(format!(
+                            "publish not confirmed: {reason}"
+                        )));
                     }
                     tokio::time::sleep(RETRY_PAUSE).await;
                 }
@@ -560,16 +625,18 @@ impl Inner {
                 exchange: exchange.to_owned(),
                 routing_key: routing_key.to_owned(),
             })),
-            Ok(Confirmation::NotRequested) => {
-                Judged::Done(Err(BusError::Internal("publisher confirms are not enabled on the channel".into())))
-            }
+            Ok(Confirmation::NotRequested) => Judged::Done(Err(BusError::Internal(
+                "publisher confirms are not enabled on the channel".into(),
+            ))),
             Err(error) => match classify(&error) {
                 // A 404 closes the whole publish channel, failing every publish in flight on
                 // it: only the one whose exchange is really missing gets the error.
-                Failure::Final(BusError::NotFound(text)) => match self.exchange_exists(link, exchange).await {
-                    Some(false) => Judged::Done(Err(BusError::NotFound(text))),
-                    _ => Judged::Retry(error.to_string()),
-                },
+                Failure::Final(BusError::NotFound(text)) => {
+                    match self.exchange_exists(link, exchange).await {
+                        Some(false) => Judged::Done(Err(BusError::NotFound(text))),
+                        _ => Judged::Retry(error.to_string()),
+                    }
+                }
                 Failure::Final(e) => Judged::Done(Err(e)),
                 Failure::Connection => {
                     self.report_broken(link.generation);
@@ -595,7 +662,10 @@ impl Inner {
                 ch.exchange_declare(
                     exchange,
                     lapin::ExchangeKind::Direct,
-                    ExchangeDeclareOptions { passive: true, ..Default::default() },
+                    ExchangeDeclareOptions {
+                        passive: true,
+                        ..Default::default()
+                    },
                     FieldTable::default(),
                 )
                 .await
@@ -651,7 +721,10 @@ impl AmqpBus {
             LinkState::Up(link) => link.clone(),
             _ => return,
         };
-        let _ = link.connection.close(320, "severed for a recovery drill").await;
+        let _ = link
+            .connection
+            .close(320, "severed for a recovery drill")
+            .await;
     }
 
     /// Generation of the current connection (1 for the first, +1 per reconnection); `None`
@@ -747,7 +820,11 @@ async fn reconnect(inner: &Arc<Inner>, lost: u64, shutdown: &CancellationToken) 
             return;
         }
         attempt += 1;
-        let opened = tokio::time::timeout(inner.options.operation_timeout, Link::open(&inner.options, generation)).await;
+        let opened = tokio::time::timeout(
+            inner.options.operation_timeout,
+            Link::open(&inner.options, generation),
+        )
+        .await;
         let error = match opened {
             Ok(Ok(link)) => match link.redeclare(inner.registry_snapshot()).await {
                 Ok(()) => {
@@ -772,7 +849,9 @@ async fn reconnect(inner: &Arc<Inner>, lost: u64, shutdown: &CancellationToken) 
             Ok(Err(e)) => e.to_string(),
             Err(_) => "timed out".into(),
         };
-        let delay = backoff.next_backoff().unwrap_or(inner.options.reconnect_max);
+        let delay = backoff
+            .next_backoff()
+            .unwrap_or(inner.options.reconnect_max);
         tracing::warn!(%error, attempt, ?delay, "reconnecting to the broker failed");
         tokio::select! {
             () = shutdown.cancelled() => return,
@@ -793,7 +872,14 @@ impl Settler for AmqpSettler {
         let done = tokio::time::timeout(self.timeout, async {
             match settlement {
                 Settlement::Ack => self.acker.ack(BasicAckOptions::default()).await,
-                Settlement::Nack { requeue } => self.acker.nack(BasicNackOptions { multiple: false, requeue }).await,
+                Settlement::Nack { requeue } => {
+                    self.acker
+                        .nack(BasicNackOptions {
+                            multiple: false,
+                            requeue,
+                        })
+                        .await
+                }
             }
         })
         .await
@@ -803,7 +889,9 @@ impl Settler for AmqpSettler {
             Ok(false) => Err(BusError::Unavailable(
                 "the delivery's channel is closed; the broker requeued the message".into(),
             )),
-            Err(e) => Err(BusError::Unavailable(format!("cannot settle the delivery: {e}"))),
+            Err(e) => Err(BusError::Unavailable(format!(
+                "cannot settle the delivery: {e}"
+            ))),
         }
     }
 
@@ -812,7 +900,10 @@ impl Settler for AmqpSettler {
             let acker = self.acker.clone();
             let timeout = self.timeout;
             handle.spawn(async move {
-                let nack = acker.nack(BasicNackOptions { multiple: false, requeue: true });
+                let nack = acker.nack(BasicNackOptions {
+                    multiple: false,
+                    requeue: true,
+                });
                 let _ = tokio::time::timeout(timeout, nack).await;
             });
         }
@@ -833,7 +924,10 @@ fn convert(delivery: lapin::message::Delivery, timeout: Duration) -> Delivery {
         delivery.routing_key.as_str().to_owned(),
         delivery.redelivered,
         delivery_count,
-        Box::new(AmqpSettler { acker: delivery.acker, timeout }),
+        Box::new(AmqpSettler {
+            acker: delivery.acker,
+            timeout,
+        }),
     )
 }
 
@@ -845,9 +939,16 @@ async fn start_consumer(
     tag: &str,
 ) -> std::result::Result<(Channel, lapin::Consumer), lapin::Error> {
     let channel = link.connection.create_channel().await?;
-    channel.basic_qos(prefetch, BasicQosOptions { global: false }).await?;
+    channel
+        .basic_qos(prefetch, BasicQosOptions { global: false })
+        .await?;
     let consumer = channel
-        .basic_consume(queue, tag, BasicConsumeOptions::default(), FieldTable::default())
+        .basic_consume(
+            queue,
+            tag,
+            BasicConsumeOptions::default(),
+            FieldTable::default(),
+        )
         .await?;
     Ok((channel, consumer))
 }
@@ -961,10 +1062,17 @@ impl Bus for AmqpBus {
     async fn declare_exchange(&self, spec: &ExchangeSpec) -> Result<()> {
         check_name(&spec.name)?;
         if spec.name.is_empty() {
-            return Err(BusError::InvalidArgument("the default exchange cannot be declared".into()));
+            return Err(BusError::InvalidArgument(
+                "the default exchange cannot be declared".into(),
+            ));
         }
-        self.inner.retrying(|link| async move { link.declare_exchange(spec).await }).await?;
-        self.inner.registry().exchanges.insert(spec.name.clone(), spec.clone());
+        self.inner
+            .retrying(|link| async move { link.declare_exchange(spec).await })
+            .await?;
+        self.inner
+            .registry()
+            .exchanges
+            .insert(spec.name.clone(), spec.clone());
         Ok(())
     }
 
@@ -973,7 +1081,8 @@ impl Bus for AmqpBus {
             .inner
             .retrying(|link| async move {
                 link.topology_op(|ch| async move {
-                    ch.exchange_delete(name, ExchangeDeleteOptions::default()).await
+                    ch.exchange_delete(name, ExchangeDeleteOptions::default())
+                        .await
                 })
                 .await
             })
@@ -988,17 +1097,24 @@ impl Bus for AmqpBus {
     async fn declare_queue(&self, spec: &QueueSpec) -> Result<()> {
         check_name(&spec.name)?;
         if spec.name.is_empty() {
-            return Err(BusError::InvalidArgument("queue name must not be empty".into()));
+            return Err(BusError::InvalidArgument(
+                "queue name must not be empty".into(),
+            ));
         }
         for binding in &spec.bindings {
             check_key(&binding.routing_key)?;
         }
-        self.inner.retrying(|link| async move { link.declare_queue(spec).await }).await?;
+        self.inner
+            .retrying(|link| async move { link.declare_queue(spec).await })
+            .await?;
         {
             let mut stored = spec.clone();
             stored.bindings.clear();
             let mut registry = self.inner.registry();
-            registry.queues.entry(spec.name.clone()).or_insert((stored, 0));
+            registry
+                .queues
+                .entry(spec.name.clone())
+                .or_insert((stored, 0));
         }
         for binding in &spec.bindings {
             self.bind(&spec.name, binding).await?;
@@ -1011,7 +1127,9 @@ impl Bus for AmqpBus {
             .inner
             .retrying(|link| async move {
                 link.topology_op(|ch| async move {
-                    ch.queue_delete(name, QueueDeleteOptions::default()).await.map(drop)
+                    ch.queue_delete(name, QueueDeleteOptions::default())
+                        .await
+                        .map(drop)
                 })
                 .await
             })
@@ -1026,9 +1144,13 @@ impl Bus for AmqpBus {
     async fn bind(&self, queue: &str, binding: &Binding) -> Result<()> {
         check_key(&binding.routing_key)?;
         if binding.exchange.is_empty() {
-            return Err(BusError::InvalidArgument("queues cannot be bound to the default exchange".into()));
+            return Err(BusError::InvalidArgument(
+                "queues cannot be bound to the default exchange".into(),
+            ));
         }
-        self.inner.retrying(|link| async move { link.bind(queue, binding).await }).await?;
+        self.inner
+            .retrying(|link| async move { link.bind(queue, binding).await })
+            .await?;
         if let Some((spec, _)) = self.inner.registry().queues.get_mut(queue) {
             if !spec.bindings.contains(binding) {
                 spec.bindings.push(binding.clone());
@@ -1062,8 +1184,16 @@ impl Bus for AmqpBus {
         }
     }
 
-    async fn publish(&self, exchange: &str, routing_key: &str, body: Bytes, options: PublishOptions) -> Result<()> {
-        self.inner.publish(exchange, routing_key, &body, options).await
+    async fn publish(
+        &self,
+        exchange: &str,
+        routing_key: &str,
+        body: Bytes,
+        options: PublishOptions,
+    ) -> Result<()> {
+        self.inner
+            .publish(exchange, routing_key, &body, options)
+            .await
     }
 
     async fn publish_batch(&self, messages: Vec<Outgoing>) -> Result<(), BatchPublishError> {
@@ -1078,7 +1208,11 @@ impl Bus for AmqpBus {
                 let text = e.to_string();
                 let closed = matches!(e, BusError::Closed);
                 return Err(BatchPublishError::all(total, || {
-                    if closed { BusError::Closed } else { BusError::Unavailable(text.clone()) }
+                    if closed {
+                        BusError::Closed
+                    } else {
+                        BusError::Unavailable(text.clone())
+                    }
                 }));
             }
         };
@@ -1086,14 +1220,20 @@ impl Bus for AmqpBus {
         let channel = link.publisher().await;
         let mut pending = Vec::with_capacity(total);
         for message in &messages {
-            let sent = match (&channel, check_name(&message.exchange).and(check_key(&message.routing_key))) {
+            let sent = match (
+                &channel,
+                check_name(&message.exchange).and(check_key(&message.routing_key)),
+            ) {
                 (_, Err(invalid)) => Err(Err(invalid)),
                 (Err(e), _) => Err(Ok(e.clone())),
                 (Ok(channel), Ok(())) => channel
                     .basic_publish(
                         message.exchange.as_str(),
                         message.routing_key.as_str(),
-                        BasicPublishOptions { mandatory: message.options.mandatory, immediate: false },
+                        BasicPublishOptions {
+                            mandatory: message.options.mandatory,
+                            immediate: false,
+                        },
                         &message.body,
                         properties(message.options),
                     )
@@ -1114,24 +1254,44 @@ impl Bus for AmqpBus {
             let outcome = match confirm {
                 Err(Err(invalid)) => Judged::Done(Err(invalid)),
                 Err(Ok(send_error)) => {
-                    self.inner.judge(&link, &message.exchange, &message.routing_key, Err(send_error)).await
+                    self.inner
+                        .judge(
+                            &link,
+                            &message.exchange,
+                            &message.routing_key,
+                            Err(send_error),
+                        )
+                        .await
                 }
                 Ok(confirmation) => {
-                    self.inner.judge(&link, &message.exchange, &message.routing_key, confirmation).await
+                    self.inner
+                        .judge(&link, &message.exchange, &message.routing_key, confirmation)
+                        .await
                 }
             };
             let result = match outcome {
                 Judged::Done(result) => result,
                 // Lost with the connection or channel: publish it again on its own.
                 Judged::Retry(_) => {
-                    self.inner.publish(&message.exchange, &message.routing_key, &message.body, message.options).await
+                    self.inner
+                        .publish(
+                            &message.exchange,
+                            &message.routing_key,
+                            &message.body,
+                            message.options,
+                        )
+                        .await
                 }
             };
             if let Err(e) = result {
                 failed.push((index, e));
             }
         }
-        if failed.is_empty() { Ok(()) } else { Err(BatchPublishError { total, failed }) }
+        if failed.is_empty() {
+            Ok(())
+        } else {
+            Err(BatchPublishError { total, failed })
+        }
     }
 
     async fn subscribe(&self, spec: &QueueSpec, options: ConsumeOptions) -> Result<Subscription> {
@@ -1147,7 +1307,9 @@ impl Bus for AmqpBus {
             let (queue, tag) = (&queue, &tag);
             self.inner
                 .retrying(|link| async move {
-                    start_consumer(&link, queue, prefetch, tag).await.map(|(ch, consumer)| (ch, consumer, link))
+                    start_consumer(&link, queue, prefetch, tag)
+                        .await
+                        .map(|(ch, consumer)| (ch, consumer, link))
                 })
                 .await?
         };
@@ -1165,7 +1327,11 @@ impl Bus for AmqpBus {
             cancel.clone(),
             Some(started),
         ));
-        Ok(Subscription::new(queue, rx, Box::new(ConsumerGuard { cancel })))
+        Ok(Subscription::new(
+            queue,
+            rx,
+            Box::new(ConsumerGuard { cancel }),
+        ))
     }
 
     async fn ping(&self) -> Result<()> {
@@ -1180,8 +1346,11 @@ impl Bus for AmqpBus {
         let previous = self.inner.state.send_replace(LinkState::Closed);
         self.inner.shutdown.cancel();
         if let LinkState::Up(link) = previous {
-            let _ = tokio::time::timeout(self.inner.options.operation_timeout, link.connection.close(200, "bus closed"))
-                .await;
+            let _ = tokio::time::timeout(
+                self.inner.options.operation_timeout,
+                link.connection.close(200, "bus closed"),
+            )
+            .await;
         }
         Ok(())
     }
@@ -1248,13 +1417,24 @@ impl DeadLetters for AmqpBus {
             taken += 1;
             let tag = message.delivery.delivery_tag;
             let letter = dead_letter(taken, &message.delivery);
-            let Step::Replay { exchange, routing_key } = walk.next(&letter) else {
+            let Step::Replay {
+                exchange,
+                routing_key,
+            } = walk.next(&letter)
+            else {
                 dead.keep(tag);
                 continue;
             };
             let properties = replay_properties(&message.delivery.properties);
-            let published =
-                inner.publish_with_properties(&exchange, &routing_key, &message.delivery.data, true, &properties).await;
+            let published = inner
+                .publish_with_properties(
+                    &exchange,
+                    &routing_key,
+                    &message.delivery.data,
+                    true,
+                    &properties,
+                )
+                .await;
             match published {
                 // Confirmed by the broker: only now may the dead copy go.
                 Ok(()) => match dead.remove(tag).await {
@@ -1299,7 +1479,10 @@ impl DeadLetters for AmqpBus {
         let name = queue.name.as_str();
         check_name(name)?;
         let purge = self.inner.retrying(|link| async move {
-            link.topology_op(|ch| async move { ch.queue_purge(name, QueuePurgeOptions::default()).await }).await
+            link.topology_op(|ch| async move {
+                ch.queue_purge(name, QueuePurgeOptions::default()).await
+            })
+            .await
         });
         let purged = tokio::time::timeout(self.inner.options.operation_timeout, purge)
             .await
@@ -1334,18 +1517,31 @@ impl<'a> DeadQueue<'a> {
         check_name(queue)?;
         let open = inner.retrying(|link| async move {
             let channel = link.connection.create_channel().await?;
-            let declared = channel.queue_declare(queue, passive(), FieldTable::default()).await?;
+            let declared = channel
+                .queue_declare(queue, passive(), FieldTable::default())
+                .await?;
             Ok((link, channel, declared.message_count()))
         });
         let (link, channel, total) = tokio::time::timeout(inner.options.operation_timeout, open)
             .await
             .map_err(|_| BusError::Unavailable(format!("timed out opening {queue:?}")))??;
-        Ok(Self { inner, link, channel, queue, total: total as usize, kept: None })
+        Ok(Self {
+            inner,
+            link,
+            channel,
+            queue,
+            total: total as usize,
+            kept: None,
+        })
     }
 
     /// Takes the next message unacknowledged (`None`: the queue has no ready message).
     async fn take(&self) -> Result<Option<lapin::message::BasicGetMessage>> {
-        self.call(self.channel.basic_get(self.queue, BasicGetOptions { no_ack: false })).await
+        self.call(
+            self.channel
+                .basic_get(self.queue, BasicGetOptions { no_ack: false }),
+        )
+        .await
     }
 
     /// Keeps a taken message: it goes back with [`give_back`](Self::give_back).
@@ -1355,7 +1551,8 @@ impl<'a> DeadQueue<'a> {
 
     /// Removes a taken message for good.
     async fn remove(&self, tag: u64) -> Result<()> {
-        self.call(self.channel.basic_ack(tag, BasicAckOptions::default())).await
+        self.call(self.channel.basic_ack(tag, BasicAckOptions::default()))
+            .await
     }
 
     /// Gives back every kept message with one `basic.nack(multiple, requeue)` — not
@@ -1365,13 +1562,24 @@ impl<'a> DeadQueue<'a> {
     /// held if the nack did not go out).
     async fn give_back(self, expected_ready: usize) {
         if let Some(tag) = self.kept {
-            let nack = self.channel.basic_nack(tag, BasicNackOptions { multiple: true, requeue: true });
+            let nack = self.channel.basic_nack(
+                tag,
+                BasicNackOptions {
+                    multiple: true,
+                    requeue: true,
+                },
+            );
             if let Err(error) = self.call(nack).await {
                 tracing::debug!(%error, queue = self.queue, "giving back dead letters failed; closing the channel returns them");
             }
             let deadline = Instant::now() + GIVE_BACK_SETTLE;
             while Instant::now() < deadline {
-                let declared = self.call(self.channel.queue_declare(self.queue, passive(), FieldTable::default())).await;
+                let declared = self
+                    .call(
+                        self.channel
+                            .queue_declare(self.queue, passive(), FieldTable::default()),
+                    )
+                    .await;
                 match declared {
                     Ok(queue) if queue.message_count() as usize >= expected_ready => break,
                     Ok(_) => tokio::time::sleep(RETRY_PAUSE).await,
@@ -1385,38 +1593,63 @@ impl<'a> DeadQueue<'a> {
 
     /// One broker call, bounded by the operation timeout (a connection that died silently
     /// would hang it) and mapped to a [`BusError`].
-    async fn call<T>(&self, call: impl Future<Output = std::result::Result<T, lapin::Error>>) -> Result<T> {
+    async fn call<T>(
+        &self,
+        call: impl Future<Output = std::result::Result<T, lapin::Error>>,
+    ) -> Result<T> {
         let error = match tokio::time::timeout(self.inner.options.operation_timeout, call).await {
             Ok(Ok(value)) => return Ok(value),
             Ok(Err(error)) => error,
-            Err(_) => return Err(BusError::Unavailable("timed out waiting for the broker".into())),
+            Err(_) => {
+                return Err(BusError::Unavailable(
+                    "timed out waiting for the broker".into(),
+                ));
+            }
         };
         match classify(&error) {
             Failure::Final(e) => Err(e),
             failure => {
-                if matches!(failure, Failure::Connection) || !self.link.connection.status().connected() {
+                if matches!(failure, Failure::Connection)
+                    || !self.link.connection.status().connected()
+                {
                     self.inner.report_broken(self.link.generation);
                 }
-                Err(BusError::Unavailable(format!("broker operation failed: {error}")))
+                Err(BusError::Unavailable(format!(
+                    "broker operation failed: {error}"
+                )))
             }
         }
     }
 }
 
 fn passive() -> QueueDeclareOptions {
-    QueueDeclareOptions { passive: true, ..QueueDeclareOptions::default() }
+    QueueDeclareOptions {
+        passive: true,
+        ..QueueDeclareOptions::default()
+    }
 }
 
 /// A message taken from a dead-letter queue, as a [`DeadLetter`] at `position`.
 fn dead_letter(position: usize, delivery: &lapin::message::Delivery) -> DeadLetter {
     let properties = &delivery.properties;
-    let message_id = properties.message_id().as_ref().map(|id| id.as_str().to_owned());
+    let message_id = properties
+        .message_id()
+        .as_ref()
+        .map(|id| id.as_str().to_owned());
     DeadLetter {
         position,
-        id: message_id.clone().unwrap_or_else(|| content_id(&delivery.data)),
+        id: message_id
+            .clone()
+            .unwrap_or_else(|| content_id(&delivery.data)),
         message_id,
-        message_type: properties.kind().as_ref().map(|kind| kind.as_str().to_owned()),
-        death: properties.headers().as_ref().and_then(|headers| death_of(headers, delivery.routing_key.as_str())),
+        message_type: properties
+            .kind()
+            .as_ref()
+            .map(|kind| kind.as_str().to_owned()),
+        death: properties
+            .headers()
+            .as_ref()
+            .and_then(|headers| death_of(headers, delivery.routing_key.as_str())),
         body: Bytes::copy_from_slice(&delivery.data),
     }
 }
@@ -1427,14 +1660,19 @@ fn dead_letter(position: usize, delivery: &lapin::message::Delivery) -> DeadLett
 fn death_of(headers: &FieldTable, routing_key: &str) -> Option<Death> {
     let headers = headers.inner();
     let latest = match headers.get("x-death") {
-        Some(AMQPValue::FieldArray(deaths)) => deaths.as_slice().iter().find_map(|death| match death {
-            AMQPValue::FieldTable(entry) => Some(entry.inner()),
-            _ => None,
-        }),
+        Some(AMQPValue::FieldArray(deaths)) => {
+            deaths.as_slice().iter().find_map(|death| match death {
+                AMQPValue::FieldTable(entry) => Some(entry.inner()),
+                _ => None,
+            })
+        }
         _ => None,
     };
     let reason = |value: Option<&AMQPValue>| {
-        value.and_then(header_text).map_or_else(|| DeathReason::Other("unknown".into()), |r| DeathReason::parse(&r))
+        value.and_then(header_text).map_or_else(
+            || DeathReason::Other("unknown".into()),
+            |r| DeathReason::parse(&r),
+        )
     };
     if let Some(entry) = latest {
         if let Some(exchange) = entry.get("exchange").and_then(header_text) {
@@ -1452,9 +1690,14 @@ fn death_of(headers: &FieldTable, routing_key: &str) -> Option<Death> {
         }
     }
     Some(Death {
-        exchange: headers.get("x-first-death-exchange").and_then(header_text)?,
+        exchange: headers
+            .get("x-first-death-exchange")
+            .and_then(header_text)?,
         routing_key: routing_key.to_owned(),
-        queue: headers.get("x-first-death-queue").and_then(header_text).unwrap_or_default(),
+        queue: headers
+            .get("x-first-death-queue")
+            .and_then(header_text)
+            .unwrap_or_default(),
         reason: reason(headers.get("x-first-death-reason")),
         count: 1,
     })
@@ -1523,14 +1766,29 @@ mod tests {
 
     #[test]
     fn quorum_queue_arguments() {
-        let spec = QueueSpec::durable("q").single_active_consumer().delivery_limit(5).dead_letter_exchange("dlx");
+        let spec = QueueSpec::durable("q")
+            .single_active_consumer()
+            .delivery_limit(5)
+            .dead_letter_exchange("dlx");
         let (options, args) = queue_arguments(&spec);
         assert!(options.durable && !options.exclusive && !options.auto_delete);
         let args = args.inner();
-        assert_eq!(args.get("x-queue-type"), Some(&AMQPValue::LongString("quorum".into())));
-        assert_eq!(args.get("x-delivery-limit"), Some(&AMQPValue::LongLongInt(5)));
-        assert_eq!(args.get("x-dead-letter-exchange"), Some(&AMQPValue::LongString("dlx".into())));
-        assert_eq!(args.get("x-single-active-consumer"), Some(&AMQPValue::Boolean(true)));
+        assert_eq!(
+            args.get("x-queue-type"),
+            Some(&AMQPValue::LongString("quorum".into()))
+        );
+        assert_eq!(
+            args.get("x-delivery-limit"),
+            Some(&AMQPValue::LongLongInt(5))
+        );
+        assert_eq!(
+            args.get("x-dead-letter-exchange"),
+            Some(&AMQPValue::LongString("dlx".into()))
+        );
+        assert_eq!(
+            args.get("x-single-active-consumer"),
+            Some(&AMQPValue::Boolean(true))
+        );
     }
 
     #[test]
@@ -1545,10 +1803,17 @@ mod tests {
     #[test]
     fn names_are_extracted_from_reply_texts() {
         assert_eq!(
-            extract_name("PRECONDITION_FAILED - inequivalent arg 'x-queue-type' for queue 'q1' in vhost '/'"),
+            extract_name(
+                "PRECONDITION_FAILED - inequivalent arg 'x-queue-type' for queue 'q1' in vhost '/'"
+            ),
             "q1"
         );
-        assert_eq!(extract_name("RESOURCE_LOCKED - cannot obtain exclusive access to locked queue 'gw' in vhost '/'"), "gw");
+        assert_eq!(
+            extract_name(
+                "RESOURCE_LOCKED - cannot obtain exclusive access to locked queue 'gw' in vhost '/'"
+            ),
+            "gw"
+        );
         assert_eq!(extract_name("no quotes"), "no quotes");
     }
 
@@ -1562,7 +1827,10 @@ mod tests {
 
     #[test]
     fn debug_redacts_the_password() {
-        let shown = format!("{:?}", AmqpOptions::new("amqp://guest:secret@localhost:5672/%2f", "t"));
+        let shown = format!(
+            "{:?}",
+            AmqpOptions::new("amqp://guest:secret@localhost:5672/%2f", "t")
+        );
         assert!(!shown.contains("secret"), "{shown}");
     }
 }

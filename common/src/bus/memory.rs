@@ -146,31 +146,48 @@ impl MemoryBus {
 
     /// Number of delivered but unsettled messages in `queue`, for tests and diagnostics.
     pub fn unacked_count(&self, queue: &str) -> Option<usize> {
-        lock(&self.shared).queues.get(queue).map(|q| q.unacked.len())
+        lock(&self.shared)
+            .queues
+            .get(queue)
+            .map(|q| q.unacked.len())
     }
 }
 
 fn lock(shared: &Shared) -> MutexGuard<'_, State> {
     // A panic while holding the lock cannot leave the state half-updated in a way that matters
     // more than losing the whole bus, so keep going with the inner value.
-    shared.state.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
+    shared
+        .state
+        .lock()
+        .unwrap_or_else(|poisoned| poisoned.into_inner())
 }
 
 impl State {
     fn declare_exchange(&mut self, spec: &ExchangeSpec) -> Result<()> {
         check_name(&spec.name)?;
         if spec.name.is_empty() {
-            return Err(BusError::InvalidArgument("the default exchange cannot be declared".into()));
+            return Err(BusError::InvalidArgument(
+                "the default exchange cannot be declared".into(),
+            ));
         }
         match self.exchanges.get(&spec.name) {
             Some(existing) if existing.kind != spec.kind => Err(BusError::DeclarationConflict {
                 name: spec.name.clone(),
-                reason: format!("exchange type {} differs from {}", spec.kind.as_str(), existing.kind.as_str()),
+                reason: format!(
+                    "exchange type {} differs from {}",
+                    spec.kind.as_str(),
+                    existing.kind.as_str()
+                ),
             }),
             Some(_) => Ok(()),
             None => {
-                self.exchanges
-                    .insert(spec.name.clone(), Exchange { kind: spec.kind, bindings: BTreeSet::new() });
+                self.exchanges.insert(
+                    spec.name.clone(),
+                    Exchange {
+                        kind: spec.kind,
+                        bindings: BTreeSet::new(),
+                    },
+                );
                 Ok(())
             }
         }
@@ -179,14 +196,19 @@ impl State {
     fn declare_queue(&mut self, spec: &QueueSpec) -> Result<()> {
         check_name(&spec.name)?;
         if spec.name.is_empty() {
-            return Err(BusError::InvalidArgument("queue name must not be empty".into()));
+            return Err(BusError::InvalidArgument(
+                "queue name must not be empty".into(),
+            ));
         }
         for binding in &spec.bindings {
             self.check_binding(binding)?;
         }
         if let Some(existing) = self.queues.get(&spec.name) {
             if let Some(reason) = spec_conflict(&existing.spec, spec) {
-                return Err(BusError::DeclarationConflict { name: spec.name.clone(), reason });
+                return Err(BusError::DeclarationConflict {
+                    name: spec.name.clone(),
+                    reason,
+                });
             }
         } else {
             let mut stored = spec.clone();
@@ -213,10 +235,15 @@ impl State {
     fn check_binding(&self, binding: &Binding) -> Result<()> {
         check_key(&binding.routing_key)?;
         if binding.exchange.is_empty() {
-            return Err(BusError::InvalidArgument("queues cannot be bound to the default exchange".into()));
+            return Err(BusError::InvalidArgument(
+                "queues cannot be bound to the default exchange".into(),
+            ));
         }
         if !self.exchanges.contains_key(&binding.exchange) {
-            return Err(BusError::NotFound(format!("exchange {:?}", binding.exchange)));
+            return Err(BusError::NotFound(format!(
+                "exchange {:?}",
+                binding.exchange
+            )));
         }
         Ok(())
     }
@@ -226,14 +253,21 @@ impl State {
         if !self.queues.contains_key(queue) {
             return Err(BusError::NotFound(format!("queue {queue:?}")));
         }
-        let exchange = self.exchanges.get_mut(&binding.exchange).expect("checked above");
-        exchange.bindings.insert((binding.routing_key.clone(), queue.to_owned()));
+        let exchange = self
+            .exchanges
+            .get_mut(&binding.exchange)
+            .expect("checked above");
+        exchange
+            .bindings
+            .insert((binding.routing_key.clone(), queue.to_owned()));
         Ok(())
     }
 
     fn unbind(&mut self, queue: &str, binding: &Binding) -> Result<()> {
         if let Some(exchange) = self.exchanges.get_mut(&binding.exchange) {
-            exchange.bindings.remove(&(binding.routing_key.clone(), queue.to_owned()));
+            exchange
+                .bindings
+                .remove(&(binding.routing_key.clone(), queue.to_owned()));
         }
         Ok(())
     }
@@ -252,7 +286,12 @@ impl State {
     fn route(&self, exchange: &str, routing_key: &str) -> Result<Vec<String>> {
         if exchange.is_empty() {
             // The default exchange routes to the queue named by the routing key.
-            return Ok(self.queues.contains_key(routing_key).then(|| routing_key.to_owned()).into_iter().collect());
+            return Ok(self
+                .queues
+                .contains_key(routing_key)
+                .then(|| routing_key.to_owned())
+                .into_iter()
+                .collect());
         }
         let ex = self
             .exchanges
@@ -302,10 +341,16 @@ impl State {
         check_key(routing_key)?;
         let targets = self.route(exchange, routing_key)?;
         if targets.is_empty() && options.mandatory {
-            return Err(BusError::Unroutable { exchange: exchange.to_owned(), routing_key: routing_key.to_owned() });
+            return Err(BusError::Unroutable {
+                exchange: exchange.to_owned(),
+                routing_key: routing_key.to_owned(),
+            });
         }
         for name in targets {
-            let queue = self.queues.get_mut(&name).expect("routed to an existing queue");
+            let queue = self
+                .queues
+                .get_mut(&name)
+                .expect("routed to an existing queue");
             let seq = queue.next_seq;
             queue.next_seq += 1;
             let mut message = Message::new(seq, exchange, routing_key, body.clone());
@@ -319,7 +364,9 @@ impl State {
     /// Hands ready messages of `queue` to consumers with free prefetch capacity.
     fn pump(&mut self, shared: &Weak<Shared>, queue_name: &str) {
         loop {
-            let Some(queue) = self.queues.get_mut(queue_name) else { return };
+            let Some(queue) = self.queues.get_mut(queue_name) else {
+                return;
+            };
             if queue.ready.is_empty() || queue.consumers.is_empty() {
                 return;
             }
@@ -349,7 +396,11 @@ impl State {
                 message.routing_key.clone(),
                 message.redelivered,
                 message.returns,
-                Box::new(MemorySettler { shared: shared.clone(), queue: queue_name.to_owned(), tag }),
+                Box::new(MemorySettler {
+                    shared: shared.clone(),
+                    queue: queue_name.to_owned(),
+                    tag,
+                }),
             );
             match consumer.tx.send(Ok(delivery)) {
                 Ok(()) => {
@@ -360,7 +411,9 @@ impl State {
                 Err(mpsc::error::SendError(returned)) => {
                     // The subscription is being dropped; its guard has not run yet. Forget the
                     // delivery (its settler finds no tag) and retire the consumer now.
-                    let Ok(mut delivery) = returned else { unreachable!("we sent Ok") };
+                    let Ok(mut delivery) = returned else {
+                        unreachable!("we sent Ok")
+                    };
                     delivery.settler = None;
                     queue.ready.push_front(message);
                     let id = consumer.id;
@@ -370,13 +423,22 @@ impl State {
         }
     }
 
-    fn settle(&mut self, shared: &Weak<Shared>, queue_name: &str, tag: u64, settlement: Settlement) -> Result<()> {
+    fn settle(
+        &mut self,
+        shared: &Weak<Shared>,
+        queue_name: &str,
+        tag: u64,
+        settlement: Settlement,
+    ) -> Result<()> {
         let Some(queue) = self.queues.get_mut(queue_name) else {
-            return Err(BusError::Unavailable(format!("queue {queue_name:?} was deleted")));
+            return Err(BusError::Unavailable(format!(
+                "queue {queue_name:?} was deleted"
+            )));
         };
         let Some((consumer_id, message)) = queue.unacked.remove(&tag) else {
             return Err(BusError::Unavailable(
-                "delivery is no longer held: its subscription was dropped and the message requeued".into(),
+                "delivery is no longer held: its subscription was dropped and the message requeued"
+                    .into(),
             ));
         };
         if let Some(consumer) = queue.consumers.iter_mut().find(|c| c.id == consumer_id) {
@@ -386,7 +448,9 @@ impl State {
             Settlement::Ack => {}
             // Like a RabbitMQ quorum queue (the strictest backend): a nacked message goes to
             // the back of the queue, behind younger messages.
-            Settlement::Nack { requeue: true } => self.requeue(shared, queue_name, message, Position::Back),
+            Settlement::Nack { requeue: true } => {
+                self.requeue(shared, queue_name, message, Position::Back)
+            }
             Settlement::Nack { requeue: false } => {
                 self.dead_letter(shared, queue_name, message, DeathReason::Rejected);
             }
@@ -396,11 +460,23 @@ impl State {
     }
 
     /// Returns a message to the queue, or dead-letters it past the delivery limit.
-    fn requeue(&mut self, shared: &Weak<Shared>, queue_name: &str, mut message: Message, position: Position) {
-        let Some(queue) = self.queues.get_mut(queue_name) else { return };
+    fn requeue(
+        &mut self,
+        shared: &Weak<Shared>,
+        queue_name: &str,
+        mut message: Message,
+        position: Position,
+    ) {
+        let Some(queue) = self.queues.get_mut(queue_name) else {
+            return;
+        };
         message.returns += 1;
         message.redelivered = true;
-        if queue.spec.effective_delivery_limit().is_some_and(|limit| message.returns > limit) {
+        if queue
+            .spec
+            .effective_delivery_limit()
+            .is_some_and(|limit| message.returns > limit)
+        {
             self.dead_letter(shared, queue_name, message, DeathReason::DeliveryLimit);
             return;
         }
@@ -417,14 +493,26 @@ impl State {
         }
     }
 
-    fn dead_letter(&mut self, shared: &Weak<Shared>, queue_name: &str, message: Message, reason: DeathReason) {
-        let Some(dlx) = self.queues.get(queue_name).and_then(|q| q.spec.dead_letter_exchange.clone()) else {
+    fn dead_letter(
+        &mut self,
+        shared: &Weak<Shared>,
+        queue_name: &str,
+        message: Message,
+        reason: DeathReason,
+    ) {
+        let Some(dlx) = self
+            .queues
+            .get(queue_name)
+            .and_then(|q| q.spec.dead_letter_exchange.clone())
+        else {
             return;
         };
         // Like RabbitMQ's `x-death`: the count goes on when it dies again in the same queue for
         // the same reason.
         let count = match &message.death {
-            Some(previous) if previous.queue == queue_name && previous.reason == reason => previous.count + 1,
+            Some(previous) if previous.queue == queue_name && previous.reason == reason => {
+                previous.count + 1
+            }
             _ => 1,
         };
         let death = Death {
@@ -448,23 +536,47 @@ impl State {
 
     fn existing_queue(&self, name: &str) -> Result<&Queue> {
         check_name(name)?;
-        self.queues.get(name).ok_or_else(|| BusError::NotFound(format!("queue {name:?}")))
+        self.queues
+            .get(name)
+            .ok_or_else(|| BusError::NotFound(format!("queue {name:?}")))
     }
 
     /// Replays under the lock: every step (publish, then remove the dead copy) is atomic here,
     /// so the at-least-once window of RabbitMQ does not exist.
-    fn replay(&mut self, shared: &Weak<Shared>, queue_name: &str, options: &ReplayOptions) -> Result<ReplayReport> {
+    fn replay(
+        &mut self,
+        shared: &Weak<Shared>,
+        queue_name: &str,
+        options: &ReplayOptions,
+    ) -> Result<ReplayReport> {
         // The messages present at the start; the walk examines no more (a replayed message
         // that dies again lands behind them).
-        let snapshot: Vec<Message> = self.existing_queue(queue_name)?.ready.iter().cloned().collect();
+        let snapshot: Vec<Message> = self
+            .existing_queue(queue_name)?
+            .ready
+            .iter()
+            .cloned()
+            .collect();
         let mut walk = ReplayWalk::new(options, snapshot.len());
         for (index, message) in snapshot.into_iter().enumerate() {
             if !walk.wants_more() {
                 break;
             }
             let letter = message.as_dead_letter(index + 1);
-            let Step::Replay { exchange, routing_key } = walk.next(&letter) else { continue };
-            match self.publish(shared, &exchange, &routing_key, message.body.clone(), PublishOptions::default()) {
+            let Step::Replay {
+                exchange,
+                routing_key,
+            } = walk.next(&letter)
+            else {
+                continue;
+            };
+            match self.publish(
+                shared,
+                &exchange,
+                &routing_key,
+                message.body.clone(),
+                PublishOptions::default(),
+            ) {
                 Ok(()) => {
                     if let Some(queue) = self.queues.get_mut(queue_name) {
                         queue.ready.retain(|m| m.seq != message.seq);
@@ -482,8 +594,12 @@ impl State {
     }
 
     fn remove_consumer(&mut self, shared: &Weak<Shared>, queue_name: &str, consumer_id: u64) {
-        let Some(queue) = self.queues.get_mut(queue_name) else { return };
-        let Some(index) = queue.consumers.iter().position(|c| c.id == consumer_id) else { return };
+        let Some(queue) = self.queues.get_mut(queue_name) else {
+            return;
+        };
+        let Some(index) = queue.consumers.iter().position(|c| c.id == consumer_id) else {
+            return;
+        };
         queue.consumers.remove(index);
         if queue.cursor > index {
             queue.cursor -= 1;
@@ -500,7 +616,9 @@ impl State {
                 true
             }
         });
-        let auto_delete = queue.spec.kind == QueueKind::Exclusive && queue.had_consumer && queue.consumers.is_empty();
+        let auto_delete = queue.spec.kind == QueueKind::Exclusive
+            && queue.had_consumer
+            && queue.consumers.is_empty();
         if auto_delete {
             self.delete_queue(queue_name);
             return;
@@ -552,7 +670,9 @@ struct MemorySettler {
 #[async_trait]
 impl Settler for MemorySettler {
     async fn settle(&self, settlement: Settlement) -> Result<()> {
-        let Some(shared) = self.shared.upgrade() else { return Err(BusError::Closed) };
+        let Some(shared) = self.shared.upgrade() else {
+            return Err(BusError::Closed);
+        };
         let mut state = lock(&shared);
         state.settle(&self.shared, &self.queue, self.tag, settlement)
     }
@@ -561,7 +681,12 @@ impl Settler for MemorySettler {
         if let Some(shared) = self.shared.upgrade() {
             let mut state = lock(&shared);
             // Already returned with its subscription: nothing to do.
-            let _ = state.settle(&self.shared, &self.queue, self.tag, Settlement::Nack { requeue: true });
+            let _ = state.settle(
+                &self.shared,
+                &self.queue,
+                self.tag,
+                Settlement::Nack { requeue: true },
+            );
             // (A dropped delivery counts as a nack: it goes to the back, as on RabbitMQ.)
         }
     }
@@ -612,23 +737,39 @@ impl Bus for MemoryBus {
         self.lock()?.unbind(queue, binding)
     }
 
-    async fn publish(&self, exchange: &str, routing_key: &str, body: Bytes, options: PublishOptions) -> Result<()> {
+    async fn publish(
+        &self,
+        exchange: &str,
+        routing_key: &str,
+        body: Bytes,
+        options: PublishOptions,
+    ) -> Result<()> {
         let weak = Arc::downgrade(&self.shared);
-        self.lock()?.publish(&weak, exchange, routing_key, body, options)
+        self.lock()?
+            .publish(&weak, exchange, routing_key, body, options)
     }
 
     async fn publish_batch(&self, messages: Vec<Outgoing>) -> Result<(), BatchPublishError> {
         let total = messages.len();
         let weak = Arc::downgrade(&self.shared);
-        let mut state = self.lock().map_err(|_| BatchPublishError::all(total, || BusError::Closed))?;
+        let mut state = self
+            .lock()
+            .map_err(|_| BatchPublishError::all(total, || BusError::Closed))?;
         let failed: Vec<(usize, BusError)> = messages
             .into_iter()
             .enumerate()
             .filter_map(|(i, m)| {
-                state.publish(&weak, &m.exchange, &m.routing_key, m.body, m.options).err().map(|e| (i, e))
+                state
+                    .publish(&weak, &m.exchange, &m.routing_key, m.body, m.options)
+                    .err()
+                    .map(|e| (i, e))
             })
             .collect();
-        if failed.is_empty() { Ok(()) } else { Err(BatchPublishError { total, failed }) }
+        if failed.is_empty() {
+            Ok(())
+        } else {
+            Err(BatchPublishError { total, failed })
+        }
     }
 
     async fn subscribe(&self, spec: &QueueSpec, options: ConsumeOptions) -> Result<Subscription> {
@@ -639,11 +780,20 @@ impl Bus for MemoryBus {
         state.next_consumer += 1;
         let (tx, rx) = mpsc::unbounded_channel();
         let queue = state.queues.get_mut(&spec.name).expect("declared above");
-        queue.consumers.push(Consumer { id, prefetch: usize::from(options.prefetch.get()), in_flight: 0, tx });
+        queue.consumers.push(Consumer {
+            id,
+            prefetch: usize::from(options.prefetch.get()),
+            in_flight: 0,
+            tx,
+        });
         queue.had_consumer = true;
         state.pump(&weak, &spec.name);
         drop(state);
-        let guard = ConsumerGuard { shared: weak, queue: spec.name.clone(), id };
+        let guard = ConsumerGuard {
+            shared: weak,
+            queue: spec.name.clone(),
+            id,
+        };
         Ok(Subscription::new(spec.name.clone(), rx, Box::new(guard)))
     }
 
@@ -676,8 +826,16 @@ impl DeadLetters for MemoryBus {
     async fn peek(&self, queue: &QueueSpec, limit: usize) -> Result<DeadLetterList> {
         let state = self.lock()?;
         let ready = &state.existing_queue(&queue.name)?.ready;
-        let letters = ready.iter().take(limit).enumerate().map(|(i, m)| m.as_dead_letter(i + 1)).collect();
-        Ok(DeadLetterList { total: ready.len(), letters })
+        let letters = ready
+            .iter()
+            .take(limit)
+            .enumerate()
+            .map(|(i, m)| m.as_dead_letter(i + 1))
+            .collect();
+        Ok(DeadLetterList {
+            total: ready.len(),
+            letters,
+        })
     }
 
     async fn replay(&self, queue: &QueueSpec, options: &ReplayOptions) -> Result<ReplayReport> {

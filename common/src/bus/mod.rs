@@ -167,7 +167,8 @@ impl dyn Bus {
     ) -> Result<()> {
         let body = serde_json::to_vec(value)
             .map_err(|e| BusError::InvalidArgument(format!("message cannot be serialized: {e}")))?;
-        self.publish(exchange, routing_key, body.into(), options).await
+        self.publish(exchange, routing_key, body.into(), options)
+            .await
     }
 }
 
@@ -205,7 +206,10 @@ pub struct ExchangeSpec {
 impl ExchangeSpec {
     /// A durable exchange of `kind` named `name`.
     pub fn new(name: impl Into<String>, kind: ExchangeKind) -> Self {
-        Self { name: name.into(), kind }
+        Self {
+            name: name.into(),
+            kind,
+        }
     }
 }
 
@@ -221,7 +225,10 @@ pub struct Binding {
 impl Binding {
     /// A binding of `exchange` with `routing_key`.
     pub fn new(exchange: impl Into<String>, routing_key: impl Into<String>) -> Self {
-        Self { exchange: exchange.into(), routing_key: routing_key.into() }
+        Self {
+            exchange: exchange.into(),
+            routing_key: routing_key.into(),
+        }
     }
 }
 
@@ -283,7 +290,11 @@ impl QueueSpec {
 
     /// An exclusive auto-delete queue with no bindings.
     pub fn exclusive(name: impl Into<String>) -> Self {
-        Self { kind: QueueKind::Exclusive, queue_type: QueueType::Classic, ..Self::durable(name) }
+        Self {
+            kind: QueueKind::Exclusive,
+            queue_type: QueueType::Classic,
+            ..Self::durable(name)
+        }
     }
 
     /// Adds a binding.
@@ -350,7 +361,10 @@ pub struct PublishOptions {
 
 impl Default for PublishOptions {
     fn default() -> Self {
-        Self { mandatory: true, persistent: true }
+        Self {
+            mandatory: true,
+            persistent: true,
+        }
     }
 }
 
@@ -358,7 +372,10 @@ impl PublishOptions {
     /// Options for best-effort fan-out: not mandatory, not persisted (live deliveries, cancel
     /// broadcasts: the ledger and the session store are the source of truth for those).
     pub fn best_effort() -> Self {
-        Self { mandatory: false, persistent: false }
+        Self {
+            mandatory: false,
+            persistent: false,
+        }
     }
 }
 
@@ -377,7 +394,11 @@ pub struct Outgoing {
 
 impl Outgoing {
     /// A message with default (mandatory, persistent) options.
-    pub fn new(exchange: impl Into<String>, routing_key: impl Into<String>, body: impl Into<Bytes>) -> Self {
+    pub fn new(
+        exchange: impl Into<String>,
+        routing_key: impl Into<String>,
+        body: impl Into<Bytes>,
+    ) -> Self {
         Self {
             exchange: exchange.into(),
             routing_key: routing_key.into(),
@@ -417,7 +438,9 @@ pub struct ConsumeOptions {
 impl ConsumeOptions {
     /// Options with the given prefetch (0 is raised to 1).
     pub fn prefetch(prefetch: u16) -> Self {
-        Self { prefetch: NonZeroU16::new(prefetch).unwrap_or(NonZeroU16::MIN) }
+        Self {
+            prefetch: NonZeroU16::new(prefetch).unwrap_or(NonZeroU16::MIN),
+        }
     }
 }
 
@@ -446,7 +469,11 @@ impl Subscription {
         receiver: mpsc::UnboundedReceiver<Result<Delivery>>,
         guard: Box<dyn Send + Sync>,
     ) -> Self {
-        Self { queue: queue.into(), receiver, _guard: guard }
+        Self {
+            queue: queue.into(),
+            receiver,
+            _guard: guard,
+        }
     }
 
     /// Name of the consumed queue.
@@ -467,7 +494,9 @@ impl Subscription {
 
 impl fmt::Debug for Subscription {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("Subscription").field("queue", &self.queue).finish_non_exhaustive()
+        f.debug_struct("Subscription")
+            .field("queue", &self.queue)
+            .finish_non_exhaustive()
     }
 }
 
@@ -521,7 +550,14 @@ impl Delivery {
         delivery_count: u32,
         settler: Box<dyn Settler>,
     ) -> Self {
-        Self { body, exchange, routing_key, redelivered, delivery_count, settler: Some(settler) }
+        Self {
+            body,
+            exchange,
+            routing_key,
+            redelivered,
+            delivery_count,
+            settler: Some(settler),
+        }
     }
 
     /// Acknowledges: the message is removed from the queue. An error (connection lost, or
@@ -645,31 +681,43 @@ pub struct BatchPublishError {
 }
 
 fn first_error(failed: &[(usize, BusError)]) -> String {
-    failed.first().map(|(i, e)| format!("#{i}: {e}")).unwrap_or_default()
+    failed
+        .first()
+        .map(|(i, e)| format!("#{i}: {e}"))
+        .unwrap_or_default()
 }
 
 impl BatchPublishError {
     /// `true` if message `index` of the batch failed.
     pub fn is_failed(&self, index: usize) -> bool {
-        self.failed.binary_search_by_key(&index, |(i, _)| *i).is_ok()
+        self.failed
+            .binary_search_by_key(&index, |(i, _)| *i)
+            .is_ok()
     }
 
     /// The same error for every message of a batch of `total` (connection-level failures).
     pub fn all(total: usize, error: impl Fn() -> BusError) -> Self {
-        Self { total, failed: (0..total).map(|i| (i, error())).collect() }
+        Self {
+            total,
+            failed: (0..total).map(|i| (i, error())).collect(),
+        }
     }
 }
 
 impl HasErrorCode for BatchPublishError {
     fn code(&self) -> ErrorCode {
-        self.failed.first().map_or(ErrorCode::Internal, |(_, e)| e.code())
+        self.failed
+            .first()
+            .map_or(ErrorCode::Internal, |(_, e)| e.code())
     }
 }
 
 /// Validates a routing key or binding key (AMQP short string, at most 255 bytes).
 pub(crate) fn check_key(key: &str) -> Result<()> {
     if key.len() > 255 {
-        return Err(BusError::InvalidArgument(format!("routing key longer than 255 bytes: {key:.40}…")));
+        return Err(BusError::InvalidArgument(format!(
+            "routing key longer than 255 bytes: {key:.40}…"
+        )));
     }
     Ok(())
 }
@@ -677,7 +725,9 @@ pub(crate) fn check_key(key: &str) -> Result<()> {
 /// Validates an exchange or queue name (AMQP short string, at most 255 bytes).
 pub(crate) fn check_name(name: &str) -> Result<()> {
     if name.len() > 255 {
-        return Err(BusError::InvalidArgument(format!("name longer than 255 bytes: {name:.40}…")));
+        return Err(BusError::InvalidArgument(format!(
+            "name longer than 255 bytes: {name:.40}…"
+        )));
     }
     Ok(())
 }
@@ -693,7 +743,11 @@ pub fn topic_matches(pattern: &str, key: &str) -> bool {
         }
     }
     let p: Vec<&str> = pattern.split('.').collect();
-    let k: Vec<&str> = if key.is_empty() { Vec::new() } else { key.split('.').collect() };
+    let k: Vec<&str> = if key.is_empty() {
+        Vec::new()
+    } else {
+        key.split('.').collect()
+    };
     // An empty pattern matches only the empty key.
     let p: Vec<&str> = if pattern.is_empty() { Vec::new() } else { p };
     go(&p, &k)
@@ -733,7 +787,10 @@ mod tests {
     fn batch_error_index_lookup() {
         let e = BatchPublishError {
             total: 4,
-            failed: vec![(1, BusError::Closed), (3, BusError::Unavailable("x".into()))],
+            failed: vec![
+                (1, BusError::Closed),
+                (3, BusError::Unavailable("x".into())),
+            ],
         };
         assert!(e.is_failed(1) && e.is_failed(3));
         assert!(!e.is_failed(0) && !e.is_failed(2));

@@ -44,7 +44,9 @@ pub const DEAD: &str = "dead";
 pub fn fnv1a(bytes: &[u8]) -> u64 {
     const OFFSET: u64 = 0xcbf2_9ce4_8422_2325;
     const PRIME: u64 = 0x0000_0100_0000_01b3;
-    bytes.iter().fold(OFFSET, |hash, &b| (hash ^ u64::from(b)).wrapping_mul(PRIME))
+    bytes
+        .iter()
+        .fold(OFFSET, |hash, &b| (hash ^ u64::from(b)).wrapping_mul(PRIME))
 }
 
 /// Events shard of a conversation: `fnv1a(workspace + "\0" + conversation) % shards`; a
@@ -68,7 +70,11 @@ pub fn shard_routing_key(shard: u32) -> String {
 }
 
 /// Routing key of an event on the events exchange.
-pub fn events_routing_key(workspace: &str, conversation: Option<&str>, shards: NonZeroU32) -> String {
+pub fn events_routing_key(
+    workspace: &str,
+    conversation: Option<&str>,
+    shards: NonZeroU32,
+) -> String {
     shard_routing_key(events_shard(workspace, conversation, shards))
 }
 
@@ -88,12 +94,22 @@ pub fn key_segment(text: &str) -> String {
     if text.is_empty() {
         return "_".into();
     }
-    text.chars().map(|c| if matches!(c, '.' | '*' | '#') { '_' } else { c }).collect()
+    text.chars()
+        .map(|c| if matches!(c, '.' | '*' | '#') { '_' } else { c })
+        .collect()
 }
 
 /// Routing key of a live delivery: `<workspace>.<conversation or _>.<run_id>`.
-pub fn deliveries_routing_key(workspace: &str, conversation: Option<&str>, run_id: &RunId) -> String {
-    format!("{}.{}.{run_id}", key_segment(workspace), conversation.map_or_else(|| "_".into(), key_segment))
+pub fn deliveries_routing_key(
+    workspace: &str,
+    conversation: Option<&str>,
+    run_id: &RunId,
+) -> String {
+    format!(
+        "{}.{}.{run_id}",
+        key_segment(workspace),
+        conversation.map_or_else(|| "_".into(), key_segment)
+    )
 }
 
 /// Binding pattern for every delivery of one run: `*.*.<run_id>`.
@@ -103,7 +119,11 @@ pub fn deliveries_run_pattern(run_id: &RunId) -> String {
 
 /// Binding pattern for every delivery of one conversation: `<workspace>.<conversation>.*`.
 pub fn deliveries_conversation_pattern(workspace: &str, conversation: Option<&str>) -> String {
-    format!("{}.{}.*", key_segment(workspace), conversation.map_or_else(|| "_".into(), key_segment))
+    format!(
+        "{}.{}.*",
+        key_segment(workspace),
+        conversation.map_or_else(|| "_".into(), key_segment)
+    )
 }
 
 /// Routing key (and binding key) of a run's cancel message: `cancel.<run_id>`.
@@ -161,18 +181,26 @@ impl Topology {
     /// Validates the options (pool names are routing keys and queue-name suffixes).
     pub fn new(options: TopologyOptions) -> Result<Self> {
         let prefix = &options.name_prefix;
-        if prefix.is_empty() || prefix.starts_with('.') || prefix.ends_with('.') || prefix.contains(['*', '#']) {
+        if prefix.is_empty()
+            || prefix.starts_with('.')
+            || prefix.ends_with('.')
+            || prefix.contains(['*', '#'])
+        {
             return Err(BusError::InvalidArgument(format!(
                 "name prefix {prefix:?} must be non-empty, without leading or trailing dot, without * or #"
             )));
         }
         if options.pools.is_empty() {
-            return Err(BusError::InvalidArgument("at least one worker pool is required".into()));
+            return Err(BusError::InvalidArgument(
+                "at least one worker pool is required".into(),
+            ));
         }
         for pool in &options.pools {
             let ok = !pool.is_empty()
                 && pool.len() <= 64
-                && pool.chars().all(|c| c.is_ascii_alphanumeric() || c == '-' || c == '_');
+                && pool
+                    .chars()
+                    .all(|c| c.is_ascii_alphanumeric() || c == '-' || c == '_');
             if !ok {
                 return Err(BusError::InvalidArgument(format!(
                     "pool name {pool:?} must be 1-64 characters of [A-Za-z0-9_-]"
@@ -274,23 +302,37 @@ impl Topology {
 
     /// Job queue of a worker pool, shared by its workers.
     pub fn runs_queue(&self, pool: &str) -> QueueSpec {
-        self.work_queue(format!("{}.{pool}", self.runs_exchange()), self.runs_exchange(), runs_routing_key(pool))
+        self.work_queue(
+            format!("{}.{pool}", self.runs_exchange()),
+            self.runs_exchange(),
+            runs_routing_key(pool),
+        )
     }
 
     /// The dead-letter queue (bound to the fanout dead exchange; no limit, no dead-lettering).
     pub fn dead_queue(&self) -> QueueSpec {
-        QueueSpec::durable(self.name(DEAD)).queue_type(self.options.queue_type).bind(self.dead_exchange(), "")
+        QueueSpec::durable(self.name(DEAD))
+            .queue_type(self.options.queue_type)
+            .bind(self.dead_exchange(), "")
     }
 
     /// A gateway's exclusive live-delivery queue (bind per streamed run with
     /// [`deliveries_run_pattern`]).
     pub fn deliveries_queue(&self, gateway_id: &str) -> QueueSpec {
-        QueueSpec::exclusive(format!("{}.{}", self.deliveries_exchange(), key_segment(gateway_id)))
+        QueueSpec::exclusive(format!(
+            "{}.{}",
+            self.deliveries_exchange(),
+            key_segment(gateway_id)
+        ))
     }
 
     /// A worker's exclusive control queue (bind per held run with [`control_routing_key`]).
     pub fn control_queue(&self, worker_id: &str) -> QueueSpec {
-        QueueSpec::exclusive(format!("{}.{}", self.control_exchange(), key_segment(worker_id)))
+        QueueSpec::exclusive(format!(
+            "{}.{}",
+            self.control_exchange(),
+            key_segment(worker_id)
+        ))
     }
 
     /// Every durable queue: events and results shards, one runs queue per pool, the dead queue.
@@ -354,29 +396,59 @@ mod tests {
             fnv1a(b"default\0c1") % 8,
             "the shard is fnv1a(workspace NUL conversation) mod shards"
         );
-        assert_eq!(events_shard("default", None, n(8)) as u64, fnv1a(b"default\0") % 8);
+        assert_eq!(
+            events_shard("default", None, n(8)) as u64,
+            fnv1a(b"default\0") % 8
+        );
         assert_eq!(events_shard("w", Some("x"), n(1)), 0);
-        assert_eq!(events_routing_key("default", Some("c1"), n(8)), format!("shard.{k}"));
+        assert_eq!(
+            events_routing_key("default", Some("c1"), n(8)),
+            format!("shard.{k}")
+        );
     }
 
     #[test]
     fn results_shard_hashes_the_run_id_text() {
         let run = RunId::new();
-        assert_eq!(u64::from(results_shard(&run, n(5))), fnv1a(run.to_string().as_bytes()) % 5);
+        assert_eq!(
+            u64::from(results_shard(&run, n(5))),
+            fnv1a(run.to_string().as_bytes()) % 5
+        );
     }
 
     #[test]
     fn deliveries_keys_escape_topic_syntax() {
         let run = RunId::new();
-        assert_eq!(deliveries_routing_key("ws.1", Some("a*b#c"), &run), format!("ws_1.a_b_c.{run}"));
-        assert_eq!(deliveries_routing_key("ws", None, &run), format!("ws._.{run}"));
-        assert_eq!(deliveries_routing_key("ws", Some(""), &run), format!("ws._.{run}"));
+        assert_eq!(
+            deliveries_routing_key("ws.1", Some("a*b#c"), &run),
+            format!("ws_1.a_b_c.{run}")
+        );
+        assert_eq!(
+            deliveries_routing_key("ws", None, &run),
+            format!("ws._.{run}")
+        );
+        assert_eq!(
+            deliveries_routing_key("ws", Some(""), &run),
+            format!("ws._.{run}")
+        );
         let key = deliveries_routing_key("ws", Some("c"), &run);
-        assert!(crate::bus::topic_matches(&deliveries_run_pattern(&run), &key));
-        assert!(crate::bus::topic_matches(&deliveries_conversation_pattern("ws", Some("c")), &key));
-        assert!(!crate::bus::topic_matches(&deliveries_conversation_pattern("ws", Some("d")), &key));
+        assert!(crate::bus::topic_matches(
+            &deliveries_run_pattern(&run),
+            &key
+        ));
+        assert!(crate::bus::topic_matches(
+            &deliveries_conversation_pattern("ws", Some("c")),
+            &key
+        ));
+        assert!(!crate::bus::topic_matches(
+            &deliveries_conversation_pattern("ws", Some("d")),
+            &key
+        ));
         assert_eq!(control_routing_key(&run), format!("cancel.{run}"));
-        assert!(crate::bus::topic_matches(CONTROL_ALL_PATTERN, &control_routing_key(&run)));
+        assert!(crate::bus::topic_matches(
+            CONTROL_ALL_PATTERN,
+            &control_routing_key(&run)
+        ));
     }
 
     #[test]
@@ -390,40 +462,77 @@ mod tests {
         })
         .unwrap();
         assert_eq!(t.events_exchange(), "test-1.switchboard.events");
-        assert_eq!(Topology::new(TopologyOptions::default()).unwrap().runs_queue("default").name, "switchboard.runs.default");
+        assert_eq!(
+            Topology::new(TopologyOptions::default())
+                .unwrap()
+                .runs_queue("default")
+                .name,
+            "switchboard.runs.default"
+        );
         assert_eq!(t.events_queue(1).name, "test-1.switchboard.events.1");
         assert!(t.events_queue(1).single_active_consumer);
-        assert_eq!(t.events_queue(1).dead_letter_exchange.as_deref(), Some("test-1.switchboard.dead"));
+        assert_eq!(
+            t.events_queue(1).dead_letter_exchange.as_deref(),
+            Some("test-1.switchboard.dead")
+        );
         assert_eq!(t.runs_queue("gpu").bindings[0].routing_key, "gpu");
         assert_eq!(t.dead_queue().name, "test-1.switchboard.dead");
         assert_eq!(t.durable_queues().len(), 1 + 2 + 3 + 2);
-        assert_eq!(t.deliveries_queue("gw.1").name, "test-1.switchboard.deliveries.gw_1");
+        assert_eq!(
+            t.deliveries_queue("gw.1").name,
+            "test-1.switchboard.deliveries.gw_1"
+        );
         assert_eq!(t.control_queue("w1").kind, crate::bus::QueueKind::Exclusive);
     }
 
     #[test]
     fn rejects_bad_pools() {
-        for pools in [vec![], vec!["".to_string()], vec!["a.b".to_string()], vec!["a b".to_string()]] {
-            let options = TopologyOptions { pools, ..TopologyOptions::default() };
-            assert!(matches!(Topology::new(options), Err(BusError::InvalidArgument(_))));
+        for pools in [
+            vec![],
+            vec!["".to_string()],
+            vec!["a.b".to_string()],
+            vec!["a b".to_string()],
+        ] {
+            let options = TopologyOptions {
+                pools,
+                ..TopologyOptions::default()
+            };
+            assert!(matches!(
+                Topology::new(options),
+                Err(BusError::InvalidArgument(_))
+            ));
         }
         for name_prefix in ["", ".sb", "sb.", "s*b", "s#b"] {
-            let options = TopologyOptions { name_prefix: name_prefix.into(), ..TopologyOptions::default() };
-            assert!(matches!(Topology::new(options), Err(BusError::InvalidArgument(_))), "{name_prefix}");
+            let options = TopologyOptions {
+                name_prefix: name_prefix.into(),
+                ..TopologyOptions::default()
+            };
+            assert!(
+                matches!(Topology::new(options), Err(BusError::InvalidArgument(_))),
+                "{name_prefix}"
+            );
         }
     }
 
     #[tokio::test]
     async fn declares_on_the_memory_bus() {
         let bus = crate::bus::memory::MemoryBus::new();
-        let options = TopologyOptions { name_prefix: "t.switchboard".into(), ..TopologyOptions::default() };
+        let options = TopologyOptions {
+            name_prefix: "t.switchboard".into(),
+            ..TopologyOptions::default()
+        };
         let t = declare_topology(&bus, &options).await.unwrap();
         // Idempotent.
         declare_topology(&bus, &options).await.unwrap();
         let run = RunId::new();
-        bus.publish(&t.results_exchange(), &t.results_routing_key(&run), "x".into(), Default::default())
-            .await
-            .unwrap();
+        bus.publish(
+            &t.results_exchange(),
+            &t.results_routing_key(&run),
+            "x".into(),
+            Default::default(),
+        )
+        .await
+        .unwrap();
         let shard = results_shard(&run, options.results_shards);
         assert_eq!(bus.ready_count(&t.results_queue(shard).name), Some(1));
         t.delete(&bus).await.unwrap();

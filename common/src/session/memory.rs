@@ -30,7 +30,9 @@ pub struct MemorySessionStore {
 
 impl std::fmt::Debug for MemorySessionStore {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("MemorySessionStore").field("keys", &self.keys).finish_non_exhaustive()
+        f.debug_struct("MemorySessionStore")
+            .field("keys", &self.keys)
+            .finish_non_exhaustive()
     }
 }
 
@@ -68,11 +70,16 @@ impl MemorySessionStore {
 
     /// An empty store whose keys all start with `prefix`.
     pub fn with_prefix(prefix: impl Into<String>) -> Self {
-        Self { keys: Keys::new(prefix), inner: Arc::default() }
+        Self {
+            keys: Keys::new(prefix),
+            inner: Arc::default(),
+        }
     }
 
     fn lock(&self) -> MutexGuard<'_, Inner> {
-        self.inner.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
+        self.inner
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
     }
 }
 
@@ -83,7 +90,11 @@ fn deadline(ttl: Duration) -> Instant {
 impl Inner {
     /// The live entry at `key`, dropping it if it expired.
     fn live(&mut self, key: &str) -> Option<&mut Entry> {
-        let expired = self.entries.get(key)?.expires_at.is_some_and(|at| at <= Instant::now());
+        let expired = self
+            .entries
+            .get(key)?
+            .expires_at
+            .is_some_and(|at| at <= Instant::now());
         if expired {
             self.entries.remove(key);
             return None;
@@ -100,7 +111,8 @@ impl Inner {
         self.writes += 1;
         if self.writes % SWEEP_EVERY == 0 {
             let now = Instant::now();
-            self.entries.retain(|_, e| e.expires_at.is_none_or(|at| at > now));
+            self.entries
+                .retain(|_, e| e.expires_at.is_none_or(|at| at > now));
         }
     }
 
@@ -120,11 +132,14 @@ impl Inner {
     /// Adds to an integer entry, keeping its TTL (or setting `ttl` if it has none).
     fn add(&mut self, key: &str, by: i64, ttl: Option<Duration>) -> Result<i64> {
         let current = self.int(key)?;
-        let value = current
-            .checked_add(by)
-            .ok_or_else(|| SessionError::InvalidArgument(format!("counter {key:?} would overflow")))?;
+        let value = current.checked_add(by).ok_or_else(|| {
+            SessionError::InvalidArgument(format!("counter {key:?} would overflow"))
+        })?;
         let expires_at = match self.live(key) {
-            Some(Entry { expires_at: Some(at), .. }) => Some(*at),
+            Some(Entry {
+                expires_at: Some(at),
+                ..
+            }) => Some(*at),
             _ => ttl.map(deadline),
         };
         self.put(key.to_owned(), Value::Int(value), expires_at);
@@ -133,14 +148,21 @@ impl Inner {
 }
 
 fn wrong_type(key: &str) -> SessionError {
-    SessionError::Corrupt { key: key.to_owned(), reason: "value has the wrong type for this operation".into() }
+    SessionError::Corrupt {
+        key: key.to_owned(),
+        reason: "value has the wrong type for this operation".into(),
+    }
 }
 
 #[async_trait]
 impl SessionStore for MemorySessionStore {
     async fn put_session(&self, run_id: &RunId, session: &Json, ttl: Duration) -> Result<()> {
         check_ttl(ttl)?;
-        self.lock().put(self.keys.session(run_id), Value::Json(session.clone()), Some(deadline(ttl)));
+        self.lock().put(
+            self.keys.session(run_id),
+            Value::Json(session.clone()),
+            Some(deadline(ttl)),
+        );
         Ok(())
     }
 
@@ -156,7 +178,9 @@ impl SessionStore for MemorySessionStore {
     async fn touch_session(&self, run_id: &RunId, ttl: Duration) -> Result<bool> {
         check_ttl(ttl)?;
         let mut inner = self.lock();
-        let Some(session) = inner.live(&self.keys.session(run_id)) else { return Ok(false) };
+        let Some(session) = inner.live(&self.keys.session(run_id)) else {
+            return Ok(false);
+        };
         session.expires_at = Some(deadline(ttl));
         if let Some(list) = inner.live(&self.keys.steering(run_id)) {
             list.expires_at = Some(deadline(ttl));
@@ -182,12 +206,16 @@ impl SessionStore for MemorySessionStore {
 
     async fn steering_push(&self, run_id: &RunId, item: &Json, cap: usize) -> Result<PushOutcome> {
         let mut inner = self.lock();
-        let Some(session_expiry) = inner.live(&self.keys.session(run_id)).map(|e| e.expires_at) else {
+        let Some(session_expiry) = inner.live(&self.keys.session(run_id)).map(|e| e.expires_at)
+        else {
             return Ok(PushOutcome::NoSession);
         };
         let key = self.keys.steering(run_id);
         match inner.live(&key) {
-            Some(Entry { value: Value::List(items), expires_at }) => {
+            Some(Entry {
+                value: Value::List(items),
+                expires_at,
+            }) => {
                 if items.len() >= cap {
                     return Ok(PushOutcome::Full);
                 }
@@ -199,7 +227,11 @@ impl SessionStore for MemorySessionStore {
                 if cap == 0 {
                     return Ok(PushOutcome::Full);
                 }
-                inner.put(key, Value::List(VecDeque::from([item.clone()])), session_expiry);
+                inner.put(
+                    key,
+                    Value::List(VecDeque::from([item.clone()])),
+                    session_expiry,
+                );
             }
         }
         Ok(PushOutcome::Accepted)
@@ -214,13 +246,17 @@ impl SessionStore for MemorySessionStore {
         let mut inner = self.lock();
         let items = match inner.live(&key) {
             None => return Ok(Vec::new()),
-            Some(Entry { value: Value::List(items), .. }) => {
+            Some(Entry {
+                value: Value::List(items),
+                ..
+            }) => {
                 let n = take.min(items.len());
                 items.drain(..n).collect::<Vec<_>>()
             }
             Some(_) => return Err(wrong_type(&key)),
         };
-        if matches!(inner.live(&key), Some(Entry { value: Value::List(rest), .. }) if rest.is_empty()) {
+        if matches!(inner.live(&key), Some(Entry { value: Value::List(rest), .. }) if rest.is_empty())
+        {
             inner.entries.remove(&key);
         }
         Ok(items)
@@ -240,7 +276,10 @@ impl SessionStore for MemorySessionStore {
         let k = self.keys.lease(key);
         let mut inner = self.lock();
         match inner.live(&k) {
-            Some(Entry { value: Value::Text(current), expires_at }) => {
+            Some(Entry {
+                value: Value::Text(current),
+                expires_at,
+            }) => {
                 if current != holder {
                     return Ok(false);
                 }
@@ -256,11 +295,16 @@ impl SessionStore for MemorySessionStore {
         check_ttl(ttl)?;
         let k = self.keys.lease(key);
         match self.lock().live(&k) {
-            Some(Entry { value: Value::Text(current), expires_at }) if current == holder => {
+            Some(Entry {
+                value: Value::Text(current),
+                expires_at,
+            }) if current == holder => {
                 *expires_at = Some(deadline(ttl));
                 Ok(())
             }
-            _ => Err(SessionError::LeaseLost { key: key.to_owned() }),
+            _ => Err(SessionError::LeaseLost {
+                key: key.to_owned(),
+            }),
         }
     }
 
@@ -294,9 +338,17 @@ impl SessionStore for MemorySessionStore {
         self.lock().int(&self.keys.counter(key))
     }
 
-    async fn counter_try_add(&self, key: &str, by: i64, limit: i64, ttl: Option<Duration>) -> Result<i64> {
+    async fn counter_try_add(
+        &self,
+        key: &str,
+        by: i64,
+        limit: i64,
+        ttl: Option<Duration>,
+    ) -> Result<i64> {
         if by < 0 {
-            return Err(SessionError::InvalidArgument("a budget cannot be refunded (by < 0)".into()));
+            return Err(SessionError::InvalidArgument(
+                "a budget cannot be refunded (by < 0)".into(),
+            ));
         }
         if let Some(ttl) = ttl {
             check_ttl(ttl)?;
@@ -306,14 +358,26 @@ impl SessionStore for MemorySessionStore {
         let used = inner.int(&counter)?;
         let exhausted = inner.live(&marker).is_some();
         if exhausted || used.checked_add(by).is_none_or(|v| v > limit) {
-            let expires_at = inner.live(&counter).and_then(|e| e.expires_at).or_else(|| ttl.map(deadline));
+            let expires_at = inner
+                .live(&counter)
+                .and_then(|e| e.expires_at)
+                .or_else(|| ttl.map(deadline));
             inner.put(marker, Value::Int(1), expires_at);
-            return Err(SessionError::Exhausted { key: key.to_owned(), used, limit });
+            return Err(SessionError::Exhausted {
+                key: key.to_owned(),
+                used,
+                limit,
+            });
         }
         inner.add(&counter, by, ttl)
     }
 
-    async fn rate_limit_hit(&self, key: &str, max_per_window: u32, window: Duration) -> Result<bool> {
+    async fn rate_limit_hit(
+        &self,
+        key: &str,
+        max_per_window: u32,
+        window: Duration,
+    ) -> Result<bool> {
         check_ttl(window)?;
         let hits = self.lock().add(&self.keys.rate(key), 1, Some(window))?;
         Ok(hits <= i64::from(max_per_window))
@@ -321,7 +385,11 @@ impl SessionStore for MemorySessionStore {
 
     async fn set_ex(&self, key: &str, value: &[u8], ttl: Duration) -> Result<()> {
         check_ttl(ttl)?;
-        self.lock().put(self.keys.kv(key), Value::Bytes(value.to_vec()), Some(deadline(ttl)));
+        self.lock().put(
+            self.keys.kv(key),
+            Value::Bytes(value.to_vec()),
+            Some(deadline(ttl)),
+        );
         Ok(())
     }
 
@@ -355,7 +423,10 @@ impl SessionStore for MemorySessionStore {
         let k = self.keys.set(key);
         let mut inner = self.lock();
         let added = match inner.live(&k) {
-            Some(Entry { value: Value::Set(members), expires_at }) => {
+            Some(Entry {
+                value: Value::Set(members),
+                expires_at,
+            }) => {
                 if let Some(ttl) = ttl {
                     *expires_at = Some(deadline(ttl));
                 }
@@ -363,7 +434,11 @@ impl SessionStore for MemorySessionStore {
             }
             Some(_) => return Err(wrong_type(key)),
             None => {
-                inner.put(k, Value::Set(BTreeSet::from([member.to_owned()])), ttl.map(deadline));
+                inner.put(
+                    k,
+                    Value::Set(BTreeSet::from([member.to_owned()])),
+                    ttl.map(deadline),
+                );
                 true
             }
         };
@@ -375,7 +450,10 @@ impl SessionStore for MemorySessionStore {
         let mut inner = self.lock();
         let (removed, now_empty) = match inner.live(&k) {
             None => return Ok(false),
-            Some(Entry { value: Value::Set(members), .. }) => (members.remove(member), members.is_empty()),
+            Some(Entry {
+                value: Value::Set(members),
+                ..
+            }) => (members.remove(member), members.is_empty()),
             Some(_) => return Err(wrong_type(key)),
         };
         // Like Redis: an emptied set no longer exists (and loses its TTL).
@@ -407,11 +485,28 @@ mod tests {
     async fn ttl_follows_paused_tokio_time() {
         let store = MemorySessionStore::new();
         let run = RunId::new();
-        store.put_session(&run, &serde_json::json!({"a": 1}), Duration::from_secs(600)).await.unwrap();
-        store.set_ex("k", b"v", Duration::from_secs(60)).await.unwrap();
-        assert!(store.acquire_lease("l", "w1", Duration::from_secs(10)).await.unwrap());
+        store
+            .put_session(&run, &serde_json::json!({"a": 1}), Duration::from_secs(600))
+            .await
+            .unwrap();
+        store
+            .set_ex("k", b"v", Duration::from_secs(60))
+            .await
+            .unwrap();
+        assert!(
+            store
+                .acquire_lease("l", "w1", Duration::from_secs(10))
+                .await
+                .unwrap()
+        );
         tokio::time::advance(Duration::from_secs(11)).await;
-        assert!(store.acquire_lease("l", "w2", Duration::from_secs(10)).await.unwrap(), "lease expired");
+        assert!(
+            store
+                .acquire_lease("l", "w2", Duration::from_secs(10))
+                .await
+                .unwrap(),
+            "lease expired"
+        );
         assert!(store.get("k").await.unwrap().is_some());
         tokio::time::advance(Duration::from_secs(50)).await;
         assert!(store.get("k").await.unwrap().is_none());
@@ -425,11 +520,17 @@ mod tests {
     async fn sweep_drops_abandoned_keys() {
         let store = MemorySessionStore::new();
         for i in 0..10 {
-            store.set_ex(&format!("old{i}"), b"v", Duration::from_secs(1)).await.unwrap();
+            store
+                .set_ex(&format!("old{i}"), b"v", Duration::from_secs(1))
+                .await
+                .unwrap();
         }
         tokio::time::advance(Duration::from_secs(2)).await;
         for i in 0..SWEEP_EVERY {
-            store.set_ex(&format!("new{i}"), b"v", Duration::from_secs(100)).await.unwrap();
+            store
+                .set_ex(&format!("new{i}"), b"v", Duration::from_secs(100))
+                .await
+                .unwrap();
         }
         let inner = store.lock();
         assert!(!inner.entries.keys().any(|k| k.starts_with("kv:old")));

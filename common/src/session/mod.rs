@@ -132,7 +132,8 @@ pub trait SessionStore: Send + Sync + 'static {
     async fn steering_push(&self, run_id: &RunId, item: &Value, cap: usize) -> Result<PushOutcome>;
 
     /// Atomically removes and returns up to `max` items (`One`: at most one), oldest first.
-    async fn steering_pull(&self, run_id: &RunId, max: usize, mode: PullMode) -> Result<Vec<Value>>;
+    async fn steering_pull(&self, run_id: &RunId, max: usize, mode: PullMode)
+    -> Result<Vec<Value>>;
 
     /// Number of queued steering items.
     async fn steering_len(&self, run_id: &RunId) -> Result<usize>;
@@ -156,10 +157,21 @@ pub trait SessionStore: Send + Sync + 'static {
     async fn counter_get(&self, key: &str) -> Result<i64>;
 
     /// Budget check-and-add (see the contract). `by` must be `>= 0`. Returns the new value.
-    async fn counter_try_add(&self, key: &str, by: i64, limit: i64, ttl: Option<Duration>) -> Result<i64>;
+    async fn counter_try_add(
+        &self,
+        key: &str,
+        by: i64,
+        limit: i64,
+        ttl: Option<Duration>,
+    ) -> Result<i64>;
 
     /// Counts one hit; `false` once more than `max_per_window` hits fell in the current window.
-    async fn rate_limit_hit(&self, key: &str, max_per_window: u32, window: Duration) -> Result<bool>;
+    async fn rate_limit_hit(
+        &self,
+        key: &str,
+        max_per_window: u32,
+        window: Duration,
+    ) -> Result<bool>;
 
     /// Sets a value with a TTL.
     async fn set_ex(&self, key: &str, value: &[u8], ttl: Duration) -> Result<()>;
@@ -295,7 +307,9 @@ pub(crate) struct Keys {
 
 impl Keys {
     pub(crate) fn new(prefix: impl Into<String>) -> Self {
-        Self { prefix: prefix.into() }
+        Self {
+            prefix: prefix.into(),
+        }
     }
     pub(crate) fn session(&self, run_id: &RunId) -> String {
         format!("{}session:{run_id}", self.prefix)
@@ -326,8 +340,10 @@ impl Keys {
 /// Parses a stored JSON value.
 #[cfg_attr(not(feature = "redis"), allow(dead_code))]
 pub(crate) fn decode_json(key: &str, bytes: &[u8]) -> Result<Value> {
-    serde_json::from_slice(bytes)
-        .map_err(|e| SessionError::Corrupt { key: key.to_owned(), reason: format!("invalid json: {e}") })
+    serde_json::from_slice(bytes).map_err(|e| SessionError::Corrupt {
+        key: key.to_owned(),
+        reason: format!("invalid json: {e}"),
+    })
 }
 
 #[cfg(test)]
@@ -345,12 +361,23 @@ mod tests {
 
     #[test]
     fn error_codes() {
-        assert_eq!(SessionError::LeaseLost { key: "k".into() }.code(), ErrorCode::Conflict);
         assert_eq!(
-            SessionError::Exhausted { key: "k".into(), used: 1, limit: 1 }.code(),
+            SessionError::LeaseLost { key: "k".into() }.code(),
+            ErrorCode::Conflict
+        );
+        assert_eq!(
+            SessionError::Exhausted {
+                key: "k".into(),
+                used: 1,
+                limit: 1
+            }
+            .code(),
             ErrorCode::BudgetExceeded
         );
-        assert_eq!(SessionError::Unavailable("x".into()).code(), ErrorCode::Unavailable);
+        assert_eq!(
+            SessionError::Unavailable("x".into()).code(),
+            ErrorCode::Unavailable
+        );
     }
 
     #[test]

@@ -79,7 +79,9 @@ pub struct RedisSessionStore {
 
 impl std::fmt::Debug for RedisSessionStore {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("RedisSessionStore").field("prefix", &self.prefix).finish_non_exhaustive()
+        f.debug_struct("RedisSessionStore")
+            .field("prefix", &self.prefix)
+            .finish_non_exhaustive()
     }
 }
 
@@ -247,10 +249,13 @@ impl RedisSessionStore {
             .set_exponent_base(2)
             .set_max_delay(5_000)
             .set_number_of_retries(6);
-        let conn = tokio::time::timeout(options.connect_timeout, ConnectionManager::new_with_config(client, config))
-            .await
-            .map_err(|_| SessionError::Unavailable("timed out connecting to redis".into()))?
-            .map_err(map_err)?;
+        let conn = tokio::time::timeout(
+            options.connect_timeout,
+            ConnectionManager::new_with_config(client, config),
+        )
+        .await
+        .map_err(|_| SessionError::Unavailable("timed out connecting to redis".into()))?
+        .map_err(map_err)?;
         Ok(Self {
             conn,
             keys: Keys::new(options.key_prefix.clone()),
@@ -267,7 +272,9 @@ impl RedisSessionStore {
     /// Uses `SCAN`, so it does not block the server; keys written meanwhile may survive.
     pub async fn delete_all(&self) -> Result<u64> {
         if self.prefix.is_empty() {
-            return Err(SessionError::InvalidArgument("refusing to delete every key of a store without prefix".into()));
+            return Err(SessionError::InvalidArgument(
+                "refusing to delete every key of a store without prefix".into(),
+            ));
         }
         let pattern = format!("{}*", glob_escape(&self.prefix));
         let mut conn = self.conn();
@@ -284,7 +291,11 @@ impl RedisSessionStore {
                 .await
                 .map_err(map_err)?;
             if !keys.is_empty() {
-                let n: u64 = redis::cmd("DEL").arg(&keys).query_async(&mut conn).await.map_err(map_err)?;
+                let n: u64 = redis::cmd("DEL")
+                    .arg(&keys)
+                    .query_async(&mut conn)
+                    .await
+                    .map_err(map_err)?;
                 deleted += n;
             }
             if next == 0 {
@@ -301,10 +312,18 @@ impl RedisSessionStore {
     /// recovery tests and chaos drills.
     pub async fn sever_connection(&self) -> Result<()> {
         let mut conn = self.conn();
-        let id: i64 = redis::cmd("CLIENT").arg("ID").query_async(&mut conn).await.map_err(map_err)?;
+        let id: i64 = redis::cmd("CLIENT")
+            .arg("ID")
+            .query_async(&mut conn)
+            .await
+            .map_err(map_err)?;
         // The reply may be lost with the connection: only the effect matters.
-        let _: std::result::Result<i64, RedisError> =
-            redis::cmd("CLIENT").arg("KILL").arg("ID").arg(id).query_async(&mut conn).await;
+        let _: std::result::Result<i64, RedisError> = redis::cmd("CLIENT")
+            .arg("KILL")
+            .arg("ID")
+            .arg(id)
+            .query_async(&mut conn)
+            .await;
         Ok(())
     }
 }
@@ -331,7 +350,11 @@ impl SessionStore for RedisSessionStore {
         check_ttl(ttl)?;
         let () = self
             .conn()
-            .pset_ex(self.keys.session(run_id), json_bytes(session), ttl_millis(ttl))
+            .pset_ex(
+                self.keys.session(run_id),
+                json_bytes(session),
+                ttl_millis(ttl),
+            )
             .await
             .map_err(map_err)?;
         Ok(())
@@ -367,11 +390,16 @@ impl SessionStore for RedisSessionStore {
             .invoke_async(&mut self.conn())
             .await
             .map_err(map_err)?;
-        let Some((session, items)) = ended else { return Ok(None) };
+        let Some((session, items)) = ended else {
+            return Ok(None);
+        };
         let steering_key = self.keys.steering(run_id);
         Ok(Some(EndedSession {
             session: decode_json(&key, &session)?,
-            steering: items.iter().map(|item| decode_json(&steering_key, item)).collect::<Result<_>>()?,
+            steering: items
+                .iter()
+                .map(|item| decode_json(&steering_key, item))
+                .collect::<Result<_>>()?,
         }))
     }
 
@@ -393,7 +421,12 @@ impl SessionStore for RedisSessionStore {
         })
     }
 
-    async fn steering_pull(&self, run_id: &RunId, max: usize, mode: PullMode) -> Result<Vec<Value>> {
+    async fn steering_pull(
+        &self,
+        run_id: &RunId,
+        max: usize,
+        mode: PullMode,
+    ) -> Result<Vec<Value>> {
         // Lua numbers are doubles: keep the count exactly representable.
         let take = match mode {
             PullMode::All => max.min(u32::MAX as usize),
@@ -412,7 +445,10 @@ impl SessionStore for RedisSessionStore {
     }
 
     async fn steering_len(&self, run_id: &RunId) -> Result<usize> {
-        self.conn().llen(self.keys.steering(run_id)).await.map_err(map_err)
+        self.conn()
+            .llen(self.keys.steering(run_id))
+            .await
+            .map_err(map_err)
     }
 
     async fn acquire_lease(&self, key: &str, holder: &str, ttl: Duration) -> Result<bool> {
@@ -440,7 +476,13 @@ impl SessionStore for RedisSessionStore {
             .invoke_async(&mut self.conn())
             .await
             .map_err(map_err)?;
-        if renewed == 1 { Ok(()) } else { Err(SessionError::LeaseLost { key: key.to_owned() }) }
+        if renewed == 1 {
+            Ok(())
+        } else {
+            Err(SessionError::LeaseLost {
+                key: key.to_owned(),
+            })
+        }
     }
 
     async fn release_lease(&self, key: &str, holder: &str) -> Result<bool> {
@@ -474,13 +516,25 @@ impl SessionStore for RedisSessionStore {
     }
 
     async fn counter_get(&self, key: &str) -> Result<i64> {
-        let v: Option<i64> = self.conn().get(self.keys.counter(key)).await.map_err(map_err)?;
+        let v: Option<i64> = self
+            .conn()
+            .get(self.keys.counter(key))
+            .await
+            .map_err(map_err)?;
         Ok(v.unwrap_or(0))
     }
 
-    async fn counter_try_add(&self, key: &str, by: i64, limit: i64, ttl: Option<Duration>) -> Result<i64> {
+    async fn counter_try_add(
+        &self,
+        key: &str,
+        by: i64,
+        limit: i64,
+        ttl: Option<Duration>,
+    ) -> Result<i64> {
         if by < 0 {
-            return Err(SessionError::InvalidArgument("a budget cannot be refunded (by < 0)".into()));
+            return Err(SessionError::InvalidArgument(
+                "a budget cannot be refunded (by < 0)".into(),
+            ));
         }
         if let Some(ttl) = ttl {
             check_ttl(ttl)?;
@@ -496,10 +550,23 @@ impl SessionStore for RedisSessionStore {
             .invoke_async(&mut self.conn())
             .await
             .map_err(map_err)?;
-        if ok == 1 { Ok(value) } else { Err(SessionError::Exhausted { key: key.to_owned(), used: value, limit }) }
+        if ok == 1 {
+            Ok(value)
+        } else {
+            Err(SessionError::Exhausted {
+                key: key.to_owned(),
+                used: value,
+                limit,
+            })
+        }
     }
 
-    async fn rate_limit_hit(&self, key: &str, max_per_window: u32, window: Duration) -> Result<bool> {
+    async fn rate_limit_hit(
+        &self,
+        key: &str,
+        max_per_window: u32,
+        window: Duration,
+    ) -> Result<bool> {
         check_ttl(window)?;
         let hits: i64 = self
             .scripts
@@ -515,7 +582,11 @@ impl SessionStore for RedisSessionStore {
 
     async fn set_ex(&self, key: &str, value: &[u8], ttl: Duration) -> Result<()> {
         check_ttl(ttl)?;
-        let () = self.conn().pset_ex(self.keys.kv(key), value, ttl_millis(ttl)).await.map_err(map_err)?;
+        let () = self
+            .conn()
+            .pset_ex(self.keys.kv(key), value, ttl_millis(ttl))
+            .await
+            .map_err(map_err)?;
         Ok(())
     }
 
@@ -559,18 +630,29 @@ impl SessionStore for RedisSessionStore {
     }
 
     async fn set_remove(&self, key: &str, member: &str) -> Result<bool> {
-        let n: i64 = self.conn().srem(self.keys.set(key), member).await.map_err(map_err)?;
+        let n: i64 = self
+            .conn()
+            .srem(self.keys.set(key), member)
+            .await
+            .map_err(map_err)?;
         Ok(n > 0)
     }
 
     async fn set_members(&self, key: &str) -> Result<Vec<String>> {
-        let mut members: Vec<String> = self.conn().smembers(self.keys.set(key)).await.map_err(map_err)?;
+        let mut members: Vec<String> = self
+            .conn()
+            .smembers(self.keys.set(key))
+            .await
+            .map_err(map_err)?;
         members.sort();
         Ok(members)
     }
 
     async fn ping(&self) -> Result<()> {
-        let _: String = redis::cmd("PING").query_async(&mut self.conn()).await.map_err(map_err)?;
+        let _: String = redis::cmd("PING")
+            .query_async(&mut self.conn())
+            .await
+            .map_err(map_err)?;
         Ok(())
     }
 }

@@ -8,8 +8,8 @@ use tokio::time::timeout;
 
 use super::BusFixture;
 use crate::bus::{
-    Binding, BusError, ConsumeOptions, Delivery, ExchangeKind, ExchangeSpec, Outgoing, PublishOptions,
-    QueueSpec, QueueType, Subscription,
+    Binding, BusError, ConsumeOptions, Delivery, ExchangeKind, ExchangeSpec, Outgoing,
+    PublishOptions, QueueSpec, QueueType, Subscription,
 };
 
 /// How long a test waits for a delivery that must come.
@@ -32,19 +32,30 @@ async fn assert_idle(sub: &mut Subscription) {
 
 async fn exchange(fx: &BusFixture, base: &str, kind: ExchangeKind) -> String {
     let name = fx.name(base);
-    fx.bus.declare_exchange(&ExchangeSpec::new(&name, kind)).await.expect("declare exchange");
+    fx.bus
+        .declare_exchange(&ExchangeSpec::new(&name, kind))
+        .await
+        .expect("declare exchange");
     name
 }
 
 async fn publish(fx: &BusFixture, exchange: &str, key: &str, body: &str) {
     fx.bus
-        .publish(exchange, key, Bytes::copy_from_slice(body.as_bytes()), PublishOptions::default())
+        .publish(
+            exchange,
+            key,
+            Bytes::copy_from_slice(body.as_bytes()),
+            PublishOptions::default(),
+        )
         .await
         .unwrap_or_else(|e| panic!("publish {body:?} to {exchange}/{key}: {e}"));
 }
 
 async fn subscribe(fx: &BusFixture, spec: &QueueSpec, prefetch: u16) -> Subscription {
-    fx.bus.subscribe(spec, ConsumeOptions::prefetch(prefetch)).await.expect("subscribe")
+    fx.bus
+        .subscribe(spec, ConsumeOptions::prefetch(prefetch))
+        .await
+        .expect("subscribe")
 }
 
 fn text(d: &Delivery) -> &str {
@@ -86,9 +97,19 @@ pub async fn publish_then_consume(fx: &BusFixture) {
 /// Redeclaring with the same spec is a no-op; a different spec is a conflict.
 pub async fn declare_is_idempotent_and_detects_conflicts(fx: &BusFixture) {
     let ex = exchange(fx, "ex", ExchangeKind::Direct).await;
-    fx.bus.declare_exchange(&ExchangeSpec::new(&ex, ExchangeKind::Direct)).await.expect("redeclare exchange");
-    let err = fx.bus.declare_exchange(&ExchangeSpec::new(&ex, ExchangeKind::Topic)).await.unwrap_err();
-    assert!(matches!(err, BusError::DeclarationConflict { .. }), "{err:?}");
+    fx.bus
+        .declare_exchange(&ExchangeSpec::new(&ex, ExchangeKind::Direct))
+        .await
+        .expect("redeclare exchange");
+    let err = fx
+        .bus
+        .declare_exchange(&ExchangeSpec::new(&ex, ExchangeKind::Topic))
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(err, BusError::DeclarationConflict { .. }),
+        "{err:?}"
+    );
 
     let spec = QueueSpec::durable(fx.name("q")).bind(&ex, "k");
     fx.bus.declare_queue(&spec).await.expect("declare queue");
@@ -96,8 +117,15 @@ pub async fn declare_is_idempotent_and_detects_conflicts(fx: &BusFixture) {
     publish(fx, &ex, "k", "one").await;
     // Redeclaring did not purge or duplicate anything.
     fx.bus.declare_queue(&spec).await.expect("redeclare queue");
-    let err = fx.bus.declare_queue(&spec.clone().single_active_consumer()).await.unwrap_err();
-    assert!(matches!(err, BusError::DeclarationConflict { .. }), "{err:?}");
+    let err = fx
+        .bus
+        .declare_queue(&spec.clone().single_active_consumer())
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(err, BusError::DeclarationConflict { .. }),
+        "{err:?}"
+    );
     // The bus is still usable after a conflict (RabbitMQ closes the channel on one).
     let mut sub = subscribe(fx, &spec, 10).await;
     let d = recv(&mut sub).await;
@@ -158,7 +186,11 @@ pub async fn requeued_message_comes_again_without_loss(fx: &BusFixture) {
     let mut order = Vec::new();
     for _ in 0..3 {
         let d = recv(&mut sub).await;
-        assert_eq!(d.redelivered, text(&d) == "a", "only the requeued message is flagged");
+        assert_eq!(
+            d.redelivered,
+            text(&d) == "a",
+            "only the requeued message is flagged"
+        );
         order.push(text(&d).to_owned());
         d.ack().await.expect("ack");
     }
@@ -173,8 +205,13 @@ pub async fn nack_without_requeue_dead_letters(fx: &BusFixture) {
     let ex = exchange(fx, "ex", ExchangeKind::Direct).await;
     let dlx = exchange(fx, "dead", ExchangeKind::Fanout).await;
     let dead = QueueSpec::durable(fx.name("dead-q")).bind(&dlx, "");
-    fx.bus.declare_queue(&dead).await.expect("declare dead queue");
-    let spec = QueueSpec::durable(fx.name("q")).bind(&ex, "k").dead_letter_exchange(&dlx);
+    fx.bus
+        .declare_queue(&dead)
+        .await
+        .expect("declare dead queue");
+    let spec = QueueSpec::durable(fx.name("q"))
+        .bind(&ex, "k")
+        .dead_letter_exchange(&dlx);
     let mut sub = subscribe(fx, &spec, 10).await;
     publish(fx, &ex, "k", "poison").await;
     recv(&mut sub).await.nack(false).await.expect("nack");
@@ -271,7 +308,9 @@ pub async fn shared_queue_round_robins(fx: &BusFixture) {
 /// (the returned deliveries ahead of the messages still in the queue).
 pub async fn single_active_consumer_exclusive_and_takeover(fx: &BusFixture) {
     let ex = exchange(fx, "ex", ExchangeKind::Direct).await;
-    let spec = QueueSpec::durable(fx.name("sac")).bind(&ex, "k").single_active_consumer();
+    let spec = QueueSpec::durable(fx.name("sac"))
+        .bind(&ex, "k")
+        .single_active_consumer();
     let mut active = subscribe(fx, &spec, 2).await;
     let mut standby = subscribe(fx, &spec, 10).await;
     for i in 1..=5 {
@@ -305,7 +344,9 @@ pub async fn topic_wildcards_route(fx: &BusFixture) {
     let ex = exchange(fx, "topic", ExchangeKind::Topic).await;
     let star = QueueSpec::durable(fx.name("star")).bind(&ex, "a.*.c");
     let hash = QueueSpec::durable(fx.name("hash")).bind(&ex, "a.#");
-    let exact = QueueSpec::durable(fx.name("exact")).bind(&ex, "a.b.c").bind(&ex, "#.c");
+    let exact = QueueSpec::durable(fx.name("exact"))
+        .bind(&ex, "a.b.c")
+        .bind(&ex, "#.c");
     let mut subs = Vec::new();
     for spec in [&star, &hash, &exact] {
         subs.push(subscribe(fx, spec, 20).await);
@@ -313,7 +354,11 @@ pub async fn topic_wildcards_route(fx: &BusFixture) {
     for key in ["a.b.c", "a", "a.x.y.c", "a.b"] {
         publish(fx, &ex, key, key).await;
     }
-    let expected: [&[&str]; 3] = [&["a.b.c"], &["a.b.c", "a", "a.x.y.c", "a.b"], &["a.b.c", "a.x.y.c"]];
+    let expected: [&[&str]; 3] = [
+        &["a.b.c"],
+        &["a.b.c", "a", "a.x.y.c", "a.b"],
+        &["a.b.c", "a.x.y.c"],
+    ];
     for (sub, expected) in subs.iter_mut().zip(expected) {
         for key in expected {
             let d = recv(sub).await;
@@ -323,7 +368,11 @@ pub async fn topic_wildcards_route(fx: &BusFixture) {
         // `exact` matches "a.b.c" through two bindings but stores it once.
         assert_idle(sub).await;
     }
-    let err = fx.bus.publish(&ex, "b.c.d", "x".into(), PublishOptions::default()).await.unwrap_err();
+    let err = fx
+        .bus
+        .publish(&ex, "b.c.d", "x".into(), PublishOptions::default())
+        .await
+        .unwrap_err();
     assert!(matches!(err, BusError::Unroutable { .. }), "{err:?}");
 }
 
@@ -331,7 +380,9 @@ pub async fn topic_wildcards_route(fx: &BusFixture) {
 pub async fn fanout_reaches_every_bound_queue(fx: &BusFixture) {
     let ex = exchange(fx, "fan", ExchangeKind::Fanout).await;
     let q1 = QueueSpec::durable(fx.name("f1")).bind(&ex, "");
-    let q2 = QueueSpec::durable(fx.name("f2")).queue_type(QueueType::Classic).bind(&ex, "ignored");
+    let q2 = QueueSpec::durable(fx.name("f2"))
+        .queue_type(QueueType::Classic)
+        .bind(&ex, "ignored");
     let mut s1 = subscribe(fx, &q1, 10).await;
     let mut s2 = subscribe(fx, &q2, 10).await;
     publish(fx, &ex, "any.key", "hello").await;
@@ -346,16 +397,31 @@ pub async fn fanout_reaches_every_bound_queue(fx: &BusFixture) {
 /// A mandatory message nobody is bound for fails; a non-mandatory one is dropped.
 pub async fn unroutable_mandatory_message_fails(fx: &BusFixture) {
     let (ex, spec) = direct_pair(fx).await;
-    let err = fx.bus.publish(&ex, "other", "x".into(), PublishOptions::default()).await.unwrap_err();
+    let err = fx
+        .bus
+        .publish(&ex, "other", "x".into(), PublishOptions::default())
+        .await
+        .unwrap_err();
     assert!(
         matches!(&err, BusError::Unroutable { exchange, routing_key } if *exchange == ex && routing_key == "other"),
         "{err:?}"
     );
     fx.bus
-        .publish(&ex, "other", "x".into(), PublishOptions { mandatory: false, ..PublishOptions::default() })
+        .publish(
+            &ex,
+            "other",
+            "x".into(),
+            PublishOptions {
+                mandatory: false,
+                ..PublishOptions::default()
+            },
+        )
         .await
         .expect("non-mandatory unroutable publish succeeds");
-    fx.bus.publish(&ex, "other", "x".into(), PublishOptions::best_effort()).await.expect("best effort");
+    fx.bus
+        .publish(&ex, "other", "x".into(), PublishOptions::best_effort())
+        .await
+        .expect("best effort");
     // The bus is still usable afterwards.
     publish(fx, &ex, "k", "routable").await;
     let mut sub = subscribe(fx, &spec, 10).await;
@@ -368,7 +434,11 @@ pub async fn unroutable_mandatory_message_fails(fx: &BusFixture) {
 /// Publishing to an exchange that does not exist fails, and the bus recovers.
 pub async fn publish_to_missing_exchange_fails(fx: &BusFixture) {
     let missing = fx.name("missing");
-    let err = fx.bus.publish(&missing, "k", "x".into(), PublishOptions::default()).await.unwrap_err();
+    let err = fx
+        .bus
+        .publish(&missing, "k", "x".into(), PublishOptions::default())
+        .await
+        .unwrap_err();
     assert!(matches!(err, BusError::NotFound(_)), "{err:?}");
     let (ex, spec) = direct_pair(fx).await;
     publish(fx, &ex, "k", "after").await;
@@ -411,8 +481,15 @@ pub async fn batch_publish_reports_failed_indices(fx: &BusFixture) {
     ];
     let err = fx.bus.publish_batch(batch).await.unwrap_err();
     assert_eq!(err.total, 5);
-    assert_eq!(err.failed.iter().map(|(i, _)| *i).collect::<Vec<_>>(), [1, 3]);
-    assert!(err.failed.iter().all(|(_, e)| matches!(e, BusError::Unroutable { .. })));
+    assert_eq!(
+        err.failed.iter().map(|(i, _)| *i).collect::<Vec<_>>(),
+        [1, 3]
+    );
+    assert!(
+        err.failed
+            .iter()
+            .all(|(_, e)| matches!(e, BusError::Unroutable { .. }))
+    );
     let mut sub = subscribe(fx, &spec, 10).await;
     for expected in ["0", "2", "4"] {
         let d = recv(&mut sub).await;
@@ -429,19 +506,36 @@ pub async fn bind_and_unbind_on_a_live_exclusive_queue(fx: &BusFixture) {
     let mut sub = subscribe(fx, &spec, 10).await;
     let run1 = Binding::new(&ex, "*.*.run1");
     fx.bus.bind(&spec.name, &run1).await.expect("bind");
-    fx.bus.bind(&spec.name, &run1).await.expect("bind is idempotent");
+    fx.bus
+        .bind(&spec.name, &run1)
+        .await
+        .expect("bind is idempotent");
     publish(fx, &ex, "ws.conv.run1", "for run1").await;
-    let err = fx.bus.publish(&ex, "ws.conv.run2", "x".into(), PublishOptions::default()).await.unwrap_err();
+    let err = fx
+        .bus
+        .publish(&ex, "ws.conv.run2", "x".into(), PublishOptions::default())
+        .await
+        .unwrap_err();
     assert!(matches!(err, BusError::Unroutable { .. }), "{err:?}");
     let d = recv(&mut sub).await;
     assert_eq!(text(&d), "for run1");
     d.ack().await.expect("ack");
 
     fx.bus.unbind(&spec.name, &run1).await.expect("unbind");
-    fx.bus.unbind(&spec.name, &run1).await.expect("unbind is idempotent");
-    let err = fx.bus.publish(&ex, "ws.conv.run1", "x".into(), PublishOptions::default()).await.unwrap_err();
+    fx.bus
+        .unbind(&spec.name, &run1)
+        .await
+        .expect("unbind is idempotent");
+    let err = fx
+        .bus
+        .publish(&ex, "ws.conv.run1", "x".into(), PublishOptions::default())
+        .await
+        .unwrap_err();
     assert!(matches!(err, BusError::Unroutable { .. }), "{err:?}");
-    fx.bus.bind(&spec.name, &Binding::new(&ex, "*.*.run2")).await.expect("bind");
+    fx.bus
+        .bind(&spec.name, &Binding::new(&ex, "*.*.run2"))
+        .await
+        .expect("bind");
     publish(fx, &ex, "ws._.run2", "for run2").await;
     let d = recv(&mut sub).await;
     assert_eq!(text(&d), "for run2");
@@ -459,10 +553,18 @@ pub async fn exclusive_queue_is_deleted_with_its_subscription(fx: &BusFixture) {
     // Deletion is asynchronous on a broker: poll.
     let deadline = tokio::time::Instant::now() + WAIT;
     loop {
-        match fx.bus.publish(&ex, "cancel.r2", "x".into(), PublishOptions::default()).await {
+        match fx
+            .bus
+            .publish(&ex, "cancel.r2", "x".into(), PublishOptions::default())
+            .await
+        {
             Err(BusError::Unroutable { .. }) => break,
-            Ok(()) if tokio::time::Instant::now() < deadline => tokio::time::sleep(Duration::from_millis(50)).await,
-            other => panic!("exclusive queue still routable after its subscription dropped: {other:?}"),
+            Ok(()) if tokio::time::Instant::now() < deadline => {
+                tokio::time::sleep(Duration::from_millis(50)).await
+            }
+            other => {
+                panic!("exclusive queue still routable after its subscription dropped: {other:?}")
+            }
         }
     }
 }
@@ -472,8 +574,14 @@ pub async fn delivery_limit_dead_letters_poison_messages(fx: &BusFixture) {
     let ex = exchange(fx, "ex", ExchangeKind::Direct).await;
     let dlx = exchange(fx, "dead", ExchangeKind::Fanout).await;
     let dead = QueueSpec::durable(fx.name("dead-q")).bind(&dlx, "");
-    fx.bus.declare_queue(&dead).await.expect("declare dead queue");
-    let spec = QueueSpec::durable(fx.name("q")).bind(&ex, "k").delivery_limit(2).dead_letter_exchange(&dlx);
+    fx.bus
+        .declare_queue(&dead)
+        .await
+        .expect("declare dead queue");
+    let spec = QueueSpec::durable(fx.name("q"))
+        .bind(&ex, "k")
+        .delivery_limit(2)
+        .dead_letter_exchange(&dlx);
     fx.bus.declare_queue(&spec).await.expect("declare queue");
     publish(fx, &ex, "k", "poison").await;
     let mut sub = subscribe(fx, &spec, 1).await;
@@ -486,7 +594,10 @@ pub async fn delivery_limit_dead_letters_poison_messages(fx: &BusFixture) {
         d.nack(true).await.expect("nack");
         assert!(attempts <= 10, "never dead-lettered");
     }
-    assert_eq!(attempts, 3, "limit 2 allows the first delivery and 2 redeliveries");
+    assert_eq!(
+        attempts, 3,
+        "limit 2 allows the first delivery and 2 redeliveries"
+    );
     publish(fx, &ex, "k", "healthy").await;
     let d = recv(&mut sub).await;
     assert_eq!((text(&d), d.delivery_count), ("healthy", 0));
@@ -501,8 +612,8 @@ pub async fn delivery_limit_dead_letters_poison_messages(fx: &BusFixture) {
 /// and a dead-lettered job reaches the dead queue.
 pub async fn topology_routes_every_message_kind(fx: &BusFixture) {
     use crate::bus::topology::{
-        self, Topology, TopologyOptions, control_routing_key, declare_topology, deliveries_routing_key,
-        deliveries_run_pattern,
+        self, Topology, TopologyOptions, control_routing_key, declare_topology,
+        deliveries_routing_key, deliveries_run_pattern,
     };
     use sb_protocol::ids::RunId;
     use std::num::NonZeroU32;
@@ -522,14 +633,29 @@ pub async fn topology_routes_every_message_kind(fx: &BusFixture) {
     for queue in planned.durable_queues() {
         fx.remember(queue.name);
     }
-    let t = declare_topology(fx.bus.as_ref(), &options).await.expect("declare topology");
-    declare_topology(fx.bus.as_ref(), &options).await.expect("declaring again is a no-op");
-    assert_eq!(t.events_exchange(), format!("{}switchboard.events", fx.prefix()));
+    let t = declare_topology(fx.bus.as_ref(), &options)
+        .await
+        .expect("declare topology");
+    declare_topology(fx.bus.as_ref(), &options)
+        .await
+        .expect("declaring again is a no-op");
+    assert_eq!(
+        t.events_exchange(),
+        format!("{}switchboard.events", fx.prefix())
+    );
 
     // Events land on the conversation's shard.
     let key = t.events_routing_key("default", Some("conv-1"));
     let shard = topology::events_shard("default", Some("conv-1"), options.events_shards);
-    fx.bus.publish(&t.events_exchange(), &key, "event".into(), PublishOptions::default()).await.expect("event");
+    fx.bus
+        .publish(
+            &t.events_exchange(),
+            &key,
+            "event".into(),
+            PublishOptions::default(),
+        )
+        .await
+        .expect("event");
     let mut events = subscribe(fx, &t.events_queue(shard), 10).await;
     assert_eq!(text(&recv(&mut events).await), "event");
     let mut other = subscribe(fx, &t.events_queue(1 - shard), 10).await;
@@ -537,7 +663,13 @@ pub async fn topology_routes_every_message_kind(fx: &BusFixture) {
 
     // Results land on the run's shard.
     let run = RunId::new();
-    fx.bus.publish(&t.results_exchange(), &t.results_routing_key(&run), "result".into(), PublishOptions::default())
+    fx.bus
+        .publish(
+            &t.results_exchange(),
+            &t.results_routing_key(&run),
+            "result".into(),
+            PublishOptions::default(),
+        )
         .await
         .expect("result");
     let shard = topology::results_shard(&run, options.results_shards);
@@ -545,8 +677,25 @@ pub async fn topology_routes_every_message_kind(fx: &BusFixture) {
     assert_eq!(text(&recv(&mut results).await), "result");
 
     // Jobs land on their pool; a job nacked for good is dead-lettered.
-    fx.bus.publish(&t.runs_exchange(), "gpu", "job".into(), PublishOptions::default()).await.expect("job");
-    let err = fx.bus.publish(&t.runs_exchange(), "nopool", "x".into(), PublishOptions::default()).await.unwrap_err();
+    fx.bus
+        .publish(
+            &t.runs_exchange(),
+            "gpu",
+            "job".into(),
+            PublishOptions::default(),
+        )
+        .await
+        .expect("job");
+    let err = fx
+        .bus
+        .publish(
+            &t.runs_exchange(),
+            "nopool",
+            "x".into(),
+            PublishOptions::default(),
+        )
+        .await
+        .unwrap_err();
     assert!(matches!(err, BusError::Unroutable { .. }), "{err:?}");
     let mut gpu = subscribe(fx, &t.runs_queue("gpu"), 10).await;
     recv(&mut gpu).await.nack(false).await.expect("nack");
@@ -559,14 +708,36 @@ pub async fn topology_routes_every_message_kind(fx: &BusFixture) {
     let gateway = t.deliveries_queue("gw-1");
     fx.remember(gateway.name.clone());
     let mut live = subscribe(fx, &gateway, 10).await;
-    fx.bus.bind(&gateway.name, &Binding::new(t.deliveries_exchange(), deliveries_run_pattern(&run))).await.expect("bind");
+    fx.bus
+        .bind(
+            &gateway.name,
+            &Binding::new(t.deliveries_exchange(), deliveries_run_pattern(&run)),
+        )
+        .await
+        .expect("bind");
     let key = deliveries_routing_key("default", Some("conv.1"), &run);
-    fx.bus.publish(&t.deliveries_exchange(), &key, "item".into(), PublishOptions::best_effort()).await.expect("delivery");
+    fx.bus
+        .publish(
+            &t.deliveries_exchange(),
+            &key,
+            "item".into(),
+            PublishOptions::best_effort(),
+        )
+        .await
+        .expect("delivery");
     assert_eq!(recv(&mut live).await.routing_key, key);
-    let worker = t.control_queue("worker-1").bind(t.control_exchange(), control_routing_key(&run));
+    let worker = t
+        .control_queue("worker-1")
+        .bind(t.control_exchange(), control_routing_key(&run));
     fx.remember(worker.name.clone());
     let mut control = subscribe(fx, &worker, 10).await;
-    fx.bus.publish(&t.control_exchange(), &control_routing_key(&run), "cancel".into(), PublishOptions::best_effort())
+    fx.bus
+        .publish(
+            &t.control_exchange(),
+            &control_routing_key(&run),
+            "cancel".into(),
+            PublishOptions::best_effort(),
+        )
         .await
         .expect("cancel");
     assert_eq!(text(&recv(&mut control).await), "cancel");
@@ -579,9 +750,15 @@ pub async fn closed_bus_ends_subscriptions(fx: &BusFixture) {
     publish(fx, &ex, "k", "last").await;
     recv(&mut sub).await.ack().await.expect("ack");
     fx.bus.close().await.expect("close");
-    let end = timeout(WAIT, sub.next()).await.expect("subscription ends after close");
+    let end = timeout(WAIT, sub.next())
+        .await
+        .expect("subscription ends after close");
     assert!(matches!(end, Err(BusError::Closed)), "{end:?}");
-    let err = fx.bus.publish(&ex, "k", "x".into(), PublishOptions::default()).await.unwrap_err();
+    let err = fx
+        .bus
+        .publish(&ex, "k", "x".into(), PublishOptions::default())
+        .await
+        .unwrap_err();
     assert!(matches!(err, BusError::Closed), "{err:?}");
     assert!(fx.bus.ping().await.is_err());
 }

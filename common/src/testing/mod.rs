@@ -52,7 +52,12 @@ pub struct BusFixture {
 impl BusFixture {
     /// A fixture on `bus`; every name the suite uses starts with `prefix`.
     pub fn new(bus: Arc<dyn Bus>, prefix: impl Into<String>) -> Self {
-        Self { bus, prefix: prefix.into(), names: Mutex::default(), teardown: None }
+        Self {
+            bus,
+            prefix: prefix.into(),
+            names: Mutex::default(),
+            teardown: None,
+        }
     }
 
     /// A fixture on a fresh [`MemoryBus`].
@@ -83,7 +88,10 @@ impl BusFixture {
     /// Remembers a name made elsewhere (e.g. by a [`Topology`](crate::bus::topology::Topology))
     /// for teardown.
     pub fn remember(&self, name: String) {
-        self.names.lock().unwrap_or_else(|p| p.into_inner()).push(name);
+        self.names
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .push(name);
     }
 }
 
@@ -106,7 +114,10 @@ pub struct SessionFixture {
 impl SessionFixture {
     /// A fixture on `store`.
     pub fn new(store: Arc<dyn SessionStore>) -> Self {
-        Self { store, teardown: None }
+        Self {
+            store,
+            teardown: None,
+        }
     }
 
     /// A fixture on a fresh [`MemorySessionStore`].
@@ -138,7 +149,10 @@ where
     F: std::future::Future<Output = ()>,
 {
     let handle = std::thread::spawn(move || {
-        match tokio::runtime::Builder::new_current_thread().enable_all().build() {
+        match tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+        {
             Ok(runtime) => runtime.block_on(f()),
             Err(e) => eprintln!("teardown: cannot build a runtime: {e}"),
         }

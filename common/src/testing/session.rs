@@ -58,7 +58,11 @@ pub async fn session_put_get_replace(fx: &SessionFixture) {
     let v2 = json!({"plugin": "p1", "n": 2});
     s.put_session(&run, &v2, LONG).await.unwrap();
     assert_eq!(s.get_session(&run).await.unwrap(), Some(v2));
-    assert_eq!(s.get_session(&RunId::new()).await.unwrap(), None, "other runs are not visible");
+    assert_eq!(
+        s.get_session(&RunId::new()).await.unwrap(),
+        None,
+        "other runs are not visible"
+    );
 }
 
 /// A session vanishes after its TTL; `touch_session` extends it.
@@ -68,7 +72,10 @@ pub async fn session_ttl_expires_and_touch_extends(fx: &SessionFixture) {
     s.put_session(&short, &json!(1), SHORT).await.unwrap();
     s.put_session(&touched, &json!(2), SHORT).await.unwrap();
     assert!(s.touch_session(&touched, LONG).await.unwrap());
-    assert!(!s.touch_session(&RunId::new(), LONG).await.unwrap(), "no session to touch");
+    assert!(
+        !s.touch_session(&RunId::new(), LONG).await.unwrap(),
+        "no session to touch"
+    );
     tokio::time::sleep(PAST_SHORT).await;
     assert_eq!(s.get_session(&short).await.unwrap(), None);
     assert_eq!(s.get_session(&touched).await.unwrap(), Some(json!(2)));
@@ -79,31 +86,62 @@ pub async fn session_ttl_expires_and_touch_extends(fx: &SessionFixture) {
 pub async fn end_session_returns_session_and_steering(fx: &SessionFixture) {
     let s = &fx.store;
     let run = RunId::new();
-    s.put_session(&run, &json!({"run": "x"}), LONG).await.unwrap();
+    s.put_session(&run, &json!({"run": "x"}), LONG)
+        .await
+        .unwrap();
     for i in 0..3 {
-        assert_eq!(s.steering_push(&run, &json!({"i": i}), STEERING_CAP).await.unwrap(), PushOutcome::Accepted);
+        assert_eq!(
+            s.steering_push(&run, &json!({"i": i}), STEERING_CAP)
+                .await
+                .unwrap(),
+            PushOutcome::Accepted
+        );
     }
-    assert_eq!(s.steering_pull(&run, 1, PullMode::One).await.unwrap(), [json!({"i": 0})]);
-    let ended = s.end_session(&run).await.unwrap().expect("first end returns the session");
+    assert_eq!(
+        s.steering_pull(&run, 1, PullMode::One).await.unwrap(),
+        [json!({"i": 0})]
+    );
+    let ended = s
+        .end_session(&run)
+        .await
+        .unwrap()
+        .expect("first end returns the session");
     assert_eq!(ended.session, json!({"run": "x"}));
     assert_eq!(ended.steering, [json!({"i": 1}), json!({"i": 2})]);
     assert_eq!(s.end_session(&run).await.unwrap(), None);
     assert_eq!(s.get_session(&run).await.unwrap(), None);
     assert_eq!(s.steering_len(&run).await.unwrap(), 0);
-    assert_eq!(s.steering_push(&run, &json!("late"), STEERING_CAP).await.unwrap(), PushOutcome::NoSession);
+    assert_eq!(
+        s.steering_push(&run, &json!("late"), STEERING_CAP)
+            .await
+            .unwrap(),
+        PushOutcome::NoSession
+    );
     // A session without steering items ends with an empty list.
     let quiet = RunId::new();
     s.put_session(&quiet, &json!(null), LONG).await.unwrap();
-    assert_eq!(s.end_session(&quiet).await.unwrap().unwrap().steering, Vec::<serde_json::Value>::new());
+    assert_eq!(
+        s.end_session(&quiet).await.unwrap().unwrap().steering,
+        Vec::<serde_json::Value>::new()
+    );
 }
 
 /// Among concurrent `end_session` calls exactly one wins.
 pub async fn end_session_exactly_once_under_concurrency(fx: &SessionFixture) {
     for _ in 0..5 {
         let run = RunId::new();
-        fx.store.put_session(&run, &json!({"r": 1}), LONG).await.unwrap();
-        fx.store.steering_push(&run, &json!("s"), STEERING_CAP).await.unwrap();
-        let results = concurrently(&fx.store, 20, move |s, _| async move { s.end_session(&run).await.unwrap() }).await;
+        fx.store
+            .put_session(&run, &json!({"r": 1}), LONG)
+            .await
+            .unwrap();
+        fx.store
+            .steering_push(&run, &json!("s"), STEERING_CAP)
+            .await
+            .unwrap();
+        let results = concurrently(&fx.store, 20, move |s, _| async move {
+            s.end_session(&run).await.unwrap()
+        })
+        .await;
         let winners: Vec<_> = results.into_iter().flatten().collect();
         assert_eq!(winners.len(), 1, "exactly one caller ends the run");
         assert_eq!(winners[0].steering, [json!("s")]);
@@ -116,18 +154,36 @@ pub async fn lease_acquire_renew_release(fx: &SessionFixture) {
     assert_eq!(s.lease_holder("run-1").await.unwrap(), None);
     assert!(s.acquire_lease("run-1", "w1", LONG).await.unwrap());
     assert!(!s.acquire_lease("run-1", "w2", LONG).await.unwrap());
-    assert!(s.acquire_lease("run-1", "w1", LONG).await.unwrap(), "re-acquire by the holder");
-    assert_eq!(s.lease_holder("run-1").await.unwrap().as_deref(), Some("w1"));
+    assert!(
+        s.acquire_lease("run-1", "w1", LONG).await.unwrap(),
+        "re-acquire by the holder"
+    );
+    assert_eq!(
+        s.lease_holder("run-1").await.unwrap().as_deref(),
+        Some("w1")
+    );
     s.renew_lease("run-1", "w1", LONG).await.unwrap();
     let err = s.renew_lease("run-1", "w2", LONG).await.unwrap_err();
-    assert!(matches!(&err, SessionError::LeaseLost { key } if key == "run-1"), "{err:?}");
+    assert!(
+        matches!(&err, SessionError::LeaseLost { key } if key == "run-1"),
+        "{err:?}"
+    );
     assert!(!s.release_lease("run-1", "w2").await.unwrap());
-    assert_eq!(s.lease_holder("run-1").await.unwrap().as_deref(), Some("w1"));
+    assert_eq!(
+        s.lease_holder("run-1").await.unwrap().as_deref(),
+        Some("w1")
+    );
     assert!(s.release_lease("run-1", "w1").await.unwrap());
     assert!(!s.release_lease("run-1", "w1").await.unwrap());
-    assert!(matches!(s.renew_lease("run-1", "w1", LONG).await, Err(SessionError::LeaseLost { .. })));
+    assert!(matches!(
+        s.renew_lease("run-1", "w1", LONG).await,
+        Err(SessionError::LeaseLost { .. })
+    ));
     assert!(s.acquire_lease("run-1", "w2", LONG).await.unwrap());
-    assert!(s.acquire_lease("run-2", "w1", LONG).await.unwrap(), "leases are independent");
+    assert!(
+        s.acquire_lease("run-2", "w1", LONG).await.unwrap(),
+        "leases are independent"
+    );
 }
 
 /// An expired lease is free: another holder takes it and the old one sees `LeaseLost`.
@@ -135,15 +191,26 @@ pub async fn lease_expiry_lets_another_holder_steal(fx: &SessionFixture) {
     let s = &fx.store;
     assert!(s.acquire_lease("l", "w1", SHORT).await.unwrap());
     // Renewal keeps it alive past the original TTL.
-    s.renew_lease("l", "w1", Duration::from_secs(4)).await.unwrap();
+    s.renew_lease("l", "w1", Duration::from_secs(4))
+        .await
+        .unwrap();
     tokio::time::sleep(PAST_SHORT).await;
-    assert!(!s.acquire_lease("l", "w2", SHORT).await.unwrap(), "renewed lease still held");
+    assert!(
+        !s.acquire_lease("l", "w2", SHORT).await.unwrap(),
+        "renewed lease still held"
+    );
     s.renew_lease("l", "w1", SHORT).await.unwrap();
     tokio::time::sleep(PAST_SHORT).await;
     assert_eq!(s.lease_holder("l").await.unwrap(), None);
-    assert!(matches!(s.renew_lease("l", "w1", SHORT).await, Err(SessionError::LeaseLost { .. })));
+    assert!(matches!(
+        s.renew_lease("l", "w1", SHORT).await,
+        Err(SessionError::LeaseLost { .. })
+    ));
     assert!(s.acquire_lease("l", "w2", LONG).await.unwrap());
-    assert!(matches!(s.renew_lease("l", "w1", LONG).await, Err(SessionError::LeaseLost { .. })));
+    assert!(matches!(
+        s.renew_lease("l", "w1", LONG).await,
+        Err(SessionError::LeaseLost { .. })
+    ));
     assert!(!s.release_lease("l", "w1").await.unwrap());
     assert_eq!(s.lease_holder("l").await.unwrap().as_deref(), Some("w2"));
 }
@@ -151,7 +218,9 @@ pub async fn lease_expiry_lets_another_holder_steal(fx: &SessionFixture) {
 /// Concurrent acquirers: exactly one wins.
 pub async fn lease_acquire_race_has_one_winner(fx: &SessionFixture) {
     let results = concurrently(&fx.store, 30, |s, i| async move {
-        s.acquire_lease("contended", &format!("w{i}"), LONG).await.unwrap()
+        s.acquire_lease("contended", &format!("w{i}"), LONG)
+            .await
+            .unwrap()
     })
     .await;
     assert_eq!(results.iter().filter(|won| **won).count(), 1);
@@ -163,19 +232,42 @@ pub async fn steering_cap_and_fifo(fx: &SessionFixture) {
     let run = RunId::new();
     s.put_session(&run, &json!({}), LONG).await.unwrap();
     for i in 0..STEERING_CAP {
-        assert_eq!(s.steering_push(&run, &json!(i), STEERING_CAP).await.unwrap(), PushOutcome::Accepted);
+        assert_eq!(
+            s.steering_push(&run, &json!(i), STEERING_CAP)
+                .await
+                .unwrap(),
+            PushOutcome::Accepted
+        );
     }
-    assert_eq!(s.steering_push(&run, &json!("overflow"), STEERING_CAP).await.unwrap(), PushOutcome::Full);
+    assert_eq!(
+        s.steering_push(&run, &json!("overflow"), STEERING_CAP)
+            .await
+            .unwrap(),
+        PushOutcome::Full
+    );
     assert_eq!(s.steering_len(&run).await.unwrap(), STEERING_CAP);
     let first = s.steering_pull(&run, 10, PullMode::All).await.unwrap();
     assert_eq!(first, (0..10).map(|i| json!(i)).collect::<Vec<_>>());
     // Room again after a pull.
-    assert!(s.steering_push(&run, &json!("late"), STEERING_CAP).await.unwrap().is_accepted());
-    let rest = s.steering_pull(&run, STEERING_CAP, PullMode::All).await.unwrap();
+    assert!(
+        s.steering_push(&run, &json!("late"), STEERING_CAP)
+            .await
+            .unwrap()
+            .is_accepted()
+    );
+    let rest = s
+        .steering_pull(&run, STEERING_CAP, PullMode::All)
+        .await
+        .unwrap();
     let mut expected: Vec<_> = (10..STEERING_CAP).map(|i| json!(i)).collect();
     expected.push(json!("late"));
     assert_eq!(rest, expected);
-    assert!(s.steering_pull(&run, STEERING_CAP, PullMode::All).await.unwrap().is_empty());
+    assert!(
+        s.steering_pull(&run, STEERING_CAP, PullMode::All)
+            .await
+            .unwrap()
+            .is_empty()
+    );
     assert_eq!(s.steering_len(&run).await.unwrap(), 0);
 }
 
@@ -184,14 +276,33 @@ pub async fn steering_pull_modes(fx: &SessionFixture) {
     let s = &fx.store;
     let run = RunId::new();
     s.put_session(&run, &json!({}), LONG).await.unwrap();
-    assert!(s.steering_pull(&run, 10, PullMode::One).await.unwrap().is_empty());
+    assert!(
+        s.steering_pull(&run, 10, PullMode::One)
+            .await
+            .unwrap()
+            .is_empty()
+    );
     for text in ["a", "b", "c", "d"] {
-        s.steering_push(&run, &json!({"text": text}), STEERING_CAP).await.unwrap();
+        s.steering_push(&run, &json!({"text": text}), STEERING_CAP)
+            .await
+            .unwrap();
     }
-    assert_eq!(s.steering_pull(&run, 100, PullMode::One).await.unwrap(), [json!({"text": "a"})]);
-    assert_eq!(s.steering_pull(&run, 2, PullMode::All).await.unwrap(), [json!({"text": "b"}), json!({"text": "c"})]);
-    assert_eq!(s.steering_pull(&run, 0, PullMode::All).await.unwrap(), Vec::<serde_json::Value>::new());
-    assert_eq!(s.steering_pull(&run, 100, PullMode::All).await.unwrap(), [json!({"text": "d"})]);
+    assert_eq!(
+        s.steering_pull(&run, 100, PullMode::One).await.unwrap(),
+        [json!({"text": "a"})]
+    );
+    assert_eq!(
+        s.steering_pull(&run, 2, PullMode::All).await.unwrap(),
+        [json!({"text": "b"}), json!({"text": "c"})]
+    );
+    assert_eq!(
+        s.steering_pull(&run, 0, PullMode::All).await.unwrap(),
+        Vec::<serde_json::Value>::new()
+    );
+    assert_eq!(
+        s.steering_pull(&run, 100, PullMode::All).await.unwrap(),
+        [json!({"text": "d"})]
+    );
 }
 
 /// Concurrent pushes never overfill the list.
@@ -203,8 +314,15 @@ pub async fn steering_concurrent_pushes_respect_cap(fx: &SessionFixture) {
     })
     .await;
     assert_eq!(results.iter().filter(|r| r.is_accepted()).count(), 30);
-    assert_eq!(results.iter().filter(|r| **r == PushOutcome::Full).count(), 20);
-    let items = fx.store.steering_pull(&run, 100, PullMode::All).await.unwrap();
+    assert_eq!(
+        results.iter().filter(|r| **r == PushOutcome::Full).count(),
+        20
+    );
+    let items = fx
+        .store
+        .steering_pull(&run, 100, PullMode::All)
+        .await
+        .unwrap();
     assert_eq!(items.len(), 30);
     let mut seen: Vec<u64> = items.iter().map(|v| v.as_u64().unwrap()).collect();
     seen.sort_unstable();
@@ -216,12 +334,31 @@ pub async fn steering_concurrent_pushes_respect_cap(fx: &SessionFixture) {
 pub async fn steering_requires_a_session(fx: &SessionFixture) {
     let s = &fx.store;
     let run = RunId::new();
-    assert_eq!(s.steering_push(&run, &json!(1), STEERING_CAP).await.unwrap(), PushOutcome::NoSession);
+    assert_eq!(
+        s.steering_push(&run, &json!(1), STEERING_CAP)
+            .await
+            .unwrap(),
+        PushOutcome::NoSession
+    );
     s.put_session(&run, &json!({}), SHORT).await.unwrap();
-    assert!(s.steering_push(&run, &json!(1), STEERING_CAP).await.unwrap().is_accepted());
+    assert!(
+        s.steering_push(&run, &json!(1), STEERING_CAP)
+            .await
+            .unwrap()
+            .is_accepted()
+    );
     tokio::time::sleep(PAST_SHORT).await;
-    assert_eq!(s.steering_len(&run).await.unwrap(), 0, "the list expires with the session");
-    assert_eq!(s.steering_push(&run, &json!(2), STEERING_CAP).await.unwrap(), PushOutcome::NoSession);
+    assert_eq!(
+        s.steering_len(&run).await.unwrap(),
+        0,
+        "the list expires with the session"
+    );
+    assert_eq!(
+        s.steering_push(&run, &json!(2), STEERING_CAP)
+            .await
+            .unwrap(),
+        PushOutcome::NoSession
+    );
 }
 
 /// 50 tasks × 20 increments lose nothing.
@@ -245,26 +382,72 @@ pub async fn counter_ttl_is_set_once(fx: &SessionFixture) {
     tokio::time::sleep(Duration::from_millis(400)).await;
     assert_eq!(s.counter_incr("c", 1, Some(SHORT)).await.unwrap(), 6);
     tokio::time::sleep(Duration::from_millis(800)).await;
-    assert_eq!(s.counter_get("c").await.unwrap(), 0, "expired with the first TTL");
+    assert_eq!(
+        s.counter_get("c").await.unwrap(),
+        0,
+        "expired with the first TTL"
+    );
     assert_eq!(s.counter_incr("c", 2, Some(LONG)).await.unwrap(), 2);
 }
 
 /// A budget never exceeds its limit and refuses everything once exhausted.
 pub async fn budget_stays_exhausted(fx: &SessionFixture) {
     let s = &fx.store;
-    assert_eq!(s.counter_try_add("chars", 60, 100, Some(LONG)).await.unwrap(), 60);
-    assert_eq!(s.counter_try_add("chars", 40, 100, Some(LONG)).await.unwrap(), 100, "exactly at the limit");
-    assert_eq!(s.counter_try_add("chars", 0, 100, Some(LONG)).await.unwrap(), 100);
-    let err = s.counter_try_add("chars", 1, 100, Some(LONG)).await.unwrap_err();
-    assert!(matches!(&err, SessionError::Exhausted { key, used: 100, limit: 100 } if key == "chars"), "{err:?}");
+    assert_eq!(
+        s.counter_try_add("chars", 60, 100, Some(LONG))
+            .await
+            .unwrap(),
+        60
+    );
+    assert_eq!(
+        s.counter_try_add("chars", 40, 100, Some(LONG))
+            .await
+            .unwrap(),
+        100,
+        "exactly at the limit"
+    );
+    assert_eq!(
+        s.counter_try_add("chars", 0, 100, Some(LONG))
+            .await
+            .unwrap(),
+        100
+    );
+    let err = s
+        .counter_try_add("chars", 1, 100, Some(LONG))
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(&err, SessionError::Exhausted { key, used: 100, limit: 100 } if key == "chars"),
+        "{err:?}"
+    );
 
     assert_eq!(s.counter_try_add("tools", 6, 10, None).await.unwrap(), 6);
     let err = s.counter_try_add("tools", 5, 10, None).await.unwrap_err();
-    assert!(matches!(err, SessionError::Exhausted { used: 6, limit: 10, .. }), "{err:?}");
+    assert!(
+        matches!(
+            err,
+            SessionError::Exhausted {
+                used: 6,
+                limit: 10,
+                ..
+            }
+        ),
+        "{err:?}"
+    );
     // 1 would fit, but the budget is exhausted for good.
-    assert!(matches!(s.counter_try_add("tools", 1, 10, None).await, Err(SessionError::Exhausted { .. })));
-    assert!(matches!(s.counter_try_add("tools", 0, 10, None).await, Err(SessionError::Exhausted { .. })));
-    assert_eq!(s.counter_get("tools").await.unwrap(), 6, "failed adds change nothing");
+    assert!(matches!(
+        s.counter_try_add("tools", 1, 10, None).await,
+        Err(SessionError::Exhausted { .. })
+    ));
+    assert!(matches!(
+        s.counter_try_add("tools", 0, 10, None).await,
+        Err(SessionError::Exhausted { .. })
+    ));
+    assert_eq!(
+        s.counter_get("tools").await.unwrap(),
+        6,
+        "failed adds change nothing"
+    );
 }
 
 /// 50 concurrent single-unit adds against a limit of 16: exactly 16 succeed.
@@ -273,12 +456,24 @@ pub async fn budget_is_atomic_under_concurrency(fx: &SessionFixture) {
         s.counter_try_add("model_calls", 1, 16, Some(LONG)).await
     })
     .await;
-    let ok: Vec<i64> = results.iter().filter_map(|r| r.as_ref().ok().copied()).collect();
+    let ok: Vec<i64> = results
+        .iter()
+        .filter_map(|r| r.as_ref().ok().copied())
+        .collect();
     assert_eq!(ok.len(), 16);
     let mut sorted = ok.clone();
     sorted.sort_unstable();
-    assert_eq!(sorted, (1..=16).collect::<Vec<_>>(), "every success saw a distinct value");
-    assert!(results.iter().filter_map(|r| r.as_ref().err()).all(|e| matches!(e, SessionError::Exhausted { .. })));
+    assert_eq!(
+        sorted,
+        (1..=16).collect::<Vec<_>>(),
+        "every success saw a distinct value"
+    );
+    assert!(
+        results
+            .iter()
+            .filter_map(|r| r.as_ref().err())
+            .all(|e| matches!(e, SessionError::Exhausted { .. }))
+    );
     assert_eq!(fx.store.counter_get("model_calls").await.unwrap(), 16);
 }
 
@@ -286,14 +481,26 @@ pub async fn budget_is_atomic_under_concurrency(fx: &SessionFixture) {
 pub async fn rate_limit_fixed_window(fx: &SessionFixture) {
     let s = &fx.store;
     for i in 0..3 {
-        assert!(s.rate_limit_hit("api", 3, SHORT).await.unwrap(), "hit {i} allowed");
+        assert!(
+            s.rate_limit_hit("api", 3, SHORT).await.unwrap(),
+            "hit {i} allowed"
+        );
     }
     assert!(!s.rate_limit_hit("api", 3, SHORT).await.unwrap());
     assert!(!s.rate_limit_hit("api", 3, SHORT).await.unwrap());
-    assert!(s.rate_limit_hit("other", 3, SHORT).await.unwrap(), "keys are independent");
+    assert!(
+        s.rate_limit_hit("other", 3, SHORT).await.unwrap(),
+        "keys are independent"
+    );
     tokio::time::sleep(PAST_SHORT).await;
-    assert!(s.rate_limit_hit("api", 3, SHORT).await.unwrap(), "new window");
-    let allowed = concurrently(&fx.store, 40, |s, _| async move { s.rate_limit_hit("burst", 10, LONG).await.unwrap() }).await;
+    assert!(
+        s.rate_limit_hit("api", 3, SHORT).await.unwrap(),
+        "new window"
+    );
+    let allowed = concurrently(&fx.store, 40, |s, _| async move {
+        s.rate_limit_hit("burst", 10, LONG).await.unwrap()
+    })
+    .await;
     assert_eq!(allowed.iter().filter(|a| **a).count(), 10);
 }
 
@@ -306,12 +513,17 @@ pub async fn set_nx_ex_has_one_winner(fx: &SessionFixture) {
     assert!(s.del("idem").await.unwrap());
     assert!(!s.del("idem").await.unwrap());
     let results = concurrently(&fx.store, 30, |s, i| async move {
-        s.set_nx_ex("race", format!("{i}").as_bytes(), LONG).await.unwrap()
+        s.set_nx_ex("race", format!("{i}").as_bytes(), LONG)
+            .await
+            .unwrap()
     })
     .await;
     assert_eq!(results.iter().filter(|won| **won).count(), 1);
     let winner = results.iter().position(|won| *won).unwrap();
-    assert_eq!(s.get("race").await.unwrap(), Some(winner.to_string().into_bytes()));
+    assert_eq!(
+        s.get("race").await.unwrap(),
+        Some(winner.to_string().into_bytes())
+    );
 }
 
 /// Plain keys: `set_ex` overwrites, values are bytes, TTLs expire.
@@ -319,13 +531,20 @@ pub async fn plain_keys_expire(fx: &SessionFixture) {
     let s = &fx.store;
     assert_eq!(s.get("k").await.unwrap(), None);
     s.set_ex("k", &[0, 159, 146, 150, 255], LONG).await.unwrap();
-    assert_eq!(s.get("k").await.unwrap(), Some(vec![0, 159, 146, 150, 255]), "binary safe");
+    assert_eq!(
+        s.get("k").await.unwrap(),
+        Some(vec![0, 159, 146, 150, 255]),
+        "binary safe"
+    );
     s.set_ex("k", b"v2", SHORT).await.unwrap();
     assert_eq!(s.get("k").await.unwrap(), Some(b"v2".to_vec()));
     s.set_nx_ex("n", b"x", SHORT).await.unwrap();
     tokio::time::sleep(PAST_SHORT).await;
     assert_eq!(s.get("k").await.unwrap(), None);
-    assert!(s.set_nx_ex("n", b"y", LONG).await.unwrap(), "expired key is absent for set_nx_ex");
+    assert!(
+        s.set_nx_ex("n", b"y", LONG).await.unwrap(),
+        "expired key is absent for set_nx_ex"
+    );
 }
 
 /// Set membership.
@@ -349,10 +568,25 @@ pub async fn sets_add_remove_members(fx: &SessionFixture) {
 pub async fn invalid_arguments_are_rejected(fx: &SessionFixture) {
     let s = &fx.store;
     let run = RunId::new();
-    assert!(matches!(s.counter_try_add("b", -1, 10, None).await, Err(SessionError::InvalidArgument(_))));
-    assert!(matches!(s.put_session(&run, &json!(1), Duration::ZERO).await, Err(SessionError::InvalidArgument(_))));
-    assert!(matches!(s.acquire_lease("l", "w", Duration::ZERO).await, Err(SessionError::InvalidArgument(_))));
-    assert!(matches!(s.rate_limit_hit("r", 1, Duration::ZERO).await, Err(SessionError::InvalidArgument(_))));
-    assert!(matches!(s.set_ex("k", b"v", Duration::ZERO).await, Err(SessionError::InvalidArgument(_))));
+    assert!(matches!(
+        s.counter_try_add("b", -1, 10, None).await,
+        Err(SessionError::InvalidArgument(_))
+    ));
+    assert!(matches!(
+        s.put_session(&run, &json!(1), Duration::ZERO).await,
+        Err(SessionError::InvalidArgument(_))
+    ));
+    assert!(matches!(
+        s.acquire_lease("l", "w", Duration::ZERO).await,
+        Err(SessionError::InvalidArgument(_))
+    ));
+    assert!(matches!(
+        s.rate_limit_hit("r", 1, Duration::ZERO).await,
+        Err(SessionError::InvalidArgument(_))
+    ));
+    assert!(matches!(
+        s.set_ex("k", b"v", Duration::ZERO).await,
+        Err(SessionError::InvalidArgument(_))
+    ));
     s.ping().await.unwrap();
 }

@@ -13,9 +13,7 @@ use std::time::Duration;
 use sb_store::ModelRecord;
 use serde_json::{Map, Value, json};
 
-use super::{
-    ProviderError, ProviderOptions, check_url, env_value, read_capped, send_with_retries,
-};
+use super::{ProviderError, ProviderOptions, check_url, env_value, read_capped, send_with_retries};
 
 const WHAT: &str = "model provider";
 
