@@ -1351,10 +1351,19 @@ impl Bus for AmqpBus {
                 link.connection.close(200, "bus closed"),
             )
             .await;
+            // `close` returns once the broker acknowledged, but lapin's I/O thread notices
+            // the closed state on its next turn and then deregisters its socket from the
+            // tokio reactor. A process that exits right after `close` tears the reactor down
+            // under it, and lapin logs that as an I/O error at every clean shutdown. The
+            // thread cannot be joined through lapin's API; a short pause lets it finish.
+            tokio::time::sleep(IO_LOOP_SETTLE).await;
         }
         Ok(())
     }
 }
+
+/// How long [`AmqpBus::close`] leaves lapin's I/O thread to wind down (see there).
+const IO_LOOP_SETTLE: Duration = Duration::from_millis(50);
 
 /// Dead letters on RabbitMQ. Every operation works on a `DeadQueue`: a channel of its own,
 /// so the messages it takes unacknowledged are exactly those of this call, and closing it
