@@ -209,6 +209,9 @@ pub struct SwitchboardConfig {
     pub orchestrator: OrchestratorConfig,
     /// The worker (runner processes and their Host API).
     pub worker: WorkerConfig,
+    /// The model providers behind the Host API's model actions (workers and the gateway's
+    /// remote Host API).
+    pub providers: ProvidersConfig,
     /// Limits enforced on runners and API clients (SPEC §13).
     pub limits: LimitsConfig,
     /// Logging.
@@ -521,6 +524,60 @@ impl Default for WorkerConfig {
     }
 }
 
+/// The model providers (OpenAI-compatible chat completions and `/rerank`) called by the
+/// model actions of the Host API: `invoke_llm`, `invoke_llm_stream`, `rerank`. Every worker
+/// and the gateway's remote Host API use the same values, so a call is served alike whichever
+/// way it arrives. HTTP tools are not covered: each registered tool carries its own timeout
+/// and response cap, and a tool call is never retried (it may have side effects).
+#[derive(Debug, Clone, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct ProvidersConfig {
+    /// Time limit of one attempt of a non-streaming model call (`invoke_llm`, `rerank`),
+    /// e.g. `120s`; the run's remaining time bounds it further. Each retry gets the full
+    /// limit again, so a call may last up to `max_attempts` times this plus the backoff.
+    #[serde(with = "humantime_serde")]
+    pub model_timeout: Duration,
+    /// Longest silence allowed between two chunks of a streamed model answer
+    /// (`invoke_llm_stream`), e.g. `60s`. A stream has no overall limit besides the run's
+    /// deadline: it lives as long as it makes progress.
+    #[serde(with = "humantime_serde")]
+    pub stream_idle_timeout: Duration,
+    /// Attempts of a model call, the first one included (`1` = never retry). Only `429`,
+    /// `5xx` and connection failures are retried, and a stream only before its first chunk.
+    pub max_attempts: NonZeroU32,
+    /// Delay before the first retry, doubled for every further one, e.g. `250ms`.
+    #[serde(with = "humantime_serde")]
+    pub retry_backoff: Duration,
+    /// Largest body of a non-streaming model or rerank answer read, in bytes; a larger one
+    /// fails the call with `payload_too_large`.
+    pub max_response_bytes: NonZeroUsize,
+}
+
+impl Default for ProvidersConfig {
+    fn default() -> Self {
+        Self {
+            // A long non-streaming completion from a large model takes a minute or more;
+            // 120 s covers it, and a hung provider is still given up well before the default
+            // 300 s run timeout.
+            model_timeout: Duration::from_secs(120),
+            // Once generating, providers send a chunk every few tokens; a minute of silence
+            // still leaves room for a reasoning model's long time to first token.
+            stream_idle_timeout: Duration::from_secs(60),
+            // Two retries ride out a rate-limit blip or a restarting provider; more would
+            // multiply the latency of a provider that is really down (each attempt may take
+            // `model_timeout`) and the load on one that is shedding it.
+            max_attempts: nz32(3),
+            // Retries after 250 ms and 500 ms: invisible beside a model call, yet not an
+            // immediate repeat into the overload that caused the `429`/`503`.
+            retry_backoff: Duration::from_millis(250),
+            // An answer is bounded by the run's output budget (100 000 characters by default,
+            // under 1 MiB as JSON); 8 MiB leaves room for provider metadata such as logprobs
+            // while bounding the worker memory one call can take.
+            max_response_bytes: nzu(8 * MIB),
+        }
+    }
+}
+
 /// Per-run budgets (SPEC §8); agents may override them. Once exhausted a budget stays
 /// exhausted for the run (`budget_exceeded`).
 #[derive(Debug, Clone, Deserialize)]
@@ -751,6 +808,7 @@ impl SwitchboardConfig {
         self.validate_gateway(&mut p);
         self.validate_orchestrator(&mut p);
         self.validate_worker(&mut p);
+        self.validate_providers(&mut p);
         self.validate_limits(&mut p);
         self.validate_telemetry(&mut p);
         if p.0.is_empty() {
@@ -873,6 +931,13 @@ impl SwitchboardConfig {
         }
         p.positive("worker.cancel_grace", w.cancel_grace);
         p.positive("worker.drain_timeout", w.drain_timeout);
+    }
+
+    fn validate_providers(&self, p: &mut Problems) {
+        let pr = &self.providers;
+        p.positive("providers.model_timeout", pr.model_timeout);
+        p.positive("providers.stream_idle_timeout", pr.stream_idle_timeout);
+        p.positive("providers.retry_backoff", pr.retry_backoff);
     }
 
     fn validate_limits(&self, p: &mut Problems) {
@@ -1191,7 +1256,58 @@ mod tests {
             config.orchestrator.default_run_timeout,
             Duration::from_secs(300)
         );
+        assert_eq!(config.providers.model_timeout, Duration::from_secs(120));
+        assert_eq!(
+            config.providers.stream_idle_timeout,
+            Duration::from_secs(60)
+        );
+        assert_eq!(config.providers.max_attempts.get(), 3);
+        assert_eq!(config.providers.retry_backoff, Duration::from_millis(250));
+        assert_eq!(config.providers.max_response_bytes.get(), 8 * MIB);
         SwitchboardConfig::default().validate().unwrap();
+    }
+
+    #[test]
+    fn providers_are_set_by_file_environment_and_cli() {
+        let dir = tempfile::tempdir().unwrap();
+        let file = dir.path().join("providers.toml");
+        std::fs::write(
+            &file,
+            r#"
+            [providers]
+            model_timeout = "45s"
+            max_attempts = 2
+            "#,
+        )
+        .unwrap();
+        let vars = env(&[
+            ("SWITCHBOARD__PROVIDERS__MAX_ATTEMPTS", "5"),
+            ("SWITCHBOARD__PROVIDERS__STREAM_IDLE_TIMEOUT", "15s"),
+            ("SWITCHBOARD__PROVIDERS__RETRY_BACKOFF", "40ms"),
+            ("SWITCHBOARD__PROVIDERS__MAX_RESPONSE_BYTES", "65536"),
+        ]);
+        let c = loader().file(&file).env(vars.clone()).load().unwrap();
+        let p = &c.providers;
+        assert_eq!(p.model_timeout, Duration::from_secs(45), "file value kept");
+        assert_eq!(p.max_attempts.get(), 5, "environment over file");
+        assert_eq!(p.stream_idle_timeout, Duration::from_secs(15));
+        assert_eq!(p.retry_backoff, Duration::from_millis(40));
+        assert_eq!(p.max_response_bytes.get(), 64 * KIB);
+
+        let c = loader()
+            .file(&file)
+            .env(vars)
+            .set("providers.max_attempts", "1")
+            .set("providers.model_timeout", "2m")
+            .load()
+            .unwrap();
+        assert_eq!(c.providers.max_attempts.get(), 1, "CLI over environment");
+        assert_eq!(c.providers.model_timeout, Duration::from_secs(120));
+        assert_eq!(
+            c.providers.retry_backoff,
+            Duration::from_millis(40),
+            "env value kept"
+        );
     }
 
     #[test]
@@ -1640,6 +1756,42 @@ mod tests {
     #[test]
     fn rejects_negative_number() {
         assert_load_error("worker.stderr_cap_bytes", "-1");
+    }
+
+    #[test]
+    fn rejects_zero_model_timeout() {
+        assert_rejected("providers.model_timeout", "0s");
+    }
+
+    #[test]
+    fn rejects_zero_stream_idle_timeout() {
+        assert_rejected("providers.stream_idle_timeout", "0ms");
+    }
+
+    #[test]
+    fn rejects_zero_max_attempts() {
+        assert_load_error("providers.max_attempts", "0");
+    }
+
+    #[test]
+    fn rejects_zero_retry_backoff() {
+        assert_rejected("providers.retry_backoff", "0s");
+    }
+
+    #[test]
+    fn rejects_zero_max_response_bytes() {
+        assert_load_error("providers.max_response_bytes", "0");
+    }
+
+    #[test]
+    fn rejects_unknown_providers_key() {
+        let err = loader()
+            .env(env(&[("SWITCHBOARD__PROVIDERS__TIMEOUT", "5s")]))
+            .load()
+            .unwrap_err();
+        let msg = err.to_string();
+        assert!(msg.contains("unknown field `timeout`"), "{msg}");
+        assert!(msg.contains("`providers`"), "{msg}");
     }
 
     #[test]

@@ -16,6 +16,7 @@ use sb_common::shutdown::Shutdown;
 use sb_store::Stores;
 use sb_worker::actions::{ActionDispatcher, ActionLimits};
 use sb_worker::api_gate::ApiGate;
+use sb_worker::providers::ProviderOptions;
 use sb_worker::runner::HostApi;
 
 use crate::live::LiveHub;
@@ -49,6 +50,9 @@ pub struct GatewayOptions {
     /// Limits of the remote Host API (`POST /v1/host/{action}`): the workers' own, from the
     /// same `[limits]` section, so a call is judged alike whichever way it arrives.
     pub host_api: ActionLimits,
+    /// Timeouts and retries of the model calls served by the remote Host API: the workers'
+    /// own, from the same `[providers]` section.
+    pub providers: ProviderOptions,
 }
 
 impl Default for GatewayOptions {
@@ -58,7 +62,8 @@ impl Default for GatewayOptions {
 }
 
 impl GatewayOptions {
-    /// Options from the validated configuration (`gateway` and `limits` sections).
+    /// Options from the validated configuration (`gateway`, `limits` and `providers`
+    /// sections).
     pub fn from_config(config: &SwitchboardConfig) -> Self {
         let g = &config.gateway;
         let limits = &config.limits;
@@ -81,6 +86,7 @@ impl GatewayOptions {
             delivery_prefetch: config.bus.prefetch.get(),
             readiness_timeout: Duration::from_secs(2),
             host_api: ActionLimits::from_config(limits),
+            providers: ProviderOptions::from_config(&config.providers),
         }
     }
 }
@@ -137,7 +143,8 @@ impl AppState {
             deps.stores.clone(),
             Arc::clone(&deps.sessions),
             options.host_api.clone(),
-        );
+        )
+        .with_provider_options(options.providers.clone());
         let host_api: Arc<dyn HostApi> =
             Arc::new(ApiGate::new(Arc::clone(&deps.sessions), dispatcher));
         Ok(Self {

@@ -336,11 +336,11 @@ async fn start(
     let report = load_plugins(&dirs, &options.command_lookup);
     let dispatcher = options.dispatcher.clone().unwrap_or_else(|| {
         let limits = ActionLimits::from_config(&deps.config.limits);
-        Arc::new(ActionDispatcher::new(
-            deps.stores.clone(),
-            deps.sessions.clone(),
-            limits,
-        ))
+        let providers = crate::providers::ProviderOptions::from_config(&deps.config.providers);
+        Arc::new(
+            ActionDispatcher::new(deps.stores.clone(), deps.sessions.clone(), limits)
+                .with_provider_options(providers),
+        )
     });
     let gate: Arc<dyn HostApi> = Arc::new(ApiGate::new(deps.sessions.clone(), dispatcher));
     let host_config = host_config(&deps.config);

@@ -38,6 +38,7 @@ fn secret() -> String {
 #[derive(Default)]
 struct Seen {
     flaky: AtomicU32,
+    broken: AtomicU32,
     tool_runs: AtomicU32,
     bad_auth: AtomicU32,
 }
@@ -65,7 +66,10 @@ async fn chat(State(seen): State<Arc<Seen>>, headers: HeaderMap, body: String) -
     let stream = req["stream"] == json!(true);
     let usage = json!({"prompt_tokens": 3, "completion_tokens": 2, "total_tokens": 5});
     match (model.as_str(), stream) {
-        ("broken", _) => StatusCode::INTERNAL_SERVER_ERROR.into_response(),
+        ("broken", _) => {
+            seen.broken.fetch_add(1, Ordering::SeqCst);
+            StatusCode::INTERNAL_SERVER_ERROR.into_response()
+        }
         ("slow", _) => {
             tokio::time::sleep(Duration::from_secs(3)).await;
             StatusCode::OK.into_response()
@@ -474,6 +478,39 @@ async fn invoke_llm_plain_tools_retries_and_failures() {
         .await;
     assert_eq!(code(&wrong_kind), "not_found");
     assert_eq!(f.seen.bad_auth.load(Ordering::SeqCst), 0);
+}
+
+/// The `[providers]` section decides how often a failing model call is tried: the options
+/// a dispatcher is built with come from the loaded configuration, as in the worker and the
+/// gateway, and every attempt reaches the provider.
+#[tokio::test]
+async fn configured_max_attempts_bound_the_provider_calls() {
+    let (mut f, ids) = fixture().await;
+    let s = ids.snap(json!({}));
+    for (max_attempts, expected_total) in [("5", 5), ("1", 6)] {
+        let config = sb_common::config::ConfigLoader::new()
+            .without_file()
+            .env([("SWITCHBOARD__PROVIDERS__MAX_ATTEMPTS", max_attempts)])
+            .set("providers.retry_backoff", "1ms")
+            .load()
+            .unwrap();
+        f.dispatcher = f
+            .dispatcher
+            .with_provider_options(ProviderOptions::from_config(&config.providers));
+        let broken = f
+            .call(
+                &s,
+                "invoke_llm",
+                json!({"model_id": ids.model("broken"), "messages": messages()}),
+            )
+            .await;
+        assert_eq!(code(&broken), "unavailable", "{broken:?}");
+        assert_eq!(
+            f.seen.broken.load(Ordering::SeqCst),
+            expected_total,
+            "max_attempts = {max_attempts}"
+        );
+    }
 }
 
 #[tokio::test]

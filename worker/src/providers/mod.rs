@@ -7,9 +7,9 @@
 //! tool could echo a request header back), only status codes and our own wording.
 //!
 //! Retries: model calls are retried with exponential backoff on `429`, `5xx` and connection
-//! failures, at most [`ProviderOptions::max_attempts`] times, and a stream only before its
-//! first chunk was forwarded. Tool calls are never retried: a tool may have side effects,
-//! and `call_tool` promises at-most-once execution.
+//! failures, at most [`ProviderOptions::max_attempts`] times (`providers.max_attempts`), and
+//! a stream only before its first chunk was forwarded. Tool calls are never retried: a tool
+//! may have side effects, and `call_tool` promises at-most-once execution.
 //!
 //! # Layout
 //! - this file: [`ProviderOptions`], [`ProviderError`] and its code mapping, the shared
@@ -22,32 +22,46 @@ pub mod openai;
 
 use std::time::Duration;
 
+use sb_common::config::ProvidersConfig;
 use sb_protocol::error::{ErrorCode, HasErrorCode};
 
-/// Timeouts and retries of provider calls.
+/// Timeouts and retries of model provider calls, from the deployment's `[providers]`
+/// section ([`ProviderOptions::from_config`]); the defaults and their reasons are
+/// [`ProvidersConfig`]'s.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ProviderOptions {
-    /// Whole-request timeout of a non-streaming model call (also bounded by the run
-    /// deadline).
+    /// Whole-request timeout of one attempt of a non-streaming model call (also bounded by
+    /// the run deadline); `providers.model_timeout`.
     pub model_timeout: Duration,
-    /// Longest silence between two chunks of a stream.
+    /// Longest silence between two chunks of a stream; `providers.stream_idle_timeout`.
     pub stream_idle_timeout: Duration,
-    /// Attempts of a model call (1 = no retry).
+    /// Attempts of a model call (1 = no retry); `providers.max_attempts`.
     pub max_attempts: u32,
-    /// First retry delay; doubled per attempt.
+    /// First retry delay, doubled per attempt; `providers.retry_backoff`.
     pub backoff_base: Duration,
-    /// Largest model response body read (non-streaming), in bytes.
+    /// Largest model response body read (non-streaming), in bytes;
+    /// `providers.max_response_bytes`.
     pub max_model_response_bytes: usize,
 }
 
 impl Default for ProviderOptions {
     fn default() -> Self {
+        Self::from_config(&ProvidersConfig::default())
+    }
+}
+
+impl ProviderOptions {
+    /// The options of the deployment's `[providers]` section. Every place that builds an
+    /// [`ActionDispatcher`](crate::actions::ActionDispatcher) from the configuration (the
+    /// worker, the gateway's remote Host API) passes them on, so both serve model calls alike.
+    #[must_use]
+    pub fn from_config(providers: &ProvidersConfig) -> Self {
         Self {
-            model_timeout: Duration::from_secs(120),
-            stream_idle_timeout: Duration::from_secs(60),
-            max_attempts: 3,
-            backoff_base: Duration::from_millis(250),
-            max_model_response_bytes: 8 * 1024 * 1024,
+            model_timeout: providers.model_timeout,
+            stream_idle_timeout: providers.stream_idle_timeout,
+            max_attempts: providers.max_attempts.get(),
+            backoff_base: providers.retry_backoff,
+            max_model_response_bytes: providers.max_response_bytes.get(),
         }
     }
 }
@@ -210,6 +224,29 @@ mod tests {
             ErrorCode::DeadlineExceeded
         );
         assert!(s(500).retryable() && s(429).retryable() && !s(400).retryable());
+    }
+
+    #[test]
+    fn options_come_from_the_providers_section() {
+        let config = sb_common::config::ConfigLoader::new()
+            .without_file()
+            .set("providers.model_timeout", "7s")
+            .set("providers.stream_idle_timeout", "3s")
+            .set("providers.max_attempts", "6")
+            .set("providers.retry_backoff", "20ms")
+            .set("providers.max_response_bytes", "4096")
+            .load()
+            .unwrap();
+        assert_eq!(
+            ProviderOptions::from_config(&config.providers),
+            ProviderOptions {
+                model_timeout: Duration::from_secs(7),
+                stream_idle_timeout: Duration::from_secs(3),
+                max_attempts: 6,
+                backoff_base: Duration::from_millis(20),
+                max_model_response_bytes: 4096,
+            }
+        );
     }
 }
 
