@@ -59,6 +59,7 @@
 //! or no longer valid, kept otherwise) and, when the workspace has no agent at all, an agent
 //! bound to the echo runner for `message.received`.
 
+use std::collections::HashSet;
 use std::net::SocketAddr;
 use std::num::NonZeroU32;
 use std::path::{Path, PathBuf};
@@ -84,10 +85,10 @@ use sb_protocol::manifest::RunnerId;
 use sb_protocol::messages::{EventMessage, encode};
 use sb_protocol::result::AgentRunResult;
 use sb_store::{
-    NewAgent, RunOutcome, RunStatus, SqlStore, SqlStoreOptions, StoreError, StoreLimits, Stores,
+    EventRecord, EventStatus, NewAgent, RunOutcome, RunStatus, SqlStore, SqlStoreOptions,
+    StoreError, StoreLimits, Stores,
 };
 use sb_worker::{Worker, WorkerDeps, WorkerError, WorkerHandle, WorkerOptions, WorkerReport};
-use sea_orm::{ConnectionTrait as _, Statement};
 use serde_json::{Value, json};
 use tokio::net::TcpListener;
 use tokio::task::JoinHandle;
@@ -536,7 +537,6 @@ pub async fn start_with(
         options,
         listener,
         Deps {
-            sql: sql.clone(),
             stores: stores.clone(),
             bus: bus.clone(),
             memory_bus: memory_bus.clone(),
@@ -586,7 +586,6 @@ pub async fn start_with(
 
 /// The shared dependencies of the roles.
 struct Deps {
-    sql: SqlStore,
     stores: Stores,
     bus: Arc<dyn Bus>,
     memory_bus: Option<MemoryBus>,
@@ -1173,101 +1172,20 @@ async fn ensure_default_agent(stores: &Stores) -> Result<Option<AgentId>, StartE
 // Recovery
 // ---------------------------------------------------------------------------------------------
 
+/// How many runs or events the recovery reads per store query: a restart after a long
+/// outage can find many, so they are read and handled a page at a time.
+const RECOVERY_PAGE: i64 = 100;
+
 /// The recovery pass of the memory bus (module docs, "Recovery").
 ///
-/// The ledger has no query for "events in a status" or "runs in a status" across workspaces
-/// (nothing else needs one), so the ids come from two plain queries on the connection
-/// `SqlStore` exposes for this kind of use; everything else goes through the store traits.
+/// Everything it needs is read through the store traits, in pages across all workspaces
+/// ([`RunLedger::runs_with_status`](sb_store::RunLedger::runs_with_status),
+/// [`EventLog::with_status`](sb_store::EventLog::with_status)). It runs before the
+/// orchestrator and the gateway start, so no statuses change under it except its own.
 async fn recover(deps: &Deps, sink: &ResultSink) -> Result<RecoveryReport, StartError> {
-    let store_err = |source| StartError::Store {
-        during: "the recovery",
-        source,
-    };
     let mut report = RecoveryReport::default();
-
-    // Runs that were executing: no worker of this process holds them any more.
-    for run_id in ids_where(&deps.sql, "runs", "created_at", "running")
-        .await
-        .map_err(store_err)?
-    {
-        let Some(run) = deps
-            .stores
-            .runs
-            .get_run(RunId::from(run_id))
-            .await
-            .map_err(store_err)?
-        else {
-            continue;
-        };
-        let outcome = RunOutcome::with_error(
-            RunStatus::Interrupted,
-            run_failure::INTERRUPTED,
-            INTERRUPTED_MESSAGE,
-        );
-        if !deps
-            .stores
-            .runs
-            .finish_run(run.id, outcome)
-            .await
-            .map_err(store_err)?
-        {
-            continue;
-        }
-        let item = AgentRunResult::run_failed(
-            run_failure::INTERRUPTED,
-            INTERRUPTED_MESSAGE,
-            run_failure::default_retryable(run_failure::INTERRUPTED),
-        );
-        sink.persist_synthetic(&run, item).await?;
-        if let Err(error) = deps.sessions.end_session(&run.id).await {
-            tracing::warn!(run_id = %run.id, %error, "could not end the session of an interrupted run");
-        }
-        tracing::warn!(run_id = %run.id, "run was in progress when the process stopped; finalized as interrupted");
-        report.interrupted.push(run.id);
-    }
-
-    // Events never routed, then events whose run never started (their job was lost).
-    let mut events: Vec<EventId> = ids_where(&deps.sql, "event_log", "seq", "received")
-        .await
-        .map_err(store_err)?
-        .into_iter()
-        .map(EventId::from)
-        .collect();
-    for run_id in ids_where(&deps.sql, "runs", "created_at", "queued")
-        .await
-        .map_err(store_err)?
-    {
-        if let Some(run) = deps
-            .stores
-            .runs
-            .get_run(RunId::from(run_id))
-            .await
-            .map_err(store_err)?
-        {
-            if !events.contains(&run.event_id) {
-                events.push(run.event_id);
-            }
-        }
-    }
-    for event_id in events {
-        let Some(event) = deps.stores.events.get(event_id).await.map_err(store_err)? else {
-            continue;
-        };
-        let routing_key = deps.topology.events_routing_key(
-            event.workspace_id.as_str(),
-            event.conversation_id.as_deref(),
-        );
-        let message = EventMessage::new(event.workspace_id.clone(), event.id);
-        deps.bus
-            .publish(
-                &deps.topology.events_exchange(),
-                &routing_key,
-                encode(&message).into(),
-                PublishOptions::default(),
-            )
-            .await?;
-        report.republished.push(event.id);
-    }
+    interrupt_running_runs(deps, sink, &mut report).await?;
+    republish_lost_events(deps, &mut report).await?;
     if !report.republished.is_empty() || !report.interrupted.is_empty() {
         tracing::info!(
             republished = report.republished.len(),
@@ -1278,26 +1196,136 @@ async fn recover(deps: &Deps, sink: &ResultSink) -> Result<RecoveryReport, Start
     Ok(report)
 }
 
-/// `SELECT id FROM <table> WHERE status = '<status>' ORDER BY <order>`. Only called with the
-/// constant table, column and status names above.
-async fn ids_where(
-    sql: &SqlStore,
-    table: &str,
-    order: &str,
-    status: &str,
-) -> Result<Vec<uuid::Uuid>, StoreError> {
-    let db = sql.connection();
-    let statement = Statement::from_string(
-        db.get_database_backend(),
-        format!("SELECT id FROM {table} WHERE status = '{status}' ORDER BY {order}"),
+/// A failed store operation of the recovery.
+fn recovery_err(source: StoreError) -> StartError {
+    StartError::Store {
+        during: "the recovery",
+        source,
+    }
+}
+
+/// Runs that were executing: no worker of this process holds them any more, so they end
+/// `interrupted` (each finished as it is read; the store's cursor is a position, so
+/// finishing them does not make the next page skip any).
+async fn interrupt_running_runs(
+    deps: &Deps,
+    sink: &ResultSink,
+    report: &mut RecoveryReport,
+) -> Result<(), StartError> {
+    let mut cursor = None;
+    loop {
+        let page = deps
+            .stores
+            .runs
+            .runs_with_status(RunStatus::Running, cursor, Some(RECOVERY_PAGE))
+            .await
+            .map_err(recovery_err)?;
+        for run in page.items {
+            let outcome = RunOutcome::with_error(
+                RunStatus::Interrupted,
+                run_failure::INTERRUPTED,
+                INTERRUPTED_MESSAGE,
+            );
+            if !deps
+                .stores
+                .runs
+                .finish_run(run.id, outcome)
+                .await
+                .map_err(recovery_err)?
+            {
+                continue;
+            }
+            let item = AgentRunResult::run_failed(
+                run_failure::INTERRUPTED,
+                INTERRUPTED_MESSAGE,
+                run_failure::default_retryable(run_failure::INTERRUPTED),
+            );
+            sink.persist_synthetic(&run, item).await?;
+            if let Err(error) = deps.sessions.end_session(&run.id).await {
+                tracing::warn!(run_id = %run.id, %error, "could not end the session of an interrupted run");
+            }
+            tracing::warn!(run_id = %run.id, "run was in progress when the process stopped; finalized as interrupted");
+            report.interrupted.push(run.id);
+        }
+        let Some(next) = page.next_cursor else {
+            return Ok(());
+        };
+        cursor = Some(next);
+    }
+}
+
+/// Events never routed, then events whose run never started (their job was lost: the
+/// orchestrator reuses the run and publishes its job again). Each event is published once,
+/// in that order.
+async fn republish_lost_events(deps: &Deps, report: &mut RecoveryReport) -> Result<(), StartError> {
+    let mut cursor = None;
+    loop {
+        let page = deps
+            .stores
+            .events
+            .with_status(EventStatus::Received, cursor, Some(RECOVERY_PAGE))
+            .await
+            .map_err(recovery_err)?;
+        for event in &page.items {
+            republish(deps, event).await?;
+            report.republished.push(event.id);
+        }
+        let Some(next) = page.next_cursor else {
+            break;
+        };
+        cursor = Some(next);
+    }
+
+    // A run is created before its event is marked `dispatched`, so a queued run's event may
+    // still be `received`, and published above already.
+    let unrouted: HashSet<EventId> = report.republished.iter().copied().collect();
+    let mut cursor = None;
+    loop {
+        let page = deps
+            .stores
+            .runs
+            .runs_with_status(RunStatus::Queued, cursor, Some(RECOVERY_PAGE))
+            .await
+            .map_err(recovery_err)?;
+        for run in &page.items {
+            if unrouted.contains(&run.event_id) {
+                continue;
+            }
+            let Some(event) = deps
+                .stores
+                .events
+                .get(run.event_id)
+                .await
+                .map_err(recovery_err)?
+            else {
+                continue;
+            };
+            republish(deps, &event).await?;
+            report.republished.push(event.id);
+        }
+        let Some(next) = page.next_cursor else {
+            return Ok(());
+        };
+        cursor = Some(next);
+    }
+}
+
+/// Publishes the bus message of `event` again, as the gateway's outbox did the first time.
+async fn republish(deps: &Deps, event: &EventRecord) -> Result<(), StartError> {
+    let routing_key = deps.topology.events_routing_key(
+        event.workspace_id.as_str(),
+        event.conversation_id.as_deref(),
     );
-    let rows = db.query_all_raw(statement).await?;
-    rows.iter()
-        .map(|row| {
-            row.try_get::<uuid::Uuid>("", "id")
-                .map_err(StoreError::from)
-        })
-        .collect()
+    let message = EventMessage::new(event.workspace_id.clone(), event.id);
+    deps.bus
+        .publish(
+            &deps.topology.events_exchange(),
+            &routing_key,
+            encode(&message).into(),
+            PublishOptions::default(),
+        )
+        .await?;
+    Ok(())
 }
 
 #[cfg(test)]
@@ -1394,6 +1422,127 @@ mod tests {
         event.ack().await.unwrap();
         assert!(wait_until(Duration::from_secs(1), || backlog.count(&bus) == 0).await);
         job.ack().await.unwrap();
+    }
+
+    /// A restart after a long outage finds more of each kind of left-over work than one
+    /// page holds: every piece is recovered once, in log and ledger order, across
+    /// workspaces.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn recovery_pages_through_everything_an_outage_left() {
+        use sb_store::{EventStatusUpdate, NewEvent, NewRun};
+
+        let config = SwitchboardConfig::default();
+        let store = SqlStore::connect("sqlite::memory:", &store_options(&config))
+            .await
+            .unwrap();
+        let stores = Stores::from_sql(store);
+        let bus = MemoryBus::new();
+        let topology = declare_topology(&bus, &topology_options(&config).unwrap())
+            .await
+            .unwrap();
+        let deps = Deps {
+            stores: stores.clone(),
+            bus: Arc::new(bus.clone()),
+            memory_bus: Some(bus.clone()),
+            sessions: Arc::new(MemorySessionStore::with_prefix(
+                config.sessions.key_prefix.clone(),
+            )),
+            topology: topology.clone(),
+        };
+        let sink = ResultSink::new(
+            OrchestratorDeps {
+                bus: deps.bus.clone(),
+                sessions: deps.sessions.clone(),
+                stores: stores.clone(),
+                topology: topology.clone(),
+                catalog: Arc::new(StoreCatalog::new(stores.resources.clone())),
+            },
+            Arc::new(OrchestratorOptions::from_config(&config)),
+        );
+
+        let workspaces = [
+            WorkspaceId::default_workspace(),
+            WorkspaceId::new("other").unwrap(),
+        ];
+        let append = |i: usize, status: EventStatus| {
+            let mut event = NewEvent::new(workspaces[i % 2].clone(), "message.received", "api");
+            event.conversation_id = Some(format!("c{i}"));
+            event.status = status;
+            let stores = stores.clone();
+            async move { stores.events.append(event, Vec::new()).await.unwrap().0 }
+        };
+        let run_for = |event: &EventRecord| {
+            let run = NewRun {
+                id: None,
+                workspace_id: event.workspace_id.clone(),
+                event_id: event.id,
+                agent_id: None,
+                runner_id: ECHO_RUNNER_ID.into(),
+                pool: "default".into(),
+                conversation_id: event.conversation_id.clone(),
+                thread_id: None,
+                bot_id: None,
+                deadline_at: None,
+                attempt: 1,
+            };
+            let stores = stores.clone();
+            async move { stores.runs.create_run(run).await.unwrap().0 }
+        };
+        let dispatch = |event: &EventRecord, run: RunId| {
+            let update = EventStatusUpdate {
+                run_id: Some(run),
+                ..EventStatusUpdate::status(EventStatus::Dispatched)
+            };
+            let (stores, id) = (stores.clone(), event.id);
+            async move { stores.events.update_status(id, update).await.unwrap() }
+        };
+
+        let more_than_a_page = usize::try_from(RECOVERY_PAGE).unwrap() + 1;
+        let (mut never_routed, mut never_started, mut running) =
+            (Vec::new(), Vec::new(), Vec::new());
+        for i in 0..more_than_a_page {
+            never_routed.push(append(i, EventStatus::Received).await.id);
+
+            let event = append(i, EventStatus::Received).await;
+            let run = run_for(&event).await;
+            dispatch(&event, run.id).await;
+            never_started.push(event.id);
+
+            let event = append(i, EventStatus::Received).await;
+            let run = run_for(&event).await;
+            dispatch(&event, run.id).await;
+            assert!(stores.runs.claim_run(run.id, "gone").await.unwrap());
+            running.push(run.id);
+        }
+        // A run created just before the crash, its event not yet marked dispatched: the
+        // event is published once, as a received one.
+        run_for(&stores.events.get(never_routed[3]).await.unwrap().unwrap()).await;
+        // Work that ended, or was never going to run, stays as it is.
+        append(0, EventStatus::Unrouted).await;
+        let event = append(1, EventStatus::Received).await;
+        let done = run_for(&event).await;
+        dispatch(&event, done.id).await;
+        stores
+            .runs
+            .finish_run(done.id, RunOutcome::completed())
+            .await
+            .unwrap();
+
+        let report = recover(&deps, &sink).await.unwrap();
+        let expected: Vec<EventId> = never_routed.into_iter().chain(never_started).collect();
+        // Counts first: a paging mistake shows as a short (or long) list.
+        assert_eq!(report.interrupted.len(), running.len());
+        assert_eq!(report.republished.len(), expected.len());
+        assert_eq!(report.interrupted, running);
+        assert_eq!(report.republished, expected);
+        assert_eq!(Backlog::of(&topology).count(&bus), expected.len());
+        for run_id in running {
+            let run = stores.runs.get_run(run_id).await.unwrap().unwrap();
+            assert_eq!(run.status, RunStatus::Interrupted);
+            assert_eq!(run.error_code.as_deref(), Some(run_failure::INTERRUPTED));
+        }
+        let done = stores.runs.get_run(done.id).await.unwrap().unwrap();
+        assert_eq!(done.status, RunStatus::Completed);
     }
 
     #[cfg(unix)]

@@ -431,6 +431,31 @@ pub trait EventLog: Send + Sync + 'static {
     /// cursors together bound the range). `invalid_argument` when a cursor is bad.
     async fn page(&self, query: EventQuery) -> Result<Page<EventRecord>>;
 
+    /// One page of the events in `status`, across every workspace, oldest first (ascending
+    /// `seq`). Pass a page's `next_cursor` back as `cursor` to read on from its last event;
+    /// `limit` is clamped to [1, 100] (default 50). `invalid_argument` when the cursor is
+    /// bad (event cursors of [`page`](Self::page) are positions in the same order and are
+    /// accepted).
+    ///
+    /// For passes over the whole log rather than a workspace's history: the embedded
+    /// mode's start-up recovery republishes every event still `received`, however many a
+    /// long outage left.
+    ///
+    /// - **Stable under change.** The cursor is a position, not an offset: events that
+    ///   leave or enter `status` while a caller pages never make a later page skip or
+    ///   repeat an event that kept its status. An event appended meanwhile in `status`
+    ///   appears on a later page (its `seq` is higher), subject to the commit-order caveat
+    ///   of the contract above.
+    /// - **Cost.** `status` has no index: a page walks the log in `seq` order from its
+    ///   cursor until it has found `limit` events, so reading every page costs about one
+    ///   scan of the log, not one per page. Not for hot paths.
+    async fn with_status(
+        &self,
+        status: EventStatus,
+        cursor: Option<String>,
+        limit: Option<i64>,
+    ) -> Result<Page<EventRecord>>;
+
     /// Deletes up to `batch` events created before `before` (retention). Returns how many.
     async fn delete_older_than(&self, before: DateTime<Utc>, batch: u64) -> Result<u64>;
 }

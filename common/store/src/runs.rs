@@ -313,6 +313,26 @@ pub trait RunLedger: Send + Sync + 'static {
         limit: Option<i64>,
     ) -> Result<Page<RunRecord>>;
 
+    /// One page of the runs in `status`, across every workspace, oldest first (`created_at`,
+    /// then id). Pass a page's `next_cursor` back as `cursor` to read on from its last run;
+    /// `limit` is clamped to [1, 100] (default 50). `invalid_argument` when the cursor is
+    /// bad.
+    ///
+    /// For passes over the whole ledger rather than a workspace's listing: the embedded
+    /// mode's start-up recovery finalizes the runs left `running` and re-routes those left
+    /// `queued` by the previous process, however many a long outage left.
+    ///
+    /// The cursor is a position, not an offset, so a caller may change the runs it reads
+    /// while it pages (finish them, claim them): a run leaving `status` never makes a later
+    /// page skip or repeat a run that kept its status. A run created meanwhile in `status`
+    /// appears on a later page unless its `created_at` is before the cursor's position.
+    async fn runs_with_status(
+        &self,
+        status: RunStatus,
+        cursor: Option<String>,
+        limit: Option<i64>,
+    ) -> Result<Page<RunRecord>>;
+
     /// `queued → running` for `worker_id`. `true` iff this call made the transition.
     async fn claim_run(&self, id: RunId, worker_id: &str) -> Result<bool>;
 

@@ -146,6 +146,7 @@ macro_rules! store_suite {
             event_page_orders_filters_and_follows_cursors,
             event_page_clamps_limits_and_rejects_bad_cursors,
             event_delete_older_than,
+            event_with_status_pages_across_workspaces,
             outbox_claim_leases_release_and_publish,
             outbox_lease_expires,
             outbox_concurrent_claims_are_disjoint,
@@ -158,6 +159,7 @@ macro_rules! store_suite {
             run_events_are_idempotent_and_ordered,
             run_insert_events_batch_reports_new_rows,
             run_list_filters_and_pages,
+            run_with_status_pages_across_workspaces,
             run_deadlines_and_active_runs,
             run_expire_events,
             transcript_append_truncates_and_roundtrips,
@@ -848,6 +850,149 @@ pub mod suite {
         );
     }
 
+    /// Every event [`EventLog::with_status`] returns from `cursor` on, following
+    /// `next_cursor` with pages of `limit`; checks the shape of each page on the way.
+    async fn events_with_status(
+        db: &TestDb,
+        status: EventStatus,
+        mut cursor: Option<String>,
+        limit: i64,
+    ) -> Vec<EventId> {
+        let mut seen = Vec::new();
+        loop {
+            let page = db
+                .stores
+                .events
+                .with_status(status, cursor, Some(limit))
+                .await
+                .unwrap();
+            assert!(page.items.len() as i64 <= limit, "{page:?}");
+            assert!(page.items.iter().all(|e| e.status == status), "{page:?}");
+            assert!(
+                page.items.windows(2).all(|w| w[0].seq < w[1].seq),
+                "{page:?}"
+            );
+            seen.extend(page.items.iter().map(|e| e.id));
+            let Some(next) = page.next_cursor else {
+                assert!(!page.has_more);
+                return seen;
+            };
+            assert!(page.has_more);
+            assert_eq!(Some(&next), page.items.last().map(|e| &e.cursor));
+            cursor = Some(next);
+        }
+    }
+
+    /// `with_status` reads one status across every workspace, oldest first, in bounded
+    /// pages that neither skip nor repeat an event when statuses change between pages.
+    pub async fn event_with_status_pages_across_workspaces(db: &TestDb) {
+        let to = |status| EventStatusUpdate::status(status);
+        // Workspaces alternate; every third event is routed.
+        let (mut received, mut dispatched) = (Vec::new(), Vec::new());
+        for i in 0..9 {
+            let mut e = message("c", &format!("{i}"));
+            if i % 2 == 1 {
+                e.workspace_id = other_ws();
+            }
+            let (event, _) = db.stores.events.append(e, vec![]).await.unwrap();
+            if i % 3 == 2 {
+                db.stores
+                    .events
+                    .update_status(event.id, to(EventStatus::Dispatched))
+                    .await
+                    .unwrap();
+                dispatched.push(event.id);
+            } else {
+                received.push(event.id);
+            }
+        }
+        assert_eq!(
+            events_with_status(db, EventStatus::Received, None, 2).await,
+            received
+        );
+        assert_eq!(
+            events_with_status(db, EventStatus::Dispatched, None, 100).await,
+            dispatched
+        );
+        assert!(
+            events_with_status(db, EventStatus::Claimed, None, 10)
+                .await
+                .is_empty()
+        );
+
+        // Statuses change after the first page: an event already read and one not read yet
+        // leave `received`, a routed one further on returns to it, and a new one arrives.
+        let first = db
+            .stores
+            .events
+            .with_status(EventStatus::Received, None, Some(2))
+            .await
+            .unwrap();
+        assert_eq!(
+            first.items.iter().map(|e| e.id).collect::<Vec<_>>(),
+            received[..2]
+        );
+        for (id, status) in [
+            (received[0], EventStatus::Dispatched),
+            (received[3], EventStatus::Unrouted),
+            (dispatched[1], EventStatus::Received),
+        ] {
+            db.stores
+                .events
+                .update_status(id, to(status))
+                .await
+                .unwrap();
+        }
+        let (late, _) = db
+            .stores
+            .events
+            .append(message("c", "late"), vec![])
+            .await
+            .unwrap();
+        assert_eq!(
+            events_with_status(db, EventStatus::Received, first.next_cursor, 2).await,
+            [
+                received[2],
+                dispatched[1],
+                received[4],
+                received[5],
+                late.id
+            ]
+        );
+
+        // Limits are clamped to [1, 100]; foreign or malformed cursors are invalid_argument.
+        let one = db
+            .stores
+            .events
+            .with_status(EventStatus::Received, None, Some(0))
+            .await
+            .unwrap();
+        assert_eq!(one.items.len(), 1);
+        assert!(one.has_more);
+        for bad in ["garbage", "42", ""] {
+            assert_code(
+                db.stores
+                    .events
+                    .with_status(EventStatus::Received, Some(bad.into()), None)
+                    .await,
+                ErrorCode::InvalidArgument,
+            );
+        }
+        let item = db
+            .stores
+            .transcript
+            .append(NewTranscriptItem::message(ws(), "c", "e", "user", "x"))
+            .await
+            .unwrap();
+        assert_code(
+            db.stores
+                .events
+                .with_status(EventStatus::Received, Some(item.cursor), None)
+                .await,
+            ErrorCode::InvalidArgument,
+        );
+    }
+
     // ---------------------------------------------------------------- outbox
 
     /// Claims lease rows; release and publish end the lease.
@@ -1420,6 +1565,128 @@ pub mod suite {
                 .await,
             ErrorCode::InvalidArgument,
         );
+    }
+
+    /// Every run [`RunLedger::runs_with_status`] returns, following `next_cursor` with pages
+    /// of `limit` and calling `each` on every run before reading the next page (the caller
+    /// may change the run); checks the shape of each page on the way.
+    async fn runs_with_status<F, Fut>(
+        db: &TestDb,
+        status: RunStatus,
+        limit: i64,
+        mut each: F,
+    ) -> Vec<RunId>
+    where
+        F: FnMut(RunRecord) -> Fut,
+        Fut: Future<Output = ()>,
+    {
+        let mut seen = Vec::new();
+        let mut cursor = None;
+        loop {
+            let page = db
+                .stores
+                .runs
+                .runs_with_status(status, cursor, Some(limit))
+                .await
+                .unwrap();
+            assert!(page.items.len() as i64 <= limit, "{page:?}");
+            assert!(page.items.iter().all(|r| r.status == status), "{page:?}");
+            for run in page.items {
+                seen.push(run.id);
+                each(run).await;
+            }
+            let Some(next) = page.next_cursor else {
+                assert!(!page.has_more);
+                return seen;
+            };
+            cursor = Some(next);
+        }
+    }
+
+    /// `runs_with_status` reads one status across every workspace, oldest first, in bounded
+    /// pages that neither skip nor repeat a run when the caller finishes the runs it reads.
+    pub async fn run_with_status_pages_across_workspaces(db: &TestDb) {
+        // Workspaces alternate; runs are left queued, running or completed in turn.
+        let (mut queued, mut running, mut completed) = (Vec::new(), Vec::new(), Vec::new());
+        for i in 0..9 {
+            let mut new = new_run(Some("c"));
+            if i % 2 == 1 {
+                new.workspace_id = other_ws();
+            }
+            let (run, _) = db.stores.runs.create_run(new).await.unwrap();
+            match i % 3 {
+                0 => queued.push(run.id),
+                1 => {
+                    assert!(db.stores.runs.claim_run(run.id, "w").await.unwrap());
+                    running.push(run.id);
+                }
+                _ => {
+                    let done = RunOutcome::completed();
+                    assert!(db.stores.runs.finish_run(run.id, done).await.unwrap());
+                    completed.push(run.id);
+                }
+            }
+        }
+        let ignore = |_| async {};
+        assert_eq!(
+            runs_with_status(db, RunStatus::Queued, 2, ignore).await,
+            queued
+        );
+        assert_eq!(
+            runs_with_status(db, RunStatus::Completed, 100, ignore).await,
+            completed
+        );
+        assert!(
+            runs_with_status(db, RunStatus::Timeout, 10, ignore)
+                .await
+                .is_empty()
+        );
+
+        // Finishing every run as it is read (what the start-up recovery does) reaches each
+        // running run exactly once, however the pages fall.
+        let interrupt = |run: RunRecord| async move {
+            let outcome = RunOutcome::with_error(RunStatus::Interrupted, "interrupted", "gone");
+            assert!(db.stores.runs.finish_run(run.id, outcome).await.unwrap());
+        };
+        assert_eq!(
+            runs_with_status(db, RunStatus::Running, 1, interrupt).await,
+            running
+        );
+        assert!(
+            runs_with_status(db, RunStatus::Running, 10, ignore)
+                .await
+                .is_empty()
+        );
+        assert_eq!(
+            runs_with_status(db, RunStatus::Interrupted, 2, ignore).await,
+            running
+        );
+
+        // Limits are clamped to [1, 100]; foreign or malformed cursors are invalid_argument.
+        let one = db
+            .stores
+            .runs
+            .runs_with_status(RunStatus::Queued, None, Some(0))
+            .await
+            .unwrap();
+        assert_eq!(one.items.len(), 1);
+        assert!(one.has_more);
+        let event = db
+            .stores
+            .events
+            .append(message("c", "x"), vec![])
+            .await
+            .unwrap()
+            .0;
+        for bad in [String::from("garbage"), String::new(), event.cursor] {
+            assert_code(
+                db.stores
+                    .runs
+                    .runs_with_status(RunStatus::Queued, Some(bad), None)
+                    .await,
+                ErrorCode::InvalidArgument,
+            );
+        }
     }
 
     /// Only active runs past their deadline are reported; conversation lookups see active runs.

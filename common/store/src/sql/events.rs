@@ -19,8 +19,9 @@ use super::{
 };
 use crate::error::{Result, StoreError, is_unique_violation};
 use crate::events::{
-    EventLog, EventQuery, EventRecord, EventRouting, EventStatusUpdate, MAX_INPUT_SUMMARY_CHARS,
-    NewEvent, NewOutboxMessage, Outbox, OutboxMessage, is_valid_idempotency_key, truncate_chars,
+    EventLog, EventQuery, EventRecord, EventRouting, EventStatus, EventStatusUpdate,
+    MAX_INPUT_SUMMARY_CHARS, NewEvent, NewOutboxMessage, Outbox, OutboxMessage,
+    is_valid_idempotency_key, truncate_chars,
 };
 use crate::page::{
     CursorKind, DEFAULT_PAGE_LIMIT, MAX_PAGE_LIMIT, Page, ThreadFilter, clamp_limit, decode_seq,
@@ -385,6 +386,31 @@ impl EventLog for SqlStore {
             select.order_by_desc(event_log::Column::Seq)
         };
         let rows = select.limit(limit + 1).all(&self.db).await?;
+        let records = rows
+            .into_iter()
+            .map(event_record)
+            .collect::<Result<Vec<_>>>()?;
+        Ok(Page::from_overfetch(records, limit, |r| r.cursor.clone()))
+    }
+
+    async fn with_status(
+        &self,
+        status: EventStatus,
+        cursor: Option<String>,
+        limit: Option<i64>,
+    ) -> Result<Page<EventRecord>> {
+        let limit = clamp_limit(limit, DEFAULT_PAGE_LIMIT, MAX_PAGE_LIMIT);
+        let mut select =
+            event_log::Entity::find().filter(event_log::Column::Status.eq(status.as_str()));
+        if let Some(cursor) = cursor {
+            let after = decode_seq(CursorKind::Event, &cursor)?;
+            select = select.filter(event_log::Column::Seq.gt(after));
+        }
+        let rows = select
+            .order_by_asc(event_log::Column::Seq)
+            .limit(limit + 1)
+            .all(&self.db)
+            .await?;
         let records = rows
             .into_iter()
             .map(event_record)

@@ -25,6 +25,7 @@ use crate::runs::{
     CancelOutcome, MAX_RUN_EVENTS_BATCH, NewRun, NewRunEvent, RunEventRecord, RunFilter, RunLedger,
     RunOutcome, RunRecord, RunStatus,
 };
+use crate::transcript::Direction;
 
 /// Rows per multi-row insert (5 parameters each: far below every backend's limit).
 const INSERT_CHUNK: usize = 500;
@@ -72,6 +73,24 @@ fn run_event_record(m: run_event::Model) -> RunEventRecord {
 
 fn records(rows: Vec<run::Model>) -> Result<Vec<RunRecord>> {
     rows.into_iter().map(run_record).collect()
+}
+
+/// The cursor of a run's position in `(created_at, id)` order.
+fn run_cursor(run: &RunRecord) -> String {
+    encode_time_id(CursorKind::Run, run.created_at, run.id.into_uuid())
+}
+
+/// The runs strictly past the position of a [`run_cursor`] in a read ordered by
+/// `(created_at, id)`: after it reading forward (oldest first), before it reading backward.
+fn past_cursor(cursor: &str, direction: Direction) -> Result<Condition> {
+    let (at, id) = decode_time_id(CursorKind::Run, cursor)?;
+    let (created, tie) = match direction {
+        Direction::Forward => (run::Column::CreatedAt.gt(at), run::Column::Id.gt(id)),
+        Direction::Backward => (run::Column::CreatedAt.lt(at), run::Column::Id.lt(id)),
+    };
+    Ok(Condition::any()
+        .add(created)
+        .add(Condition::all().add(run::Column::CreatedAt.eq(at)).add(tie)))
 }
 
 fn active() -> Vec<&'static str> {
@@ -217,14 +236,7 @@ impl RunLedger for SqlStore {
             select = select.filter(run::Column::RunnerId.eq(runner));
         }
         if let Some(cursor) = cursor {
-            let (at, id) = decode_time_id(CursorKind::Run, &cursor)?;
-            select = select.filter(
-                Condition::any().add(run::Column::CreatedAt.lt(at)).add(
-                    Condition::all()
-                        .add(run::Column::CreatedAt.eq(at))
-                        .add(run::Column::Id.lt(id)),
-                ),
-            );
+            select = select.filter(past_cursor(&cursor, Direction::Backward)?);
         }
         let rows = select
             .order_by_desc(run::Column::CreatedAt)
@@ -232,9 +244,27 @@ impl RunLedger for SqlStore {
             .limit(limit + 1)
             .all(&self.db)
             .await?;
-        Ok(Page::from_overfetch(records(rows)?, limit, |r| {
-            encode_time_id(CursorKind::Run, r.created_at, r.id.into_uuid())
-        }))
+        Ok(Page::from_overfetch(records(rows)?, limit, run_cursor))
+    }
+
+    async fn runs_with_status(
+        &self,
+        status: RunStatus,
+        cursor: Option<String>,
+        limit: Option<i64>,
+    ) -> Result<Page<RunRecord>> {
+        let limit = clamp_limit(limit, DEFAULT_PAGE_LIMIT, MAX_PAGE_LIMIT);
+        let mut select = run::Entity::find().filter(run::Column::Status.eq(status.as_str()));
+        if let Some(cursor) = cursor {
+            select = select.filter(past_cursor(&cursor, Direction::Forward)?);
+        }
+        let rows = select
+            .order_by_asc(run::Column::CreatedAt)
+            .order_by_asc(run::Column::Id)
+            .limit(limit + 1)
+            .all(&self.db)
+            .await?;
+        Ok(Page::from_overfetch(records(rows)?, limit, run_cursor))
     }
 
     async fn claim_run(&self, id: RunId, worker_id: &str) -> Result<bool> {
