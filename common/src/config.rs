@@ -532,14 +532,15 @@ impl Default for WorkerConfig {
 #[derive(Debug, Clone, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct ProvidersConfig {
-    /// Time limit of one attempt of a non-streaming model call (`invoke_llm`, `rerank`),
-    /// e.g. `120s`; the run's remaining time bounds it further. Each retry gets the full
-    /// limit again, so a call may last up to `max_attempts` times this plus the backoff.
+    /// Time limit of one attempt of a non-streaming model call (`invoke_llm`, `rerank`), and
+    /// of the wait for a stream's response headers, e.g. `120s`; the run's remaining time
+    /// bounds it further. Each retry gets the full limit again, but a retry that could not
+    /// start before the run's deadline is not made (`deadline_exceeded`).
     #[serde(with = "humantime_serde")]
     pub model_timeout: Duration,
     /// Longest silence allowed between two chunks of a streamed model answer
-    /// (`invoke_llm_stream`), e.g. `60s`. A stream has no overall limit besides the run's
-    /// deadline: it lives as long as it makes progress.
+    /// (`invoke_llm_stream`), e.g. `60s`. Once open (see `model_timeout`), a stream has no
+    /// overall limit besides the run's deadline: it lives as long as it makes progress.
     #[serde(with = "humantime_serde")]
     pub stream_idle_timeout: Duration,
     /// Attempts of a model call, the first one included (`1` = never retry). Only `429`,
@@ -636,7 +637,8 @@ pub struct LimitsConfig {
     pub transcript_text_chars: NonZeroUsize,
     /// Longest string kept in an event's `data`, in UTF-8 bytes (larger → use an artifact).
     pub event_data_string_bytes: NonZeroUsize,
-    /// Most documents per rerank call.
+    /// Most documents per rerank call (`invoke_rerank`); a call with more is refused with
+    /// `invalid_argument` naming this limit.
     pub rerank_documents_max: NonZeroU32,
     /// Host API calls a run may make per second (token bucket refill); unset disables the
     /// per-run rate limit.

@@ -74,6 +74,8 @@ async fn chat(State(seen): State<Arc<Seen>>, headers: HeaderMap, body: String) -
             tokio::time::sleep(Duration::from_secs(3)).await;
             StatusCode::OK.into_response()
         }
+        // Accepts the request and never sends the response headers.
+        ("hang", _) => std::future::pending().await,
         ("flaky", _) if seen.flaky.fetch_add(1, Ordering::SeqCst) == 0 => {
             (StatusCode::TOO_MANY_REQUESTS, "slow down").into_response()
         }
@@ -210,6 +212,7 @@ async fn fixture() -> (Fx, Ids) {
         ("flaky", ModelKind::Llm),
         ("broken", ModelKind::Llm),
         ("slow", ModelKind::Llm),
+        ("hang", ModelKind::Llm),
         ("badsse", ModelKind::Llm),
         ("rr", ModelKind::Rerank),
     ] {
@@ -380,6 +383,23 @@ fn assert_no_secret(v: &impl std::fmt::Debug) {
 
 fn messages() -> Value {
     json!([{"role": "user", "content": "hi"}])
+}
+
+/// `snap` with a run deadline `left` from now.
+fn with_deadline(mut snap: AuthorizationSnapshot, left: Duration) -> AuthorizationSnapshot {
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap();
+    snap.deadline_at = Some((now + left).as_secs_f64());
+    snap
+}
+
+/// Runs `call`, failing the test if it has not ended after `limit` (the bug under test is
+/// a call that never ends; the test must not hang with it).
+async fn ends_within<T>(limit: Duration, call: impl std::future::Future<Output = T>) -> T {
+    tokio::time::timeout(limit, call)
+        .await
+        .unwrap_or_else(|_| panic!("the call did not end within {limit:?}"))
 }
 
 #[tokio::test]
@@ -610,6 +630,186 @@ async fn rerank_sorts_caps_and_cuts() {
         )
         .await;
     assert_eq!(code(&wrong), "not_found");
+}
+
+/// `limits.rerank_documents_max` is the cap `invoke_rerank` enforces, and its refusal names
+/// the configured limit.
+#[tokio::test]
+async fn configured_rerank_documents_max_caps_rerank_calls() {
+    let (f, ids) = fixture().await;
+    let s = ids.snap(json!({}));
+    let config = sb_common::config::ConfigLoader::new()
+        .without_file()
+        .env([("SWITCHBOARD__LIMITS__RERANK_DOCUMENTS_MAX", "3")])
+        .load()
+        .unwrap();
+    let dispatcher = ActionDispatcher::new(
+        f.stores.clone(),
+        Arc::new(MemorySessionStore::new()),
+        ActionLimits {
+            rate_limit: None,
+            ..ActionLimits::from_config(&config.limits)
+        },
+    );
+    let f = Fx { dispatcher, ..f };
+    let rerank = |n: usize| {
+        let documents: Vec<String> = (0..n).map(|i| format!("d{i}")).collect();
+        json!({"rerank_model_uuid": ids.model("rr"), "query": "q", "documents": documents})
+    };
+    let at_cap = f.call(&s, "invoke_rerank", rerank(3)).await;
+    assert_eq!(code(&at_cap), "ok", "{at_cap:?}");
+    let over = f.call(&s, "invoke_rerank", rerank(4)).await.unwrap_err();
+    assert_eq!(over.code, "invalid_argument");
+    assert_eq!(
+        over.message,
+        "at most 3 documents can be reranked in one call"
+    );
+    assert_eq!(over.details["limit"], 3);
+    assert_eq!(over.details["size"], 4);
+}
+
+/// A provider that accepts a stream request and never sends the response headers: the
+/// opening is bounded by `model_timeout`, and by the run deadline when that comes first,
+/// and fails as a timed-out plain call does.
+#[tokio::test]
+async fn opening_a_stream_is_bounded_by_the_model_timeout_and_the_deadline() {
+    let (f, ids) = fixture().await;
+    let p = json!({"model_id": ids.model("hang"), "messages": messages()});
+    // model_timeout (500 ms in the fixture) first
+    let s = ids.snap(json!({}));
+    let started = std::time::Instant::now();
+    let hung = ends_within(
+        Duration::from_secs(10),
+        f.call(&s, "invoke_llm_stream", p.clone()),
+    )
+    .await;
+    assert_eq!(code(&hung), "deadline_exceeded", "{hung:?}");
+    assert!(started.elapsed() >= Duration::from_millis(500));
+    let plain = f.call(&s, "invoke_llm", p.clone()).await;
+    assert_eq!(code(&plain), code(&hung), "the same code as a plain call");
+
+    // the run deadline first
+    let f = Fx {
+        dispatcher: f.dispatcher.with_provider_options(ProviderOptions {
+            model_timeout: Duration::from_secs(60),
+            ..ProviderOptions::default()
+        }),
+        ..f
+    };
+    let s = with_deadline(ids.snap(json!({})), Duration::from_millis(300));
+    let started = std::time::Instant::now();
+    let hung = ends_within(Duration::from_secs(10), f.call(&s, "invoke_llm_stream", p)).await;
+    assert_eq!(code(&hung), "deadline_exceeded", "{hung:?}");
+    assert!(
+        started.elapsed() < Duration::from_secs(5),
+        "{:?}",
+        started.elapsed()
+    );
+}
+
+/// A retry whose backoff would end after the run deadline is not attempted: the call ends
+/// at once as out of run time, naming the last failure, instead of sleeping past the run.
+#[tokio::test]
+async fn retries_stop_at_the_run_deadline() {
+    let (f, ids) = fixture().await;
+    let f = Fx {
+        dispatcher: f.dispatcher.with_provider_options(ProviderOptions {
+            max_attempts: 10,
+            backoff_base: Duration::from_secs(1),
+            ..ProviderOptions::default()
+        }),
+        ..f
+    };
+    let p = json!({"model_id": ids.model("broken"), "messages": messages()});
+    for action in ["invoke_llm", "invoke_llm_stream"] {
+        let before = f.seen.broken.load(Ordering::SeqCst);
+        let s = with_deadline(ids.snap(json!({})), Duration::from_millis(500));
+        let started = std::time::Instant::now();
+        let out = ends_within(Duration::from_secs(10), f.call(&s, action, p.clone()))
+            .await
+            .unwrap_err();
+        assert!(
+            started.elapsed() < Duration::from_millis(500),
+            "{action} waited {:?}",
+            started.elapsed()
+        );
+        assert_eq!(out.code, "deadline_exceeded", "{action}: {out:?}");
+        assert!(!out.retryable);
+        assert!(out.message.contains("answered http 500"), "{}", out.message);
+        assert_eq!(f.seen.broken.load(Ordering::SeqCst), before + 1, "{action}");
+    }
+    // without a deadline the configured attempts are all made
+    let f = Fx {
+        dispatcher: f.dispatcher.with_provider_options(ProviderOptions {
+            max_attempts: 3,
+            backoff_base: Duration::from_millis(1),
+            ..ProviderOptions::default()
+        }),
+        ..f
+    };
+    let before = f.seen.broken.load(Ordering::SeqCst);
+    let out = f.call(&ids.snap(json!({})), "invoke_llm", p).await;
+    assert_eq!(code(&out), "unavailable");
+    assert_eq!(f.seen.broken.load(Ordering::SeqCst), before + 3);
+}
+
+/// A provider whose host drops connection attempts (a listener whose accept queue is
+/// full) fails after the client's connect timeout as unreachable, and is retried, instead
+/// of holding each attempt until the model timeout.
+#[tokio::test]
+async fn connecting_to_a_provider_is_bounded() {
+    let (f, ids) = fixture().await;
+    // Backlog 0 admits one queued connection (never accepted); the kernel then drops
+    // further SYNs, so the provider's connects hang.
+    let socket = tokio::net::TcpSocket::new_v4().unwrap();
+    socket.bind("127.0.0.1:0".parse().unwrap()).unwrap();
+    let listener = socket.listen(0).unwrap();
+    let addr = listener.local_addr().unwrap();
+    let _queued = std::net::TcpStream::connect(addr).unwrap();
+    let model = f
+        .stores
+        .resources
+        .create_model(NewModel {
+            workspace_id: ws(),
+            name: "unreachable".into(),
+            kind: ModelKind::Llm,
+            base_url: format!("http://{addr}/v1"),
+            model_name: "unreachable".into(),
+            api_key_env: None,
+            context_window: None,
+            extra_args: None,
+        })
+        .await
+        .unwrap();
+    let id = model.model_id.to_string();
+    let mut s = ids.snap(json!({}));
+    s.resources
+        .models
+        .push(serde_json::from_value(json!({"model_id": id, "operations": ["invoke"]})).unwrap());
+    let f = Fx {
+        dispatcher: f.dispatcher.with_provider_options(ProviderOptions {
+            model_timeout: Duration::from_secs(30),
+            max_attempts: 2,
+            backoff_base: Duration::from_millis(1),
+            connect_timeout: Duration::from_millis(200),
+            ..ProviderOptions::default()
+        }),
+        ..f
+    };
+    let started = std::time::Instant::now();
+    let out = ends_within(
+        Duration::from_secs(10),
+        f.call(
+            &s,
+            "invoke_llm",
+            json!({"model_id": id, "messages": messages()}),
+        ),
+    )
+    .await;
+    assert_eq!(code(&out), "unavailable", "{out:?}");
+    // two attempts of 200 ms each
+    assert!(started.elapsed() >= Duration::from_millis(400));
+    drop(listener);
 }
 
 #[tokio::test]

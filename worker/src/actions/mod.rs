@@ -69,7 +69,7 @@ use sb_store::{StoreError, Stores};
 use serde_json::{Value, json};
 
 use crate::api_gate::{Dispatcher, GatedCall, PROTOCOL_VERSION};
-use crate::providers::ProviderOptions;
+use crate::providers::{ProviderOptions, http_client};
 use crate::runner::api::{ApiStream, HOST_VERSION};
 use params::Params;
 
@@ -219,6 +219,9 @@ pub struct ActionLimits {
     pub search_top_k_default: u64,
     /// Most steering items one pull returns (default 100).
     pub steering_pull_max: u64,
+    /// Most documents one `invoke_rerank` call may send (default 64, host-behaviour §22.2);
+    /// `limits.rerank_documents_max`.
+    pub rerank_documents_max: usize,
     /// Per-run call rate; `None` disables the limit.
     pub rate_limit: Option<RateLimit>,
 }
@@ -247,6 +250,8 @@ impl ActionLimits {
             page_size_max: u64::from(limits.page_size_max.get()),
             search_top_k_default: sb_store::transcript::DEFAULT_SEARCH_TOP_K,
             steering_pull_max: u64::from(limits.steering_pull_max.get()),
+            rerank_documents_max: usize::try_from(limits.rerank_documents_max.get())
+                .unwrap_or(usize::MAX),
             rate_limit: limits
                 .proxy_calls_per_second
                 .map(|rate| RateLimit::from_bucket(rate.get(), limits.proxy_calls_burst.get())),
@@ -280,23 +285,37 @@ impl std::fmt::Debug for ActionDispatcher {
 
 impl ActionDispatcher {
     /// A dispatcher over `stores` (history, events, artifacts, state, storage) and
-    /// `sessions` (steering lists, rate counters).
+    /// `sessions` (steering lists, rate counters), with the default provider options.
+    ///
+    /// # Panics
+    ///
+    /// When the TLS backend of the provider client cannot be initialized (see
+    /// [`http_client`]).
     #[must_use]
     pub fn new(stores: Stores, sessions: Arc<dyn SessionStore>, limits: ActionLimits) -> Self {
+        let options = ProviderOptions::default();
         Self {
             stores,
             sessions,
             limits,
             providers: Providers {
-                client: reqwest::Client::new(),
-                options: ProviderOptions::default(),
+                client: http_client(options.connect_timeout),
+                options,
             },
         }
     }
 
-    /// The same dispatcher with other provider timeouts and retries.
+    /// The same dispatcher with other provider timeouts and retries. The provider client
+    /// is rebuilt only when the connect timeout changes (it is a property of the client).
+    ///
+    /// # Panics
+    ///
+    /// As [`ActionDispatcher::new`].
     #[must_use]
     pub fn with_provider_options(mut self, options: ProviderOptions) -> Self {
+        if options.connect_timeout != self.providers.options.connect_timeout {
+            self.providers.client = http_client(options.connect_timeout);
+        }
         self.providers.options = options;
         self
     }
@@ -613,6 +632,7 @@ mod tests {
             (50, 100, 100)
         );
         assert_eq!(l.search_top_k_default, 10);
+        assert_eq!(l.rerank_documents_max, 64);
         assert!(l.rate_limit.is_some());
     }
 }

@@ -28,8 +28,6 @@ use super::{
 use crate::providers::http_tool::HttpToolConfig;
 use crate::providers::{ProviderError, openai};
 
-/// Most documents of one rerank call (host-behaviour §22.2).
-pub const MAX_RERANK_DOCUMENTS: usize = 64;
 /// `top_k` of `retrieve_knowledge` without one.
 pub const DEFAULT_KB_TOP_K: i64 = 5;
 /// How long past its timeout an idempotent tool call may still be running elsewhere before
@@ -140,10 +138,10 @@ impl ActionDispatcher {
         }
     }
 
-    fn provider_timeout(&self, cx: &Cx<'_, '_>) -> Duration {
-        let t = self.providers.options.model_timeout;
-        budgets::until_deadline(cx.call.snapshot)
-            .map_or(t, |d| t.min(d.max(Duration::from_millis(1))))
+    /// The run's deadline as an instant, taken once per call: every wait of a model call
+    /// (an attempt, a retry backoff, the stream) ends by it.
+    fn run_deadline(cx: &Cx<'_, '_>) -> Option<tokio::time::Instant> {
+        budgets::until_deadline(cx.call.snapshot).map(|left| tokio::time::Instant::now() + left)
     }
 
     /// `invoke_llm` / `invoke_llm_stream`.
@@ -198,7 +196,7 @@ impl ActionDispatcher {
                 &self.providers.client,
                 &self.providers.options,
                 req,
-                self.provider_timeout(cx),
+                Self::run_deadline(cx),
             )
             .await
             {
@@ -230,13 +228,19 @@ impl ActionDispatcher {
         req: openai::ChatRequest<'_>,
     ) -> Result<Value, AgentApiError> {
         let snap = cx.call.snapshot;
-        let mut s = openai::chat_stream(&self.providers.client, &self.providers.options, req)
-            .await
-            .map_err(|e| provider_error(&e))?;
-        let deadline = budgets::until_deadline(snap).map(|d| Instant::now() + d);
+        // One deadline for the opening and the whole stream.
+        let deadline = Self::run_deadline(cx);
+        let mut s = openai::chat_stream(
+            &self.providers.client,
+            &self.providers.options,
+            req,
+            deadline,
+        )
+        .await
+        .map_err(|e| provider_error(&e))?;
         loop {
             let next = match deadline {
-                Some(at) => tokio::time::timeout_at(at.into(), s.next())
+                Some(at) => tokio::time::timeout_at(at, s.next())
                     .await
                     .unwrap_or_else(|_| Err(ProviderError::Timeout("model provider".into()))),
                 None => s.next().await,
@@ -276,11 +280,13 @@ impl ActionDispatcher {
             Some(Value::Array(d)) => d,
             _ => return Err(invalid("documents must be a list")),
         };
-        if documents.len() > MAX_RERANK_DOCUMENTS {
+        let max = self.limits.rerank_documents_max;
+        if documents.len() > max {
             return Err(invalid(format!(
-                "at most {MAX_RERANK_DOCUMENTS} documents can be reranked in one call"
+                "at most {max} documents can be reranked in one call"
             ))
-            .with_detail("limit", MAX_RERANK_DOCUMENTS));
+            .with_detail("limit", max)
+            .with_detail("size", documents.len()));
         }
         let top_k = match p.opt_i64("top_k")? {
             None => None,
@@ -307,7 +313,7 @@ impl ActionDispatcher {
             query,
             documents,
             top_k,
-            self.provider_timeout(cx),
+            Self::run_deadline(cx),
         )
         .await
         .map(|results| json!({"results": results}))

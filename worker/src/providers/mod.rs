@@ -11,6 +11,12 @@
 //! a stream only before its first chunk was forwarded. Tool calls are never retried: a tool
 //! may have side effects, and `call_tool` promises at-most-once execution.
 //!
+//! Time: nothing here waits without a bound. Connecting is bounded by
+//! [`ProviderOptions::connect_timeout`] (the client [`http_client`] builds); every attempt of
+//! a model call, the opening of a stream included, gets its response headers within
+//! [`ProviderOptions::model_timeout`] and before the run's deadline; a retry whose backoff
+//! would end after the deadline is not attempted ([`ProviderError::OutOfTime`]).
+//!
 //! # Layout
 //! - this file: [`ProviderOptions`], [`ProviderError`] and its code mapping, the shared
 //!   request sending with retries.
@@ -24,14 +30,23 @@ use std::time::Duration;
 
 use sb_common::config::ProvidersConfig;
 use sb_protocol::error::{ErrorCode, HasErrorCode};
+use tokio::time::Instant;
+
+/// How long the provider client waits for a connection (TCP and TLS handshake) to a model
+/// or tool provider. A host that silently drops the connection attempt would otherwise hold
+/// the call until its whole-request timeout (two minutes for a model by default) and then
+/// fail as a non-retryable timeout; 10 s is far above any healthy handshake, even across
+/// continents, and fails fast as a retryable `unavailable` that the model call retries.
+pub const DEFAULT_CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// Timeouts and retries of model provider calls, from the deployment's `[providers]`
 /// section ([`ProviderOptions::from_config`]); the defaults and their reasons are
 /// [`ProvidersConfig`]'s.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ProviderOptions {
-    /// Whole-request timeout of one attempt of a non-streaming model call (also bounded by
-    /// the run deadline); `providers.model_timeout`.
+    /// Whole-request timeout of one attempt of a non-streaming model call, and the time
+    /// one attempt to open a stream may wait for the response headers (both also bounded
+    /// by the run deadline); `providers.model_timeout`.
     pub model_timeout: Duration,
     /// Longest silence between two chunks of a stream; `providers.stream_idle_timeout`.
     pub stream_idle_timeout: Duration,
@@ -42,6 +57,10 @@ pub struct ProviderOptions {
     /// Largest model response body read (non-streaming), in bytes;
     /// `providers.max_response_bytes`.
     pub max_model_response_bytes: usize,
+    /// Connect timeout of the provider HTTP client, models and tools alike. Not in
+    /// `[providers]` yet: always [`DEFAULT_CONNECT_TIMEOUT`] from the configuration; tests
+    /// shorten it.
+    pub connect_timeout: Duration,
 }
 
 impl Default for ProviderOptions {
@@ -62,8 +81,24 @@ impl ProviderOptions {
             max_attempts: providers.max_attempts.get(),
             backoff_base: providers.retry_backoff,
             max_model_response_bytes: providers.max_response_bytes.get(),
+            connect_timeout: DEFAULT_CONNECT_TIMEOUT,
         }
     }
+}
+
+/// The HTTP client of the model and tool providers (rustls, as the workspace builds
+/// reqwest), with `connect_timeout`.
+///
+/// # Panics
+///
+/// When the TLS backend cannot be initialized, as `reqwest::Client::new` does: nothing the
+/// configuration can cause, and no provider call could be made without it.
+#[must_use]
+pub fn http_client(connect_timeout: Duration) -> reqwest::Client {
+    reqwest::Client::builder()
+        .connect_timeout(connect_timeout)
+        .build()
+        .expect("the TLS backend of the provider client initializes")
 }
 
 /// A provider call failed.
@@ -100,6 +135,13 @@ pub enum ProviderError {
     /// The registered configuration cannot be used.
     #[error("{0}")]
     Config(String),
+    /// An attempt failed with a retryable error, but the backoff before the next one would
+    /// end after the run's deadline: the call has run out of run time.
+    #[error("{last}; no time is left before the run deadline to retry")]
+    OutOfTime {
+        /// The failure of the last attempt.
+        last: Box<ProviderError>,
+    },
 }
 
 impl HasErrorCode for ProviderError {
@@ -108,7 +150,9 @@ impl HasErrorCode for ProviderError {
             Self::MissingEnv(_) | Self::Transport(_) | Self::Config(_) => ErrorCode::Unavailable,
             Self::Status { status: 429, .. } => ErrorCode::RateLimited,
             Self::Status { status, .. } if *status >= 500 => ErrorCode::Unavailable,
-            Self::Status { status: 408, .. } | Self::Timeout(_) => ErrorCode::DeadlineExceeded,
+            Self::Status { status: 408, .. } | Self::Timeout(_) | Self::OutOfTime { .. } => {
+                ErrorCode::DeadlineExceeded
+            }
             Self::Status { status: 413, .. } | Self::TooLarge { .. } => ErrorCode::PayloadTooLarge,
             Self::Status {
                 status: 400 | 422, ..
@@ -126,7 +170,11 @@ impl ProviderError {
     }
 
     fn from_reqwest(what: &str, e: &reqwest::Error) -> Self {
-        if e.is_timeout() {
+        // A connect timeout is also a timeout to reqwest; it is a provider we cannot reach
+        // (retryable), not a call that took too long.
+        if e.is_connect() {
+            Self::Transport(what.to_owned())
+        } else if e.is_timeout() {
             Self::Timeout(what.to_owned())
         } else if e.is_decode() || e.is_body() {
             Self::Malformed(format!("{what} sent an unreadable body"))
@@ -153,27 +201,52 @@ pub(crate) fn env_value(name: &str) -> Result<String, ProviderError> {
     std::env::var(name).map_err(|_| ProviderError::MissingEnv(name.to_owned()))
 }
 
+/// `limit`, cut to the time left before `deadline` (the run's), if any. At least 1 ms: a
+/// zero timer would not fire before the request is first polled, and a call whose
+/// deadline has passed must fail at once, not wait.
+pub(crate) fn attempt_limit(limit: Duration, deadline: Option<Instant>) -> Duration {
+    deadline.map_or(limit, |at| {
+        limit
+            .min(at.saturating_duration_since(Instant::now()))
+            .max(Duration::from_millis(1))
+    })
+}
+
 /// Sends the request `build` makes, retrying per [`ProviderOptions`] on retryable
 /// failures. Returns the first successful (`2xx`) response.
+///
+/// Each attempt waits for the response headers at most [`ProviderOptions::model_timeout`]
+/// and never past `deadline` (the run's), then fails with [`ProviderError::Timeout`]; this
+/// is what bounds the opening of a stream, whose request has no whole-request timeout. A
+/// retry whose backoff would end at or after `deadline` is not attempted: the call fails
+/// with [`ProviderError::OutOfTime`], carrying the last failure.
 pub(crate) async fn send_with_retries(
     options: &ProviderOptions,
     what: &str,
+    deadline: Option<Instant>,
     build: impl Fn() -> reqwest::RequestBuilder,
 ) -> Result<reqwest::Response, ProviderError> {
     let attempts = options.max_attempts.max(1);
     let mut delay = options.backoff_base;
     let mut attempt = 1;
     loop {
-        let err = match build().send().await {
-            Ok(resp) if resp.status().is_success() => return Ok(resp),
-            Ok(resp) => ProviderError::Status {
+        let limit = attempt_limit(options.model_timeout, deadline);
+        let err = match tokio::time::timeout(limit, build().send()).await {
+            Err(_) => ProviderError::Timeout(what.to_owned()),
+            Ok(Ok(resp)) if resp.status().is_success() => return Ok(resp),
+            Ok(Ok(resp)) => ProviderError::Status {
                 what: what.to_owned(),
                 status: resp.status().as_u16(),
             },
-            Err(e) => ProviderError::from_reqwest(what, &e),
+            Ok(Err(e)) => ProviderError::from_reqwest(what, &e),
         };
         if attempt >= attempts || !err.retryable() {
             return Err(err);
+        }
+        if deadline.is_some_and(|at| Instant::now() + delay >= at) {
+            return Err(ProviderError::OutOfTime {
+                last: Box::new(err),
+            });
         }
         tracing::debug!(attempt, error = %err, "provider call failed, retrying");
         tokio::time::sleep(delay).await;
@@ -224,6 +297,15 @@ mod tests {
             ErrorCode::DeadlineExceeded
         );
         assert!(s(500).retryable() && s(429).retryable() && !s(400).retryable());
+        let out_of_time = ProviderError::OutOfTime {
+            last: Box::new(s(503)),
+        };
+        assert_eq!(out_of_time.code(), ErrorCode::DeadlineExceeded);
+        assert!(!out_of_time.retryable());
+        assert_eq!(
+            out_of_time.to_string(),
+            "m answered http 503; no time is left before the run deadline to retry"
+        );
     }
 
     #[test]
@@ -245,6 +327,7 @@ mod tests {
                 max_attempts: 6,
                 backoff_base: Duration::from_millis(20),
                 max_model_response_bytes: 4096,
+                connect_timeout: DEFAULT_CONNECT_TIMEOUT,
             }
         );
     }

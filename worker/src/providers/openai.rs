@@ -12,8 +12,12 @@ use std::time::Duration;
 
 use sb_store::ModelRecord;
 use serde_json::{Map, Value, json};
+use tokio::time::Instant;
 
-use super::{ProviderError, ProviderOptions, check_url, env_value, read_capped, send_with_retries};
+use super::{
+    ProviderError, ProviderOptions, attempt_limit, check_url, env_value, read_capped,
+    send_with_retries,
+};
 
 const WHAT: &str = "model provider";
 
@@ -101,12 +105,15 @@ fn body(req: &ChatRequest<'_>, stream: bool) -> Value {
     Value::Object(body)
 }
 
+/// The request of one attempt. With `timeout`, each attempt gets that whole-request
+/// timeout, cut to what is left before `deadline` when the attempt starts.
 fn request(
     client: &reqwest::Client,
     model: &ModelRecord,
     path: &str,
     body: &Value,
     timeout: Option<Duration>,
+    deadline: Option<Instant>,
 ) -> Result<impl Fn() -> reqwest::RequestBuilder, ProviderError> {
     let url = endpoint(model, path);
     check_url(WHAT, &url)?;
@@ -116,7 +123,7 @@ fn request(
     Ok(move || {
         let mut rb = client.post(&url).json(&body);
         if let Some(t) = timeout {
-            rb = rb.timeout(t);
+            rb = rb.timeout(attempt_limit(t, deadline));
         }
         if let Some(key) = &key {
             rb = rb.bearer_auth(key);
@@ -150,16 +157,24 @@ fn normalize_message(m: &Value) -> Value {
     out
 }
 
-/// A plain (non-streaming) chat call.
+/// A plain (non-streaming) chat call: each attempt bounded by
+/// [`ProviderOptions::model_timeout`], all of them by the run's `deadline`.
 pub async fn chat(
     client: &reqwest::Client,
     options: &ProviderOptions,
     req: ChatRequest<'_>,
-    timeout: Duration,
+    deadline: Option<Instant>,
 ) -> Result<ChatAnswer, ProviderError> {
     let body = body(&req, false);
-    let build = request(client, req.model, "chat/completions", &body, Some(timeout))?;
-    let resp = send_with_retries(options, WHAT, build).await?;
+    let build = request(
+        client,
+        req.model,
+        "chat/completions",
+        &body,
+        Some(options.model_timeout),
+        deadline,
+    )?;
+    let resp = send_with_retries(options, WHAT, deadline, build).await?;
     let bytes = read_capped(resp, WHAT, options.max_model_response_bytes).await?;
     let v: Value = serde_json::from_slice(&bytes)
         .map_err(|_| ProviderError::Malformed("model provider sent invalid json".into()))?;
@@ -205,16 +220,22 @@ pub struct ChatStream {
     usage: Value,
 }
 
-/// Opens a streaming chat call (retrying the opening request per the options).
+/// Opens a streaming chat call (retrying the opening request per the options). Each
+/// attempt must get the response headers within [`ProviderOptions::model_timeout`] and
+/// before the run's `deadline`, or the call fails with [`ProviderError::Timeout`]; the
+/// stream itself is then bounded by [`ProviderOptions::stream_idle_timeout`] per chunk
+/// and by the caller's deadline.
 pub async fn chat_stream(
     client: &reqwest::Client,
     options: &ProviderOptions,
     req: ChatRequest<'_>,
+    deadline: Option<Instant>,
 ) -> Result<ChatStream, ProviderError> {
     let body = body(&req, true);
-    // No whole-request timeout: a stream lives as long as it makes progress.
-    let build = request(client, req.model, "chat/completions", &body, None)?;
-    let resp = send_with_retries(options, WHAT, build).await?;
+    // No whole-request timeout: a stream lives as long as it makes progress. Its opening
+    // is bounded by `send_with_retries`.
+    let build = request(client, req.model, "chat/completions", &body, None, deadline)?;
+    let resp = send_with_retries(options, WHAT, deadline, build).await?;
     Ok(ChatStream {
         resp,
         idle: options.stream_idle_timeout,
@@ -339,7 +360,7 @@ impl ChatStream {
 }
 
 /// One rerank call: `{index, relevance_score, document}` sorted by score, best first, cut
-/// to `top_k`.
+/// to `top_k`. Bounded as [`chat`] is.
 pub async fn rerank(
     client: &reqwest::Client,
     options: &ProviderOptions,
@@ -347,7 +368,7 @@ pub async fn rerank(
     query: &str,
     documents: &[Value],
     top_k: Option<usize>,
-    timeout: Duration,
+    deadline: Option<Instant>,
 ) -> Result<Vec<Value>, ProviderError> {
     let mut body = Map::new();
     if let Value::Object(extra) = &model.extra_args {
@@ -360,8 +381,15 @@ pub async fn rerank(
         body.insert("top_n".into(), json!(k));
     }
     let body = Value::Object(body);
-    let build = request(client, model, "rerank", &body, Some(timeout))?;
-    let resp = send_with_retries(options, WHAT, build).await?;
+    let build = request(
+        client,
+        model,
+        "rerank",
+        &body,
+        Some(options.model_timeout),
+        deadline,
+    )?;
+    let resp = send_with_retries(options, WHAT, deadline, build).await?;
     let bytes = read_capped(resp, WHAT, options.max_model_response_bytes).await?;
     let v: Value = serde_json::from_slice(&bytes)
         .map_err(|_| ProviderError::Malformed("rerank provider sent invalid json".into()))?;
