@@ -607,6 +607,10 @@ impl Default for BudgetsConfig {
 }
 
 /// Limits on what runners and API clients may send or request (SPEC §13).
+///
+/// Not here: the transcript's searchable text is cut to 4,000 characters by the store
+/// (`sb_store::transcript::MAX_TRANSCRIPT_CONTENT_CHARS`, seed behaviour; the full item is
+/// kept beside it), an invariant of the stored data rather than a per-deployment setting.
 #[derive(Debug, Clone, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct LimitsConfig {
@@ -633,8 +637,6 @@ pub struct LimitsConfig {
     pub steering_pull_max: NonZeroU32,
     /// Event input summary length, in characters.
     pub input_summary_chars: NonZeroUsize,
-    /// Transcript text column length, in characters.
-    pub transcript_text_chars: NonZeroUsize,
     /// Longest string kept in an event's `data`, in UTF-8 bytes (larger → use an artifact).
     pub event_data_string_bytes: NonZeroUsize,
     /// Most documents per rerank call (`invoke_rerank`); a call with more is refused with
@@ -664,7 +666,6 @@ impl Default for LimitsConfig {
             steering_queue_items: nz32(100),
             steering_pull_max: nz32(100),
             input_summary_chars: nzu(1000),
-            transcript_text_chars: nzu(4000),
             event_data_string_bytes: nzu(512),
             rerank_documents_max: nz32(64),
             // Budgets bound the expensive calls; the rate limit only stops a runner stuck in a
