@@ -552,6 +552,11 @@ pub struct ProvidersConfig {
     /// Largest body of a non-streaming model or rerank answer read, in bytes; a larger one
     /// fails the call with `payload_too_large`.
     pub max_response_bytes: NonZeroUsize,
+    /// Time limit of opening a TCP (and TLS) connection to a model or tool provider, e.g.
+    /// `10s`. A connection that cannot be opened in time fails the attempt as a retryable
+    /// `unavailable`.
+    #[serde(with = "humantime_serde")]
+    pub connect_timeout: Duration,
 }
 
 impl Default for ProvidersConfig {
@@ -575,6 +580,9 @@ impl Default for ProvidersConfig {
             // under 1 MiB as JSON); 8 MiB leaves room for provider metadata such as logprobs
             // while bounding the worker memory one call can take.
             max_response_bytes: nzu(8 * MIB),
+            // Far above any healthy handshake, even across continents; without it a host
+            // that silently drops the attempt holds the call for the whole `model_timeout`.
+            connect_timeout: Duration::from_secs(10),
         }
     }
 }
@@ -941,6 +949,7 @@ impl SwitchboardConfig {
         p.positive("providers.model_timeout", pr.model_timeout);
         p.positive("providers.stream_idle_timeout", pr.stream_idle_timeout);
         p.positive("providers.retry_backoff", pr.retry_backoff);
+        p.positive("providers.connect_timeout", pr.connect_timeout);
     }
 
     fn validate_limits(&self, p: &mut Problems) {
@@ -1779,6 +1788,11 @@ mod tests {
     #[test]
     fn rejects_zero_retry_backoff() {
         assert_rejected("providers.retry_backoff", "0s");
+    }
+
+    #[test]
+    fn rejects_zero_provider_connect_timeout() {
+        assert_rejected("providers.connect_timeout", "0s");
     }
 
     #[test]

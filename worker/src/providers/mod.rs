@@ -32,13 +32,6 @@ use sb_common::config::ProvidersConfig;
 use sb_protocol::error::{ErrorCode, HasErrorCode};
 use tokio::time::Instant;
 
-/// How long the provider client waits for a connection (TCP and TLS handshake) to a model
-/// or tool provider. A host that silently drops the connection attempt would otherwise hold
-/// the call until its whole-request timeout (two minutes for a model by default) and then
-/// fail as a non-retryable timeout; 10 s is far above any healthy handshake, even across
-/// continents, and fails fast as a retryable `unavailable` that the model call retries.
-pub const DEFAULT_CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
-
 /// Timeouts and retries of model provider calls, from the deployment's `[providers]`
 /// section ([`ProviderOptions::from_config`]); the defaults and their reasons are
 /// [`ProvidersConfig`]'s.
@@ -57,9 +50,8 @@ pub struct ProviderOptions {
     /// Largest model response body read (non-streaming), in bytes;
     /// `providers.max_response_bytes`.
     pub max_model_response_bytes: usize,
-    /// Connect timeout of the provider HTTP client, models and tools alike. Not in
-    /// `[providers]` yet: always [`DEFAULT_CONNECT_TIMEOUT`] from the configuration; tests
-    /// shorten it.
+    /// Connect timeout of the provider HTTP client, models and tools alike;
+    /// `providers.connect_timeout`.
     pub connect_timeout: Duration,
 }
 
@@ -81,7 +73,7 @@ impl ProviderOptions {
             max_attempts: providers.max_attempts.get(),
             backoff_base: providers.retry_backoff,
             max_model_response_bytes: providers.max_response_bytes.get(),
-            connect_timeout: DEFAULT_CONNECT_TIMEOUT,
+            connect_timeout: providers.connect_timeout,
         }
     }
 }
@@ -317,6 +309,7 @@ mod tests {
             .set("providers.max_attempts", "6")
             .set("providers.retry_backoff", "20ms")
             .set("providers.max_response_bytes", "4096")
+            .set("providers.connect_timeout", "2s")
             .load()
             .unwrap();
         assert_eq!(
@@ -327,7 +320,7 @@ mod tests {
                 max_attempts: 6,
                 backoff_base: Duration::from_millis(20),
                 max_model_response_bytes: 4096,
-                connect_timeout: DEFAULT_CONNECT_TIMEOUT,
+                connect_timeout: Duration::from_secs(2),
             }
         );
     }
