@@ -416,6 +416,10 @@ pub struct OrchestratorConfig {
     /// How often the reaper scans for overdue runs and expired leases.
     #[serde(with = "humantime_serde")]
     pub reaper_interval: Duration,
+    /// How often the scheduler looks for due schedules and fires them: a schedule fires up
+    /// to this long after its time.
+    #[serde(with = "humantime_serde")]
+    pub scheduler_interval: Duration,
     /// How often an orchestrator renews its entry in the member registry and rebalances the
     /// event and result shards; a joining orchestrator gets its share within this long.
     #[serde(with = "humantime_serde")]
@@ -439,6 +443,8 @@ impl Default for OrchestratorConfig {
             lease_grace: Duration::from_secs(15),
             // A stuck run is noticed within deadline + grace + 5 s; the scan is one indexed query.
             reaper_interval: Duration::from_secs(5),
+            // Schedules fire within a second of their time; the scan is one indexed query.
+            scheduler_interval: Duration::from_secs(1),
             // Two missed renewals are tolerated before a member is presumed dead.
             membership_heartbeat: Duration::from_secs(2),
             membership_ttl: Duration::from_secs(6),
@@ -892,6 +898,7 @@ impl SwitchboardConfig {
         p.positive("orchestrator.default_run_timeout", o.default_run_timeout);
         p.positive("orchestrator.lease_grace", o.lease_grace);
         p.positive("orchestrator.reaper_interval", o.reaper_interval);
+        p.positive("orchestrator.scheduler_interval", o.scheduler_interval);
         p.positive("orchestrator.membership_heartbeat", o.membership_heartbeat);
         if o.membership_ttl <= o.membership_heartbeat {
             p.push(
@@ -1698,6 +1705,25 @@ mod tests {
     #[test]
     fn rejects_zero_reaper_interval() {
         assert_rejected("orchestrator.reaper_interval", "0s");
+    }
+
+    #[test]
+    fn scheduler_interval_defaults_to_a_second_and_must_be_positive() {
+        let config = loader().load().unwrap();
+        assert_eq!(
+            config.orchestrator.scheduler_interval,
+            Duration::from_secs(1)
+        );
+        let config = loader()
+            .set("orchestrator.scheduler_interval", "250ms")
+            .load()
+            .unwrap();
+        assert_eq!(
+            config.orchestrator.scheduler_interval,
+            Duration::from_millis(250)
+        );
+        assert_rejected("orchestrator.scheduler_interval", "0s");
+        assert_load_error("orchestrator.scheduler_interval", "often");
     }
 
     #[test]

@@ -65,7 +65,8 @@ pub fn init(config: &TelemetryConfig) -> Result<(), TelemetryError> {
 
 /// Every metric name, with its kind and help text in [`DEFINITIONS`].
 pub mod names {
-    /// Counter `{outcome = accepted|duplicate|rejected}`: events received by `POST /v1/events`.
+    /// Counter `{outcome = accepted|duplicate|rejected|scheduled}`: events received by
+    /// `POST /v1/events`, and (`scheduled`) events ingested by firing schedules.
     pub const EVENTS_INGESTED_TOTAL: &str = "sb_events_ingested_total";
     /// Counter `{outcome = dispatched|steered|unrouted|rejected|enqueued}`: events routed.
     pub const EVENTS_ROUTED_TOTAL: &str = "sb_events_routed_total";

@@ -73,7 +73,9 @@ pub use crate::error::{ApiError, ApiResult};
 pub use crate::state::{AppState, GatewayDeps, GatewayOptions};
 
 use crate::relay::OutboxRelay;
-use crate::routes::{agents, conversations, events, health, host, resources, runners, runs};
+use crate::routes::{
+    agents, conversations, events, health, host, resources, runners, runs, schedules,
+};
 
 /// Errors that stop the gateway.
 #[derive(Debug, thiserror::Error)]
@@ -130,6 +132,14 @@ pub fn app(state: AppState) -> Router {
             get(agents::get_agent)
                 .patch(agents::update_agent)
                 .delete(agents::delete_agent),
+        )
+        .route(
+            "/v1/schedules",
+            get(schedules::list_schedules).post(schedules::create_schedule),
+        )
+        .route(
+            "/v1/schedules/{id}",
+            get(schedules::get_schedule).delete(schedules::delete_schedule),
         )
         .route(
             "/v1/models",

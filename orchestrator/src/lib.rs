@@ -8,6 +8,7 @@
 //!  switchboard.results.<k> ─▶ sink::ResultSink ─────▶ ledger, transcript/state/artifacts,
 //!                                 (journal)              switchboard.deliveries
 //!  reaper (timer) ──────────▶ runs past deadline + grace → timeout, synthetic run.failed
+//!  scheduler (timer) ───────▶ due schedules → event log + outbox (like an ingest)
 //! ```
 //!
 //! The decisions are pure functions over data (STYLE §3.8) and unit-tested on their own;
@@ -36,6 +37,7 @@
 //! - [`events`]: the event consumer (one loop per events shard).
 //! - [`sink`]: the result sink (one loop per results shard, batched ledger writes).
 //! - [`reaper`]: finalizes overdue runs as `timeout`.
+//! - [`scheduler`]: fires due schedules as host events.
 //! - [`shards`]: which orchestrator consumes which shard queue (rendezvous hashing over the
 //!   live members, pure) and the member registry in the session store.
 //! - [`service`]: [`Orchestrator::spawn`], dependencies, options, message settlement, the
@@ -53,6 +55,7 @@ pub mod events;
 pub mod journal;
 pub mod plan;
 pub mod reaper;
+pub mod scheduler;
 pub mod service;
 pub mod shards;
 pub mod sink;

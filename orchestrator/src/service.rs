@@ -9,6 +9,7 @@
 //! | `orchestrator.events.<k>` | one per events shard this orchestrator owns | [`crate::events`] |
 //! | `orchestrator.sink.<k>` | one per results shard this orchestrator owns | [`crate::sink`] |
 //! | `orchestrator.reaper` | one | [`crate::reaper`] |
+//! | `orchestrator.scheduler` | one | [`crate::scheduler`] |
 //!
 //! Every loop has the STYLE §3.6 shape (`select! { biased; shutdown first, … }`): on shutdown
 //! a loop finishes the message it is handling, stops consuming and returns; deliveries it had
@@ -108,6 +109,10 @@ pub struct OrchestratorOptions {
     pub reaper_interval: Duration,
     /// Most overdue runs the reaper finalizes per scan.
     pub reaper_batch: u64,
+    /// How often the scheduler fires due schedules.
+    pub scheduler_interval: Duration,
+    /// Most due schedules the scheduler fires per scan.
+    pub scheduler_batch: u64,
     /// Session TTL of a run without a deadline (`runner_config.timeout` ≤ 0 or null).
     pub no_deadline_session_ttl: Duration,
     /// Unacknowledged deliveries per consumer.
@@ -161,6 +166,9 @@ impl Default for OrchestratorOptions {
             reaper_interval: Duration::from_secs(5),
             // One indexed query per scan; a backlog larger than this drains over scans.
             reaper_batch: 100,
+            scheduler_interval: Duration::from_secs(1),
+            // One indexed query per scan; a larger backlog drains over scans.
+            scheduler_batch: 100,
             // A run without a deadline still must not hold a session forever if its worker
             // vanished; a day covers any interactive run.
             no_deadline_session_ttl: Duration::from_secs(24 * 3600),
@@ -195,6 +203,7 @@ impl OrchestratorOptions {
             default_run_timeout: config.orchestrator.default_run_timeout,
             session_grace: config.orchestrator.lease_grace,
             reaper_interval: config.orchestrator.reaper_interval,
+            scheduler_interval: config.orchestrator.scheduler_interval,
             membership_heartbeat: config.orchestrator.membership_heartbeat,
             membership_ttl: config.orchestrator.membership_ttl,
             member_id: config.orchestrator.member_id.clone(),
@@ -251,7 +260,7 @@ pub struct Orchestrator {
 impl Orchestrator {
     /// Declares the bus topology (idempotent), joins the live-member registry, starts the
     /// consumers of the shards it owns (all of them when it is alone), the shard reconciler
-    /// and the reaper, as tracked tasks of `shutdown`. They stop when it triggers.
+    /// the scheduler and the reaper, as tracked tasks of `shutdown`. They stop when it triggers.
     pub async fn spawn(
         deps: OrchestratorDeps,
         options: OrchestratorOptions,
@@ -308,6 +317,8 @@ impl Orchestrator {
         reconciler.tick().await;
         tasks.push(shutdown.spawn("orchestrator.shards", reconciler.run())?);
 
+        let scheduler = crate::scheduler::Scheduler::new(deps.clone(), Arc::clone(&options));
+        tasks.push(shutdown.spawn("orchestrator.scheduler", scheduler.run(shutdown.clone()))?);
         let reaper = crate::reaper::Reaper::new(deps, Arc::clone(&options), sink);
         tasks.push(shutdown.spawn("orchestrator.reaper", reaper.run(shutdown.clone()))?);
 
@@ -344,8 +355,8 @@ impl Orchestrator {
         result.ok().map(|shards| shards.clone())
     }
 
-    /// Number of tasks running now: the shard reconciler, the reaper and one consumer per
-    /// owned shard.
+    /// Number of tasks running now: the shard reconciler, the scheduler, the reaper and one
+    /// consumer per owned shard.
     #[must_use]
     pub fn task_count(&self) -> usize {
         let owned = self.owned.borrow();

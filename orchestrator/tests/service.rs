@@ -322,8 +322,9 @@ async fn event_is_routed_to_a_job_with_the_right_context() {
     let orchestrator = Orchestrator::spawn(h.deps(), h.options(), &shutdown)
         .await
         .unwrap();
-    // the shard reconciler, the reaper, and (alone) every events and results shard
-    assert_eq!(orchestrator.task_count(), 2 + 2 + 2);
+    // the shard reconciler, the scheduler, the reaper, and (alone) every events and
+    // results shard
+    assert_eq!(orchestrator.task_count(), 3 + 2 + 2);
     assert_eq!(orchestrator.owned_shards().events, (0..2).collect());
     assert_eq!(orchestrator.owned_shards().results, (0..2).collect());
     let mut jobs = h.jobs().await;

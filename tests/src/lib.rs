@@ -429,6 +429,11 @@ impl Client {
         Self::send(self.request(reqwest::Method::POST, path).json(body)).await
     }
 
+    /// `DELETE path`.
+    pub async fn delete(&self, path: &str) -> ApiResponse {
+        Self::send(self.request(reqwest::Method::DELETE, path)).await
+    }
+
     /// `POST /v1/agents`.
     pub async fn create_agent(&self, body: &Value) -> ApiResponse {
         self.post("/v1/agents", body).await

@@ -12,7 +12,7 @@ use std::collections::BTreeSet;
 use futures::future::join_all;
 use sb_protocol::ids::{EventId, RunId, WorkspaceId};
 use sb_protocol::result::AgentRunResult;
-use sb_store::{EventStatus, EventStatusUpdate, NewAgent, NewEvent, NewRun};
+use sb_store::{EventQuery, EventStatus, EventStatusUpdate, NewAgent, NewEvent, NewRun};
 use sb_tests::{ECHO, StreamFrom, TEST_PER_RUN, TEST_SHARED, TestCluster, message, wait_for};
 use serde_json::{Value, json};
 
@@ -864,5 +864,73 @@ async fn the_bootstrap_keeps_its_key_and_agent_across_restarts() {
     assert!(third.api_key_created);
     assert_ne!(third.api_key, first.api_key);
     cluster.client().get("/v1/agents").await.expect(200);
+    cluster.shutdown().await;
+}
+
+/// A schedule turns into events that enter the pipeline like ingested ones: an interval
+/// schedule bound (through the workspace-wide echo agent) produces completed runs, each
+/// firing with its own idempotency key; once deleted it fires no more.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_interval_schedule_produces_runs_until_deleted() {
+    let cluster = TestCluster::builder()
+        .config("orchestrator.scheduler_interval", "200ms")
+        .start()
+        .await;
+    let client = cluster.client();
+    let created = client
+        .post(
+            "/v1/schedules",
+            &json!({"kind": "interval", "spec": "1s", "event": message("sched", "tick")}),
+        )
+        .await
+        .expect(201);
+    let schedule_id = created.str("schedule_id").to_owned();
+
+    let fired = || async {
+        let mut query = EventQuery::new(WorkspaceId::default_workspace());
+        query.conversation_id = Some("sched".into());
+        query.limit = Some(100);
+        cluster.stores().events.page(query).await.unwrap().items
+    };
+    let events = wait_for("two firings", || async {
+        let events = fired().await;
+        (events.len() >= 2).then_some(events)
+    })
+    .await;
+    let keys: BTreeSet<String> = events
+        .iter()
+        .map(|e| e.idempotency_key.clone().expect("a firing key"))
+        .collect();
+    assert_eq!(keys.len(), events.len(), "one key per firing: {keys:?}");
+    for key in &keys {
+        assert!(
+            key.starts_with(&format!("schedule:{schedule_id}:")),
+            "{key}"
+        );
+    }
+    for event in &events {
+        let run_id = client.run_of(event.id).await;
+        let run = client.wait_run_terminal(run_id).await;
+        assert_eq!(run["status"], "completed", "{run}");
+        let items = client.run_events(run_id, 0).await;
+        assert_dense_with_one_terminal(run_id, &items);
+    }
+
+    client
+        .delete(&format!("/v1/schedules/{schedule_id}"))
+        .await
+        .expect(204);
+    // A firing that committed before the delete is counted here; none can follow it.
+    let after_delete = fired().await.len();
+    tokio::time::sleep(std::time::Duration::from_millis(2500)).await;
+    assert_eq!(
+        fired().await.len(),
+        after_delete,
+        "a deleted schedule fired"
+    );
+    client
+        .get(&format!("/v1/schedules/{schedule_id}"))
+        .await
+        .expect(404);
     cluster.shutdown().await;
 }

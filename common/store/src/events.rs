@@ -9,6 +9,7 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use chrono::{DateTime, Utc};
+use sb_protocol::host::AgentEventEnvelope;
 use sb_protocol::ids::{EventId, RunId, WorkspaceId};
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
@@ -165,6 +166,47 @@ impl NewEvent {
             claimed_by_run_id: None,
             metadata: Value::Object(serde_json::Map::new()),
         }
+    }
+}
+
+impl NewEvent {
+    /// The event-log row of a normalized envelope (the gateway's ingest and a schedule's
+    /// firing both write this): the envelope's id, type, source, scope, actor, subject and
+    /// metadata become columns, the envelope itself is kept whole.
+    pub fn from_envelope(
+        envelope: &AgentEventEnvelope,
+        idempotency_key: Option<String>,
+        input_summary: String,
+    ) -> Result<Self> {
+        let e = envelope;
+        let mut event = Self::new(
+            e.workspace_id.clone(),
+            e.event_type.clone(),
+            e.source.clone(),
+        );
+        event.id = Some(e.event_id);
+        event.idempotency_key = idempotency_key;
+        event.event_time = e
+            .event_time
+            .and_then(|t| DateTime::<Utc>::from_timestamp(t, 0));
+        event.bot_id.clone_from(&e.bot_id);
+        event.conversation_id.clone_from(&e.conversation_id);
+        event.thread_id.clone_from(&e.thread_id);
+        if let Some(actor) = &e.actor {
+            event.actor_type = Some(actor.actor_type.clone());
+            event.actor_id.clone_from(&actor.actor_id);
+            event.actor_name.clone_from(&actor.actor_name);
+        }
+        if let Some(subject) = &e.subject {
+            event.subject_type = Some(subject.subject_type.clone());
+            event.subject_id.clone_from(&subject.subject_id);
+        }
+        event.input_summary = Some(input_summary);
+        event.envelope =
+            Some(serde_json::to_value(e).map_err(|e| StoreError::Corrupt(e.to_string()))?);
+        event.raw_ref = e.raw_ref.as_ref().map(|r| r.ref_id.clone());
+        event.metadata = Value::Object(e.metadata.clone());
+        Ok(event)
     }
 }
 

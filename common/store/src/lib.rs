@@ -25,6 +25,9 @@
 //! - [`agents`]: [`AgentStore`], [`RunnerRegistry`], [`Tenancy`] (workspaces, API keys).
 //! - [`resources`]: [`ResourceRegistry`] (models, tools, knowledge bases, documents,
 //!   chunking and knowledge search).
+//! - [`schedules`]: [`ScheduleStore`] (interval / cron / one-shot triggers, fired
+//!   exactly once per fire time together with the event they ingest) and the pure
+//!   fire-time computation [`ScheduleSpec`].
 //! - [`page`]: [`Page`], cursors, limit clamping, [`ThreadFilter`].
 //! - [`audit`]: builders of the event-log audit rows of steering input
 //!   (`steering.injected`, `steering.dropped`), shared by the worker and the orchestrator.
@@ -44,6 +47,7 @@ pub mod page;
 pub mod redact;
 pub mod resources;
 pub mod runs;
+pub mod schedules;
 mod sql;
 pub mod state;
 mod stores;
@@ -71,6 +75,10 @@ pub use resources::{
 pub use runs::{
     CancelOutcome, NewRun, NewRunEvent, RunEventRecord, RunFilter, RunLedger, RunOutcome,
     RunRecord, RunStatus,
+};
+pub use schedules::{
+    NewSchedule, ScheduleFiring, ScheduleKind, ScheduleRecord, ScheduleSpec, ScheduleStore,
+    ScheduledEvent,
 };
 pub use sql::{DEFAULT_MAX_ARTIFACT_BYTES, SqlStore, SqlStoreOptions, StoreLimits};
 pub use state::{BlobStorage, StateEntry, StateStore, StateWrite};

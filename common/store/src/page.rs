@@ -96,6 +96,8 @@ pub(crate) enum CursorKind {
     StateKey,
     /// `(runs.created_at, runs.id)`
     Run,
+    /// `schedules.id` (UUID v7, creation order)
+    Schedule,
 }
 
 impl CursorKind {
@@ -105,6 +107,7 @@ impl CursorKind {
             Self::Transcript => "tr1",
             Self::StateKey => "st1",
             Self::Run => "ru1",
+            Self::Schedule => "sc1",
         }
     }
 }

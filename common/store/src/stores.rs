@@ -7,7 +7,7 @@ use async_trait::async_trait;
 use crate::error::Result;
 use crate::{
     AgentStore, ArtifactStore, BlobStorage, EventLog, Outbox, ResourceRegistry, RunLedger,
-    RunnerRegistry, SqlStore, StateStore, Tenancy, Transcript,
+    RunnerRegistry, ScheduleStore, SqlStore, StateStore, Tenancy, Transcript,
 };
 
 /// Liveness of the database behind the stores (readiness probes).
@@ -50,6 +50,8 @@ pub struct Stores {
     pub tenancy: Arc<dyn Tenancy>,
     /// Models, tools and knowledge bases.
     pub resources: Arc<dyn ResourceRegistry>,
+    /// Schedules (interval / cron / one-shot triggers).
+    pub schedules: Arc<dyn ScheduleStore>,
     /// Database liveness.
     pub health: Arc<dyn Health>,
 }
@@ -71,6 +73,7 @@ impl Stores {
             runners: store.clone(),
             tenancy: store.clone(),
             resources: store.clone(),
+            schedules: store.clone(),
             health: store,
         }
     }

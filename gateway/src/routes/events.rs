@@ -3,11 +3,11 @@
 use axum::extract::{Path, State};
 use axum::http::{HeaderMap, HeaderName, HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
-use chrono::{DateTime, Utc};
+use chrono::Utc;
 use sb_common::telemetry::{Registry, names};
+use sb_orchestrator::scheduler::event_announcement;
 use sb_protocol::ids::EventId;
-use sb_protocol::messages::{EventMessage, encode};
-use sb_store::events::{EventRecord, EventStatus, NewEvent, NewOutboxMessage};
+use sb_store::events::{EventRecord, EventStatus, NewEvent};
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
@@ -73,17 +73,7 @@ pub async fn ingest(
     )
     .map_err(|e| ApiError::from_coded(&e))?;
 
-    let envelope = &normalized.envelope;
-    let message = EventMessage::new(envelope.workspace_id.clone(), envelope.event_id);
-    let routing_key = state.topology().events_routing_key(
-        envelope.workspace_id.as_str(),
-        envelope.conversation_id.as_deref(),
-    );
-    let outbox = NewOutboxMessage::new(
-        state.topology().events_exchange(),
-        routing_key,
-        encode(&message),
-    );
+    let outbox = event_announcement(state.topology(), &normalized.envelope);
     let new_event = to_new_event(&normalized)?;
 
     let (record, created) = state
@@ -133,34 +123,11 @@ pub async fn ingest(
 
 /// The event-log row of a normalized event.
 fn to_new_event(n: &Normalized) -> ApiResult<NewEvent> {
-    let e = &n.envelope;
-    let mut event = NewEvent::new(
-        e.workspace_id.clone(),
-        e.event_type.clone(),
-        e.source.clone(),
-    );
-    event.id = Some(e.event_id);
-    event.idempotency_key.clone_from(&n.idempotency_key);
-    event.event_time = e
-        .event_time
-        .and_then(|t| DateTime::<Utc>::from_timestamp(t, 0));
-    event.bot_id.clone_from(&e.bot_id);
-    event.conversation_id.clone_from(&e.conversation_id);
-    event.thread_id.clone_from(&e.thread_id);
-    if let Some(actor) = &e.actor {
-        event.actor_type = Some(actor.actor_type.clone());
-        event.actor_id.clone_from(&actor.actor_id);
-        event.actor_name.clone_from(&actor.actor_name);
-    }
-    if let Some(subject) = &e.subject {
-        event.subject_type = Some(subject.subject_type.clone());
-        event.subject_id.clone_from(&subject.subject_id);
-    }
-    event.input_summary = Some(n.input_summary.clone());
-    event.envelope = Some(serde_json::to_value(e).map_err(ApiError::internal)?);
-    event.raw_ref = e.raw_ref.as_ref().map(|r| r.ref_id.clone());
-    event.metadata = Value::Object(e.metadata.clone());
-    Ok(event)
+    Ok(NewEvent::from_envelope(
+        &n.envelope,
+        n.idempotency_key.clone(),
+        n.input_summary.clone(),
+    )?)
 }
 
 /// `GET /v1/events/{id}` body.

@@ -8,6 +8,7 @@ pub mod host;
 pub mod resources;
 pub mod runners;
 pub mod runs;
+pub mod schedules;
 
 use std::str::FromStr;
 

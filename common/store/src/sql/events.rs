@@ -7,8 +7,9 @@ use chrono::{DateTime, Utc};
 use sb_protocol::ids::{EventId, RunId};
 use sea_orm::sea_query::{Expr, LockBehavior, LockType, OnConflict, Query};
 use sea_orm::{
-    ActiveModelTrait, ActiveValue::NotSet, ColumnTrait, Condition, ConnectionTrait, DbBackend,
-    EntityTrait, IntoActiveModel, QueryFilter, QueryOrder, QuerySelect, Set,
+    ActiveModelTrait, ActiveValue::NotSet, ColumnTrait, Condition, ConnectionTrait,
+    DatabaseTransaction, DbBackend, EntityTrait, IntoActiveModel, QueryFilter, QueryOrder,
+    QuerySelect, Set,
 };
 use serde_json::Value;
 
@@ -154,6 +155,95 @@ async fn insert_outbox<C: ConnectionTrait>(
     Ok(rows.into_iter().map(|m| m.id).collect())
 }
 
+/// [`EventLog::append`] inside the caller's write transaction `txn` (validation, the
+/// idempotent insert, the outbox rows), so another write can commit or roll back with it:
+/// a schedule's firing advances the schedule in the same transaction. Returns the stored
+/// row and whether this call created it.
+pub(super) async fn append_in(
+    txn: &DatabaseTransaction,
+    event: NewEvent,
+    outbox: Vec<NewOutboxMessage>,
+) -> Result<(event_log::Model, bool)> {
+    validate_event(&event)?;
+    for message in &outbox {
+        validate_outbox(message)?;
+    }
+    let now = now();
+    let id = event.id.unwrap_or_default();
+    let workspace_id = event.workspace_id.as_str().to_owned();
+    let key = event.idempotency_key.clone();
+    let row = event_log::ActiveModel {
+        seq: NotSet,
+        id: Set(id.into_uuid()),
+        workspace_id: Set(workspace_id.clone()),
+        idempotency_key: Set(event.idempotency_key),
+        event_type: Set(event.event_type),
+        source: Set(event.source),
+        event_time: Set(event.event_time.map(super::micros)),
+        bot_id: Set(event.bot_id),
+        conversation_id: Set(event.conversation_id),
+        thread_id: Set(event.thread_id),
+        actor_type: Set(event.actor_type),
+        actor_id: Set(event.actor_id),
+        actor_name: Set(event.actor_name),
+        subject_type: Set(event.subject_type),
+        subject_id: Set(event.subject_id),
+        input_summary: Set(event
+            .input_summary
+            .map(|s| truncate_chars(&s, MAX_INPUT_SUMMARY_CHARS))),
+        envelope: Set(event.envelope),
+        raw_ref: Set(event.raw_ref),
+        status: Set(event.status.as_str().to_owned()),
+        reason: Set(event.reason),
+        run_id: Set(event.run_id.map(RunId::into_uuid)),
+        runner_id: Set(event.runner_id),
+        claimed_by_run_id: Set(event.claimed_by_run_id.map(RunId::into_uuid)),
+        metadata: Set(metadata_in("metadata", event.metadata)?),
+        created_at: Set(now),
+        updated_at: Set(now),
+    };
+
+    // ON CONFLICT on the idempotency index only: two appends with the same key (even
+    // racing ones, on Postgres the second waits for the first to commit) end with one
+    // row, and the loser reads the winner's event below.
+    let inserted = event_log::Entity::insert(row)
+        .on_conflict(
+            OnConflict::columns([
+                event_log::Column::WorkspaceId,
+                event_log::Column::IdempotencyKey,
+            ])
+            .do_nothing()
+            .to_owned(),
+        )
+        .exec_with_returning_many(txn)
+        .await
+        .map_err(|e| {
+            if is_unique_violation(&e) {
+                StoreError::Conflict(format!("event {id} already exists"))
+            } else {
+                e.into()
+            }
+        })?;
+    Ok(match inserted.into_iter().next() {
+        Some(model) => {
+            insert_outbox(txn, outbox, now).await?;
+            (model, true)
+        }
+        None => {
+            let existing = event_log::Entity::find()
+                .filter(event_log::Column::WorkspaceId.eq(workspace_id))
+                .filter(event_log::Column::IdempotencyKey.eq(key))
+                .all(txn)
+                .await?
+                .unique_row()
+                .ok_or_else(|| {
+                    StoreError::Corrupt("idempotency conflict without a stored event".into())
+                })?;
+            (existing, false)
+        }
+    })
+}
+
 #[async_trait]
 impl EventLog for SqlStore {
     async fn append(
@@ -161,85 +251,8 @@ impl EventLog for SqlStore {
         event: NewEvent,
         outbox: Vec<NewOutboxMessage>,
     ) -> Result<(EventRecord, bool)> {
-        validate_event(&event)?;
-        for message in &outbox {
-            validate_outbox(message)?;
-        }
-        let now = now();
-        let id = event.id.unwrap_or_default();
-        let workspace_id = event.workspace_id.as_str().to_owned();
-        let key = event.idempotency_key.clone();
-        let row = event_log::ActiveModel {
-            seq: NotSet,
-            id: Set(id.into_uuid()),
-            workspace_id: Set(workspace_id.clone()),
-            idempotency_key: Set(event.idempotency_key),
-            event_type: Set(event.event_type),
-            source: Set(event.source),
-            event_time: Set(event.event_time.map(super::micros)),
-            bot_id: Set(event.bot_id),
-            conversation_id: Set(event.conversation_id),
-            thread_id: Set(event.thread_id),
-            actor_type: Set(event.actor_type),
-            actor_id: Set(event.actor_id),
-            actor_name: Set(event.actor_name),
-            subject_type: Set(event.subject_type),
-            subject_id: Set(event.subject_id),
-            input_summary: Set(event
-                .input_summary
-                .map(|s| truncate_chars(&s, MAX_INPUT_SUMMARY_CHARS))),
-            envelope: Set(event.envelope),
-            raw_ref: Set(event.raw_ref),
-            status: Set(event.status.as_str().to_owned()),
-            reason: Set(event.reason),
-            run_id: Set(event.run_id.map(RunId::into_uuid)),
-            runner_id: Set(event.runner_id),
-            claimed_by_run_id: Set(event.claimed_by_run_id.map(RunId::into_uuid)),
-            metadata: Set(metadata_in("metadata", event.metadata)?),
-            created_at: Set(now),
-            updated_at: Set(now),
-        };
-
         let txn = self.write_txn().await?;
-        // ON CONFLICT on the idempotency index only: two appends with the same key (even
-        // racing ones, on Postgres the second waits for the first to commit) end with one
-        // row, and the loser reads the winner's event below.
-        let inserted = event_log::Entity::insert(row)
-            .on_conflict(
-                OnConflict::columns([
-                    event_log::Column::WorkspaceId,
-                    event_log::Column::IdempotencyKey,
-                ])
-                .do_nothing()
-                .to_owned(),
-            )
-            .exec_with_returning_many(&txn)
-            .await
-            .map_err(|e| {
-                if is_unique_violation(&e) {
-                    StoreError::Conflict(format!("event {id} already exists"))
-                } else {
-                    e.into()
-                }
-            })?;
-        let (model, created) = match inserted.into_iter().next() {
-            Some(model) => {
-                insert_outbox(&txn, outbox, now).await?;
-                (model, true)
-            }
-            None => {
-                let existing = event_log::Entity::find()
-                    .filter(event_log::Column::WorkspaceId.eq(workspace_id))
-                    .filter(event_log::Column::IdempotencyKey.eq(key))
-                    .all(&txn)
-                    .await?
-                    .unique_row()
-                    .ok_or_else(|| {
-                        StoreError::Corrupt("idempotency conflict without a stored event".into())
-                    })?;
-                (existing, false)
-            }
-        };
+        let (model, created) = append_in(&txn, event, outbox).await?;
         txn.commit().await?;
         Ok((event_record(model)?, created))
     }

@@ -65,6 +65,7 @@ mod events;
 mod fts;
 mod resources;
 mod runs;
+mod schedules;
 mod state;
 mod transcript;
 

@@ -16,6 +16,7 @@ pub mod outbox;
 pub mod run;
 pub mod run_event;
 pub mod runner;
+pub mod schedule;
 pub mod storage;
 pub mod tool;
 pub mod transcript;
