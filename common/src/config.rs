@@ -661,6 +661,15 @@ pub struct LimitsConfig {
     pub proxy_calls_per_second: Option<NonZeroU32>,
     /// Host API calls a run may make in a burst (token bucket size).
     pub proxy_calls_burst: NonZeroU32,
+    /// Longest `timeout_ms` an HTTP tool may be registered with (`POST /v1/tools` refuses
+    /// more), and the most one call waits at execution whatever the tool was registered
+    /// with: a call holds a worker's attention (and the run's slot) for that long. Whole
+    /// milliseconds, at least `1ms`.
+    #[serde(with = "humantime_serde")]
+    pub tool_timeout_max: Duration,
+    /// Largest `max_response_bytes` an HTTP tool may be registered with, and the most of a
+    /// tool's answer a worker buffers at execution whatever the tool was registered with.
+    pub tool_response_bytes_max: NonZeroUsize,
     /// Per-run budgets.
     pub budgets: BudgetsConfig,
 }
@@ -687,6 +696,13 @@ impl Default for LimitsConfig {
             // far above any legitimate agent loop.
             proxy_calls_per_second: Some(nz32(100)),
             proxy_calls_burst: nz32(200),
+            // The bounds `/v1/tools` enforced before they were configurable, so tools
+            // registered then stay within them. Two minutes matches `providers.model_timeout`,
+            // the other external call of a run; 16 MiB is twice `providers.max_response_bytes`
+            // (a tool may return a document), while the default `max_tool_result_chars`
+            // budget already refuses answers far smaller than either.
+            tool_timeout_max: Duration::from_secs(120),
+            tool_response_bytes_max: nzu(16 * MIB),
             budgets: BudgetsConfig::default(),
         }
     }
@@ -961,6 +977,13 @@ impl SwitchboardConfig {
 
     fn validate_limits(&self, p: &mut Problems) {
         let l = &self.limits;
+        if l.tool_timeout_max < Duration::from_millis(1) {
+            // Tool timeouts are whole milliseconds: a smaller ceiling would refuse every tool.
+            p.push(
+                "limits.tool_timeout_max",
+                "expected a duration of at least 1ms",
+            );
+        }
         if l.artifact_read_default_bytes > l.artifact_read_max_bytes {
             p.push(
                 "limits.artifact_read_default_bytes",
@@ -1850,6 +1873,31 @@ mod tests {
     #[test]
     fn rejects_state_page_size_default_above_max() {
         assert_rejected("limits.state_page_size_default", "500");
+    }
+
+    #[test]
+    fn tool_ceilings_are_configurable() {
+        let c = loader()
+            .set("limits.tool_timeout_max", "30s")
+            .set("limits.tool_response_bytes_max", "65536")
+            .load()
+            .unwrap();
+        assert_eq!(c.limits.tool_timeout_max, Duration::from_secs(30));
+        assert_eq!(c.limits.tool_response_bytes_max.get(), 65536);
+        let d = LimitsConfig::default();
+        assert_eq!(d.tool_timeout_max, Duration::from_secs(120));
+        assert_eq!(d.tool_response_bytes_max.get(), 16 * MIB);
+    }
+
+    #[test]
+    fn rejects_tool_timeout_max_below_a_millisecond() {
+        assert_rejected("limits.tool_timeout_max", "0s");
+        assert_rejected("limits.tool_timeout_max", "999us");
+    }
+
+    #[test]
+    fn rejects_zero_tool_response_bytes_max() {
+        assert_load_error("limits.tool_response_bytes_max", "0");
     }
 
     #[test]

@@ -47,6 +47,11 @@ pub struct GatewayOptions {
     pub delivery_prefetch: u16,
     /// Time allowed to each dependency check of `/readyz`.
     pub readiness_timeout: Duration,
+    /// Longest `timeout_ms` of an HTTP tool registration (`limits.tool_timeout_max`).
+    pub tool_timeout_max: Duration,
+    /// Largest `max_response_bytes` of an HTTP tool registration
+    /// (`limits.tool_response_bytes_max`).
+    pub tool_response_bytes_max: u64,
     /// Limits of the remote Host API (`POST /v1/host/{action}`): the workers' own, from the
     /// same `[limits]` section, so a call is judged alike whichever way it arrives.
     pub host_api: ActionLimits,
@@ -85,6 +90,9 @@ impl GatewayOptions {
             page_size_max: u64::from(limits.page_size_max.get()),
             delivery_prefetch: config.bus.prefetch.get(),
             readiness_timeout: Duration::from_secs(2),
+            tool_timeout_max: limits.tool_timeout_max,
+            tool_response_bytes_max: u64::try_from(limits.tool_response_bytes_max.get())
+                .unwrap_or(u64::MAX),
             host_api: ActionLimits::from_config(limits),
             providers: ProviderOptions::from_config(&config.providers),
         }

@@ -2,6 +2,7 @@
 //! router on in-memory SQLite, the memory bus and the memory session store.
 
 use std::sync::Arc;
+use std::time::Duration;
 
 use axum::body::Body;
 use axum::http::{Request, StatusCode, header};
@@ -33,6 +34,10 @@ impl Drop for Harness {
 }
 
 async fn harness() -> Harness {
+    harness_with(GatewayOptions::default()).await
+}
+
+async fn harness_with(options: GatewayOptions) -> Harness {
     let store = SqlStore::connect(
         "sqlite::memory:",
         &SqlStoreOptions {
@@ -60,7 +65,7 @@ async fn harness() -> Harness {
         sessions: Arc::new(MemorySessionStore::new()),
         topology,
     };
-    let state = AppState::new(deps, GatewayOptions::default(), shutdown.clone())
+    let state = AppState::new(deps, options, shutdown.clone())
         .await
         .expect("state");
     let key = stores
@@ -198,6 +203,56 @@ async fn tools_register_with_http_settings() {
     }
     let (_, list) = h.call("GET", "/v1/tools", None).await;
     assert_eq!(list["items"].as_array().unwrap().len(), 1);
+}
+
+/// `limits.tool_timeout_max` and `limits.tool_response_bytes_max` bound registrations: a
+/// value at the ceiling is taken, one above is refused naming the field and the ceiling,
+/// and the defaults of an omitted field are lowered to a smaller ceiling.
+#[tokio::test]
+async fn tool_registrations_stay_within_the_configured_ceilings() {
+    let h = harness_with(GatewayOptions {
+        tool_timeout_max: Duration::from_secs(5),
+        tool_response_bytes_max: 4096,
+        ..GatewayOptions::default()
+    })
+    .await;
+    let tool = |name: &str, timeout_ms: u64, max_response_bytes: u64| {
+        json!({"name": name, "kind": "http", "url": "http://127.0.0.1:9/t",
+               "timeout_ms": timeout_ms, "max_response_bytes": max_response_bytes})
+    };
+    for (body, field, ceiling) in [
+        (
+            tool("slow", 5001, 4096),
+            "timeout_ms",
+            "5000 (limits.tool_timeout_max)",
+        ),
+        (
+            tool("wordy", 5000, 4097),
+            "max_response_bytes",
+            "4096 (limits.tool_response_bytes_max)",
+        ),
+    ] {
+        let (status, err) = h.call("POST", "/v1/tools", Some(&body)).await;
+        assert_eq!(status, StatusCode::BAD_REQUEST, "{field}: {err}");
+        assert_eq!(err["code"], "invalid_argument", "{err}");
+        assert_eq!(
+            err["message"],
+            format!("{field} must be between 1 and {ceiling}"),
+        );
+    }
+    let (status, created) = h
+        .call("POST", "/v1/tools", Some(&tool("at-cap", 5000, 4096)))
+        .await;
+    assert_eq!(status, StatusCode::CREATED, "{created}");
+    assert_eq!(created["timeout_ms"], 5000);
+    assert_eq!(created["max_response_bytes"], 4096);
+    let defaults = json!({"name": "defaults", "kind": "http", "url": "http://127.0.0.1:9/t"});
+    let (status, created) = h.call("POST", "/v1/tools", Some(&defaults)).await;
+    assert_eq!(status, StatusCode::CREATED, "{created}");
+    assert_eq!(created["timeout_ms"], 5000);
+    assert_eq!(created["max_response_bytes"], 4096);
+    let (_, list) = h.call("GET", "/v1/tools", None).await;
+    assert_eq!(list["items"].as_array().unwrap().len(), 2);
 }
 
 #[tokio::test]

@@ -949,6 +949,50 @@ async fn tools_detail_call_budgets_and_failures() {
     let _ = &f.base;
 }
 
+/// `limits.tool_response_bytes_max` and `limits.tool_timeout_max` bound every tool call,
+/// including a tool registered with a larger cap and timeout (before the ceilings were
+/// lowered): the oversized answer fails as one over the tool's own cap does, and the slow
+/// one as a timed-out call does.
+#[tokio::test]
+async fn configured_tool_ceilings_bound_tools_registered_above_them() {
+    let (f, ids) = fixture().await;
+    let s = ids.snap(json!({}));
+    let big = json!({"tool_name": "big", "parameters": {}});
+    let slow = json!({"tool_name": "echo", "parameters": {}});
+    // Registered with a 1,000,000-byte cap and a 2 s timeout: both answer as registered.
+    assert_eq!(code(&f.call(&s, "call_tool", big.clone()).await), "ok");
+    assert_eq!(code(&f.call(&s, "call_tool", slow.clone()).await), "ok");
+
+    let config = sb_common::config::ConfigLoader::new()
+        .without_file()
+        .env([
+            ("SWITCHBOARD__LIMITS__TOOL_RESPONSE_BYTES_MAX", "100"),
+            ("SWITCHBOARD__LIMITS__TOOL_TIMEOUT_MAX", "50ms"),
+        ])
+        .load()
+        .unwrap();
+    let dispatcher = ActionDispatcher::new(
+        f.stores.clone(),
+        Arc::new(MemorySessionStore::new()),
+        ActionLimits {
+            rate_limit: None,
+            ..ActionLimits::from_config(&config.limits)
+        },
+    );
+    let f = Fx { dispatcher, ..f };
+    let too_big = f.call(&s, "call_tool", big).await.unwrap_err();
+    assert_eq!(too_big.code, "payload_too_large", "{too_big:?}");
+    assert_eq!(
+        too_big.message,
+        "tool big response is larger than 100 bytes"
+    );
+    // The tool answers after 150 ms; the 50 ms ceiling ends the call long before its 2 s.
+    let timed_out = ends_within(Duration::from_secs(1), f.call(&s, "call_tool", slow))
+        .await
+        .unwrap_err();
+    assert_eq!(timed_out.code, "deadline_exceeded", "{timed_out:?}");
+}
+
 #[tokio::test]
 async fn idempotent_tool_calls_execute_once() {
     let (f, ids) = fixture().await;

@@ -31,14 +31,11 @@ use crate::auth::Caller;
 use crate::error::{ApiError, ApiJson, ApiResult};
 use crate::state::AppState;
 
-/// Default HTTP tool timeout.
+/// Default HTTP tool timeout (lowered to `limits.tool_timeout_max` when that is smaller).
 const DEFAULT_TOOL_TIMEOUT_MS: u64 = 10_000;
-/// Longest HTTP tool timeout.
-const MAX_TOOL_TIMEOUT_MS: u64 = 120_000;
-/// Default cap of an HTTP tool response body.
+/// Default cap of an HTTP tool response body (lowered to `limits.tool_response_bytes_max`
+/// when that is smaller).
 const DEFAULT_TOOL_MAX_RESPONSE_BYTES: u64 = 1024 * 1024;
-/// Largest cap of an HTTP tool response body.
-const MAX_TOOL_MAX_RESPONSE_BYTES: u64 = 16 * 1024 * 1024;
 
 /// An environment variable name: what `api_key_env` and `headers_env` values must be, so a
 /// literal secret pasted by mistake is refused instead of stored.
@@ -173,10 +170,10 @@ pub struct CreateTool {
     pub kind: String,
     /// Where the call is POSTed.
     pub url: String,
-    /// Timeout of one call (default 10 s, at most 120 s).
+    /// Timeout of one call (default 10 s, at most `limits.tool_timeout_max`).
     #[serde(default)]
     pub timeout_ms: Option<u64>,
-    /// Cap of the response body (default 1 MiB).
+    /// Cap of the response body (default 1 MiB, at most `limits.tool_response_bytes_max`).
     #[serde(default)]
     pub max_response_bytes: Option<u64>,
     /// Static headers: header name → environment variable holding the value.
@@ -242,18 +239,25 @@ pub async fn create_tool(
     if !is_http_url(&body.url) {
         return Err(ApiError::invalid("url must be an http or https URL"));
     }
-    let timeout_ms = body.timeout_ms.unwrap_or(DEFAULT_TOOL_TIMEOUT_MS);
-    if timeout_ms == 0 || timeout_ms > MAX_TOOL_TIMEOUT_MS {
+    // The deployment's ceilings; the config validation keeps both at least 1.
+    let options = state.options();
+    let timeout_max_ms = u64::try_from(options.tool_timeout_max.as_millis()).unwrap_or(u64::MAX);
+    let timeout_ms = body
+        .timeout_ms
+        .unwrap_or(DEFAULT_TOOL_TIMEOUT_MS.min(timeout_max_ms));
+    if timeout_ms == 0 || timeout_ms > timeout_max_ms {
         return Err(ApiError::invalid(format!(
-            "timeout_ms must be between 1 and {MAX_TOOL_TIMEOUT_MS}"
+            "timeout_ms must be between 1 and {timeout_max_ms} (limits.tool_timeout_max)"
         )));
     }
+    let response_bytes_max = options.tool_response_bytes_max;
     let max_response_bytes = body
         .max_response_bytes
-        .unwrap_or(DEFAULT_TOOL_MAX_RESPONSE_BYTES);
-    if max_response_bytes == 0 || max_response_bytes > MAX_TOOL_MAX_RESPONSE_BYTES {
+        .unwrap_or(DEFAULT_TOOL_MAX_RESPONSE_BYTES.min(response_bytes_max));
+    if max_response_bytes == 0 || max_response_bytes > response_bytes_max {
         return Err(ApiError::invalid(format!(
-            "max_response_bytes must be between 1 and {MAX_TOOL_MAX_RESPONSE_BYTES}"
+            "max_response_bytes must be between 1 and {response_bytes_max} \
+             (limits.tool_response_bytes_max)"
         )));
     }
     for (header, env) in &body.headers_env {

@@ -224,6 +224,12 @@ pub struct ActionLimits {
     pub rerank_documents_max: usize,
     /// Per-run call rate; `None` disables the limit.
     pub rate_limit: Option<RateLimit>,
+    /// Most one HTTP tool call waits, whatever the tool was registered with (default
+    /// 120 s); `limits.tool_timeout_max`.
+    pub tool_timeout_max: Duration,
+    /// Most of an HTTP tool's answer that is read, whatever the tool was registered with
+    /// (default 16 MiB); `limits.tool_response_bytes_max`.
+    pub tool_response_bytes_max: usize,
 }
 
 /// Default largest request: see [`ActionLimits::max_request_bytes`].
@@ -255,6 +261,8 @@ impl ActionLimits {
             rate_limit: limits
                 .proxy_calls_per_second
                 .map(|rate| RateLimit::from_bucket(rate.get(), limits.proxy_calls_burst.get())),
+            tool_timeout_max: limits.tool_timeout_max,
+            tool_response_bytes_max: limits.tool_response_bytes_max.get(),
         }
     }
 }

@@ -385,13 +385,18 @@ impl ActionDispatcher {
         }
         self.admit(cx).await?;
         let tool = self.load_tool(cx, name).await?;
-        let config = HttpToolConfig::of(&tool).map_err(|e| provider_error(&e))?;
+        let config = HttpToolConfig::of(&tool)
+            .map_err(|e| provider_error(&e))?
+            .within(
+                self.limits.tool_timeout_max,
+                self.limits.tool_response_bytes_max,
+            );
         let snap = cx.call.snapshot;
         let Some(call_id) = call_id else {
             budgets::charge(self.sessions.as_ref(), snap, Budget::ToolCalls, 1).await?;
-            return self.execute_tool(cx, &tool, &parameters).await;
+            return self.execute_tool(cx, &tool, &config, &parameters).await;
         };
-        let max_running = Duration::from_millis(config.timeout_ms) + TOOL_CLAIM_GRACE;
+        let max_running = config.timeout() + TOOL_CLAIM_GRACE;
         match budgets::claim(
             self.sessions.as_ref(),
             snap.run_id,
@@ -415,18 +420,20 @@ impl ActionDispatcher {
                     claimed.release(self.sessions.as_ref()).await;
                     return Err(e);
                 }
-                let outcome = self.execute_tool(cx, &tool, &parameters).await;
+                let outcome = self.execute_tool(cx, &tool, &config, &parameters).await;
                 claimed.finish(self.sessions.as_ref(), &outcome).await;
                 outcome
             }
         }
     }
 
-    /// Runs the tool once (its call already charged) and checks the result budget.
+    /// Runs the tool once (its call already charged) with `config`, its configuration
+    /// within the deployment's ceilings, and checks the result budget.
     async fn execute_tool(
         &self,
         cx: &Cx<'_, '_>,
         tool: &ToolRecord,
+        config: &HttpToolConfig,
         parameters: &Value,
     ) -> Result<Value, AgentApiError> {
         let snap = cx.call.snapshot;
@@ -435,7 +442,8 @@ impl ActionDispatcher {
         let mut result_chars: Option<u64> = None;
         let outcome = match crate::providers::http_tool::call(
             &self.providers.client,
-            tool,
+            &tool.name,
+            config,
             parameters,
             budgets::until_deadline(snap),
         )

@@ -1,7 +1,7 @@
 //! HTTP tools: the call's parameters POSTed as JSON to the registered URL, with the
-//! registered timeout, response size cap and static headers whose values come from
-//! environment variables. Executed once, never retried (see the module docs of
-//! [`super`]).
+//! registered timeout and response size cap (each within the deployment's ceiling, see
+//! [`HttpToolConfig::within`]) and static headers whose values come from environment
+//! variables. Executed once, never retried (see the module docs of [`super`]).
 
 use std::collections::BTreeMap;
 use std::time::Duration;
@@ -49,20 +49,39 @@ impl HttpToolConfig {
             ProviderError::Config(format!("tool {} has an invalid configuration", tool.name))
         })
     }
+
+    /// The config with its timeout and response cap lowered to the deployment's ceilings
+    /// (`limits.tool_timeout_max`, `limits.tool_response_bytes_max`). The gateway refuses
+    /// registrations above them, but a tool registered before an operator lowered a
+    /// ceiling keeps its stored values, so execution applies the ceilings again.
+    #[must_use]
+    pub fn within(mut self, timeout_max: Duration, response_bytes_max: usize) -> Self {
+        let timeout_max_ms = u64::try_from(timeout_max.as_millis()).unwrap_or(u64::MAX);
+        self.timeout_ms = self.timeout_ms.min(timeout_max_ms);
+        self.max_response_bytes = self.max_response_bytes.min(response_bytes_max);
+        self
+    }
+
+    /// Timeout of one call.
+    #[must_use]
+    pub fn timeout(&self) -> Duration {
+        Duration::from_millis(self.timeout_ms)
+    }
 }
 
-/// Calls the tool; the answer is the response JSON (or the text, if it is not JSON).
-/// `deadline` bounds the registered timeout (the run's remaining time).
+/// Calls the tool `name` with `config` (its [`HttpToolConfig::of`], already bounded by
+/// [`HttpToolConfig::within`]); the answer is the response JSON (or the text, if it is not
+/// JSON). `deadline` bounds the timeout further (the run's remaining time).
 pub async fn call(
     client: &reqwest::Client,
-    tool: &ToolRecord,
+    name: &str,
+    config: &HttpToolConfig,
     parameters: &Value,
     deadline: Option<Duration>,
 ) -> Result<Value, ProviderError> {
-    let config = HttpToolConfig::of(tool)?;
-    let what = format!("tool {}", tool.name);
+    let what = format!("tool {name}");
     check_url(&what, &config.url)?;
-    let mut timeout = Duration::from_millis(config.timeout_ms);
+    let mut timeout = config.timeout();
     if let Some(d) = deadline {
         timeout = timeout.min(d);
     }
@@ -85,4 +104,27 @@ pub async fn call(
         Ok(v) => v,
         Err(_) => Value::String(String::from_utf8_lossy(&body).into_owned()),
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn config(timeout_ms: u64, max_response_bytes: usize) -> HttpToolConfig {
+        HttpToolConfig {
+            url: "http://127.0.0.1:9/t".into(),
+            timeout_ms,
+            max_response_bytes,
+            headers_env: BTreeMap::new(),
+        }
+    }
+
+    #[test]
+    fn within_lowers_to_the_ceilings_and_keeps_smaller_values() {
+        let c = config(600_000, 64 << 20).within(Duration::from_secs(60), 1 << 20);
+        assert_eq!((c.timeout_ms, c.max_response_bytes), (60_000, 1 << 20));
+        assert_eq!(c.timeout(), Duration::from_secs(60));
+        let c = config(2_000, 4096).within(Duration::from_secs(60), 1 << 20);
+        assert_eq!((c.timeout_ms, c.max_response_bytes), (2_000, 4096));
+    }
 }
