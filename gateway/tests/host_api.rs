@@ -2,87 +2,27 @@
 //! in-memory SQLite and the memory session store, with run sessions written as the
 //! orchestrator writes them (the authorization snapshot with the run token's digest).
 
-use std::sync::Arc;
 use std::time::Duration;
 
-use axum::Router;
 use axum::body::Body;
 use axum::http::{Request, StatusCode, header};
 use axum::response::Response;
-use sb_common::bus::memory::MemoryBus;
-use sb_common::bus::topology::{TopologyOptions, declare_topology};
 use sb_common::session::SessionStore;
-use sb_common::session::memory::MemorySessionStore;
-use sb_common::shutdown::Shutdown;
-use sb_gateway::{AppState, GatewayDeps, GatewayOptions, app};
+use sb_gateway::GatewayOptions;
 use sb_protocol::host::host_api_token;
-use sb_protocol::ids::{RunId, WorkspaceId};
-use sb_store::{SqlStore, SqlStoreOptions, Stores};
+use sb_protocol::ids::RunId;
 use sb_worker::actions::RateLimit;
 use serde_json::{Value, json};
 use tower::ServiceExt;
 
 const RUNNER: &str = "plugin:acme/agent/default";
 
-struct Harness {
-    state: AppState,
-    sessions: Arc<MemorySessionStore>,
-    stores: Stores,
-    api_key: String,
-    shutdown: Shutdown,
-}
+mod support;
 
-impl Drop for Harness {
-    fn drop(&mut self) {
-        self.shutdown.trigger();
-    }
-}
+use support::Harness;
 
 async fn harness_with(options: GatewayOptions) -> Harness {
-    let store = SqlStore::connect(
-        "sqlite::memory:",
-        &SqlStoreOptions {
-            migrate: true,
-            ..SqlStoreOptions::default()
-        },
-    )
-    .await
-    .expect("sqlite");
-    let stores = Stores::from_sql(store);
-    let bus = Arc::new(MemoryBus::new());
-    let topology = declare_topology(
-        bus.as_ref(),
-        &TopologyOptions {
-            name_prefix: format!("test-{}.switchboard", uuid::Uuid::new_v4().simple()),
-            ..TopologyOptions::default()
-        },
-    )
-    .await
-    .expect("topology");
-    let shutdown = Shutdown::new();
-    let sessions = Arc::new(MemorySessionStore::new());
-    let deps = GatewayDeps {
-        stores: stores.clone(),
-        bus,
-        sessions: sessions.clone(),
-        topology,
-    };
-    let state = AppState::new(deps, options, shutdown.clone())
-        .await
-        .expect("state");
-    let api_key = stores
-        .tenancy
-        .create_api_key(&WorkspaceId::default_workspace(), Some("test"))
-        .await
-        .unwrap()
-        .plaintext;
-    Harness {
-        state,
-        sessions,
-        stores,
-        api_key,
-        shutdown,
-    }
+    Harness::start(options).await
 }
 
 async fn harness() -> Harness {
@@ -120,10 +60,6 @@ fn snapshot(run_id: RunId, token: &str, patch: Value) -> Value {
 }
 
 impl Harness {
-    fn app(&self) -> Router {
-        app(self.state.clone())
-    }
-
     /// A run with a session and its token.
     async fn run(&self, patch: Value) -> (RunId, String) {
         let run_id = RunId::new();
@@ -153,7 +89,12 @@ impl Harness {
         (status, body)
     }
 
-    async fn call(&self, action: &str, bearer: Option<&str>, body: &Value) -> (StatusCode, Value) {
+    async fn host_call(
+        &self,
+        action: &str,
+        bearer: Option<&str>,
+        body: &Value,
+    ) -> (StatusCode, Value) {
         let mut request = Request::post(format!("/v1/host/{action}"))
             .header(header::CONTENT_TYPE, "application/json");
         if let Some(token) = bearer {
@@ -170,7 +111,7 @@ impl Harness {
         run_id: RunId,
         params: Value,
     ) -> (StatusCode, Value) {
-        self.call(
+        self.host_call(
             action,
             Some(token),
             &json!({"run_id": run_id, "params": params}),
@@ -203,7 +144,7 @@ async fn the_run_token_opens_the_runs_host_api() {
     assert!(body.get("chunks").is_none(), "nothing was streamed: {body}");
     // `params` may be omitted
     let (status, _) = h
-        .call("get_host_version", Some(&token), &json!({"run_id": run_id}))
+        .host_call("get_host_version", Some(&token), &json!({"run_id": run_id}))
         .await;
     assert_eq!(status, StatusCode::OK);
 
@@ -274,7 +215,7 @@ async fn wrong_missing_or_foreign_tokens_are_unauthorized() {
 
     // no bearer at all, or another scheme
     let answer = h
-        .call("get_host_version", None, &json!({"run_id": run_a}))
+        .host_call("get_host_version", None, &json!({"run_id": run_a}))
         .await;
     assert_refused(&answer, StatusCode::UNAUTHORIZED, "unauthorized");
     let request = Request::post("/v1/host/get_host_version")
@@ -289,7 +230,7 @@ async fn wrong_missing_or_foreign_tokens_are_unauthorized() {
     );
 
     // an API key is not a run token
-    let key = h.api_key.clone();
+    let key = h.key.clone();
     let answer = h.call_run("get_host_version", &key, run_a, json!({})).await;
     assert_refused(&answer, StatusCode::UNAUTHORIZED, "unauthorized");
 
@@ -424,7 +365,7 @@ async fn malformed_bodies_are_invalid_arguments_in_the_runner_shape() {
         json!({"run_id": run_id, "params": {}, "action": "ping"}),
         json!("run"),
     ] {
-        let answer = h.call("get_host_version", Some(&token), &body).await;
+        let answer = h.host_call("get_host_version", Some(&token), &body).await;
         assert_eq!(answer.0, StatusCode::BAD_REQUEST, "{body}: {}", answer.1);
         assert_refused(&answer, StatusCode::BAD_REQUEST, "invalid_argument");
     }

@@ -1,97 +1,31 @@
 //! HTTP tests: the real router (`app(state).oneshot(req)`, no socket) on in-memory SQLite,
 //! the memory bus and the memory session store.
 
-use std::sync::Arc;
 use std::time::Duration;
 
-use axum::Router;
 use axum::body::Body;
 use axum::http::{Method, Request, StatusCode, header};
 use axum::response::Response;
 use chrono::Utc;
 use futures::StreamExt;
-use sb_common::bus::memory::MemoryBus;
-use sb_common::bus::topology::{
-    Topology, TopologyOptions, declare_topology, deliveries_routing_key,
-};
+use sb_common::bus::topology::{declare_topology, deliveries_routing_key};
 use sb_common::bus::{Bus, PublishOptions};
-use sb_common::session::memory::MemorySessionStore;
 use sb_common::shutdown::Shutdown;
 use sb_gateway::relay::{OutboxRelay, RelayHandle, RelayOptions};
-use sb_gateway::{AppState, GatewayDeps, GatewayOptions, app};
+use sb_gateway::{GatewayDeps, GatewayOptions};
 use sb_protocol::ids::{EventId, RunId, WorkspaceId};
 use sb_protocol::messages::{DeliveryMessage, EventMessage, ResultMessage, decode, encode};
 use sb_protocol::result::AgentRunResult;
-use sb_store::{
-    EventStatus, EventStatusUpdate, NewRun, NewRunEvent, NewTranscriptItem, RunnerRow, SqlStore,
-    SqlStoreOptions, Stores,
-};
+use sb_store::{EventStatus, EventStatusUpdate, NewRun, NewRunEvent, NewTranscriptItem, RunnerRow};
 use serde_json::{Value, json};
 use tower::ServiceExt;
 
-struct Harness {
-    state: AppState,
-    stores: Stores,
-    bus: Arc<MemoryBus>,
-    topology: Topology,
-    sessions: Arc<MemorySessionStore>,
-    key: String,
-    shutdown: Shutdown,
-}
+mod support;
 
-impl Drop for Harness {
-    fn drop(&mut self) {
-        self.shutdown.trigger();
-    }
-}
+use support::Harness;
 
 async fn harness_with(options: GatewayOptions) -> Harness {
-    let store = SqlStore::connect(
-        "sqlite::memory:",
-        &SqlStoreOptions {
-            migrate: true,
-            ..SqlStoreOptions::default()
-        },
-    )
-    .await
-    .expect("sqlite");
-    let stores = Stores::from_sql(store);
-    let bus = Arc::new(MemoryBus::new());
-    let topology = declare_topology(
-        bus.as_ref(),
-        &TopologyOptions {
-            name_prefix: format!("test-{}.switchboard", uuid::Uuid::new_v4().simple()),
-            ..TopologyOptions::default()
-        },
-    )
-    .await
-    .expect("topology");
-    let shutdown = Shutdown::new();
-    let sessions = Arc::new(MemorySessionStore::new());
-    let deps = GatewayDeps {
-        stores: stores.clone(),
-        bus: bus.clone(),
-        sessions: sessions.clone(),
-        topology: topology.clone(),
-    };
-    let state = AppState::new(deps, options, shutdown.clone())
-        .await
-        .expect("state");
-    let key = stores
-        .tenancy
-        .create_api_key(&WorkspaceId::default_workspace(), Some("test"))
-        .await
-        .unwrap()
-        .plaintext;
-    Harness {
-        state,
-        stores,
-        bus,
-        topology,
-        sessions,
-        key,
-        shutdown,
-    }
+    Harness::start(options).await
 }
 
 async fn harness() -> Harness {
@@ -103,10 +37,6 @@ async fn harness() -> Harness {
 }
 
 impl Harness {
-    fn app(&self) -> Router {
-        app(self.state.clone())
-    }
-
     async fn send(&self, request: Request<Body>) -> Response {
         self.app().oneshot(request).await.unwrap()
     }

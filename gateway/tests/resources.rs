@@ -1,105 +1,28 @@
 //! The resource registry routes (`/v1/models`, `/v1/tools`, `/v1/knowledge-bases`): the real
 //! router on in-memory SQLite, the memory bus and the memory session store.
 
-use std::sync::Arc;
 use std::time::Duration;
 
-use axum::body::Body;
-use axum::http::{Request, StatusCode, header};
-use axum::response::Response;
-use sb_common::bus::memory::MemoryBus;
-use sb_common::bus::topology::{TopologyOptions, declare_topology};
-use sb_common::session::memory::MemorySessionStore;
-use sb_common::shutdown::Shutdown;
-use sb_gateway::{AppState, GatewayDeps, GatewayOptions, app};
+use axum::http::StatusCode;
+use sb_gateway::GatewayOptions;
 use sb_protocol::ids::WorkspaceId;
 use sb_store::resources::MAX_DOCUMENT_BYTES;
-use sb_store::{
-    ArtifactContent, ArtifactScope, KbHit, KbSearch, NewArtifact, SqlStore, SqlStoreOptions, Stores,
-};
+use sb_store::{ArtifactContent, ArtifactScope, KbHit, KbSearch, NewArtifact};
 use serde_json::{Value, json};
-use tower::ServiceExt;
 
-struct Harness {
-    state: AppState,
-    stores: Stores,
-    key: String,
-    shutdown: Shutdown,
-}
+mod support;
 
-impl Drop for Harness {
-    fn drop(&mut self) {
-        self.shutdown.trigger();
-    }
-}
+use support::Harness;
 
 async fn harness() -> Harness {
     harness_with(GatewayOptions::default()).await
 }
 
 async fn harness_with(options: GatewayOptions) -> Harness {
-    let store = SqlStore::connect(
-        "sqlite::memory:",
-        &SqlStoreOptions {
-            migrate: true,
-            ..SqlStoreOptions::default()
-        },
-    )
-    .await
-    .expect("sqlite");
-    let stores = Stores::from_sql(store);
-    let bus = Arc::new(MemoryBus::new());
-    let topology = declare_topology(
-        bus.as_ref(),
-        &TopologyOptions {
-            name_prefix: format!("test-{}.switchboard", uuid::Uuid::new_v4().simple()),
-            ..TopologyOptions::default()
-        },
-    )
-    .await
-    .expect("topology");
-    let shutdown = Shutdown::new();
-    let deps = GatewayDeps {
-        stores: stores.clone(),
-        bus,
-        sessions: Arc::new(MemorySessionStore::new()),
-        topology,
-    };
-    let state = AppState::new(deps, options, shutdown.clone())
-        .await
-        .expect("state");
-    let key = stores
-        .tenancy
-        .create_api_key(&WorkspaceId::default_workspace(), Some("test"))
-        .await
-        .unwrap()
-        .plaintext;
-    Harness {
-        state,
-        stores,
-        key,
-        shutdown,
-    }
+    Harness::start(options).await
 }
 
 impl Harness {
-    async fn call(&self, method: &str, uri: &str, body: Option<&Value>) -> (StatusCode, Value) {
-        let req = Request::builder()
-            .method(method)
-            .uri(uri)
-            .header(header::AUTHORIZATION, format!("Bearer {}", self.key))
-            .header(header::CONTENT_TYPE, "application/json")
-            .body(body.map_or_else(Body::empty, |b| Body::from(b.to_string())))
-            .unwrap();
-        let response: Response = app(self.state.clone()).oneshot(req).await.unwrap();
-        let status = response.status();
-        let bytes = axum::body::to_bytes(response.into_body(), usize::MAX)
-            .await
-            .unwrap();
-        let body = serde_json::from_slice(&bytes).unwrap_or(Value::Null);
-        (status, body)
-    }
-
     /// Creates knowledge base `name`; panics unless the API answers `201`. Returns its id.
     async fn create_kb(&self, name: &str) -> String {
         let (status, kb) = self

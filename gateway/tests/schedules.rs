@@ -1,117 +1,22 @@
 //! The schedule routes (`/v1/schedules`): the real router on in-memory SQLite, the memory
 //! bus and the memory session store.
 
-use std::sync::Arc;
-
-use axum::body::Body;
-use axum::http::{Request, StatusCode, header};
-use axum::response::Response;
+use axum::http::StatusCode;
 use chrono::Utc;
-use sb_common::bus::memory::MemoryBus;
-use sb_common::bus::topology::{TopologyOptions, declare_topology};
-use sb_common::session::memory::MemorySessionStore;
-use sb_common::shutdown::Shutdown;
-use sb_gateway::{AppState, GatewayDeps, GatewayOptions, app};
+use sb_gateway::GatewayOptions;
 use sb_orchestrator::scheduler::plan_firing;
-use sb_protocol::ids::{EventId, WorkspaceId};
-use sb_store::{SqlStore, SqlStoreOptions, Stores};
+use sb_protocol::ids::EventId;
 use serde_json::{Value, json};
-use tower::ServiceExt;
 
-struct Harness {
-    state: AppState,
-    stores: Stores,
-    key: String,
-    other_key: String,
-    shutdown: Shutdown,
-}
+mod support;
 
-impl Drop for Harness {
-    fn drop(&mut self) {
-        self.shutdown.trigger();
-    }
-}
+use support::Harness;
 
 async fn harness() -> Harness {
-    let store = SqlStore::connect(
-        "sqlite::memory:",
-        &SqlStoreOptions {
-            migrate: true,
-            ..SqlStoreOptions::default()
-        },
-    )
-    .await
-    .expect("sqlite");
-    let stores = Stores::from_sql(store);
-    let bus = Arc::new(MemoryBus::new());
-    let topology = declare_topology(
-        bus.as_ref(),
-        &TopologyOptions {
-            name_prefix: format!("test-{}.switchboard", uuid::Uuid::new_v4().simple()),
-            ..TopologyOptions::default()
-        },
-    )
-    .await
-    .expect("topology");
-    let shutdown = Shutdown::new();
-    let deps = GatewayDeps {
-        stores: stores.clone(),
-        bus,
-        sessions: Arc::new(MemorySessionStore::new()),
-        topology,
-    };
-    let state = AppState::new(deps, GatewayOptions::default(), shutdown.clone())
-        .await
-        .expect("state");
-    let key = stores
-        .tenancy
-        .create_api_key(&WorkspaceId::default_workspace(), Some("test"))
-        .await
-        .unwrap()
-        .plaintext;
-    let other_key = stores
-        .tenancy
-        .create_api_key(&WorkspaceId::new("ws-other").unwrap(), Some("other"))
-        .await
-        .unwrap()
-        .plaintext;
-    Harness {
-        state,
-        stores,
-        key,
-        other_key,
-        shutdown,
-    }
+    Harness::start(GatewayOptions::default()).await
 }
 
 impl Harness {
-    async fn call_as(
-        &self,
-        key: &str,
-        method: &str,
-        uri: &str,
-        body: Option<&Value>,
-    ) -> (StatusCode, Value) {
-        let req = Request::builder()
-            .method(method)
-            .uri(uri)
-            .header(header::AUTHORIZATION, format!("Bearer {key}"))
-            .header(header::CONTENT_TYPE, "application/json")
-            .body(body.map_or_else(Body::empty, |b| Body::from(b.to_string())))
-            .unwrap();
-        let response: Response = app(self.state.clone()).oneshot(req).await.unwrap();
-        let status = response.status();
-        let bytes = axum::body::to_bytes(response.into_body(), usize::MAX)
-            .await
-            .unwrap();
-        let body = serde_json::from_slice(&bytes).unwrap_or(Value::Null);
-        (status, body)
-    }
-
-    async fn call(&self, method: &str, uri: &str, body: Option<&Value>) -> (StatusCode, Value) {
-        self.call_as(&self.key, method, uri, body).await
-    }
-
     async fn create(&self, body: &Value) -> Value {
         let (status, created) = self.call("POST", "/v1/schedules", Some(body)).await;
         assert_eq!(status, StatusCode::CREATED, "{created}");
@@ -193,15 +98,16 @@ async fn schedules_create_read_list_and_delete() {
 #[tokio::test]
 async fn schedules_are_scoped_to_the_key_workspace() {
     let h = harness().await;
+    let other_key = h.api_key("ws-other").await;
     let created = h
         .create(&json!({"kind": "interval", "spec": "1h", "event": good_morning()}))
         .await;
     let uri = format!("/v1/schedules/{}", created["schedule_id"].as_str().unwrap());
-    let (status, _) = h.call_as(&h.other_key, "GET", &uri, None).await;
+    let (status, _) = h.call_as(&other_key, "GET", &uri, None).await;
     assert_eq!(status, StatusCode::NOT_FOUND);
-    let (status, _) = h.call_as(&h.other_key, "DELETE", &uri, None).await;
+    let (status, _) = h.call_as(&other_key, "DELETE", &uri, None).await;
     assert_eq!(status, StatusCode::NOT_FOUND);
-    let (status, page) = h.call_as(&h.other_key, "GET", "/v1/schedules", None).await;
+    let (status, page) = h.call_as(&other_key, "GET", "/v1/schedules", None).await;
     assert_eq!(status, StatusCode::OK);
     assert_eq!(page["items"], json!([]));
     // Still there for its owner.
