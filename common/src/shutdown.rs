@@ -124,6 +124,26 @@ impl Shutdown {
         self.token.cancelled()
     }
 
+    /// Runs `tick` every `period` (the first at once) until shutdown begins, for the
+    /// periodic scans of a role (reaper, scheduler). A tick that overruns delays the next
+    /// one instead of letting missed ticks fire back to back; a tick in progress when
+    /// shutdown begins finishes first.
+    pub async fn every<F, Fut>(&self, period: std::time::Duration, mut tick: F)
+    where
+        F: FnMut() -> Fut,
+        Fut: std::future::Future<Output = ()>,
+    {
+        let mut ticks = tokio::time::interval(period);
+        ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        loop {
+            tokio::select! {
+                biased;
+                () = self.cancelled() => return,
+                _ = ticks.tick() => tick().await,
+            }
+        }
+    }
+
     /// A clone of the root token (for APIs that take a token, e.g. axum's
     /// `with_graceful_shutdown(token.cancelled_owned())`).
     pub fn token(&self) -> CancellationToken {

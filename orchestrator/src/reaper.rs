@@ -111,23 +111,19 @@ impl Reaper {
 
     /// Scans every `reaper_interval` until shutdown.
     pub async fn run(self, shutdown: Shutdown) {
-        let mut interval = tokio::time::interval(self.options.reaper_interval);
-        interval.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-        loop {
-            tokio::select! {
-                biased;
-                _ = shutdown.cancelled() => return,
-                _ = interval.tick() => {
-                    if let Err(error) = self.reap_once().await {
-                        tracing::warn!(%error, "reaper scan failed; retrying at the next tick");
-                    }
-                    match self.conversations.sweep().await {
-                        Ok(0) => {}
-                        Ok(n) => tracing::info!(released = n, "parked events released by the sweep"),
-                        Err(error) => tracing::warn!(%error, "parked-queue sweep failed; retrying at the next tick"),
+        shutdown
+            .every(self.options.reaper_interval, || async {
+                if let Err(error) = self.reap_once().await {
+                    tracing::warn!(%error, "reaper scan failed; retrying at the next tick");
+                }
+                match self.conversations.sweep().await {
+                    Ok(0) => {}
+                    Ok(n) => tracing::info!(released = n, "parked events released by the sweep"),
+                    Err(error) => {
+                        tracing::warn!(%error, "parked-queue sweep failed; retrying at the next tick");
                     }
                 }
-            }
-        }
+            })
+            .await;
     }
 }

@@ -126,19 +126,13 @@ impl Scheduler {
 
     /// Scans every `scheduler_interval` until shutdown.
     pub async fn run(self, shutdown: Shutdown) {
-        let mut interval = tokio::time::interval(self.options.scheduler_interval);
-        interval.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-        loop {
-            tokio::select! {
-                biased;
-                _ = shutdown.cancelled() => return,
-                _ = interval.tick() => {
-                    if let Err(error) = self.fire_due().await {
-                        tracing::warn!(%error, "scheduler scan failed; retrying at the next tick");
-                    }
+        shutdown
+            .every(self.options.scheduler_interval, || async {
+                if let Err(error) = self.fire_due().await {
+                    tracing::warn!(%error, "scheduler scan failed; retrying at the next tick");
                 }
-            }
-        }
+            })
+            .await;
     }
 }
 
