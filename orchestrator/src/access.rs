@@ -80,25 +80,8 @@ fn is_sentinel(s: &str) -> bool {
     NONE_SENTINELS.contains(&s)
 }
 
-/// LLM or rerank.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
-pub enum ModelKind {
-    /// Chat/completion model (`invoke`, `stream`).
-    Llm,
-    /// Rerank model (`rerank`).
-    Rerank,
-}
-
-impl ModelKind {
-    /// `llm` / `rerank`, the `model_type` runners see.
-    #[must_use]
-    pub const fn as_str(self) -> &'static str {
-        match self {
-            Self::Llm => "llm",
-            Self::Rerank => "rerank",
-        }
-    }
-}
+/// LLM or rerank: the registry's kind; `as_str` is the `model_type` runners see.
+pub use sb_store::ModelKind;
 
 /// A model that exists in the workspace.
 #[derive(Debug, Clone, PartialEq, Eq)]

@@ -138,10 +138,7 @@ impl ResourceCatalog for StoreCatalog {
                     id.clone(),
                     access::ModelInfo {
                         model_id: id,
-                        kind: match m.kind {
-                            sb_store::ModelKind::Llm => access::ModelKind::Llm,
-                            sb_store::ModelKind::Rerank => access::ModelKind::Rerank,
-                        },
+                        kind: m.kind,
                         provider: Some("openai_compatible".to_owned()),
                         context_window: m.context_window.and_then(|w| u64::try_from(w).ok()),
                     },

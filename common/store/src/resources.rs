@@ -24,7 +24,7 @@ pub const MAX_KB_TOP_K: u64 = 50;
 pub const MAX_FILTER_DOCUMENTS: usize = 100;
 
 /// Kind of a model.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum ModelKind {
     /// Chat completions (`invoke`, `stream`).
