@@ -29,15 +29,18 @@ RUN --mount=type=cache,target=/usr/local/cargo/registry \
 # --- runtime -------------------------------------------------------------------------------
 FROM debian:bookworm-slim
 # ca-certificates: TLS to Postgres/RabbitMQ/Redis/model providers. tini: PID 1 that forwards
-# signals and reaps runner grandchildren that exit after their parent.
+# signals and reaps runner grandchildren that exit after their parent. python3: runners
+# written in Python (docs/RUNNERS.md), started as `command = "/usr/bin/python3"`.
 RUN apt-get update \
- && apt-get install -y --no-install-recommends ca-certificates tini \
+ && apt-get install -y --no-install-recommends ca-certificates tini python3 \
  && rm -rf /var/lib/apt/lists/* \
  && useradd --system --uid 10001 --user-group --home-dir /app --no-create-home switchboard \
  && mkdir -p /app/data \
  && chown switchboard:switchboard /app/data
 COPY --from=builder /out/bin/switchboard /usr/local/bin/switchboard
 COPY --from=builder /out/runners /app/runners
+# The Python runner SDK (standard library only, so no pip): importable by the system python3.
+COPY sdk/python/src/switchboard_runner /usr/lib/python3/dist-packages/switchboard_runner
 WORKDIR /app
 USER switchboard
 ENV SWITCHBOARD__WORKER__RUNNERS_DIRS=/app/runners \

@@ -85,8 +85,8 @@ use sb_protocol::manifest::RunnerId;
 use sb_protocol::messages::{EventMessage, encode};
 use sb_protocol::result::AgentRunResult;
 use sb_store::{
-    EventRecord, EventStatus, NewAgent, RunOutcome, RunStatus, SqlStore, SqlStoreOptions,
-    StoreError, StoreLimits, Stores,
+    ApiKeyRole, EventRecord, EventStatus, NewAgent, RunOutcome, RunStatus, SqlStore,
+    SqlStoreOptions, StoreError, StoreLimits, Stores,
 };
 use sb_worker::{Worker, WorkerDeps, WorkerError, WorkerHandle, WorkerOptions, WorkerReport};
 use serde_json::{Value, json};
@@ -262,6 +262,9 @@ pub enum StartError {
     /// The configuration failed validation.
     #[error("invalid configuration: {0}")]
     Config(#[from] sb_common::config::ConfigError),
+    /// The process could not be made non-dumpable (SECURITY.md).
+    #[error("cannot harden the process: {0}")]
+    Hardening(String),
     /// The HTTP address cannot be bound.
     #[error("cannot listen on {addr}: {source}")]
     Listen {
@@ -498,6 +501,11 @@ pub async fn start_with(
     shutdown: Shutdown,
 ) -> Result<Embedded, StartError> {
     config.validate()?;
+    // Every role holds credentials (database, bus, session store): no process of the same
+    // user, a runner included, may read them from `/proc/<pid>/environ` or attach to us.
+    // The worker does this too (it is a library); here it covers a lone gateway or
+    // orchestrator as well.
+    sb_worker::runner::make_undumpable().map_err(|e| StartError::Hardening(e.to_string()))?;
     if shutdown.is_shutting_down() {
         return Err(ShutdownError {
             task: "switchboard".into(),
@@ -995,7 +1003,11 @@ async fn open_bus(
     }
 }
 
-async fn open_sessions(config: &SwitchboardConfig) -> Result<Arc<dyn SessionStore>, StartError> {
+/// The session store the configuration names (memory or Redis). Also what `switchboard keys
+/// revoke` on a database announces revocations to.
+pub async fn open_sessions(
+    config: &SwitchboardConfig,
+) -> Result<Arc<dyn SessionStore>, StartError> {
     let sessions = &config.sessions;
     match sessions.kind {
         SessionsKind::Memory => Ok(Arc::new(MemorySessionStore::with_prefix(
@@ -1038,8 +1050,10 @@ pub fn topology_options(config: &SwitchboardConfig) -> Result<TopologyOptions, B
 // Bootstrap
 // ---------------------------------------------------------------------------------------------
 
-/// Workspace `default` and its API key: the one in `<data-dir>/api-key` if it still
-/// authenticates for `default`, else a new one written there (mode 0600).
+/// Workspace `default` and its admin API key: the one in `<data-dir>/api-key` if it still
+/// authenticates as an admin key of `default`, else a new one written there (mode 0600). The
+/// key is `admin` because it is the operator's: it creates the default agent, and `send`,
+/// the README's `curl` examples and `switchboard keys` use it.
 async fn bootstrap_key(stores: &Stores, data_dir: &Path) -> Result<BootstrapReport, StartError> {
     let workspace = WorkspaceId::default_workspace();
     let store_err = |source| StartError::Store {
@@ -1058,9 +1072,11 @@ async fn bootstrap_key(stores: &Stores, data_dir: &Path) -> Result<BootstrapRepo
     let file = data_dir.join(API_KEY_FILE);
     if let Ok(text) = std::fs::read_to_string(&file) {
         let key = text.trim();
-        if !key.is_empty()
-            && stores.tenancy.authenticate(key).await.map_err(store_err)? == Some(workspace.clone())
-        {
+        let valid = match stores.tenancy.authenticate(key).await.map_err(store_err)? {
+            Some(found) => found.workspace_id == workspace && found.role == ApiKeyRole::Admin,
+            None => false,
+        };
+        if !key.is_empty() && valid {
             return Ok(BootstrapReport {
                 api_key: key.to_owned(),
                 api_key_file: file,
@@ -1068,18 +1084,18 @@ async fn bootstrap_key(stores: &Stores, data_dir: &Path) -> Result<BootstrapRepo
                 default_agent: None,
             });
         }
-        tracing::warn!(file = %file.display(), "the API key file holds no valid key for workspace default; creating a new key");
+        tracing::warn!(file = %file.display(), "the API key file holds no valid admin key for workspace default; creating a new key");
     }
     let key = stores
         .tenancy
-        .create_api_key(&workspace, Some("switchboard dev"))
+        .create_api_key(&workspace, Some("switchboard dev"), ApiKeyRole::Admin)
         .await
         .map_err(store_err)?;
     write_secret(&file, &key.plaintext).map_err(|source| StartError::DataDir {
         path: file.clone(),
         source,
     })?;
-    tracing::info!(key_id = %key.id, prefix = %key.prefix, file = %file.display(), "API key created");
+    tracing::info!(key_id = %key.record.id, prefix = %key.record.prefix, file = %file.display(), "API key created");
     Ok(BootstrapReport {
         api_key: key.plaintext,
         api_key_file: file,

@@ -214,6 +214,10 @@ pub struct SwitchboardConfig {
     pub providers: ProvidersConfig,
     /// Limits enforced on runners and API clients (SPEC §13).
     pub limits: LimitsConfig,
+    /// The secrets tenants may reference from models and tools (SPEC §14).
+    pub secrets: SecretsConfig,
+    /// Where models and tools may be reached (SPEC §14).
+    pub egress: EgressConfig,
     /// Logging.
     pub telemetry: TelemetryConfig,
 }
@@ -379,6 +383,10 @@ pub struct GatewayConfig {
     pub outbox_poll_interval: Duration,
     /// Outbox rows published per relay round.
     pub outbox_batch: NonZeroU32,
+    /// API key lookups kept in memory (least recently used dropped first), so an
+    /// authenticated request costs no database query; a revocation still takes effect on
+    /// the next request on every gateway (see `sb_gateway::auth`).
+    pub key_cache_entries: NonZeroUsize,
 }
 
 impl Default for GatewayConfig {
@@ -397,6 +405,9 @@ impl Default for GatewayConfig {
             outbox_poll_interval: Duration::from_millis(500),
             // One round drains a typical backlog in a few confirms without a huge transaction.
             outbox_batch: nz32(100),
+            // A few hundred bytes each: 10 000 keys cost a few MiB and cover any deployment
+            // we know of; a miss is one indexed query.
+            key_cache_entries: nzu(10_000),
         }
     }
 }
@@ -490,6 +501,54 @@ pub struct WorkerConfig {
     /// handed back to the queue.
     #[serde(with = "humantime_serde")]
     pub drain_timeout: Duration,
+    /// How runner processes are confined (SPEC §14).
+    pub sandbox: SandboxConfig,
+}
+
+/// How a worker confines its runner processes (SPEC §14, `SECURITY.md`). Whatever is set
+/// here, the worker makes itself non-dumpable at start, so no runner can read its memory or
+/// `/proc/<worker>/environ`, and every runner gets a cleared environment, its own process
+/// group, `no_new_privs`, the resource limits below and a private temporary directory.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct SandboxConfig {
+    /// User the runners run as when the worker can switch users (it runs as root). Unset:
+    /// `nobody`. A worker that cannot switch runs them as its own user.
+    pub user: Option<String>,
+    /// Allow runners to run as root (`user = "root"`, or a root worker that cannot find the
+    /// user). Off: such a start is refused.
+    pub allow_root: bool,
+    /// CPU time one runner process may use (`RLIMIT_CPU`), e.g. `1h`; a shared process
+    /// that reaches it is restarted like any crashed one. Unset: no limit.
+    #[serde(with = "humantime_serde")]
+    pub cpu_time: Option<Duration>,
+    /// Address space of one runner process in bytes (`RLIMIT_AS`). Unset: no limit.
+    pub memory_bytes: Option<u64>,
+    /// Open files of one runner process (`RLIMIT_NOFILE`).
+    pub open_files: NonZeroU32,
+    /// Processes and threads of the runner user (`RLIMIT_NPROC`).
+    pub processes: NonZeroU32,
+    /// Directory under which each runner process gets its private temporary directory
+    /// (`TMPDIR`), removed when the process exits. Unset: the system's.
+    pub temp_root: Option<PathBuf>,
+}
+
+impl Default for SandboxConfig {
+    fn default() -> Self {
+        Self {
+            user: None,
+            allow_root: false,
+            cpu_time: None,
+            // 8 GiB of address space: far above an agent loop's needs, yet a runaway
+            // allocation fails in the runner instead of pushing the worker's host into swap.
+            memory_bytes: Some(8 * 1024 * 1024 * 1024),
+            // Enough for an HTTP client pool and a few files; a descriptor leak fails fast.
+            open_files: nz32(1024),
+            // Threads count: a tokio or Python runner uses tens; 512 stops a fork bomb.
+            processes: nz32(512),
+            temp_root: None,
+        }
+    }
 }
 
 impl WorkerConfig {
@@ -526,6 +585,7 @@ impl Default for WorkerConfig {
             // Below the usual 30 s container stop timeout, so leases are released and jobs
             // requeued before the process is killed.
             drain_timeout: Duration::from_secs(20),
+            sandbox: SandboxConfig::default(),
         }
     }
 }
@@ -670,6 +730,14 @@ pub struct LimitsConfig {
     /// Largest `max_response_bytes` an HTTP tool may be registered with, and the most of a
     /// tool's answer a worker buffers at execution whatever the tool was registered with.
     pub tool_response_bytes_max: NonZeroUsize,
+    /// `/v1` requests one API key may make per second (token bucket refill); more are
+    /// refused with `429 rate_limited` and `Retry-After`. Unset disables the limit.
+    pub requests_per_second_per_key: Option<NonZeroU32>,
+    /// `/v1` requests one API key may make in a burst (token bucket size).
+    pub requests_burst_per_key: NonZeroU32,
+    /// Result streams (SSE) one API key may hold open at once; one more is refused with
+    /// `429 rate_limited`.
+    pub streams_per_key: NonZeroU32,
     /// Per-run budgets.
     pub budgets: BudgetsConfig,
 }
@@ -703,9 +771,45 @@ impl Default for LimitsConfig {
             // budget already refuses answers far smaller than either.
             tool_timeout_max: Duration::from_secs(120),
             tool_response_bytes_max: nzu(16 * MIB),
+            // Far above what one client of a 2-core host can use (every request is a
+            // database transaction or a stream), so only a runaway or hostile client meets it;
+            // the burst absorbs a client's reconnect storm.
+            requests_per_second_per_key: Some(nz32(2_000)),
+            requests_burst_per_key: nz32(4_000),
+            // Each stream holds a connection and a bus subscription; 1 000 per key covers a
+            // busy chat front end while one key cannot exhaust a gateway's file descriptors.
+            streams_per_key: nz32(1_000),
             budgets: BudgetsConfig::default(),
         }
     }
+}
+
+/// The secrets a tenant may reference (SPEC §14): a model's `api_key_env` and a tool's
+/// `headers_env` may name only a variable listed here, which the operator set on the workers
+/// (and on gateways serving the remote Host API). Registration refuses any other name, and
+/// workers check again before reading one, so a key cannot make a worker send its own
+/// environment to a URL of the tenant's choosing.
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct SecretsConfig {
+    /// Environment variable names, e.g. `OPENAI_API_KEY,TOOL_TOKEN` (comma-separated in the
+    /// environment). The host's own `SWITCHBOARD*` variables can never be listed.
+    #[serde(deserialize_with = "string_or_seq")]
+    pub allow: Vec<String>,
+}
+
+/// Where models and tools may be reached (SPEC §14). Outbound calls go only to public
+/// addresses unless an entry here allows more: link-local and cloud metadata addresses are
+/// denied whatever this says; loopback, private, shared and unspecified ranges are denied
+/// unless a CIDR here covers the address or a host name here is the URL's host. The check runs
+/// at registration and again on every resolved address at connect time.
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct EgressConfig {
+    /// CIDRs (`127.0.0.0/8`, `10.1.0.0/16`, `::1/128`) or host names (`ollama.internal`),
+    /// comma-separated in the environment. `switchboard dev` adds loopback.
+    #[serde(deserialize_with = "string_or_seq")]
+    pub allow: Vec<String>,
 }
 
 /// Logging.
@@ -843,6 +947,8 @@ impl SwitchboardConfig {
         self.validate_worker(&mut p);
         self.validate_providers(&mut p);
         self.validate_limits(&mut p);
+        self.validate_secrets(&mut p);
+        self.validate_egress(&mut p);
         self.validate_telemetry(&mut p);
         if p.0.is_empty() {
             Ok(())
@@ -1005,6 +1111,22 @@ impl SwitchboardConfig {
                         l.page_size_max
                     ),
                 );
+            }
+        }
+    }
+
+    fn validate_secrets(&self, p: &mut Problems) {
+        for name in &self.secrets.allow {
+            if let Err(e) = crate::secrets::check_allowable(name) {
+                p.push("secrets.allow", e.to_string());
+            }
+        }
+    }
+
+    fn validate_egress(&self, p: &mut Problems) {
+        for entry in &self.egress.allow {
+            if let Err(e) = crate::egress::AllowEntry::parse(entry) {
+                p.push("egress.allow", e.to_string());
             }
         }
     }

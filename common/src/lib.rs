@@ -4,6 +4,8 @@
 //!
 //! # Layout
 //! - [`config`]: the configuration tree, its loader (defaults → file → env → CLI) and `validate()`.
+//! - [`egress`]: which addresses model and tool calls may reach (SPEC §14).
+//! - [`secrets`]: which environment variables models and tools may reference (SPEC §14).
 //! - [`error`]: re-export of the closed error-code set and the `HasErrorCode` trait, plus
 //!   `ShutdownError`.
 //! - [`bus`]: the `Bus` trait (publish with confirm, subscribe with manual ack), its in-memory
@@ -16,7 +18,9 @@
 
 pub mod bus;
 pub mod config;
+pub mod egress;
 pub mod error;
+pub mod secrets;
 pub mod session;
 pub mod shutdown;
 pub mod telemetry;

@@ -12,6 +12,7 @@
 //! error-handling example, with quickwit's "one code, one mapping" rule.
 
 use std::fmt;
+use std::time::Duration;
 
 use axum::extract::rejection::{JsonRejection, QueryRejection};
 use axum::extract::{FromRequest, FromRequestParts, Query, Request};
@@ -44,6 +45,9 @@ pub struct ApiError {
     /// Set for answers to runners (the remote Host API): the body then also carries
     /// `retryable` and `details`, the PROTOCOL_V1 §9 error shape.
     runner_fields: Option<RunnerFields>,
+    /// When a retryable refusal knows how long to wait (a token bucket does): sent as
+    /// `Retry-After` in whole seconds, at least 1. `None`: `1` for retryable codes.
+    retry_after: Option<Duration>,
 }
 
 /// The two fields the runner-facing error shape adds.
@@ -84,6 +88,7 @@ impl ApiError {
             detail: None,
             unprocessable: false,
             runner_fields: None,
+            retry_after: None,
         }
     }
 
@@ -101,6 +106,7 @@ impl ApiError {
                 retryable: error.retryable,
                 details: error.details,
             }),
+            retry_after: None,
         }
     }
 
@@ -136,6 +142,23 @@ impl ApiError {
         )
     }
 
+    /// `403 permission_denied`: the key is valid, but its role does not allow `what`.
+    pub fn permission_denied(what: &str) -> Self {
+        Self::new(
+            ErrorCode::PermissionDenied,
+            format!("{what} needs an admin api key; this key has the client role"),
+        )
+    }
+
+    /// `429 rate_limited` with `Retry-After: <retry_after, rounded up to whole seconds, at
+    /// least 1>`.
+    pub fn rate_limited(message: impl Into<String>, retry_after: Duration) -> Self {
+        Self {
+            retry_after: Some(retry_after),
+            ..Self::new(ErrorCode::RateLimited, message)
+        }
+    }
+
     /// `500 internal` with a generic public message; `detail` is only logged.
     pub fn internal(detail: impl fmt::Display) -> Self {
         Self {
@@ -144,6 +167,7 @@ impl ApiError {
             detail: Some(detail.to_string()),
             unprocessable: false,
             runner_fields: None,
+            retry_after: None,
         }
     }
 
@@ -168,6 +192,7 @@ impl ApiError {
                 detail: Some(err.to_string()),
                 unprocessable: false,
                 runner_fields: None,
+                retry_after: None,
             }
         } else {
             Self::new(code, err.to_string())
@@ -193,6 +218,14 @@ impl ApiError {
         }
         StatusCode::from_u16(self.code.http_status()).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR)
     }
+}
+
+/// `Retry-After` in whole seconds (RFC 9110 §10.2.3 has no fractions), rounded up so a client
+/// that waits as told is not refused again, and never `0`, which some clients read as "now,
+/// in a loop".
+fn retry_after_header(wait: Option<Duration>) -> HeaderValue {
+    let secs = wait.map_or(1, |w| w.as_secs() + u64::from(w.subsec_nanos() > 0));
+    HeaderValue::from(secs.max(1))
 }
 
 /// Codes whose error text is about our dependencies or our bugs, not about the request.
@@ -238,7 +271,7 @@ impl IntoResponse for ApiError {
         if self.code.is_retryable() {
             response
                 .headers_mut()
-                .insert(header::RETRY_AFTER, HeaderValue::from_static("1"));
+                .insert(header::RETRY_AFTER, retry_after_header(self.retry_after));
         }
         if let Some(detail) = self.detail {
             response.extensions_mut().insert(ErrorDetail {
@@ -438,6 +471,35 @@ mod tests {
         assert_eq!(
             ApiError::from_agent(error).into_response().status(),
             StatusCode::BAD_GATEWAY
+        );
+    }
+
+    #[tokio::test]
+    async fn rate_limits_say_how_long_to_wait_in_whole_seconds() {
+        for (wait, header) in [
+            (Duration::ZERO, "1"),
+            (Duration::from_millis(1), "1"),
+            (Duration::from_millis(1000), "1"),
+            (Duration::from_millis(1001), "2"),
+            (Duration::from_secs(7), "7"),
+        ] {
+            let response = ApiError::rate_limited("slow down", wait).into_response();
+            assert_eq!(response.status(), StatusCode::TOO_MANY_REQUESTS);
+            assert_eq!(response.headers()[header::RETRY_AFTER], header, "{wait:?}");
+            assert_eq!(body_json(response).await["code"], "rate_limited");
+        }
+    }
+
+    #[tokio::test]
+    async fn a_client_key_on_an_admin_route_is_permission_denied() {
+        let response = ApiError::permission_denied("creating agents").into_response();
+        assert_eq!(response.status(), StatusCode::FORBIDDEN);
+        assert!(response.headers().get(header::RETRY_AFTER).is_none());
+        let body = body_json(response).await;
+        assert_eq!(body["code"], "permission_denied");
+        assert!(
+            body["message"].as_str().unwrap().contains("admin"),
+            "{body}"
         );
     }
 

@@ -8,22 +8,29 @@
 //!
 //! # Routes
 //!
-//! | route | answer |
-//! | --- | --- |
-//! | `POST /v1/events` | `202 {event_id, status}`; `?stream=true`: the run's SSE stream (`x-event-id` header) |
-//! | `GET /v1/events/{id}` | the event with its routing `status`, `run_id`, `reason` |
-//! | `GET /v1/runs`, `GET /v1/runs/{id}` | runs (newest first, filters) / one run |
-//! | `GET /v1/runs/{id}/events` | `{items: [AgentRunResult], next_cursor, has_more}` after a sequence |
-//! | `GET /v1/runs/{id}/stream` | SSE after `after_sequence` / `Last-Event-ID`, closed after the terminal item |
-//! | `POST /v1/runs/{id}/cancel` | records the intent, sets the cancel flag, broadcasts `cancel.<run_id>` |
-//! | `GET /v1/conversations/{id}/transcript` | `{items: [TranscriptItem], next_cursor, has_more}` |
-//! | `GET /v1/runners` | registered runners |
-//! | `GET/POST /v1/agents`, `GET/PATCH/DELETE /v1/agents/{id}` | agents (`422` unknown runner, `409` ambiguous scope) |
-//! | `GET/POST /v1/models`, `/v1/tools`, `/v1/knowledge-bases`; `POST /v1/knowledge-bases/{kb_id}/documents` | the resource registry (see [`routes::resources`]) |
-//! | `GET /healthz`, `GET /readyz`, `GET /metrics` | liveness, dependency readiness, Prometheus text |
-//! | `POST /v1/host/{action}` | the Host API for runners outside a worker: `{data}` (see [`routes::host`]) |
+//! | route | role | answer |
+//! | --- | --- | --- |
+//! | `POST /v1/events` | client | `202 {event_id, status}`; `?stream=true`: the run's SSE stream (`x-event-id` header) |
+//! | `GET /v1/events/{id}` | client | the event with its routing `status`, `run_id`, `reason` |
+//! | `GET /v1/runs`, `GET /v1/runs/{id}` | client | runs (newest first, filters) / one run |
+//! | `GET /v1/runs/{id}/events` | client | `{items: [AgentRunResult], next_cursor, has_more}` after a sequence |
+//! | `GET /v1/runs/{id}/stream` | client | SSE after `after_sequence` / `Last-Event-ID`, closed after the terminal item |
+//! | `POST /v1/runs/{id}/cancel` | client | records the intent, sets the cancel flag, broadcasts `cancel.<run_id>` |
+//! | `GET /v1/conversations/{id}/transcript` | client | `{items: [TranscriptItem], next_cursor, has_more}` |
+//! | `GET /v1/agents`, `GET /v1/agents/{id}` | client | agents (an application picks the agent it talks to) |
+//! | `POST /v1/agents`, `PATCH/DELETE /v1/agents/{id}` | admin | agents (`422` unknown runner, `409` ambiguous scope) |
+//! | `GET /v1/runners` | admin | registered runners |
+//! | `GET/POST /v1/schedules`, `GET/DELETE /v1/schedules/{id}` | admin | schedules (see [`routes::schedules`]) |
+//! | `GET/POST /v1/models`, `/v1/tools`, `/v1/knowledge-bases`; `POST /v1/knowledge-bases/{kb_id}/documents` | admin | the resource registry (see [`routes::resources`]) |
+//! | `GET/POST /v1/keys`, `DELETE /v1/keys/{id}` | admin | the workspace's API keys (see [`routes::keys`]) |
+//! | `GET /healthz`, `GET /readyz`, `GET /metrics` | none | liveness, dependency readiness, Prometheus text |
+//! | `POST /v1/host/{action}` | run token | the Host API for runners outside a worker: `{data}` (see [`routes::host`]) |
 //!
-//! Every `/v1` route needs `Authorization: Bearer <api key>`; errors are
+//! Every `/v1` route needs `Authorization: Bearer <api key>` (`401 unauthorized` without a
+//! valid one); an admin route called with a `client` key is `403 permission_denied`; every
+//! key has a request rate and a number of open streams (`429 rate_limited`, see [`limits`]).
+//! Reads of the resource registry and the schedules are admin-only as well: they show
+//! configuration (URLs, secret names, events) that an application does not need. Errors are
 //! `{"code", "message"}` with the status of `ErrorCode::http_status`. The exception is the
 //! remote Host API: its bearer is the run's token (`ctx.runtime.metadata.host_api`), never an
 //! API key, and its errors are the runner-facing `{"code", "message", "retryable", "details"}`.
@@ -32,10 +39,13 @@
 //! - [`error`]: [`error::ApiError`], the only place an error becomes an HTTP response, and
 //!   the `ApiJson` / `ApiQuery` extractors whose rejections use the same `{code, message}`
 //!   shape.
-//! - [`auth`]: bearer API key middleware and the [`auth::Caller`] extractor (workspace).
+//! - [`auth`]: bearer API key middleware, the [`auth::Caller`] extractor (workspace, key,
+//!   role), the admin-route check and the revocation-aware key cache.
+//! - [`limits`]: per-key request rate and open-stream limits.
 //! - [`normalize`]: ingest payload → `AgentEventEnvelope` (pure, unit-tested).
 //! - [`routes`]: one file per resource: events, runs, conversations, agents, runners,
-//!   health, `resources` (models, tools, knowledge bases) and `host` (the remote Host API).
+//!   health, `resources` (models, tools, knowledge bases), `keys` and `host` (the remote
+//!   Host API).
 //! - [`stream`]: SSE framing and the ledger-then-live, gap-free result stream.
 //! - [`live`]: the gateway's exclusive delivery queue and the per-run fan-out.
 //! - [`relay`]: the outbox relay task.
@@ -43,6 +53,7 @@
 
 pub mod auth;
 pub mod error;
+pub mod limits;
 pub mod live;
 pub mod normalize;
 pub mod relay;
@@ -55,10 +66,11 @@ use std::time::Instant;
 use axum::Router;
 use axum::error_handling::HandleErrorLayer;
 use axum::extract::{DefaultBodyLimit, MatchedPath, Request, State};
+use axum::handler::Handler;
 use axum::http::header::CONTENT_LENGTH;
 use axum::middleware::{Next, from_fn, from_fn_with_state};
 use axum::response::Response;
-use axum::routing::{get, post};
+use axum::routing::{delete, get, post};
 use axum::serve::ListenerExt as _;
 use sb_common::config::SwitchboardConfig;
 use sb_common::error::ShutdownError;
@@ -74,7 +86,7 @@ pub use crate::state::{AppState, GatewayDeps, GatewayOptions};
 
 use crate::relay::OutboxRelay;
 use crate::routes::{
-    agents, conversations, events, health, host, resources, runners, runs, schedules,
+    agents, conversations, events, health, host, keys, resources, runners, runs, schedules,
 };
 
 /// Errors that stop the gateway.
@@ -104,9 +116,11 @@ pub enum GatewayError {
 /// Layers, outermost first: tracing (span per request with the matched route), error-detail
 /// logging, HTTP metrics, the body-size guard (a `Content-Length` over the limit is refused
 /// before anything is read; chunked bodies are cut at the limit by `DefaultBodyLimit`),
-/// then, on `/v1`, the API-key check; non-streaming `/v1` routes also get the request
-/// timeout. A stream's response is produced at once (its body is fed by a task), so the
-/// timeout never cuts a stream.
+/// then, on `/v1`, the API-key check (with the key's request rate); non-streaming `/v1`
+/// routes also get the request timeout. A stream's response is produced at once (its body is
+/// fed by a task), so the timeout never cuts a stream. Admin handlers are wrapped one by one
+/// in [`admin`], so the role of every route reads off this function (and the table in the
+/// crate docs).
 pub fn app(state: AppState) -> Router {
     let max_body = state.options().max_body_bytes;
     let timeout = state.options().request_timeout;
@@ -122,41 +136,46 @@ pub fn app(state: AppState) -> Router {
             "/v1/conversations/{id}/transcript",
             get(conversations::transcript),
         )
-        .route("/v1/runners", get(runners::list_runners))
+        .route("/v1/runners", get(admin(runners::list_runners)))
         .route(
             "/v1/agents",
-            get(agents::list_agents).post(agents::create_agent),
+            get(agents::list_agents).post(admin(agents::create_agent)),
         )
         .route(
             "/v1/agents/{id}",
             get(agents::get_agent)
-                .patch(agents::update_agent)
-                .delete(agents::delete_agent),
+                .patch(admin(agents::update_agent))
+                .delete(admin(agents::delete_agent)),
         )
         .route(
             "/v1/schedules",
-            get(schedules::list_schedules).post(schedules::create_schedule),
+            get(admin(schedules::list_schedules)).post(admin(schedules::create_schedule)),
         )
         .route(
             "/v1/schedules/{id}",
-            get(schedules::get_schedule).delete(schedules::delete_schedule),
+            get(admin(schedules::get_schedule)).delete(admin(schedules::delete_schedule)),
         )
         .route(
             "/v1/models",
-            get(resources::list_models).post(resources::create_model),
+            get(admin(resources::list_models)).post(admin(resources::create_model)),
         )
         .route(
             "/v1/tools",
-            get(resources::list_tools).post(resources::create_tool),
+            get(admin(resources::list_tools)).post(admin(resources::create_tool)),
         )
         .route(
             "/v1/knowledge-bases",
-            get(resources::list_kbs).post(resources::create_kb),
+            get(admin(resources::list_kbs)).post(admin(resources::create_kb)),
         )
         .route(
             "/v1/knowledge-bases/{kb_id}/documents",
-            post(resources::add_document),
+            post(admin(resources::add_document)),
         )
+        .route(
+            "/v1/keys",
+            get(admin(keys::list_keys)).post(admin(keys::create_key)),
+        )
+        .route("/v1/keys/{id}", delete(admin(keys::revoke_key)))
         .layer(
             ServiceBuilder::new()
                 .layer(HandleErrorLayer::new(timeout_error))
@@ -192,6 +211,17 @@ pub fn app(state: AppState) -> Router {
             tracing::info_span!("http", method = %request.method(), route, uri = %request.uri().path())
         }))
         .with_state(state)
+}
+
+/// `handler`, answered only to admin keys: a `client` key gets `403 permission_denied`
+/// ([`auth::require_admin`]) before the handler's extractors run, so nothing is read or
+/// stored. Runs inside the API-key middleware, which put the caller in the extensions.
+fn admin<H, T>(handler: H) -> impl Handler<T, AppState>
+where
+    H: Handler<T, AppState>,
+    T: 'static,
+{
+    handler.layer(from_fn(auth::require_admin))
 }
 
 async fn timeout_error(err: tower::BoxError) -> ApiError {

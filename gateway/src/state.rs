@@ -19,6 +19,8 @@ use sb_worker::api_gate::ApiGate;
 use sb_worker::providers::ProviderOptions;
 use sb_worker::runner::HostApi;
 
+use crate::auth::{AuthOptions, KeyCache};
+use crate::limits::{KeyLimitOptions, KeyLimits};
 use crate::live::LiveHub;
 use crate::normalize::NormalizeLimits;
 use crate::relay::{RelayHandle, RelayOptions};
@@ -58,6 +60,11 @@ pub struct GatewayOptions {
     /// Timeouts and retries of the model calls served by the remote Host API: the workers'
     /// own, from the same `[providers]` section.
     pub providers: ProviderOptions,
+    /// The API key cache (`gateway.key_cache_entries`).
+    pub auth: AuthOptions,
+    /// Per-key request rate and open streams (`limits.requests_per_second_per_key`,
+    /// `limits.requests_burst_per_key`, `limits.streams_per_key`).
+    pub key_limits: KeyLimitOptions,
 }
 
 impl Default for GatewayOptions {
@@ -94,7 +101,12 @@ impl GatewayOptions {
             tool_response_bytes_max: u64::try_from(limits.tool_response_bytes_max.get())
                 .unwrap_or(u64::MAX),
             host_api: ActionLimits::from_config(limits),
-            providers: ProviderOptions::from_config(&config.providers),
+            auth: AuthOptions {
+                key_cache_entries: g.key_cache_entries,
+                ..AuthOptions::default()
+            },
+            key_limits: KeyLimitOptions::from_config(limits),
+            providers: ProviderOptions::of(config),
         }
     }
 }
@@ -126,6 +138,8 @@ struct Inner {
     relay: RelayHandle,
     shutdown: Shutdown,
     host_api: Arc<dyn HostApi>,
+    keys: KeyCache,
+    key_limits: KeyLimits,
 }
 
 impl AppState {
@@ -155,6 +169,8 @@ impl AppState {
         .with_provider_options(options.providers.clone());
         let host_api: Arc<dyn HostApi> =
             Arc::new(ApiGate::new(Arc::clone(&deps.sessions), dispatcher));
+        let keys = KeyCache::new(options.auth);
+        let key_limits = KeyLimits::new(options.key_limits);
         Ok(Self {
             inner: Arc::new(Inner {
                 deps,
@@ -163,6 +179,8 @@ impl AppState {
                 relay: RelayHandle::new(),
                 shutdown,
                 host_api,
+                keys,
+                key_limits,
             }),
         })
     }
@@ -206,6 +224,16 @@ impl AppState {
     /// their run token is verified.
     pub fn host_api(&self) -> &Arc<dyn HostApi> {
         &self.inner.host_api
+    }
+
+    /// The cache of API key lookups (see [`crate::auth`]).
+    pub fn keys(&self) -> &KeyCache {
+        &self.inner.keys
+    }
+
+    /// This process's per-key limiters (see [`crate::limits`]).
+    pub fn key_limits(&self) -> &KeyLimits {
+        &self.inner.key_limits
     }
 
     /// Process shutdown.

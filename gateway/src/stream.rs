@@ -58,6 +58,7 @@ use tokio_stream::wrappers::ReceiverStream;
 use tokio_util::sync::CancellationToken;
 
 use crate::error::ApiError;
+use crate::limits::StreamSlot;
 use crate::live::{LiveHub, Watch};
 
 /// Tuning of result streams.
@@ -176,21 +177,28 @@ pub fn record_to_result(record: &RunEventRecord) -> AgentRunResult {
 }
 
 /// An SSE response fed by a stream task through a bounded channel. The task sees
-/// `tx.closed()` when the client goes away.
+/// `tx.closed()` when the client goes away. The caller's stream slot lives in the body: it
+/// is given back when the body is dropped, after the last frame or when the client left.
 fn sse_from(
     rx: mpsc::Receiver<Event>,
     keep_alive: Duration,
+    slot: StreamSlot,
 ) -> Sse<impl Stream<Item = Result<Event, Infallible>>> {
-    Sse::new(ReceiverStream::new(rx).map(Ok::<_, Infallible>))
-        .keep_alive(KeepAlive::new().interval(keep_alive))
+    let frames = ReceiverStream::new(rx).map(move |frame| {
+        let _held = &slot;
+        Ok::<_, Infallible>(frame)
+    });
+    Sse::new(frames).keep_alive(KeepAlive::new().interval(keep_alive))
 }
 
 /// The SSE response of `GET /v1/runs/{id}/stream`: results of `run_id` after `after`.
-/// The caller has checked that the run exists and belongs to the caller's workspace.
+/// The caller has checked that the run exists and belongs to the caller's workspace, and
+/// took the key's stream `slot`.
 pub fn run_stream(
     ctx: StreamContext,
     run_id: RunId,
     after: u64,
+    slot: StreamSlot,
 ) -> impl axum::response::IntoResponse {
     let (tx, rx) = mpsc::channel(ctx.options.buffer.max(1));
     let keep_alive = ctx.options.keep_alive;
@@ -207,16 +215,18 @@ pub fn run_stream(
             send_end(&tx, end).await;
         }
     });
-    sse_from(rx, keep_alive)
+    sse_from(rx, keep_alive, slot)
 }
 
 /// The SSE response of `POST /v1/events?stream=true`: waits until `event_id` (of
-/// `workspace`, in `conversation`) is routed, then streams the run that handles it.
+/// `workspace`, in `conversation`) is routed, then streams the run that handles it. The
+/// caller took the key's stream `slot`.
 pub fn event_stream(
     ctx: StreamContext,
     event_id: EventId,
     workspace: WorkspaceId,
     conversation: Option<String>,
+    slot: StreamSlot,
 ) -> impl axum::response::IntoResponse {
     let (tx, rx) = mpsc::channel(ctx.options.buffer.max(1));
     let keep_alive = ctx.options.keep_alive;
@@ -247,7 +257,7 @@ pub fn event_stream(
             Err(end) => send_end(&tx, end).await,
         }
     });
-    sse_from(rx, keep_alive)
+    sse_from(rx, keep_alive, slot)
 }
 
 /// Why a stream task stopped before the terminal item.

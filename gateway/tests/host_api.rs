@@ -273,16 +273,71 @@ async fn the_token_dies_with_the_session() {
     let answer = h
         .call_run("get_host_version", &token, run_id, json!({}))
         .await;
-    assert_refused(&answer, StatusCode::NOT_FOUND, "not_found");
-    assert_eq!(
-        answer.1["message"],
-        format!("run session {run_id} not found or expired")
-    );
-    // a run that never existed is the same answer
-    let answer = h
-        .call_run("get_host_version", &token, RunId::new(), json!({}))
-        .await;
-    assert_refused(&answer, StatusCode::NOT_FOUND, "not_found");
+    assert_refused(&answer, StatusCode::UNAUTHORIZED, "unauthorized");
+    assert_eq!(answer.1["retryable"], false);
+}
+
+/// Without the run's token nothing can be learnt about a run: an unknown run, an ended one,
+/// a live one with a wrong token and a session without identity answer the same status and
+/// the same body, byte for byte.
+#[tokio::test]
+async fn unknown_sessions_and_bad_tokens_answer_identically() {
+    let h = harness().await;
+    let (live, token) = h.run(json!({})).await;
+    let (ended, ended_token) = h.run(json!({})).await;
+    h.sessions.end_session(&ended).await.unwrap();
+    let (anonymous, anonymous_token) = h.run(json!({"plugin_id": " "})).await;
+    let unknown = RunId::new();
+
+    // The answer for run `run_id` must not depend on the session behind it.
+    let answer_for = |run_id: RunId, bearer: String| {
+        let h = &h;
+        async move {
+            let request = Request::post("/v1/host/get_host_version")
+                .header(header::CONTENT_TYPE, "application/json")
+                .header(header::AUTHORIZATION, format!("Bearer {bearer}"))
+                .body(Body::from(json!({"run_id": run_id}).to_string()))
+                .unwrap();
+            let response: Response = h.app().oneshot(request).await.unwrap();
+            let status = response.status();
+            let headers = response.headers().clone();
+            let bytes = axum::body::to_bytes(response.into_body(), usize::MAX)
+                .await
+                .unwrap();
+            (
+                status,
+                headers.get(header::WWW_AUTHENTICATE).cloned(),
+                bytes,
+            )
+        }
+    };
+    // Every run id once with the same foreign bearer (another run's token), and each refused
+    // case with its own pairing, re-pointed at one run id so the bodies compare.
+    let (reference_status, reference_auth, reference_body) =
+        answer_for(live, "tok-wrong".into()).await;
+    assert_eq!(reference_status, StatusCode::UNAUTHORIZED);
+    for run_id in [ended, anonymous, unknown] {
+        let (status, auth, body) = answer_for(run_id, "tok-wrong".into()).await;
+        assert_eq!(status, reference_status, "{run_id}");
+        assert_eq!(auth, reference_auth, "{run_id}");
+        let expected = String::from_utf8(reference_body.to_vec())
+            .unwrap()
+            .replace(&live.to_string(), &run_id.to_string());
+        assert_eq!(
+            String::from_utf8(body.to_vec()).unwrap(),
+            expected,
+            "{run_id}"
+        );
+    }
+    // The right tokens of the ended and the anonymous run change nothing either.
+    for (run_id, bearer) in [(ended, ended_token), (anonymous, anonymous_token)] {
+        let (status, _, body) = answer_for(run_id, bearer).await;
+        let (wrong_status, _, wrong_body) = answer_for(run_id, "tok-wrong".into()).await;
+        assert_eq!((status, body), (wrong_status, wrong_body), "{run_id}");
+    }
+    // The live run's token still works.
+    let (status, _, _) = answer_for(live, token).await;
+    assert_eq!(status, StatusCode::OK);
 }
 
 #[tokio::test]

@@ -16,7 +16,9 @@ use sb_gateway::{GatewayDeps, GatewayOptions};
 use sb_protocol::ids::{EventId, RunId, WorkspaceId};
 use sb_protocol::messages::{DeliveryMessage, EventMessage, ResultMessage, decode, encode};
 use sb_protocol::result::AgentRunResult;
-use sb_store::{EventStatus, EventStatusUpdate, NewRun, NewRunEvent, NewTranscriptItem, RunnerRow};
+use sb_store::{
+    ApiKeyRole, EventStatus, EventStatusUpdate, NewRun, NewRunEvent, NewTranscriptItem, RunnerRow,
+};
 use serde_json::{Value, json};
 use tower::ServiceExt;
 
@@ -337,11 +339,12 @@ async fn every_v1_route_needs_a_valid_key() {
             .await;
         }
     }
-    // A revoked key stops working.
+    // A revoked key stops working (once the revocation is announced, as `DELETE /v1/keys`
+    // and `switchboard keys revoke` do; the keys suite covers those).
     let key = h
         .stores
         .tenancy
-        .create_api_key(&WorkspaceId::default_workspace(), None)
+        .create_api_key(&WorkspaceId::default_workspace(), None, ApiKeyRole::Client)
         .await
         .unwrap();
     let request = |k: &str| {
@@ -354,7 +357,16 @@ async fn every_v1_route_needs_a_valid_key() {
         h.send(request(&key.plaintext)).await.status(),
         StatusCode::OK
     );
-    assert!(h.stores.tenancy.revoke(key.id).await.unwrap());
+    assert!(
+        h.stores
+            .tenancy
+            .revoke(&WorkspaceId::default_workspace(), key.record.id)
+            .await
+            .unwrap()
+    );
+    sb_gateway::auth::announce_revocation(h.sessions.as_ref())
+        .await
+        .unwrap();
     assert_eq!(
         h.send(request(&key.plaintext)).await.status(),
         StatusCode::UNAUTHORIZED
@@ -675,7 +687,11 @@ async fn ingest_is_idempotent_per_workspace() {
     let other = h
         .stores
         .tenancy
-        .create_api_key(&WorkspaceId::new("other").unwrap(), None)
+        .create_api_key(
+            &WorkspaceId::new("other").unwrap(),
+            None,
+            ApiKeyRole::Client,
+        )
         .await
         .unwrap()
         .plaintext;
@@ -955,7 +971,11 @@ async fn runs_and_their_events_page_by_sequence() {
     let other = h
         .stores
         .tenancy
-        .create_api_key(&WorkspaceId::new("other").unwrap(), None)
+        .create_api_key(
+            &WorkspaceId::new("other").unwrap(),
+            None,
+            ApiKeyRole::Client,
+        )
         .await
         .unwrap()
         .plaintext;

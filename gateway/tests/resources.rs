@@ -4,6 +4,9 @@
 use std::time::Duration;
 
 use axum::http::StatusCode;
+use sb_common::config::{EgressConfig, SecretsConfig};
+use sb_common::egress::EgressPolicy;
+use sb_common::secrets::SecretPolicy;
 use sb_gateway::GatewayOptions;
 use sb_protocol::ids::WorkspaceId;
 use sb_store::resources::MAX_DOCUMENT_BYTES;
@@ -14,11 +17,22 @@ mod support;
 
 use support::Harness;
 
+/// The secrets the registrations below reference.
+const ALLOWED_SECRETS: [&str; 2] = ["SB_TEST_OPENAI_KEY", "SB_TEST_WEATHER_KEY"];
+
 async fn harness() -> Harness {
     harness_with(GatewayOptions::default()).await
 }
 
-async fn harness_with(options: GatewayOptions) -> Harness {
+/// A gateway with `options`, allowing loopback (`egress.allow`) and [`ALLOWED_SECRETS`]
+/// (`secrets.allow`), as a deployment with a local model server would.
+async fn harness_with(mut options: GatewayOptions) -> Harness {
+    options.providers.egress = EgressPolicy::from_config(&EgressConfig {
+        allow: vec!["127.0.0.0/8".into()],
+    });
+    options.providers.secrets = SecretPolicy::from_config(&SecretsConfig {
+        allow: ALLOWED_SECRETS.iter().map(|s| (*s).to_owned()).collect(),
+    });
     Harness::start(options).await
 }
 
@@ -126,6 +140,114 @@ async fn tools_register_with_http_settings() {
     }
     let (_, list) = h.call("GET", "/v1/tools", None).await;
     assert_eq!(list["items"].as_array().unwrap().len(), 1);
+}
+
+/// `POST path` with `body` must be a `400 invalid_argument` whose message contains `needle`.
+async fn refused(h: &Harness, path: &str, body: Value, needle: &str) {
+    let (status, err) = h.call("POST", path, Some(&body)).await;
+    assert_eq!(status, StatusCode::BAD_REQUEST, "{body}: {err}");
+    assert_eq!(err["code"], "invalid_argument", "{err}");
+    let message = err["message"].as_str().unwrap_or_default();
+    assert!(message.contains(needle), "{body}: {message}");
+}
+
+/// The attacks of the security review, at registration: a tenant naming the host's own
+/// configuration (or any secret the operator did not make available), and model or tool
+/// URLs aimed at metadata, loopback, unspecified, private addresses or carrying
+/// credentials. Each is a `400 invalid_argument` naming the rule, and nothing is stored.
+#[tokio::test]
+async fn registrations_cannot_name_host_secrets_or_reach_internal_addresses() {
+    // The production default: public addresses only, no secret allowed.
+    let strict = Harness::start(GatewayOptions::default()).await;
+    // What `switchboard dev` allows, plus the two test secrets.
+    let dev = harness().await;
+    let model = |name: &str, base_url: &str, key: Option<&str>| {
+        json!({"name": name, "kind": "llm", "base_url": base_url, "model_name": "m",
+               "api_key_env": key})
+    };
+    let tool = |name: &str, url: &str, header_env: &str| {
+        json!({"name": name, "kind": "http", "url": url,
+               "headers_env": {"Authorization": header_env}})
+    };
+    // 1. Environment exfiltration: the host's variables can never be named, anything else
+    //    only when allowed.
+    for (env, needle) in [
+        ("SWITCHBOARD__BUS__URL", "host's own configuration"),
+        ("SWITCHBOARD__DATABASE__URL", "host's own configuration"),
+        ("SWITCHBOARD__SESSIONS__URL", "host's own configuration"),
+        ("HOME", "secrets.allow"),
+    ] {
+        refused(
+            &dev,
+            "/v1/models",
+            model("m", "https://api.example.com/v1", Some(env)),
+            needle,
+        )
+        .await;
+        refused(
+            &dev,
+            "/v1/tools",
+            tool("t", "https://api.example.com/t", env),
+            needle,
+        )
+        .await;
+    }
+    refused(
+        &strict,
+        "/v1/models",
+        model(
+            "m",
+            "https://api.example.com/v1",
+            Some("SB_TEST_OPENAI_KEY"),
+        ),
+        "secrets.allow",
+    )
+    .await;
+    // 2. SSRF targets, refused in every mode (metadata, link-local, credentials) or unless
+    //    allowed (loopback, unspecified, private).
+    for (h, url, needle) in [
+        (&dev, "http://169.254.169.254/latest/meta-data/", "metadata"),
+        (&dev, "http://[fd00:ec2::254]/", "metadata"),
+        (&dev, "http://metadata.google.internal/", "metadata"),
+        (&dev, "http://169.254.10.10:8080/", "link-local"),
+        (&dev, "http://user:secret@127.0.0.1:9/v1", "credentials"),
+        (&dev, "http://0.0.0.0:6379/", "unspecified"),
+        (&dev, "http://10.0.0.7/", "private"),
+        (&dev, "http://192.168.1.1/", "private"),
+        (&dev, "http://[::1]:5432/", "loopback"),
+        (&strict, "http://127.0.0.1:6379/", "loopback"),
+        (&strict, "http://127.1:5672/", "loopback"),
+        (&strict, "http://[::ffff:127.0.0.1]:5432/", "loopback"),
+        (&dev, "ftp://example.com/", "http or https"),
+    ] {
+        refused(h, "/v1/models", model("m", url, None), needle).await;
+        refused(
+            h,
+            "/v1/tools",
+            tool("t", url, "SB_TEST_WEATHER_KEY"),
+            needle,
+        )
+        .await;
+    }
+    for h in [&strict, &dev] {
+        for path in ["/v1/models", "/v1/tools"] {
+            let (_, list) = h.call("GET", path, None).await;
+            assert_eq!(list["items"], json!([]), "nothing stored: {list}");
+        }
+    }
+    // What the policy allows still registers.
+    let (status, created) = dev
+        .call(
+            "POST",
+            "/v1/models",
+            Some(&model(
+                "local",
+                "http://127.0.0.1:11434/v1",
+                Some("SB_TEST_OPENAI_KEY"),
+            )),
+        )
+        .await;
+    assert_eq!(status, StatusCode::CREATED, "{created}");
 }
 
 /// `limits.tool_timeout_max` and `limits.tool_response_bytes_max` bound registrations: a

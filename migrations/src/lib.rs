@@ -45,6 +45,7 @@ mod m20250601_000007_create_state_storage;
 mod m20250601_000008_create_schedules_turns;
 mod m20250601_000009_create_resources;
 mod m20250601_000010_add_agent_budgets;
+mod m20250601_000011_add_api_key_roles;
 
 pub use sea_orm_migration::MigratorTrait;
 
@@ -66,6 +67,7 @@ impl MigratorTrait for Migrator {
             Box::new(m20250601_000008_create_schedules_turns::Migration),
             Box::new(m20250601_000009_create_resources::Migration),
             Box::new(m20250601_000010_add_agent_budgets::Migration),
+            Box::new(m20250601_000011_add_api_key_roles::Migration),
         ]
     }
 }

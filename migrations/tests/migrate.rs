@@ -85,6 +85,36 @@ async fn budgets_default_for_existing_agents(db: &DatabaseConnection) {
     assert_eq!(budgets, "{}");
 }
 
+/// Keys stored before `api_keys.role` existed keep the power they had: `admin`.
+async fn roles_default_to_admin_for_existing_keys(db: &DatabaseConnection) {
+    Migrator::up(db, Some(10)).await.unwrap();
+    let backend = db.get_database_backend();
+    db.execute_unprepared(
+        "INSERT INTO workspaces (id, created_at) VALUES ('w', '2025-01-01T00:00:00+00:00')",
+    )
+    .await
+    .unwrap();
+    db.execute_unprepared(
+        "INSERT INTO api_keys (id, workspace_id, name, key_hash, prefix, created_at) \
+         VALUES ('0190f7a6-0000-7000-8000-000000000002', 'w', 'old', \
+         '0000000000000000000000000000000000000000000000000000000000000000', 'sb_old', \
+         '2025-01-01T00:00:00+00:00')",
+    )
+    .await
+    .unwrap();
+    migrate(db).await.unwrap();
+    let row = db
+        .query_one_raw(Statement::from_string(
+            backend,
+            "SELECT role FROM api_keys WHERE name = 'old'",
+        ))
+        .await
+        .unwrap()
+        .unwrap();
+    let role: String = row.try_get("", "role").unwrap();
+    assert_eq!(role, "admin");
+}
+
 #[tokio::test]
 async fn sqlite_up_down_up() {
     let db = Database::connect("sqlite::memory:").await.unwrap();
@@ -124,6 +154,12 @@ async fn sqlite_existing_agents_get_default_budgets() {
 }
 
 #[tokio::test]
+async fn sqlite_existing_keys_get_the_admin_role() {
+    let db = Database::connect("sqlite::memory:").await.unwrap();
+    roles_default_to_admin_for_existing_keys(&db).await;
+}
+
+#[tokio::test]
 async fn postgres_up_down_up() {
     let url = std::env::var("SWITCHBOARD_TEST_DATABASE_URL")
         .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/test".to_owned());
@@ -141,6 +177,8 @@ async fn postgres_up_down_up() {
     roundtrip(&db).await;
     Migrator::down(&db, None).await.unwrap();
     budgets_default_for_existing_agents(&db).await;
+    Migrator::down(&db, None).await.unwrap();
+    roles_default_to_admin_for_existing_keys(&db).await;
     // The generated tsvector column exists and is indexed.
     let row = db
         .query_one_raw(sea_orm_migration::sea_orm::Statement::from_string(

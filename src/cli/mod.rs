@@ -9,7 +9,8 @@
 //! # Layout
 //! - [`roles`]: `dev`, `gateway`, `orchestrator`, `worker` (the long-running processes).
 //! - [`migrate`]: `migrate` (apply database migrations).
-//! - [`keys`]: `keys create` (issue an API key).
+//! - [`keys`]: `keys create|list|revoke` (API keys and their roles, on the database or through
+//!   the gateway).
 //! - [`client`]: `send` and `bench` (HTTP clients of a running gateway): their flags;
 //!   [`send`] and [`bench`] implement them on [`api`] (the gateway API client) and [`sse`]
 //!   (the event-stream parser).

@@ -48,9 +48,46 @@ pub struct DevArgs {
     /// (worker.runners_dirs).
     #[arg(long = "runners-dir", value_name = "DIR")]
     pub runners_dirs: Vec<PathBuf>,
+    /// Make this environment variable available to models and tools as a secret (added to
+    /// secrets.allow), e.g. `OPENAI_API_KEY`; repeat for several. Never a `SWITCHBOARD*`
+    /// variable.
+    #[arg(long = "model-key-env", value_name = "VAR")]
+    pub model_key_env: Vec<String>,
 }
 
 impl DevArgs {
+    /// What `dev` adds to the loaded configuration: loopback in `egress.allow` (a local
+    /// Ollama or vLLM is the common model server on a developer's machine) and the
+    /// `--model-key-env` variables in `secrets.allow`. Added, not set, so entries of the file
+    /// or the environment are kept. Returns a line for each addition, for the banner.
+    pub fn widen(&self, config: &mut SwitchboardConfig) -> anyhow::Result<Vec<String>> {
+        let mut said = Vec::new();
+        for net in sb_common::egress::LOOPBACK_ALLOW {
+            if !config.egress.allow.iter().any(|e| e == net) {
+                config.egress.allow.push(net.to_owned());
+            }
+        }
+        said.push(format!(
+            "egress    models and tools may reach loopback ({}); link-local and metadata \
+             addresses stay unreachable",
+            sb_common::egress::LOOPBACK_ALLOW.join(", ")
+        ));
+        for name in &self.model_key_env {
+            sb_common::secrets::check_allowable(name)
+                .map_err(|e| anyhow::anyhow!("--model-key-env: {e}"))?;
+            if !config.secrets.allow.contains(name) {
+                config.secrets.allow.push(name.clone());
+            }
+        }
+        if !config.secrets.allow.is_empty() {
+            said.push(format!(
+                "secrets   models and tools may reference {}",
+                config.secrets.allow.join(", ")
+            ));
+        }
+        Ok(said)
+    }
+
     /// The configuration overrides of `dev`: embedded bus and session store always (one
     /// process), plus the given flags.
     pub fn overrides(&self) -> anyhow::Result<Overrides> {
@@ -161,6 +198,7 @@ pub const BUILTIN_RUNNERS_DIR: &str = "builtin-runners";
 /// Runs gateway, orchestrator and worker in this process.
 pub async fn dev(args: DevArgs) -> anyhow::Result<ExitCode> {
     let mut config = args.config.load_and_init_logging(args.overrides()?)?;
+    let widened = args.widen(&mut config)?;
     let data_dir = args
         .data_dir
         .clone()
@@ -180,7 +218,7 @@ pub async fn dev(args: DevArgs) -> anyhow::Result<ExitCode> {
     let embedded = embedded::start_with(config, options, shutdown.clone())
         .await
         .context("cannot start")?;
-    print_dev_banner(&embedded, &data_dir, builtin_echo);
+    print_dev_banner(&embedded, &data_dir, builtin_echo, &widened);
     exit_on_second_signal(&shutdown);
     Ok(exit_code(&embedded.wait().await))
 }
@@ -233,6 +271,9 @@ pub async fn runner(args: RunnerArgs) -> anyhow::Result<ExitCode> {
 /// One role in this process, on backends shared with the other processes.
 async fn run_role(config: SwitchboardConfig, roles: Roles) -> anyhow::Result<ExitCode> {
     require_shared_backends(&config, roles)?;
+    for warning in unauthenticated_backends(&config) {
+        tracing::warn!("{warning}");
+    }
     let shutdown = Shutdown::new();
     shutdown.listen_for_signals()?;
     let embedded = embedded::start_with(config, EmbeddedOptions::roles(roles), shutdown.clone())
@@ -247,6 +288,36 @@ async fn run_role(config: SwitchboardConfig, roles: Roles) -> anyhow::Result<Exi
     }
     exit_on_second_signal(&shutdown);
     Ok(exit_code(&embedded.wait().await))
+}
+
+/// The shared backends a cluster reaches without credentials of its own: Redis without a
+/// password, RabbitMQ as its default `guest`. Any process that can connect to them (a
+/// runner, another tenant's container) could then read and rewrite run sessions or inject
+/// jobs; SECURITY.md says how to require credentials. Warned, not refused: a developer's
+/// local cluster (`scripts/cluster`) runs on such services.
+fn unauthenticated_backends(config: &SwitchboardConfig) -> Vec<String> {
+    let mut warnings = Vec::new();
+    let parse = |url: &Option<SecretUrl>| url.as_ref().and_then(|u| u.parse().ok());
+    if let Some(url) = parse(&config.sessions.url)
+        && url.password().is_none()
+    {
+        warnings.push(
+            "sessions.url carries no password: any process that reaches this Redis, runners \
+             included, can read and rewrite run sessions; set `requirepass` and put the \
+             password in the URL (SECURITY.md)"
+                .to_owned(),
+        );
+    }
+    if let Some(url) = parse(&config.bus.url)
+        && matches!(url.username(), "" | "guest")
+    {
+        warnings.push(
+            "bus.url uses RabbitMQ's default `guest` user: create a user of the deployment's \
+             own with a password (SECURITY.md)"
+                .to_owned(),
+        );
+    }
+    warnings
 }
 
 /// A role running alone must reach the other roles: the in-process bus and session store
@@ -321,7 +392,7 @@ fn echo_fallback(
 }
 
 /// The startup summary of `dev`, on stdout.
-fn print_dev_banner(embedded: &Embedded, data_dir: &Path, builtin_echo: bool) {
+fn print_dev_banner(embedded: &Embedded, data_dir: &Path, builtin_echo: bool, widened: &[String]) {
     let addr = embedded
         .http_addr()
         .unwrap_or_else(|| embedded.config().gateway.http_addr);
@@ -340,6 +411,9 @@ fn print_dev_banner(embedded: &Embedded, data_dir: &Path, builtin_echo: bool) {
         data_dir.display(),
         embedded.config().database.url
     ));
+    for line in widened {
+        out.push_str(&format!("  {line}\n"));
+    }
     if let Some(bootstrap) = embedded.bootstrap() {
         if bootstrap.api_key_created {
             out.push_str(&format!(
@@ -463,6 +537,59 @@ mod tests {
         // Flags not given leave earlier layers alone.
         assert_eq!(config.gateway.http_addr.port(), 9999);
         assert_eq!(config.worker.runners_dirs, [PathBuf::from("runners")]);
+    }
+
+    #[test]
+    fn backends_without_credentials_are_named() {
+        let load = |redis: &str, amqp: &str| {
+            ConfigLoader::new()
+                .without_file()
+                .set("sessions.url", redis)
+                .set("bus.url", amqp)
+                .load()
+                .unwrap()
+        };
+        let open =
+            unauthenticated_backends(&load("redis://127.0.0.1:6379", "amqp://guest:guest@h/%2f"));
+        assert_eq!(open.len(), 2, "{open:?}");
+        assert!(open[0].starts_with("sessions.url") && open[1].starts_with("bus.url"));
+        let closed = unauthenticated_backends(&load(
+            "redis://:pw@127.0.0.1:6379",
+            "amqp://switchboard:pw@h/%2f",
+        ));
+        assert!(closed.is_empty(), "{closed:?}");
+    }
+
+    #[test]
+    fn dev_allows_loopback_and_the_named_model_key_and_keeps_configured_entries() {
+        let mut config = ConfigLoader::new()
+            .without_file()
+            .env([
+                ("SWITCHBOARD__EGRESS__ALLOW", "10.1.0.0/16"),
+                ("SWITCHBOARD__SECRETS__ALLOW", "TOOL_TOKEN"),
+            ])
+            .load()
+            .unwrap();
+        let said = dev_args(&["--model-key-env", "OPENAI_API_KEY"])
+            .widen(&mut config)
+            .unwrap();
+        assert_eq!(
+            config.egress.allow,
+            ["10.1.0.0/16", "127.0.0.0/8", "::1/128"]
+        );
+        assert_eq!(config.secrets.allow, ["TOOL_TOKEN", "OPENAI_API_KEY"]);
+        assert!(said.iter().any(|l| l.contains("loopback")), "{said:?}");
+        assert!(
+            said.iter().any(|l| l.contains("OPENAI_API_KEY")),
+            "{said:?}"
+        );
+        let err = dev_args(&["--model-key-env", "SWITCHBOARD__DATABASE__URL"])
+            .widen(&mut config)
+            .unwrap_err();
+        assert!(
+            err.to_string().contains("host's own configuration"),
+            "{err}"
+        );
     }
 
     #[test]

@@ -123,9 +123,9 @@ pub struct Report {
 ///
 /// The run's status becomes terminal when its result is persisted, a moment before the worker
 /// ends its session; until then, a message in the same conversation could still be claimed
-/// as steering by the ending run. So this also waits until the run's remote Host API answers
-/// `not_found` (its session is gone), which checks on the way that every run's token dies
-/// with it.
+/// as steering by the ending run. So this also waits until the run's remote Host API refuses
+/// the run's own token (`unauthorized`: its session is gone), which checks on the way that
+/// every run's token dies with it.
 pub async fn report(client: &Client, run_id: RunId) -> Report {
     let run = client.wait_run_terminal(run_id).await;
     let items = client.run_events(run_id, 0).await;
@@ -151,8 +151,9 @@ pub async fn report(client: &Client, run_id: RunId) -> Report {
             json!({}),
         )
         .await;
-        assert!(matches!(status, 200 | 404), "{status} {body}");
-        (status == 404).then_some(())
+        // 401: the token no longer opens a live run (the session is gone).
+        assert!(matches!(status, 200 | 401), "{status} {body}");
+        (status == 401).then_some(())
     })
     .await;
     Report {

@@ -36,7 +36,11 @@ async fn an_agents_tool_call_budget_is_enforced_per_run() {
     require_api_runner();
     let executions = Arc::new(AtomicU32::new(0));
     let url = counting_tool(executions.clone()).await;
-    let cluster = TestCluster::builder().start().await;
+    // The tool is a local server: loopback must be reachable (as `switchboard dev` allows).
+    let cluster = TestCluster::builder()
+        .config("egress.allow", "127.0.0.0/8")
+        .start()
+        .await;
     let client = cluster.client();
     client
         .post(

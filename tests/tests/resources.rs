@@ -791,7 +791,13 @@ async fn budgets(scene: &Scene<'_>) -> RunId {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn embedded_runs_get_granted_resources_refusals_and_budgets() {
     require_api_runner();
-    let cluster = TestCluster::builder().start().await;
+    // As an operator with a local model server configures it: loopback reachable, the key's
+    // variable made available.
+    let cluster = TestCluster::builder()
+        .config("egress.allow", "127.0.0.0/8")
+        .config("secrets.allow", "PATH")
+        .start()
+        .await;
     scenario(cluster.client(), &Secret::path()).await;
     cluster.shutdown().await;
 }
@@ -807,6 +813,8 @@ async fn cluster_runs_get_granted_resources_refusals_and_budgets() {
         env: Vec::new(),
     }
     .env(&secret.env, &secret.value)
+    .env("SWITCHBOARD__EGRESS__ALLOW", "127.0.0.0/8")
+    .env("SWITCHBOARD__SECRETS__ALLOW", &secret.env)
     // At least the default level whatever the developer's RUST_LOG, and the worker (which
     // reads the key) at debug, so the log check below covers its retry messages too.
     .env("RUST_LOG", "info,sb_worker=debug");

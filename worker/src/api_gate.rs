@@ -4,11 +4,20 @@
 //! ```text
 //!  runner ──api{id, run_id, action}──▶ runner host ──(run_id is an active run of this process?)──▶ ApiGate::call
 //!                                        (answers not_found itself otherwise)                           │
+//!   0. run is a current run of the caller's connection ── no ──▶ not_found (same answer as 1)
 //!   1. session exists in the session store ───────── no ──▶ not_found "run session <id> not found or expired"
 //!   2. caller plugin identity = session's plugin_id ── no ──▶ unauthorized
+//!   2b. session's workspace = the connection's ──────── no ──▶ unauthorized
 //!   3. session deadline not passed ─────────────────── no ──▶ deadline_exceeded
 //!   4+. Dispatcher::dispatch(call with the frozen snapshot) (grants, scope, arguments, budgets, the action)
 //! ```
+//!
+//! Steps 0 and 2b repeat what the runner host already guarantees — a call is dispatched
+//! only for a run of the calling process, and a shared process only ever hosts runs of its
+//! one workspace (SPEC §14) — so that a bug there cannot let one process act as a run of
+//! another tenant. Step 0 answers exactly like a missing session, so a process learns
+//! nothing about runs that are not its own. Callers without a connection (the gateway's
+//! remote Host API) skip both: their identity *is* the session's.
 //!
 //! The gateway serves the same gate to runners outside a worker (`POST /v1/host/{action}`,
 //! `sb_gateway::routes::host`): there the caller identity is the session's own, established
@@ -166,12 +175,18 @@ impl<D: Dispatcher> ApiGate<D> {
         self
     }
 
-    /// Steps 1–3 of SPEC §8. Returns the frozen snapshot of the run.
+    /// Steps 0–3 (see the module docs). Returns the frozen snapshot of the run.
     async fn check(
         &self,
         caller: &CallerIdentity,
         run_id: RunId,
     ) -> Result<AuthorizationSnapshot, AgentApiError> {
+        if let Some(connection) = &caller.connection {
+            if !connection.hosts(run_id) {
+                tracing::warn!(%run_id, runner_id = %caller.runner_id, "host api call for a run that its connection does not host");
+                return Err(session_not_found(run_id));
+            }
+        }
         let session = match self.sessions.get_session(&run_id).await {
             Ok(Some(session)) => session,
             Ok(None) => return Err(session_not_found(run_id)),
@@ -211,6 +226,15 @@ impl<D: Dispatcher> ApiGate<D> {
                     caller.plugin_id
                 ),
             ));
+        }
+        if let Some(connection) = &caller.connection {
+            if snapshot.workspace_id != *connection.workspace_id() {
+                tracing::error!(%run_id, run_workspace = %snapshot.workspace_id, process_workspace = %connection.workspace_id(), "host api call for a run of another workspace than its process");
+                return Err(AgentApiError::new(
+                    ErrorCode::Unauthorized,
+                    format!("run {run_id} does not belong to the workspace of this runner process"),
+                ));
+            }
         }
         if snapshot.is_expired((self.clock)()) {
             return Err(AgentApiError::new(

@@ -11,6 +11,11 @@
 //! only through [`api_gate::ApiGate`], which checks every call against the run's frozen
 //! session before any action code runs.
 //!
+//! Runners are untrusted code (SPEC §14): the worker makes itself non-dumpable at start,
+//! runs each runner process confined ([`runner::sandbox`]: unprivileged user, `no_new_privs`,
+//! resource limits, private `TMPDIR`), keeps a shared runner process per workspace, and
+//! redacts runner stderr before logging it ([`runner::redact`]).
+//!
 //! # Layout
 //! - [`actions`]: [`actions::ActionDispatcher`] — the Host API actions (history, events,
 //!   artifacts, state, storage, steering, models, tools, knowledge) behind the gate.

@@ -90,7 +90,9 @@ use tracing::Instrument as _;
 use crate::actions::{AUDIT_TARGET, ActionDispatcher, ActionLimits};
 use crate::api_gate::{ApiGate, Dispatcher};
 use crate::plugins::{CommandLookup, PluginRunner, bundled_runners_dir, load_plugins};
-use crate::runner::{HostApi, RunHandle, RunRequest, RunnerHost, RunnerHostConfig};
+use crate::runner::{
+    HostApi, RunHandle, RunRequest, RunnerHost, RunnerHostConfig, SandboxError, make_undumpable,
+};
 use crate::sequencer::RunItem;
 
 /// Most result items published in one confirmed batch.
@@ -202,6 +204,9 @@ pub enum WorkerError {
         #[source]
         source: BusError,
     },
+    /// The worker could not protect itself from its runners (SPEC §14).
+    #[error(transparent)]
+    Sandbox(#[from] SandboxError),
     /// Shutdown had already begun.
     #[error(transparent)]
     Shutdown(#[from] ShutdownError),
@@ -213,6 +218,7 @@ impl HasErrorCode for WorkerError {
             Self::Register { source, .. } => source.code(),
             Self::Descriptor { .. } => ErrorCode::InvalidArgument,
             Self::Bus { source, .. } => source.code(),
+            Self::Sandbox(source) => source.code(),
             Self::Shutdown(_) => ErrorCode::Unavailable,
         }
     }
@@ -290,8 +296,9 @@ impl Worker {
         Self::spawn_with(deps, WorkerOptions::default(), shutdown).await
     }
 
-    /// Loads the runner plugins, registers the runners of this worker's pools in the
-    /// `runners` table, declares the topology, starts consuming `switchboard.runs.<pool>` for
+    /// Makes the process non-dumpable (SPEC §14, see
+    /// [`make_undumpable`]), loads the runner plugins, registers the runners of this
+    /// worker's pools in the `runners` table, declares the topology, starts consuming `switchboard.runs.<pool>` for
     /// every configured pool and the worker's control queue, and returns. The worker runs
     /// until `shutdown` is triggered, then drains (see the module docs); it is tracked by
     /// `shutdown` as task `worker <id>`.
@@ -331,12 +338,16 @@ async fn start(
     options: WorkerOptions,
     shutdown: &Shutdown,
 ) -> Result<(Arc<Core>, Vec<Subscription>, Subscription, Vec<RunnerId>), WorkerError> {
+    // Before any runner exists: from here on no same-user process can read this process's
+    // memory or environment (the bus, Redis and database credentials). Every deployment —
+    // `switchboard worker` and the embedded `switchboard dev` — starts its worker here.
+    make_undumpable()?;
     let config = deps.config.worker.clone();
     let dirs = plugin_dirs(&config.runners_dirs, options.bundled_runners);
     let report = load_plugins(&dirs, &options.command_lookup);
     let dispatcher = options.dispatcher.clone().unwrap_or_else(|| {
         let limits = ActionLimits::from_config(&deps.config.limits);
-        let providers = crate::providers::ProviderOptions::from_config(&deps.config.providers);
+        let providers = crate::providers::ProviderOptions::of(&deps.config);
         Arc::new(
             ActionDispatcher::new(deps.stores.clone(), deps.sessions.clone(), limits)
                 .with_provider_options(providers),
@@ -362,7 +373,7 @@ async fn start(
         tracing::info!(runner_id = %runner.runner_id, pool = %runner.execution.pool, program = %runner.program.display(), "runner registered");
         hosts.insert(
             runner.runner_id.clone(),
-            RunnerHost::new(runner.runner_spec(), host_config, gate.clone()),
+            RunnerHost::new(runner.runner_spec(), host_config.clone(), gate.clone()),
         );
     }
     if hosts.is_empty() {
@@ -461,6 +472,7 @@ fn host_config(config: &SwitchboardConfig) -> RunnerHostConfig {
             max_line_bytes: worker.stderr_cap_bytes.get(),
             ..defaults.stderr
         },
+        sandbox: worker.sandbox.clone(),
         ..defaults
     }
 }
@@ -951,7 +963,10 @@ impl Core {
             }
         };
 
-        let mut request = RunRequest::new(job.context.clone());
+        // The job's workspace is the orchestrator's (the one the session was authorized in);
+        // it picks the shared process the run may go to.
+        let mut request =
+            RunRequest::new(job.context.clone()).in_workspace(job.workspace_id.clone());
         request.run_id = run_id;
         if let Some(ms) = job.deadline_at_ms {
             request.deadline =

@@ -8,11 +8,11 @@ use std::time::Duration;
 use sb_common::session::SessionStore;
 use sb_common::session::memory::MemorySessionStore;
 use sb_common::telemetry::{Registry, names};
-use sb_protocol::ids::RunId;
+use sb_protocol::ids::{RunId, WorkspaceId};
 use sb_protocol::manifest::RunnerId;
 use sb_worker::api_gate::{ApiGate, BasicDispatcher, PROTOCOL_VERSION};
 use sb_worker::runner::api::HOST_VERSION;
-use sb_worker::runner::{ApiStream, CallerIdentity, HostApi};
+use sb_worker::runner::{ApiStream, CallerIdentity, Connection, HostApi};
 use serde_json::{Value, json};
 use tokio::sync::mpsc;
 
@@ -203,6 +203,7 @@ async fn a_session_without_a_plugin_identity_authorizes_nobody() {
     let anonymous = CallerIdentity {
         runner_id: runner.clone(),
         plugin_id: String::new(),
+        connection: None,
     };
     for plugin_id in ["", "  "] {
         let run_id = RunId::new();
@@ -315,4 +316,87 @@ async fn a_runner_process_is_checked_against_the_session_in_order() {
     let answer = api_via_runner(&mut h, &job).await;
     assert_eq!(answer["error"]["code"], "deadline_exceeded", "{answer}");
     h.stop().await;
+}
+
+// ---------------------------------------------------------------------------------------------
+// The caller's connection (SPEC §14): defence in depth behind the runner host.
+
+fn ws(id: &str) -> WorkspaceId {
+    WorkspaceId::new(id).unwrap()
+}
+
+async fn session_in(f: &Fixture, workspace: &str, run_id: RunId) {
+    let runner: RunnerId = RUNNER.parse().unwrap();
+    f.sessions
+        .put_session(
+            &run_id,
+            &support::snapshot_in(&ws(workspace), run_id, &runner, None),
+            Duration::from_secs(60),
+        )
+        .await
+        .unwrap();
+}
+
+async fn call_over(
+    f: &Fixture,
+    connection: Connection,
+    run_id: RunId,
+) -> Result<Value, sb_protocol::error::AgentApiError> {
+    let runner: RunnerId = RUNNER.parse().unwrap();
+    let caller = CallerIdentity::for_connection(&runner, connection);
+    f.gate
+        .call(&caller, run_id, "get_host_version", json!({}), &f.stream)
+        .await
+}
+
+#[tokio::test]
+async fn a_connection_may_call_only_for_its_own_current_runs() {
+    let f = fixture();
+    let (own, foreign) = (RunId::new(), RunId::new());
+    session_in(&f, "alpha", own).await;
+    // Same plugin, same workspace, live session: still not this connection's run.
+    session_in(&f, "alpha", foreign).await;
+    let connection = Connection::hosting(ws("alpha"), [own]);
+
+    assert!(call_over(&f, connection.clone(), own).await.is_ok());
+    let e = call_over(&f, connection.clone(), foreign)
+        .await
+        .unwrap_err();
+    assert_eq!(e.code, "not_found");
+    // Exactly the answer for a run without a session: nothing is learnt about it.
+    let missing = RunId::new();
+    let e2 = call_over(&f, Connection::hosting(ws("alpha"), [missing]), missing)
+        .await
+        .unwrap_err();
+    assert_eq!(
+        e.message,
+        e2.message
+            .replace(&missing.to_string(), &foreign.to_string())
+    );
+}
+
+#[tokio::test]
+async fn a_connection_of_one_workspace_cannot_act_for_a_run_of_another() {
+    let f = fixture();
+    let beta_run = RunId::new();
+    session_in(&f, "beta", beta_run).await;
+
+    // A process of alpha calling with beta's run id: the run is not its own.
+    let e = call_over(&f, Connection::hosting(ws("alpha"), []), beta_run)
+        .await
+        .unwrap_err();
+    assert_eq!(e.code, "not_found");
+
+    // Even if the run were (wrongly) hosted on alpha's process, the gate refuses it.
+    let e = call_over(&f, Connection::hosting(ws("alpha"), [beta_run]), beta_run)
+        .await
+        .unwrap_err();
+    assert_eq!(e.code, "unauthorized");
+    assert!(e.message.contains("workspace"), "{e:?}");
+
+    // Beta's own process is served.
+    let ok = call_over(&f, Connection::hosting(ws("beta"), [beta_run]), beta_run)
+        .await
+        .unwrap();
+    assert_eq!(ok["version"], HOST_VERSION);
 }

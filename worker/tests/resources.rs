@@ -31,6 +31,26 @@ use tokio::sync::mpsc;
 const RUNNER: &str = "plugin:acme/agent/default";
 const SECRET_ENV: &str = "PATH";
 
+/// Provider options for the fake provider on loopback: `egress.allow` covers loopback and
+/// `secrets.allow` names [`SECRET_ENV`], as an operator running a local model server would
+/// configure.
+fn local() -> ProviderOptions {
+    local_policies(ProviderOptions::default())
+}
+
+/// `options` with the egress and secret policies of [`local`].
+fn local_policies(options: ProviderOptions) -> ProviderOptions {
+    ProviderOptions {
+        egress: sb_common::egress::EgressPolicy::from_config(&sb_common::config::EgressConfig {
+            allow: vec!["127.0.0.0/8".into()],
+        }),
+        secrets: sb_common::secrets::SecretPolicy::from_config(&sb_common::config::SecretsConfig {
+            allow: vec![SECRET_ENV.into(), "SB_TEST_SURELY_UNSET_VARIABLE".into()],
+        }),
+        ..options
+    }
+}
+
 fn secret() -> String {
     std::env::var(SECRET_ENV).expect("PATH is set")
 }
@@ -200,7 +220,7 @@ async fn fixture() -> (Fx, Ids) {
         stream_idle_timeout: Duration::from_millis(500),
         max_attempts: 3,
         backoff_base: Duration::from_millis(10),
-        ..ProviderOptions::default()
+        ..local()
     });
     let seen = Arc::new(Seen::default());
     let base = serve(seen.clone()).await;
@@ -514,9 +534,9 @@ async fn configured_max_attempts_bound_the_provider_calls() {
             .set("providers.retry_backoff", "1ms")
             .load()
             .unwrap();
-        f.dispatcher = f
-            .dispatcher
-            .with_provider_options(ProviderOptions::from_config(&config.providers));
+        f.dispatcher = f.dispatcher.with_provider_options(ProviderOptions {
+            ..local_policies(ProviderOptions::from_config(&config.providers))
+        });
         let broken = f
             .call(
                 &s,
@@ -650,7 +670,8 @@ async fn configured_rerank_documents_max_caps_rerank_calls() {
             rate_limit: None,
             ..ActionLimits::from_config(&config.limits)
         },
-    );
+    )
+    .with_provider_options(local());
     let f = Fx { dispatcher, ..f };
     let rerank = |n: usize| {
         let documents: Vec<String> = (0..n).map(|i| format!("d{i}")).collect();
@@ -692,7 +713,7 @@ async fn opening_a_stream_is_bounded_by_the_model_timeout_and_the_deadline() {
     let f = Fx {
         dispatcher: f.dispatcher.with_provider_options(ProviderOptions {
             model_timeout: Duration::from_secs(60),
-            ..ProviderOptions::default()
+            ..local()
         }),
         ..f
     };
@@ -716,7 +737,7 @@ async fn retries_stop_at_the_run_deadline() {
         dispatcher: f.dispatcher.with_provider_options(ProviderOptions {
             max_attempts: 10,
             backoff_base: Duration::from_secs(1),
-            ..ProviderOptions::default()
+            ..local()
         }),
         ..f
     };
@@ -743,7 +764,7 @@ async fn retries_stop_at_the_run_deadline() {
         dispatcher: f.dispatcher.with_provider_options(ProviderOptions {
             max_attempts: 3,
             backoff_base: Duration::from_millis(1),
-            ..ProviderOptions::default()
+            ..local()
         }),
         ..f
     };
@@ -792,7 +813,7 @@ async fn connecting_to_a_provider_is_bounded() {
             max_attempts: 2,
             backoff_base: Duration::from_millis(1),
             connect_timeout: Duration::from_millis(200),
-            ..ProviderOptions::default()
+            ..local()
         }),
         ..f
     };
@@ -978,7 +999,8 @@ async fn configured_tool_ceilings_bound_tools_registered_above_them() {
             rate_limit: None,
             ..ActionLimits::from_config(&config.limits)
         },
-    );
+    )
+    .with_provider_options(local());
     let f = Fx { dispatcher, ..f };
     let too_big = f.call(&s, "call_tool", big).await.unwrap_err();
     assert_eq!(too_big.code, "payload_too_large", "{too_big:?}");
@@ -1045,7 +1067,8 @@ async fn lost_tool_outcome_is_unknown_and_never_reexecuted() {
             rate_limit: None,
             ..ActionLimits::default()
         },
-    );
+    )
+    .with_provider_options(local());
     let hash = {
         // the same normalization the host uses is internal; a stale claim with any hash
         // of this tool+parameters is produced by claiming once through the dispatcher and

@@ -16,7 +16,7 @@ use std::time::{Duration, SystemTime};
 use async_trait::async_trait;
 use sb_protocol::context::AgentRunContext;
 use sb_protocol::error::AgentApiError;
-use sb_protocol::ids::RunId;
+use sb_protocol::ids::{RunId, WorkspaceId};
 use sb_worker::plugins::{CommandLookup, PluginRunner, load_plugin_dir};
 use sb_worker::runner::{
     ApiStream, BasicHostApi, CallerIdentity, EnvLookup, HostApi, RunHandle, RunRequest, RunnerHost,
@@ -40,6 +40,10 @@ fn load(plugin: &str) -> PluginRunner {
         Ok(runner) => runner,
         Err(e) => panic!("{e}\n{BUILD_HINT}"),
     }
+}
+
+fn default_ws() -> WorkspaceId {
+    WorkspaceId::default_workspace()
 }
 
 fn config() -> RunnerHostConfig {
@@ -199,7 +203,7 @@ async fn shared_mode_serves_fifty_concurrent_runs_on_one_process() {
     let host = host_for("runners/echo", Arc::new(BasicHostApi));
     // Warm up so the process exists before the burst.
     run(&host, "warm").await;
-    let pid = host.shared_pid().expect("shared process up");
+    let pid = host.shared_pid(&default_ws()).expect("shared process up");
     let words: Vec<String> = (0..30).map(|i| format!("w{i}")).collect();
     let text = words.join(" ");
     let mut tasks = Vec::new();
@@ -216,7 +220,11 @@ async fn shared_mode_serves_fifty_concurrent_runs_on_one_process() {
         expected.push(text.clone());
         assert_eq!(texts(&items), expected);
     }
-    assert_eq!(host.shared_pid(), Some(pid), "all runs on the one process");
+    assert_eq!(
+        host.shared_pid(&default_ws()),
+        Some(pid),
+        "all runs on the one process"
+    );
     assert_eq!(host.active_runs(), 0);
     assert_eq!(host.available_slots(), 64);
     host.shutdown(Duration::from_secs(2)).await;
@@ -278,7 +286,7 @@ async fn per_run_clean_exit_means_done() {
 async fn a_crash_fails_in_flight_runs_and_the_process_restarts() {
     let host = shared();
     let bystander = start(&host, "cancellable").await;
-    let pid_before = host.shared_pid().unwrap();
+    let pid_before = host.shared_pid(&default_ws()).unwrap();
     let items = run(&host, "crash").await;
     assert_eq!(types(&items), vec!["message.delta", "run.failed"]);
     assert_eq!(failure(&items), Some("runner.crashed"));
@@ -297,14 +305,14 @@ async fn a_crash_fails_in_flight_runs_and_the_process_restarts() {
 async fn garbage_fails_the_run_and_the_process_resynchronises() {
     let host = shared();
     run(&host, "warm").await;
-    let pid = host.shared_pid().unwrap();
+    let pid = host.shared_pid(&default_ws()).unwrap();
     let items = run(&host, "garbage").await;
     assert_eq!(types(&items), vec!["message.delta", "run.failed"]);
     assert_eq!(failure(&items), Some("runner.protocol_error"));
     // Same process, still serving.
     let items = run(&host, "still fine").await;
     assert_eq!(types(&items).last(), Some(&"run.completed"));
-    assert_eq!(host.shared_pid(), Some(pid));
+    assert_eq!(host.shared_pid(&default_ws()), Some(pid));
     host.shutdown(Duration::from_secs(2)).await;
 }
 
@@ -312,7 +320,7 @@ async fn garbage_fails_the_run_and_the_process_resynchronises() {
 async fn garbage_that_cannot_resynchronise_restarts_the_process() {
     let host = shared();
     run(&host, "warm").await;
-    let pid = host.shared_pid().unwrap();
+    let pid = host.shared_pid(&default_ws()).unwrap();
     let items = run(&host, "garbage2").await;
     assert_eq!(failure(&items), Some("runner.protocol_error"));
     assert!(wait_gone(pid).await, "the broken process was killed");
@@ -553,8 +561,8 @@ async fn the_environment_is_cleared_except_the_allowlist() {
     let items = run(&host, "env").await;
     let names = reported(&items);
     assert_eq!(
-        names, "SB_TEST_VISIBLE",
-        "only the allowlisted variable: {names}"
+        names, "SB_TEST_VISIBLE,TMPDIR",
+        "only the allowlisted variable, and the private temporary directory: {names}"
     );
     host.shutdown(Duration::from_secs(2)).await;
 }
@@ -581,7 +589,7 @@ async fn shutdown_drains_then_interrupts_and_leaves_no_process() {
     let host = shared();
     let finishing = start(&host, "slow 10").await;
     let stuck = start(&host, "stall").await;
-    let pid = host.shared_pid().unwrap();
+    let pid = host.shared_pid(&default_ws()).unwrap();
     let (done, _) = tokio::join!(
         async {
             let finished = collect(finishing).await;
@@ -632,7 +640,7 @@ async fn the_sdk_talks_to_the_real_host() {
         "the SDK answered the cancel itself"
     );
     // After a shutdown the SDK process exits by itself.
-    let pid = host.shared_pid().unwrap();
+    let pid = host.shared_pid(&default_ws()).unwrap();
     host.shutdown(Duration::from_secs(2)).await;
     assert!(wait_gone(pid).await);
 }
@@ -641,7 +649,7 @@ async fn the_sdk_talks_to_the_real_host() {
 async fn dropping_the_host_stops_its_processes() {
     let host = shared();
     run(&host, "warm").await;
-    let pid = host.shared_pid().unwrap();
+    let pid = host.shared_pid(&default_ws()).unwrap();
     drop(host);
     assert!(
         wait_gone(pid).await,
@@ -684,5 +692,110 @@ async fn many_runs_over_time_keep_their_streams_separate() {
             "{s}: same script, same stream: {runs:?}"
         );
     }
+    host.shutdown(Duration::from_secs(2)).await;
+}
+
+// ---------------------------------------------------------------------------------------------
+// SPEC §14: a shared runner process is bound to one workspace.
+
+fn ws(id: &str) -> WorkspaceId {
+    WorkspaceId::new(id).unwrap()
+}
+
+async fn start_in(host: &RunnerHost, workspace: &WorkspaceId, text: &str) -> RunHandle {
+    let run_id = RunId::new();
+    host.start_run(RunRequest::new(context(run_id, text)).in_workspace(workspace.clone()))
+        .await
+        .expect("run starts")
+}
+
+async fn pid_in(host: &RunnerHost, workspace: &WorkspaceId) -> u32 {
+    reported(&collect(start_in(host, workspace, "pid").await).await)
+        .parse()
+        .unwrap()
+}
+
+#[tokio::test]
+async fn shared_processes_are_per_workspace() {
+    let host = shared();
+    let (alpha, beta) = (ws("alpha"), ws("beta"));
+    let alpha_pid = pid_in(&host, &alpha).await;
+    let beta_pid = pid_in(&host, &beta).await;
+    assert_ne!(alpha_pid, beta_pid, "one process per workspace");
+    assert_eq!(
+        pid_in(&host, &alpha).await,
+        alpha_pid,
+        "reused within alpha"
+    );
+    assert_eq!(pid_in(&host, &beta).await, beta_pid, "reused within beta");
+    assert_eq!(host.shared_pid(&alpha), Some(alpha_pid));
+    assert_eq!(host.shared_pid(&beta), Some(beta_pid));
+    assert_eq!(host.shared_pid(&default_ws()), None);
+    host.shutdown(Duration::from_secs(2)).await;
+    assert!(wait_gone(alpha_pid).await && wait_gone(beta_pid).await);
+}
+
+#[tokio::test]
+async fn a_shared_process_cannot_call_as_a_run_of_another_workspace() {
+    let recorder = Arc::new(Recorder::default());
+    let host = host_for("tests/runners/test-shared", recorder.clone());
+    let (alpha, beta) = (ws("alpha"), ws("beta"));
+    // Beta's run is live (waiting for a cancel) while alpha's process learns its id.
+    let victim = start_in(&host, &beta, "cancellable").await;
+    let victim_id = victim.run_id();
+    let attacker = start_in(&host, &alpha, &format!("api_foreign {victim_id} state_get")).await;
+    let items = collect(attacker).await;
+    let answer: Value = serde_json::from_str(&reported(&items)).unwrap();
+    assert_eq!(answer["ok"], false, "{answer}");
+    assert_eq!(answer["error"]["code"], "not_found", "{answer}");
+    assert!(
+        recorder.calls.lock().unwrap().is_empty(),
+        "the call never reached the host api"
+    );
+    assert_ne!(host.shared_pid(&alpha), host.shared_pid(&beta));
+
+    victim.cancel("done");
+    assert_eq!(failure(&collect(victim).await), Some("cancelled"));
+    host.shutdown(Duration::from_secs(2)).await;
+}
+
+#[tokio::test]
+async fn the_host_api_sees_the_workspace_and_runs_of_the_calling_process() {
+    let recorder = Arc::new(Recorder::default());
+    let host = host_for("tests/runners/test-shared", recorder.clone());
+    let handle = start_in(&host, &ws("alpha"), "api anything").await;
+    let run_id = handle.run_id();
+    collect(handle).await;
+    let calls = recorder.calls.lock().unwrap().clone();
+    assert_eq!(calls.len(), 1);
+    let connection = calls[0].0.connection.clone().expect("a process connection");
+    assert_eq!(connection.workspace_id(), &ws("alpha"));
+    assert!(
+        !connection.hosts(run_id),
+        "the run ended: no longer on the connection"
+    );
+    host.shutdown(Duration::from_secs(2)).await;
+}
+
+#[tokio::test]
+async fn an_idle_process_of_another_workspace_makes_room_at_the_cap() {
+    let mut spec = load("tests/runners/test-shared").runner_spec();
+    spec.max_concurrency = std::num::NonZeroUsize::new(2).unwrap();
+    let host = RunnerHost::with_env(spec, config(), Arc::new(BasicHostApi), env_lookup());
+    let first = pid_in(&host, &ws("one")).await;
+    let second = pid_in(&host, &ws("two")).await;
+    // A third workspace: the least recently used idle process (`one`) is drained.
+    let third = pid_in(&host, &ws("three")).await;
+    assert!(
+        wait_gone(first).await,
+        "the idle process of `one` was drained"
+    );
+    assert_eq!(host.shared_pid(&ws("one")), None);
+    assert_eq!(host.shared_pid(&ws("two")), Some(second));
+    assert_eq!(host.shared_pid(&ws("three")), Some(third));
+    assert!(host.pids().len() <= 2, "{:?}", host.pids());
+    // `one` comes back on a fresh process.
+    let again = pid_in(&host, &ws("one")).await;
+    assert_ne!(again, first);
     host.shutdown(Duration::from_secs(2)).await;
 }

@@ -28,6 +28,7 @@
 //! | `internal` | 500 | dead-letter | no |
 //! | `cancelled` | 499 | ack | no |
 //! | `tool_outcome_unknown` | 500 | ack | no |
+//! | `permission_denied` | 403 | ack | no |
 
 use std::fmt;
 use std::str::FromStr;
@@ -80,6 +81,10 @@ pub enum ErrorCode {
     /// A tool call was interrupted and we cannot know whether it took effect. It is never
     /// re-executed automatically.
     ToolOutcomeUnknown,
+    /// Valid credentials whose role does not allow the operation: a `client` API key calling
+    /// an admin route (SPEC §14). Unlike `unauthorized`, presenting the same key again never
+    /// helps; another key is needed.
+    PermissionDenied,
 }
 
 /// What a bus consumer does with the message whose handling failed with a given code.
@@ -102,7 +107,7 @@ pub enum Disposition {
 
 impl ErrorCode {
     /// Every code, in declaration order (for tables, docs and exhaustive tests).
-    pub const ALL: [ErrorCode; 13] = [
+    pub const ALL: [ErrorCode; 14] = [
         Self::InvalidArgument,
         Self::Unauthorized,
         Self::NotFound,
@@ -116,6 +121,7 @@ impl ErrorCode {
         Self::Internal,
         Self::Cancelled,
         Self::ToolOutcomeUnknown,
+        Self::PermissionDenied,
     ];
 
     /// The wire text, e.g. `"not_found"`.
@@ -124,6 +130,7 @@ impl ErrorCode {
         match self {
             Self::InvalidArgument => "invalid_argument",
             Self::Unauthorized => "unauthorized",
+            Self::PermissionDenied => "permission_denied",
             Self::NotFound => "not_found",
             Self::Conflict => "conflict",
             Self::PayloadTooLarge => "payload_too_large",
@@ -154,6 +161,7 @@ impl ErrorCode {
         match self {
             Self::InvalidArgument => 400,
             Self::Unauthorized => 401,
+            Self::PermissionDenied => 403,
             Self::NotFound => 404,
             Self::Conflict => 409,
             Self::PayloadTooLarge => 413,
@@ -185,6 +193,7 @@ impl ErrorCode {
                 Disposition::DeadLetter
             }
             Self::Unauthorized
+            | Self::PermissionDenied
             | Self::NotFound
             | Self::Conflict
             | Self::DeadlineExceeded
@@ -386,7 +395,7 @@ mod tests {
     #[test]
     fn table_of_http_and_disposition() {
         use Disposition::*;
-        let expected: [(ErrorCode, u16, Disposition); 13] = [
+        let expected: [(ErrorCode, u16, Disposition); 14] = [
             (ErrorCode::InvalidArgument, 400, DeadLetter),
             (ErrorCode::Unauthorized, 401, Ack),
             (ErrorCode::NotFound, 404, Ack),
@@ -400,6 +409,7 @@ mod tests {
             (ErrorCode::Internal, 500, DeadLetter),
             (ErrorCode::Cancelled, 499, Ack),
             (ErrorCode::ToolOutcomeUnknown, 500, Ack),
+            (ErrorCode::PermissionDenied, 403, Ack),
         ];
         for (code, status, disposition) in expected {
             assert_eq!(code.http_status(), status, "{code}");

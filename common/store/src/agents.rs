@@ -155,15 +155,71 @@ pub trait RunnerRegistry: Send + Sync + 'static {
     async fn list(&self) -> Result<Vec<RunnerRow>>;
 }
 
+/// What an API key may do (SPEC §14). The gateway decides which routes need which role;
+/// the store only keeps the role with the key.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum ApiKeyRole {
+    /// What an application needs: send events, read runs, turns, sessions, conversations and
+    /// their streams, cancel runs, list agents.
+    Client,
+    /// Everything a client may do, plus the workspace's configuration: agents, the resource
+    /// registry (models, tools, knowledge bases), schedules and keys.
+    Admin,
+}
+
+impl ApiKeyRole {
+    /// Every role.
+    pub const ALL: [ApiKeyRole; 2] = [Self::Client, Self::Admin];
+
+    /// The stored and wire text: `client` or `admin`.
+    #[must_use]
+    pub const fn as_str(self) -> &'static str {
+        match self {
+            Self::Client => "client",
+            Self::Admin => "admin",
+        }
+    }
+
+    /// Whether a key of this role may do what `required` allows (`admin` includes `client`).
+    #[must_use]
+    pub const fn allows(self, required: ApiKeyRole) -> bool {
+        matches!(
+            (self, required),
+            (Self::Admin, _) | (Self::Client, Self::Client)
+        )
+    }
+}
+
+impl std::fmt::Display for ApiKeyRole {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// The text was not one of the [`ApiKeyRole`] names.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("unknown api key role `{0}` (expected `admin` or `client`)")]
+pub struct UnknownApiKeyRole(pub String);
+
+impl std::str::FromStr for ApiKeyRole {
+    type Err = UnknownApiKeyRole;
+
+    fn from_str(s: &str) -> std::result::Result<Self, Self::Err> {
+        Self::ALL
+            .into_iter()
+            .find(|r| r.as_str() == s)
+            .ok_or_else(|| UnknownApiKeyRole(s.to_owned()))
+    }
+}
+
 /// A freshly created API key. `plaintext` is shown once and never stored.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct NewApiKey {
-    /// Key id (for listing and revoking).
-    pub id: uuid::Uuid,
     /// The secret: `sb_` + 43 URL-safe base64 characters (32 random bytes).
     pub plaintext: String,
-    /// The first characters, stored to tell keys apart.
-    pub prefix: String,
+    /// What was stored (id, role, the prefix that tells keys apart; no secret).
+    pub record: ApiKeyRecord,
 }
 
 /// A stored API key (without its secret).
@@ -175,6 +231,8 @@ pub struct ApiKeyRecord {
     pub workspace_id: WorkspaceId,
     /// Label.
     pub name: Option<String>,
+    /// What the key may do.
+    pub role: ApiKeyRole,
     /// First characters of the key.
     pub prefix: String,
     /// Creation time.
@@ -183,30 +241,57 @@ pub struct ApiKeyRecord {
     pub revoked_at: Option<DateTime<Utc>>,
 }
 
+/// What [`Tenancy::authenticate`] knows about a valid key: enough to scope and authorize a
+/// request, and to cache (it holds no secret).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct AuthenticatedKey {
+    /// The key's id (rate and stream limits are counted per key).
+    pub key_id: uuid::Uuid,
+    /// The workspace the key belongs to.
+    pub workspace_id: WorkspaceId,
+    /// What the key may do.
+    pub role: ApiKeyRole,
+}
+
 /// Workspaces and API keys.
 ///
 /// # Contract
 ///
 /// - Only the SHA-256 of a key is stored; `create_api_key` is the only place the plaintext
 ///   exists.
-/// - `authenticate` accepts exactly the plaintext of a key that has not been revoked.
+/// - `authenticate` accepts exactly the plaintext of a key that has not been revoked, and
+///   answers the key's id, workspace and role. Once `revoke` returned, `authenticate` of
+///   that key returns `None` from every connection to the database (a cache in front of it,
+///   like the gateway's, is responsible for its own invalidation).
+/// - Keys are addressed within a workspace: `get_api_key` and `revoke` of a key that belongs
+///   to another workspace behave as for a key that does not exist.
+/// - A key's role never changes; a different role is a new key.
 #[async_trait]
 pub trait Tenancy: Send + Sync + 'static {
     /// Creates the workspace if it does not exist. Idempotent.
     async fn ensure_workspace(&self, id: &WorkspaceId) -> Result<()>;
 
-    /// Creates a key for the workspace (creating the workspace if needed).
+    /// Creates a key with `role` for the workspace (creating the workspace if needed).
     async fn create_api_key(
         &self,
         workspace_id: &WorkspaceId,
         name: Option<&str>,
+        role: ApiKeyRole,
     ) -> Result<NewApiKey>;
 
-    /// The workspace the key belongs to, if the key is valid and not revoked.
-    async fn authenticate(&self, plaintext: &str) -> Result<Option<WorkspaceId>>;
+    /// The key's id, workspace and role, if the key is valid and not revoked.
+    async fn authenticate(&self, plaintext: &str) -> Result<Option<AuthenticatedKey>>;
 
-    /// Revokes a key; `true` if this call revoked it.
-    async fn revoke(&self, key_id: uuid::Uuid) -> Result<bool>;
+    /// The workspace's key `key_id` (revoked or not); `None` if the workspace has no such key.
+    async fn get_api_key(
+        &self,
+        workspace_id: &WorkspaceId,
+        key_id: uuid::Uuid,
+    ) -> Result<Option<ApiKeyRecord>>;
+
+    /// Revokes the workspace's key `key_id`; `true` if this call revoked it (`false`: already
+    /// revoked, or no such key in the workspace).
+    async fn revoke(&self, workspace_id: &WorkspaceId, key_id: uuid::Uuid) -> Result<bool>;
 
     /// The workspace's keys (revoked ones included), oldest first.
     async fn list_api_keys(&self, workspace_id: &WorkspaceId) -> Result<Vec<ApiKeyRecord>>;

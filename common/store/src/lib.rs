@@ -57,7 +57,8 @@ pub mod transcript;
 pub mod testing;
 
 pub use agents::{
-    AgentRow, AgentStore, ApiKeyRecord, NewAgent, NewApiKey, RunnerRegistry, RunnerRow, Tenancy,
+    AgentRow, AgentStore, ApiKeyRecord, ApiKeyRole, AuthenticatedKey, NewAgent, NewApiKey,
+    RunnerRegistry, RunnerRow, Tenancy, UnknownApiKeyRole,
 };
 pub use artifacts::{
     ArtifactContent, ArtifactRead, ArtifactRecord, ArtifactScope, ArtifactStore, NewArtifact,

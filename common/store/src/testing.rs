@@ -2981,23 +2981,28 @@ pub mod suite {
         );
     }
 
-    /// Keys authenticate until revoked; only the SHA-256 is stored.
+    /// Keys authenticate (with their id, workspace and role) until revoked; only the SHA-256
+    /// is stored; keys are addressed within their workspace.
     pub async fn api_keys_create_authenticate_revoke(db: &TestDb) {
         db.stores.tenancy.ensure_workspace(&ws()).await.unwrap();
         db.stores.tenancy.ensure_workspace(&ws()).await.unwrap();
         let key = db
             .stores
             .tenancy
-            .create_api_key(&ws(), Some("ci"))
+            .create_api_key(&ws(), Some("ci"), ApiKeyRole::Client)
             .await
             .unwrap();
         assert!(key.plaintext.starts_with("sb_"));
         assert_eq!(key.plaintext.len(), 3 + 43);
-        assert!(key.plaintext.starts_with(&key.prefix));
+        assert!(key.plaintext.starts_with(&key.record.prefix));
+        assert_eq!(key.record.workspace_id, ws());
+        assert_eq!(key.record.role, ApiKeyRole::Client);
+        assert_eq!(key.record.name.as_deref(), Some("ci"));
+        assert!(key.record.revoked_at.is_none());
         let second = db
             .stores
             .tenancy
-            .create_api_key(&other_ws(), None)
+            .create_api_key(&other_ws(), None, ApiKeyRole::Admin)
             .await
             .unwrap();
         assert_ne!(key.plaintext, second.plaintext);
@@ -3008,7 +3013,11 @@ pub mod suite {
                 .authenticate(&key.plaintext)
                 .await
                 .unwrap(),
-            Some(ws())
+            Some(AuthenticatedKey {
+                key_id: key.record.id,
+                workspace_id: ws(),
+                role: ApiKeyRole::Client,
+            })
         );
         assert_eq!(
             db.stores
@@ -3016,7 +3025,11 @@ pub mod suite {
                 .authenticate(&second.plaintext)
                 .await
                 .unwrap(),
-            Some(other_ws())
+            Some(AuthenticatedKey {
+                key_id: second.record.id,
+                workspace_id: other_ws(),
+                role: ApiKeyRole::Admin,
+            })
         );
         for wrong in [
             "",
@@ -3032,14 +3045,14 @@ pub mod suite {
             );
         }
 
-        // Only the hash is stored.
+        // Only the hash is stored, next to the role.
         let backend = db.store.backend();
         let row = db
             .store
             .connection()
             .query_one_raw(Statement::from_string(
                 backend,
-                "SELECT key_hash, prefix FROM api_keys ORDER BY created_at, id",
+                "SELECT key_hash, prefix, role FROM api_keys ORDER BY created_at, id",
             ))
             .await
             .unwrap()
@@ -3047,16 +3060,60 @@ pub mod suite {
         let hash: String = row.try_get("", "key_hash").unwrap();
         assert_eq!(hash, hex::encode(Sha256::digest(key.plaintext.as_bytes())));
         assert!(!hash.contains(&key.plaintext[3..]));
+        let role: String = row.try_get("", "role").unwrap();
+        assert_eq!(role, "client");
 
         let listed = db.stores.tenancy.list_api_keys(&ws()).await.unwrap();
-        assert_eq!(listed.len(), 1);
-        assert_eq!(listed[0].id, key.id);
-        assert_eq!(listed[0].name.as_deref(), Some("ci"));
-        assert_eq!(listed[0].prefix, key.prefix);
-        assert!(listed[0].revoked_at.is_none());
+        assert_eq!(listed, vec![key.record.clone()]);
 
-        assert!(db.stores.tenancy.revoke(key.id).await.unwrap());
-        assert!(!db.stores.tenancy.revoke(key.id).await.unwrap());
+        // Addressed within the workspace: another workspace's key is not there.
+        assert_eq!(
+            db.stores
+                .tenancy
+                .get_api_key(&ws(), key.record.id)
+                .await
+                .unwrap(),
+            Some(key.record.clone())
+        );
+        assert_eq!(
+            db.stores
+                .tenancy
+                .get_api_key(&other_ws(), key.record.id)
+                .await
+                .unwrap(),
+            None
+        );
+        assert!(
+            !db.stores
+                .tenancy
+                .revoke(&other_ws(), key.record.id)
+                .await
+                .unwrap()
+        );
+        assert!(
+            db.stores
+                .tenancy
+                .authenticate(&key.plaintext)
+                .await
+                .unwrap()
+                .is_some(),
+            "a revoke through another workspace leaves the key alone"
+        );
+
+        assert!(
+            db.stores
+                .tenancy
+                .revoke(&ws(), key.record.id)
+                .await
+                .unwrap()
+        );
+        assert!(
+            !db.stores
+                .tenancy
+                .revoke(&ws(), key.record.id)
+                .await
+                .unwrap()
+        );
         assert_eq!(
             db.stores
                 .tenancy
@@ -3065,26 +3122,58 @@ pub mod suite {
                 .unwrap(),
             None
         );
-        assert_eq!(
+        assert!(
             db.stores
                 .tenancy
                 .authenticate(&second.plaintext)
                 .await
-                .unwrap(),
-            Some(other_ws())
-        );
-        assert!(
-            db.stores.tenancy.list_api_keys(&ws()).await.unwrap()[0]
-                .revoked_at
+                .unwrap()
                 .is_some()
+        );
+        let revoked = db
+            .stores
+            .tenancy
+            .get_api_key(&ws(), key.record.id)
+            .await
+            .unwrap()
+            .unwrap();
+        assert!(revoked.revoked_at.is_some());
+        assert_eq!(
+            db.stores.tenancy.list_api_keys(&ws()).await.unwrap(),
+            vec![revoked]
         );
         assert!(
             !db.stores
                 .tenancy
-                .revoke(uuid::Uuid::now_v7())
+                .revoke(&ws(), uuid::Uuid::now_v7())
                 .await
                 .unwrap()
         );
+        assert_eq!(
+            db.stores
+                .tenancy
+                .get_api_key(&ws(), uuid::Uuid::now_v7())
+                .await
+                .unwrap(),
+            None
+        );
+
+        // A stored role this version does not know never authenticates.
+        let third = db
+            .stores
+            .tenancy
+            .create_api_key(&ws(), None, ApiKeyRole::Admin)
+            .await
+            .unwrap();
+        db.store
+            .connection()
+            .execute_unprepared("UPDATE api_keys SET role = 'root' WHERE role = 'admin'")
+            .await
+            .unwrap();
+        assert!(matches!(
+            db.stores.tenancy.authenticate(&third.plaintext).await,
+            Err(StoreError::Corrupt(_))
+        ));
     }
 
     // ---------------------------------------------------------------- schedules

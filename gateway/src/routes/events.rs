@@ -59,6 +59,13 @@ pub async fn ingest(
         })?),
         None => None,
     };
+    // A streamed answer needs one of the key's stream slots: taken before anything is
+    // stored, so a refused request (`429`) ingests nothing.
+    let slot = if query.stream {
+        Some(state.key_limits().open_stream(caller.key_id)?)
+    } else {
+        None
+    };
     let mut new_artifact_id = || uuid::Uuid::new_v4().to_string();
     let normalized = normalize(
         body,
@@ -91,12 +98,13 @@ pub async fn ingest(
         tracing::debug!(event_id = %record.id, "duplicate ingest answered from the first event");
     }
 
-    let mut response = if query.stream {
+    let mut response = if let Some(slot) = slot {
         let mut response = event_stream(
             state.stream_context(),
             record.id,
             record.workspace_id.clone(),
             record.conversation_id.clone(),
+            slot,
         )
         .into_response();
         if let Ok(value) = HeaderValue::from_str(&record.id.to_string()) {

@@ -5,11 +5,11 @@
 //!  Authorization: Bearer <run token>           (ctx.runtime.metadata.host_api.token)
 //!  {"run_id": "...", "params": {...}}
 //!      │
-//!      ├─ bearer token present ───────────────── no ──▶ 401 unauthorized
+//!      ├─ bearer token present ───────────────── no ──▶ 401 unauthorized "missing run token"
 //!      ├─ body {run_id, params} ──────────────── bad ─▶ 400 invalid_argument
-//!      ├─ session of run_id exists ───────────── no ──▶ 404 not_found "run session … not found or expired"
-//!      ├─ session has a plugin identity and the
-//!      │  token's SHA-256 equals the frozen one ─ no ──▶ 401 unauthorized
+//!      ├─ session of run_id exists, has a plugin
+//!      │  identity, and the token's SHA-256
+//!      │  equals the frozen one ──────────────── no ──▶ 401 unauthorized (one answer for all three)
 //!      └─ ApiGate → ActionDispatcher (the workers' pipeline: session, identity, deadline,
 //!         grants, scope, arguments, size, rate) with caller = the session's plugin identity
 //!      ▼
@@ -19,9 +19,11 @@
 //! The token is what a runner process's connection is on the stdio wire: the proof of
 //! identity. It is minted per run by the orchestrator, and only its digest is frozen into the
 //! run's session, so it authenticates exactly one run and stops working when the session
-//! ends (terminal result, cancel, deadline): a call after that is `not_found`, as it is for
-//! a runner process. A token of another run, or any other bearer value, is `unauthorized`,
-//! whatever the run.
+//! ends (terminal result, cancel, deadline). A run without a live session, a token of another
+//! run and any other bearer value all get the same `401` (same status, same body), so a
+//! caller without the token learns nothing, not even whether a run id is live; the digests
+//! are compared in constant time, and a call for a missing session hashes the token all the
+//! same. Only a caller holding the right token can see other answers.
 //!
 //! Everything after the token check is the same code the workers run ([`sb_worker::api_gate`],
 //! [`sb_worker::actions`]) against the same session store and database, so a call is judged
@@ -38,10 +40,10 @@ use axum::extract::{Path, State};
 use axum::http::HeaderMap;
 use axum::http::header::AUTHORIZATION;
 use sb_protocol::error::{AgentApiError, ErrorCode};
-use sb_protocol::host::AuthorizationSnapshot;
+use sb_protocol::host::{AuthorizationSnapshot, host_api_token};
 use sb_protocol::ids::RunId;
 use sb_protocol::wire::HostToRunner;
-use sb_worker::api_gate::{decode_snapshot, session_not_found};
+use sb_worker::api_gate::decode_snapshot;
 use sb_worker::runner::{ApiStream, CallerIdentity, HostApi};
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
@@ -81,26 +83,36 @@ fn bad_token(what: &str) -> ApiError {
     .for_runner()
 }
 
+/// The one refusal of a call that does not hold `run_id`'s token, whatever the reason (no
+/// live session, another token, a session without identity): it depends on the request only.
+fn not_the_runs_token(run_id: RunId) -> ApiError {
+    bad_token(&format!(
+        "the bearer token is not the host api token of a live run {run_id}"
+    ))
+}
+
 /// Who may call for this run: the session's plugin, if `token` is the run's.
 fn authenticate(snapshot: &AuthorizationSnapshot, token: &str) -> Result<CallerIdentity, ApiError> {
+    // Compared first, so the time taken does not depend on the identity check below.
+    let accepted = snapshot.accepts_host_api_token(token);
     if snapshot.plugin_id.trim().is_empty() {
         tracing::error!(run_id = %snapshot.run_id, "run session has no plugin identity");
-        return Err(ApiError::from_agent(AgentApiError::new(
-            ErrorCode::Unauthorized,
-            format!("run session {} has no plugin identity", snapshot.run_id),
-        )));
+        return Err(not_the_runs_token(snapshot.run_id));
     }
-    if !snapshot.accepts_host_api_token(token) {
-        return Err(bad_token(&format!(
-            "the bearer token is not the host api token of run {}",
-            snapshot.run_id
-        )));
+    if !accepted {
+        return Err(not_the_runs_token(snapshot.run_id));
     }
     Ok(CallerIdentity {
         runner_id: snapshot.runner_id.clone(),
         plugin_id: snapshot.plugin_id.clone(),
+        // Not a worker's process connection: the token ties the caller to this one run.
+        connection: None,
     })
 }
+
+/// Digest compared against when the run has no session, so that answer takes the time of a
+/// wrong token (a SHA-256 and a full-length comparison).
+const NO_SESSION_DIGEST: &str = "0000000000000000000000000000000000000000000000000000000000000000";
 
 /// `POST /v1/host/{action}`.
 pub async fn call(
@@ -116,12 +128,18 @@ pub async fn call(
         .ok_or_else(|| bad_token("missing run token"))?;
     let ApiJson(HostCall { run_id, params }) = body.map_err(ApiError::for_runner)?;
 
-    let session = state
+    let Some(session) = state
         .sessions()
         .get_session(&run_id)
         .await
         .map_err(|e| ApiError::from(e).for_runner())?
-        .ok_or_else(|| ApiError::from_agent(session_not_found(run_id)))?;
+    else {
+        std::hint::black_box(host_api_token::matches(
+            NO_SESSION_DIGEST,
+            std::hint::black_box(token),
+        ));
+        return Err(not_the_runs_token(run_id));
+    };
     let snapshot = decode_snapshot(session).map_err(|reason| {
         tracing::error!(%run_id, %reason, "run session does not hold an authorization snapshot");
         ApiError::from_agent(AgentApiError::new(
@@ -175,7 +193,6 @@ async fn serve_collecting(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use sb_protocol::host::host_api_token;
     use serde_json::json;
 
     fn snapshot(plugin_id: &str, token: Option<&str>) -> AuthorizationSnapshot {
@@ -257,14 +274,14 @@ mod tests {
             authenticate(&s, "").unwrap_err().code(),
             ErrorCode::Unauthorized
         );
-        // a session without an identity accepts nobody, even with its token
+        // a session without an identity accepts nobody, even with its token, and says so
+        // exactly as for a wrong token
         let s = snapshot(" ", Some("tok"));
         let e = authenticate(&s, "tok").unwrap_err();
         assert_eq!(e.code(), ErrorCode::Unauthorized);
-        assert!(
-            e.message().contains("no plugin identity"),
-            "{}",
-            e.message()
+        assert_eq!(
+            e.message(),
+            authenticate(&s, "wrong").unwrap_err().message()
         );
     }
 }

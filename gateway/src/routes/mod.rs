@@ -5,6 +5,7 @@ pub mod conversations;
 pub mod events;
 pub mod health;
 pub mod host;
+pub mod keys;
 pub mod resources;
 pub mod runners;
 pub mod runs;

@@ -7,8 +7,14 @@
 //!
 //! Secrets never pass through here: a model names the environment variable holding its API
 //! key (`api_key_env`) and a tool the environment variables of its static headers
-//! (`headers_env`), and only workers read the values when they call the provider. The
-//! views echo those *names* (so an operator can see which variable to set), never a value.
+//! (`headers_env`), and only workers read the values when they call the provider. A name must
+//! be one the operator made available (`secrets.allow`, see `sb_common::secrets`), never the
+//! host's own configuration. The views echo those *names* (so an operator can see which
+//! variable to set), never a value.
+//!
+//! URLs pass the deployment's egress policy (`sb_common::egress`) here, so a model or tool
+//! pointing at metadata, loopback or private addresses is refused at registration with a
+//! clear `400`; workers check again at connect time, on the resolved address.
 
 use std::collections::BTreeMap;
 
@@ -37,17 +43,25 @@ const DEFAULT_TOOL_TIMEOUT_MS: u64 = 10_000;
 /// when that is smaller).
 const DEFAULT_TOOL_MAX_RESPONSE_BYTES: u64 = 1024 * 1024;
 
-/// An environment variable name: what `api_key_env` and `headers_env` values must be, so a
-/// literal secret pasted by mistake is refused instead of stored.
-fn is_env_name(s: &str) -> bool {
-    !s.is_empty()
-        && s.len() <= 255
-        && s.chars().all(|c| c.is_ascii_alphanumeric() || c == '_')
-        && !s.starts_with(|c: char| c.is_ascii_digit())
+/// Refuses a URL the deployment's egress policy refuses, naming the field.
+fn check_egress(state: &AppState, field: &'static str, url: &str) -> ApiResult<()> {
+    state
+        .options()
+        .providers
+        .egress
+        .check_url(field, url)
+        .map(drop)
+        .map_err(|e| ApiError::invalid(e.to_string()))
 }
 
-fn is_http_url(s: &str) -> bool {
-    (s.starts_with("http://") || s.starts_with("https://")) && s.len() > "https://".len()
+/// Refuses a secret reference the deployment does not make available, naming the field.
+fn check_secret(state: &AppState, field: &str, name: &str) -> ApiResult<()> {
+    state
+        .options()
+        .providers
+        .secrets
+        .check(name)
+        .map_err(|e| ApiError::invalid(format!("{field}: {e}")))
 }
 
 /// Body of `POST /v1/models`.
@@ -111,15 +125,9 @@ pub async fn create_model(
     caller: Caller,
     ApiJson(body): ApiJson<CreateModel>,
 ) -> ApiResult<impl IntoResponse> {
-    if !is_http_url(&body.base_url) {
-        return Err(ApiError::invalid("base_url must be an http or https URL"));
-    }
-    if let Some(env) = body.api_key_env.as_deref()
-        && !is_env_name(env)
-    {
-        return Err(ApiError::invalid(
-            "api_key_env must be the name of an environment variable, not a key",
-        ));
+    check_egress(&state, "base_url", &body.base_url)?;
+    if let Some(env) = body.api_key_env.as_deref() {
+        check_secret(&state, "api_key_env", env)?;
     }
     let row = state
         .stores()
@@ -236,9 +244,7 @@ pub async fn create_tool(
             "name must be 1 to 64 characters of [A-Za-z0-9_.-]",
         ));
     }
-    if !is_http_url(&body.url) {
-        return Err(ApiError::invalid("url must be an http or https URL"));
-    }
+    check_egress(&state, "url", &body.url)?;
     // The deployment's ceilings; the config validation keeps both at least 1.
     let options = state.options();
     let timeout_max_ms = u64::try_from(options.tool_timeout_max.as_millis()).unwrap_or(u64::MAX);
@@ -268,11 +274,7 @@ pub async fn create_tool(
         {
             return Err(ApiError::invalid(format!("invalid header name {header:?}")));
         }
-        if !is_env_name(env) {
-            return Err(ApiError::invalid(format!(
-                "headers_env.{header} must be the name of an environment variable, not a value"
-            )));
-        }
+        check_secret(&state, &format!("headers_env.{header}"), env)?;
     }
     let parameters = body
         .parameters

@@ -264,7 +264,8 @@ pub async fn stream_run(
     };
     let run = load_run(&state, &caller, &id).await?;
     let after = q.after_sequence.max(last_event_id.unwrap_or(0));
-    Ok(run_stream(state.stream_context(), run.id, after).into_response())
+    let slot = state.key_limits().open_stream(caller.key_id)?;
+    Ok(run_stream(state.stream_context(), run.id, after, slot).into_response())
 }
 
 /// Body of `POST /v1/runs/{id}/cancel` (optional).

@@ -1,7 +1,8 @@
 //! The in-process gateway the HTTP suites drive: the real router over an in-memory SQLite
 //! store (migrated), the memory bus with the topology declared under a unique prefix, and
-//! the memory session store, plus an API key of workspace `default`. Each suite adds its own
-//! helpers in an `impl Harness` block of its own.
+//! the memory session store, plus an admin API key of workspace `default`. Each suite adds
+//! its own helpers in an `impl Harness` block of its own. [`Harness::sibling`] is a second
+//! gateway process on the same database, bus and session store.
 
 #![allow(dead_code)]
 
@@ -17,7 +18,7 @@ use sb_common::session::memory::MemorySessionStore;
 use sb_common::shutdown::Shutdown;
 use sb_gateway::{AppState, GatewayDeps, GatewayOptions, app};
 use sb_protocol::ids::WorkspaceId;
-use sb_store::{SqlStore, SqlStoreOptions, Stores};
+use sb_store::{ApiKeyRole, SqlStore, SqlStoreOptions, Stores};
 use serde_json::Value;
 use tower::ServiceExt;
 
@@ -28,9 +29,11 @@ pub struct Harness {
     pub bus: Arc<MemoryBus>,
     pub topology: Topology,
     pub sessions: Arc<MemorySessionStore>,
-    /// An API key of workspace `default`.
+    /// An admin API key of workspace `default`.
     pub key: String,
     pub shutdown: Shutdown,
+    /// What the gateway was started with (siblings get the same).
+    pub options: GatewayOptions,
 }
 
 impl Drop for Harness {
@@ -42,6 +45,7 @@ impl Drop for Harness {
 impl Harness {
     /// A gateway with `options`.
     pub async fn start(options: GatewayOptions) -> Self {
+        let options_for_siblings = options.clone();
         let store = SqlStore::connect(
             "sqlite::memory:",
             &SqlStoreOptions {
@@ -81,18 +85,56 @@ impl Harness {
             sessions,
             key: String::new(),
             shutdown,
+            options: options_for_siblings,
         };
         harness.key = harness.api_key("default").await;
         harness
     }
 
-    /// A new API key of `workspace` (created if needed).
+    /// Another gateway (its own state: key cache, limiters, delivery queue) on this one's
+    /// database, bus and session store, as a second gateway process of a deployment.
+    pub async fn sibling(&self) -> Self {
+        let mut options = self.options.clone();
+        options.gateway_id = format!("gw-sibling-{}", uuid::Uuid::new_v4().simple());
+        let shutdown = Shutdown::new();
+        let deps = GatewayDeps {
+            stores: self.stores.clone(),
+            bus: self.bus.clone(),
+            sessions: self.sessions.clone(),
+            topology: self.topology.clone(),
+        };
+        let state = AppState::new(deps, options.clone(), shutdown.clone())
+            .await
+            .expect("state");
+        Self {
+            state,
+            stores: self.stores.clone(),
+            bus: self.bus.clone(),
+            topology: self.topology.clone(),
+            sessions: self.sessions.clone(),
+            key: self.key.clone(),
+            shutdown,
+            options,
+        }
+    }
+
+    /// A new admin API key of `workspace` (created if needed).
     pub async fn api_key(&self, workspace: &str) -> String {
+        self.key_with_role(workspace, ApiKeyRole::Admin).await
+    }
+
+    /// A new client API key of `workspace` (created if needed).
+    pub async fn client_key(&self, workspace: &str) -> String {
+        self.key_with_role(workspace, ApiKeyRole::Client).await
+    }
+
+    async fn key_with_role(&self, workspace: &str, role: ApiKeyRole) -> String {
         self.stores
             .tenancy
             .create_api_key(
                 &WorkspaceId::new(workspace).expect("workspace id"),
                 Some("test"),
+                role,
             )
             .await
             .expect("api key")

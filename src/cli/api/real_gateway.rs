@@ -22,8 +22,8 @@ use sb_protocol::ids::{RunId, WorkspaceId};
 use sb_protocol::messages::{DeliveryMessage, ResultMessage, encode};
 use sb_protocol::result::AgentRunResult;
 use sb_store::{
-    EventQuery, EventStatus, EventStatusUpdate, NewRun, NewRunEvent, SqlStore, SqlStoreOptions,
-    Stores,
+    ApiKeyRole, EventQuery, EventStatus, EventStatusUpdate, NewRun, NewRunEvent, SqlStore,
+    SqlStoreOptions, Stores,
 };
 use tokio::time::Instant;
 
@@ -67,7 +67,11 @@ async fn start() -> Gateway {
     .expect("topology");
     let key = stores
         .tenancy
-        .create_api_key(&WorkspaceId::default_workspace(), Some("cli-test"))
+        .create_api_key(
+            &WorkspaceId::default_workspace(),
+            Some("cli-test"),
+            ApiKeyRole::Admin,
+        )
         .await
         .unwrap()
         .plaintext;
@@ -347,8 +351,8 @@ async fn registers_resources_through_the_real_gateway() {
             reqwest::Method::POST,
             "/v1/models",
             Some(&serde_json::json!({
-                "name": "m", "kind": "llm", "base_url": "http://127.0.0.1:9/v1",
-                "model_name": "x", "api_key_env": "OPENAI_API_KEY"
+                "name": "m", "kind": "llm", "base_url": "https://api.example.com/v1",
+                "model_name": "x"
             })),
         )
         .await
@@ -369,4 +373,73 @@ async fn registers_resources_through_the_real_gateway() {
         .unwrap_err()
         .to_string();
     assert!(err.contains("invalid_argument"), "{err}");
+}
+
+/// `switchboard keys create --url`, `keys list` and `keys revoke` through the real routes:
+/// a client key by default, the secret alone on stdout, admin-only listing, and a revoked
+/// key refused on its next request.
+#[tokio::test]
+async fn keys_are_managed_through_the_real_gateway() {
+    use crate::cli::keys::{KeysArgs, KeysCommand, create_through, list_through, revoke_through};
+    use crate::cli::{Cli, Command};
+    use clap::Parser as _;
+
+    let gw = start().await;
+    let admin = GatewayClient::new(&gw.url, Some(&gw.key)).unwrap();
+    let argv = [
+        "switchboard",
+        "keys",
+        "create",
+        "--url",
+        &gw.url,
+        "--name",
+        "app",
+    ];
+    let Command::Keys(KeysArgs {
+        command: KeysCommand::Create(args),
+    }) = Cli::try_parse_from(argv).unwrap().command
+    else {
+        panic!()
+    };
+    let mut out = Vec::new();
+    let created = create_through(&admin, &args, &mut out).await.unwrap();
+    let printed = String::from_utf8(out).unwrap();
+    let secret = printed.trim_end_matches('\n');
+    assert!(
+        secret.starts_with("sb_") && !secret.contains('\n'),
+        "{printed:?}"
+    );
+    assert_eq!(
+        created["role"], "client",
+        "client by default through the gateway"
+    );
+    assert!(
+        created.get("key").is_none(),
+        "the secret went to stdout only"
+    );
+
+    let items = list_through(&admin).await.unwrap();
+    assert_eq!(items.len(), 2);
+    assert!(!serde_json::to_string(&items).unwrap().contains(secret));
+
+    let app = GatewayClient::new(&gw.url, Some(secret)).unwrap();
+    let err = list_through(&app).await.unwrap_err().to_string();
+    assert!(err.contains("permission_denied"), "{err}");
+    app.json(reqwest::Method::GET, "/v1/runs", None)
+        .await
+        .expect("a client key reads runs");
+
+    let key_id: uuid::Uuid = created["key_id"].as_str().unwrap().parse().unwrap();
+    revoke_through(&admin, key_id).await.unwrap();
+    let err = app
+        .json(reqwest::Method::GET, "/v1/runs", None)
+        .await
+        .unwrap_err()
+        .to_string();
+    assert!(err.contains("unauthorized"), "{err}");
+    let err = revoke_through(&admin, uuid::Uuid::now_v7())
+        .await
+        .unwrap_err()
+        .to_string();
+    assert!(err.contains("not_found"), "{err}");
 }

@@ -24,6 +24,8 @@
 //! | `wait_storage` | polls `storage_get(owner, key)` every 20 ms until the key exists, at most `timeout_ms` (default 20 s): a barrier the test opens by writing the key |
 //! | `wait_cancel` | waits for the host's cancel, at most `timeout_ms` (default 60 s); after a cancel the script stops and the SDK ends the run `cancelled` |
 //! | `sleep` | sleeps `ms` |
+//! | `probe` | reports its own confinement: uid, `NoNewPrivs`, `TMPDIR` with mode and owner, whether the parent's (worker's) `/proc/<pid>/environ` is readable, `/proc/self/limits` |
+//! | `tcp` | connects to `addr` (`ip:port`), writes `send`, returns what the peer answered within a second |
 //! | `fail` | ends the run with `run.failed {code: "runner.scripted"}` (no report) |
 //!
 //! Before a step runs, every string argument equal to `$run_id`, `$event_id` or
@@ -260,12 +262,64 @@ fn step(run: &Run, out: &Emitter, name: &str, s: &Step<'_>) -> Result<Outcome, R
             }
             Ok(Value::Null)
         }
+        "probe" => Ok(probe()),
+        "tcp" => tcp(&s.string("addr"), &s.string("send")),
         other => Err(AgentApiError::new(
             ErrorCode::InvalidArgument,
             format!("unknown script step `{other}`"),
         )),
     };
     Ok(Outcome::Answer(answer))
+}
+
+/// What a curious runner can learn about its confinement (tests/tests/security.rs): its
+/// `Uid:` and `NoNewPrivs:` lines, its `TMPDIR` and that directory's mode and owner, whether
+/// it can read its parent's (the worker's) environment, and its resource limits.
+fn probe() -> Value {
+    use std::os::unix::fs::MetadataExt as _;
+    let status = std::fs::read_to_string("/proc/self/status").unwrap_or_default();
+    let field = |name: &str| {
+        status
+            .lines()
+            .find_map(|l| l.strip_prefix(name))
+            .map(|v| v.split_whitespace().next().unwrap_or_default().to_owned())
+    };
+    let parent = std::os::unix::process::parent_id();
+    let parent_environ = match std::fs::read(format!("/proc/{parent}/environ")) {
+        Ok(bytes) => json!({"readable": true, "bytes": bytes.len(),
+                            "has_switchboard": String::from_utf8_lossy(&bytes).contains("SWITCHBOARD__")}),
+        Err(e) => json!({"readable": false, "error": e.to_string()}),
+    };
+    let tmpdir = std::env::var("TMPDIR").ok();
+    let tmp = tmpdir.as_deref().and_then(|d| std::fs::metadata(d).ok());
+    json!({
+        "uid": field("Uid:").and_then(|u| u.parse::<u64>().ok()),
+        "no_new_privs": field("NoNewPrivs:"),
+        "parent_environ": parent_environ,
+        "tmpdir": tmpdir,
+        "tmpdir_mode": tmp.as_ref().map(|m| m.mode() & 0o777),
+        "tmpdir_uid": tmp.as_ref().map(std::os::unix::fs::MetadataExt::uid),
+        "limits": std::fs::read_to_string("/proc/self/limits").unwrap_or_default(),
+    })
+}
+
+/// Connects to `addr`, writes `send` and returns what the peer answered within a second:
+/// a runner trying to talk to the deployment's Redis or RabbitMQ directly.
+fn tcp(addr: &str, send: &str) -> Result<Value, AgentApiError> {
+    use std::io::{Read as _, Write as _};
+    let unavailable = |e: std::io::Error| AgentApiError::new(ErrorCode::Unavailable, e.to_string());
+    let addr: std::net::SocketAddr = addr
+        .parse()
+        .map_err(|_| AgentApiError::new(ErrorCode::InvalidArgument, "addr must be ip:port"))?;
+    let mut stream =
+        std::net::TcpStream::connect_timeout(&addr, Duration::from_secs(2)).map_err(unavailable)?;
+    stream
+        .set_read_timeout(Some(Duration::from_secs(1)))
+        .map_err(unavailable)?;
+    stream.write_all(send.as_bytes()).map_err(unavailable)?;
+    let mut answer = vec![0u8; 4096];
+    let n = stream.read(&mut answer).unwrap_or(0);
+    Ok(json!({"answer": String::from_utf8_lossy(&answer[..n])}))
 }
 
 impl Runner for ApiRunner {

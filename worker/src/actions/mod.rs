@@ -69,7 +69,7 @@ use sb_store::{StoreError, Stores};
 use serde_json::{Value, json};
 
 use crate::api_gate::{Dispatcher, GatedCall, PROTOCOL_VERSION};
-use crate::providers::{ProviderOptions, http_client};
+use crate::providers::{ProviderClient, ProviderOptions};
 use crate::runner::api::{ApiStream, HOST_VERSION};
 use params::Params;
 
@@ -279,7 +279,7 @@ pub struct ActionDispatcher {
 /// The HTTP client and options of the model and tool providers.
 #[derive(Clone, Debug)]
 pub(crate) struct Providers {
-    pub(crate) client: reqwest::Client,
+    pub(crate) client: ProviderClient,
     pub(crate) options: ProviderOptions,
 }
 
@@ -298,7 +298,7 @@ impl ActionDispatcher {
     /// # Panics
     ///
     /// When the TLS backend of the provider client cannot be initialized (see
-    /// [`http_client`]).
+    /// [`ProviderClient::new`]).
     #[must_use]
     pub fn new(stores: Stores, sessions: Arc<dyn SessionStore>, limits: ActionLimits) -> Self {
         let options = ProviderOptions::default();
@@ -307,22 +307,26 @@ impl ActionDispatcher {
             sessions,
             limits,
             providers: Providers {
-                client: http_client(options.connect_timeout),
+                client: ProviderClient::new(&options),
                 options,
             },
         }
     }
 
-    /// The same dispatcher with other provider timeouts and retries. The provider client
-    /// is rebuilt only when the connect timeout changes (it is a property of the client).
+    /// The same dispatcher with other provider timeouts, retries and policies. The provider
+    /// client is rebuilt when the connect timeout or a policy changes (they are properties
+    /// of the client).
     ///
     /// # Panics
     ///
     /// As [`ActionDispatcher::new`].
     #[must_use]
     pub fn with_provider_options(mut self, options: ProviderOptions) -> Self {
-        if options.connect_timeout != self.providers.options.connect_timeout {
-            self.providers.client = http_client(options.connect_timeout);
+        if options.connect_timeout != self.providers.options.connect_timeout
+            || options.egress != self.providers.options.egress
+            || options.secrets != self.providers.options.secrets
+        {
+            self.providers.client = ProviderClient::new(&options);
         }
         self.providers.options = options;
         self

@@ -10,7 +10,7 @@ use sb_store::ToolRecord;
 use serde::Deserialize;
 use serde_json::Value;
 
-use super::{ProviderError, check_url, env_value, read_capped};
+use super::{ProviderClient, ProviderError, read_capped};
 
 /// The `config` of an `http` tool, as `/v1/tools` stores it.
 #[derive(Debug, Clone, Deserialize)]
@@ -73,21 +73,23 @@ impl HttpToolConfig {
 /// [`HttpToolConfig::within`]); the answer is the response JSON (or the text, if it is not
 /// JSON). `deadline` bounds the timeout further (the run's remaining time).
 pub async fn call(
-    client: &reqwest::Client,
+    client: &ProviderClient,
     name: &str,
     config: &HttpToolConfig,
     parameters: &Value,
     deadline: Option<Duration>,
 ) -> Result<Value, ProviderError> {
     let what = format!("tool {name}");
-    check_url(&what, &config.url)?;
     let mut timeout = config.timeout();
     if let Some(d) = deadline {
         timeout = timeout.min(d);
     }
-    let mut rb = client.post(&config.url).json(parameters).timeout(timeout);
+    let mut rb = client
+        .post(&what, &config.url)?
+        .json(parameters)
+        .timeout(timeout);
     for (header, env) in &config.headers_env {
-        rb = rb.header(header.as_str(), env_value(env)?);
+        rb = rb.header(header.as_str(), client.secret(env)?);
     }
     let resp = rb
         .send()

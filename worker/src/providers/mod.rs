@@ -2,9 +2,16 @@
 //! completions (plain and SSE streaming), a Cohere/Jina-style `/rerank`, and HTTP tools.
 //!
 //! Secrets: API keys and tool header values are read from the environment variables the
-//! registry names, at call time, and only ever placed in request headers. No error message,
+//! registry names, at call time, only when the deployment's `secrets.allow` lists the name
+//! ([`SecretPolicy`]), and only ever placed in request headers. No error message,
 //! log line or answer contains a header value or a provider response body (a provider or
 //! tool could echo a request header back), only status codes and our own wording.
+//!
+//! Egress: every call goes through [`ProviderClient`], which checks the URL against the
+//! deployment's [`EgressPolicy`] before sending, and whose resolver drops every resolved
+//! address the policy refuses (so a name that rebinds to loopback after registration reaches
+//! nothing). Redirects are not followed (a `3xx` is an error status), and no proxy from the
+//! environment is used, so the address checked is the address connected to.
 //!
 //! Retries: model calls are retried with exponential backoff on `429`, `5xx` and connection
 //! failures, at most [`ProviderOptions::max_attempts`] times (`providers.max_attempts`), and
@@ -18,17 +25,21 @@
 //! would end after the deadline is not attempted ([`ProviderError::OutOfTime`]).
 //!
 //! # Layout
-//! - this file: [`ProviderOptions`], [`ProviderError`] and its code mapping, the shared
-//!   request sending with retries.
+//! - this file: [`ProviderOptions`], [`ProviderClient`] (egress and secrets), [`ProviderError`]
+//!   and its code mapping, the shared request sending with retries.
 //! - `openai`: chat completions (plain and streaming) and rerank.
 //! - `http_tool`: HTTP tools (POST JSON, timeout, response cap, headers from env vars).
 
 pub mod http_tool;
 pub mod openai;
 
+use std::net::SocketAddr;
+use std::sync::Arc;
 use std::time::Duration;
 
-use sb_common::config::ProvidersConfig;
+use sb_common::config::{ProvidersConfig, SwitchboardConfig};
+use sb_common::egress::{EgressError, EgressPolicy};
+use sb_common::secrets::{SecretError, SecretPolicy};
 use sb_protocol::error::{ErrorCode, HasErrorCode};
 use tokio::time::Instant;
 
@@ -53,6 +64,10 @@ pub struct ProviderOptions {
     /// Connect timeout of the provider HTTP client, models and tools alike;
     /// `providers.connect_timeout`.
     pub connect_timeout: Duration,
+    /// Where calls may go (`egress.allow`); default: public addresses only.
+    pub egress: EgressPolicy,
+    /// Which secrets models and tools may reference (`secrets.allow`); default: none.
+    pub secrets: SecretPolicy,
 }
 
 impl Default for ProviderOptions {
@@ -65,6 +80,9 @@ impl ProviderOptions {
     /// The options of the deployment's `[providers]` section. Every place that builds an
     /// [`ActionDispatcher`](crate::actions::ActionDispatcher) from the configuration (the
     /// worker, the gateway's remote Host API) passes them on, so both serve model calls alike.
+    ///
+    /// The egress and secret policies stay the strictest ones; [`ProviderOptions::of`]
+    /// takes them from the deployment.
     #[must_use]
     pub fn from_config(providers: &ProvidersConfig) -> Self {
         Self {
@@ -74,31 +92,146 @@ impl ProviderOptions {
             backoff_base: providers.retry_backoff,
             max_model_response_bytes: providers.max_response_bytes.get(),
             connect_timeout: providers.connect_timeout,
+            egress: EgressPolicy::public_only(),
+            secrets: SecretPolicy::default(),
+        }
+    }
+
+    /// The options of a deployment: its `[providers]` section, `egress.allow` and
+    /// `secrets.allow`.
+    #[must_use]
+    pub fn of(config: &SwitchboardConfig) -> Self {
+        Self {
+            egress: EgressPolicy::from_config(&config.egress),
+            secrets: SecretPolicy::from_config(&config.secrets),
+            ..Self::from_config(&config.providers)
         }
     }
 }
 
-/// The HTTP client of the model and tool providers (rustls, as the workspace builds
-/// reqwest), with `connect_timeout`.
+/// The HTTP client of the model and tool providers, bound to the egress and secret
+/// policies of the deployment.
 ///
-/// # Panics
+/// # Contract
 ///
-/// When the TLS backend cannot be initialized, as `reqwest::Client::new` does: nothing the
-/// configuration can cause, and no provider call could be made without it.
-#[must_use]
-pub fn http_client(connect_timeout: Duration) -> reqwest::Client {
-    reqwest::Client::builder()
-        .connect_timeout(connect_timeout)
-        .build()
-        .expect("the TLS backend of the provider client initializes")
+/// - [`ProviderClient::post`] is the only way to build a request: it refuses a URL the
+///   egress policy refuses (scheme, credentials, an IP literal in a denied range), and the
+///   client's resolver keeps only the resolved addresses the policy allows.
+/// - Redirects are never followed and environment proxies never used.
+/// - [`ProviderClient::secret`] returns a value only for a name in `secrets.allow`.
+#[derive(Clone, Debug)]
+pub struct ProviderClient {
+    http: reqwest::Client,
+    egress: Arc<EgressPolicy>,
+    secrets: Arc<SecretPolicy>,
+}
+
+impl ProviderClient {
+    /// A client with `options.connect_timeout` and the options' policies (rustls, as the
+    /// workspace builds reqwest).
+    ///
+    /// # Panics
+    ///
+    /// When the TLS backend cannot be initialized, as `reqwest::Client::new` does: nothing
+    /// the configuration can cause, and no provider call could be made without it.
+    #[must_use]
+    pub fn new(options: &ProviderOptions) -> Self {
+        let egress = Arc::new(options.egress.clone());
+        let http = reqwest::Client::builder()
+            .connect_timeout(options.connect_timeout)
+            .redirect(reqwest::redirect::Policy::none())
+            .no_proxy()
+            .dns_resolver(Arc::new(EgressResolver {
+                policy: egress.clone(),
+            }))
+            .build()
+            .expect("the TLS backend of the provider client initializes");
+        Self {
+            http,
+            egress,
+            secrets: Arc::new(options.secrets.clone()),
+        }
+    }
+
+    /// Refuses `url` when the egress policy does, on behalf of `what` (`model provider`,
+    /// `tool <name>`).
+    pub(crate) fn check(&self, what: &str, url: &str) -> Result<(), ProviderError> {
+        // At call time the field is "the registered url" of `what`.
+        self.egress
+            .check_url("the registered url", url)
+            .map(drop)
+            .map_err(|e| ProviderError::Egress {
+                what: what.to_owned(),
+                error: e,
+            })
+    }
+
+    /// A `POST` to `url` on behalf of `what`, if the egress policy allows the URL.
+    pub(crate) fn post(
+        &self,
+        what: &str,
+        url: &str,
+    ) -> Result<reqwest::RequestBuilder, ProviderError> {
+        self.check(what, url)?;
+        Ok(self.http.post(url))
+    }
+
+    /// A `POST` to a URL already passed by [`ProviderClient::check`] (a retried request
+    /// rebuilt per attempt).
+    pub(crate) fn post_checked(&self, url: &str) -> reqwest::RequestBuilder {
+        self.http.post(url)
+    }
+
+    /// The value of the secret `name`, if the deployment makes it available.
+    pub(crate) fn secret(&self, name: &str) -> Result<String, ProviderError> {
+        self.secrets.read(name).map_err(ProviderError::Secret)
+    }
+}
+
+/// The resolver of [`ProviderClient`]: the system resolver, then only the addresses the
+/// egress policy allows for that host. A host whose every address is refused fails to
+/// connect with the [`EgressError`] as the cause (see [`ProviderError::from_reqwest`]).
+struct EgressResolver {
+    policy: Arc<EgressPolicy>,
+}
+
+impl reqwest::dns::Resolve for EgressResolver {
+    fn resolve(&self, name: reqwest::dns::Name) -> reqwest::dns::Resolving {
+        let policy = self.policy.clone();
+        Box::pin(async move {
+            let host = name.as_str().to_owned();
+            let addrs: Vec<SocketAddr> =
+                tokio::net::lookup_host((host.as_str(), 0)).await?.collect();
+            let allowed = policy
+                .check_resolved(
+                    "the registered url",
+                    &host,
+                    addrs.iter().map(SocketAddr::ip),
+                )
+                .map_err(|e| Box::new(e) as Box<dyn std::error::Error + Send + Sync>)?;
+            let allowed: Vec<SocketAddr> = addrs
+                .into_iter()
+                .filter(|a| allowed.contains(&a.ip()))
+                .collect();
+            Ok(Box::new(allowed.into_iter()) as reqwest::dns::Addrs)
+        })
+    }
 }
 
 /// A provider call failed.
 #[derive(Debug, thiserror::Error)]
 pub enum ProviderError {
-    /// The environment variable named by the registry is not set (a deployment error).
-    #[error("environment variable {0} is not set on this worker")]
-    MissingEnv(String),
+    /// The secret named by the registry is not available (not allowed, or not set).
+    #[error("{0}")]
+    Secret(SecretError),
+    /// The egress policy refuses the registered URL or every address it resolves to.
+    #[error("{what} cannot be called: {error}")]
+    Egress {
+        /// `model provider` / `tool <name>`.
+        what: String,
+        /// The refusal.
+        error: EgressError,
+    },
     /// The provider answered an error status.
     #[error("{what} answered http {status}")]
     Status {
@@ -139,7 +272,12 @@ pub enum ProviderError {
 impl HasErrorCode for ProviderError {
     fn code(&self) -> ErrorCode {
         match self {
-            Self::MissingEnv(_) | Self::Transport(_) | Self::Config(_) => ErrorCode::Unavailable,
+            // An allowed secret that is not set is the operator's to fix (a deployment
+            // error, retryable once fixed); a refused one is the registration's.
+            Self::Secret(SecretError::Unset(_)) | Self::Transport(_) | Self::Config(_) => {
+                ErrorCode::Unavailable
+            }
+            Self::Secret(_) | Self::Egress { .. } => ErrorCode::InvalidArgument,
             Self::Status { status: 429, .. } => ErrorCode::RateLimited,
             Self::Status { status, .. } if *status >= 500 => ErrorCode::Unavailable,
             Self::Status { status: 408, .. } | Self::Timeout(_) | Self::OutOfTime { .. } => {
@@ -162,6 +300,18 @@ impl ProviderError {
     }
 
     fn from_reqwest(what: &str, e: &reqwest::Error) -> Self {
+        // The resolver's refusal arrives as a connect error; it is permanent, not a
+        // provider that is down.
+        let mut cause: Option<&(dyn std::error::Error + 'static)> = std::error::Error::source(e);
+        while let Some(c) = cause {
+            if let Some(refusal) = c.downcast_ref::<EgressError>() {
+                return Self::Egress {
+                    what: what.to_owned(),
+                    error: refusal.clone(),
+                };
+            }
+            cause = c.source();
+        }
         // A connect timeout is also a timeout to reqwest; it is a provider we cannot reach
         // (retryable), not a call that took too long.
         if e.is_connect() {
@@ -176,21 +326,6 @@ impl ProviderError {
             Self::Transport(what.to_owned())
         }
     }
-}
-
-/// Refuses URLs that are not `http` or `https` (rustls with the webpki roots), so a typo in
-/// the registry fails with a clear configuration error instead of a vague transport one.
-pub(crate) fn check_url(what: &str, url: &str) -> Result<(), ProviderError> {
-    if url.starts_with("http://") || url.starts_with("https://") {
-        Ok(())
-    } else {
-        Err(ProviderError::Config(format!("{what} has an invalid url")))
-    }
-}
-
-/// Reads the value of the environment variable `name`.
-pub(crate) fn env_value(name: &str) -> Result<String, ProviderError> {
-    std::env::var(name).map_err(|_| ProviderError::MissingEnv(name.to_owned()))
 }
 
 /// `limit`, cut to the time left before `deadline` (the run's), if any. At least 1 ms: a
@@ -321,20 +456,122 @@ mod tests {
                 backoff_base: Duration::from_millis(20),
                 max_model_response_bytes: 4096,
                 connect_timeout: Duration::from_secs(2),
+                egress: EgressPolicy::public_only(),
+                secrets: SecretPolicy::default(),
             }
         );
     }
 }
 
 #[cfg(test)]
-mod url_tests {
-    use super::check_url;
+mod egress_tests {
+    use super::*;
+
+    /// A one-route HTTP server on loopback: `/ok` answers 200, `/redirect` a 302 to `/ok`.
+    async fn server() -> SocketAddr {
+        use axum::Router;
+        use axum::http::{StatusCode, header};
+        use axum::routing::post;
+        let app = Router::new().route("/ok", post(|| async { "fine" })).route(
+            "/redirect",
+            post(|| async { (StatusCode::FOUND, [(header::LOCATION, "/ok")]) }),
+        );
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        tokio::spawn(async move { axum::serve(listener, app).await });
+        addr
+    }
+
+    fn client(allow: &[&str]) -> ProviderClient {
+        ProviderClient::new(&ProviderOptions {
+            egress: EgressPolicy::from_config(&sb_common::config::EgressConfig {
+                allow: allow.iter().map(|s| (*s).to_owned()).collect(),
+            }),
+            ..ProviderOptions::default()
+        })
+    }
+
+    async fn send(client: &ProviderClient, url: &str) -> Result<u16, ProviderError> {
+        let rb = client.post("tool t", url)?;
+        let resp = rb
+            .send()
+            .await
+            .map_err(|e| ProviderError::from_reqwest("tool t", &e))?;
+        Ok(resp.status().as_u16())
+    }
+
+    #[tokio::test]
+    async fn loopback_is_refused_by_literal_and_by_name_unless_allowed() {
+        let addr = server().await;
+        let strict = client(&[]);
+        for url in [
+            format!("http://127.0.0.1:{}/ok", addr.port()),
+            format!("http://localhost:{}/ok", addr.port()),
+            format!("http://[::ffff:127.0.0.1]:{}/ok", addr.port()),
+        ] {
+            let err = send(&strict, &url).await.unwrap_err();
+            assert!(
+                matches!(err, ProviderError::Egress { .. }),
+                "{url}: {err:?}"
+            );
+            assert_eq!(err.code(), ErrorCode::InvalidArgument);
+            assert!(!err.retryable());
+        }
+        let open = client(&["127.0.0.0/8"]);
+        assert_eq!(
+            send(&open, &format!("http://localhost:{}/ok", addr.port()))
+                .await
+                .unwrap(),
+            200
+        );
+        assert_eq!(
+            send(&open, &format!("http://127.0.0.1:{}/ok", addr.port()))
+                .await
+                .unwrap(),
+            200
+        );
+    }
+
+    #[tokio::test]
+    async fn redirects_are_not_followed() {
+        let addr = server().await;
+        let open = client(&["127.0.0.0/8"]);
+        assert_eq!(
+            send(&open, &format!("http://127.0.0.1:{}/redirect", addr.port()))
+                .await
+                .unwrap(),
+            302
+        );
+    }
+
+    #[tokio::test]
+    async fn metadata_and_credentials_are_refused_before_any_connection() {
+        let any = client(&["0.0.0.0/0", "::/0"]);
+        for url in [
+            "http://169.254.169.254/latest/meta-data/iam/",
+            "http://metadata.google.internal/computeMetadata/v1/",
+            "http://user:pw@127.0.0.1:9/",
+        ] {
+            let err = send(&any, url).await.unwrap_err();
+            assert!(
+                matches!(err, ProviderError::Egress { .. }),
+                "{url}: {err:?}"
+            );
+        }
+    }
 
     #[test]
-    fn http_and_https_are_reachable_other_schemes_are_not() {
-        assert!(check_url("model", "http://127.0.0.1:9/v1").is_ok());
-        assert!(check_url("model", "https://api.example.com/v1").is_ok());
-        assert!(check_url("model", "ftp://example.com").is_err());
-        assert!(check_url("model", "api.example.com").is_err());
+    fn secrets_come_only_from_the_allow_list() {
+        let client = ProviderClient::new(&ProviderOptions {
+            secrets: SecretPolicy::from_config(&sb_common::config::SecretsConfig {
+                allow: vec!["PATH".into()],
+            }),
+            ..ProviderOptions::default()
+        });
+        assert!(client.secret("PATH").is_ok());
+        for refused in ["HOME", "SWITCHBOARD__DATABASE__URL"] {
+            let err = client.secret(refused).unwrap_err();
+            assert_eq!(err.code(), ErrorCode::InvalidArgument, "{refused}");
+        }
     }
 }

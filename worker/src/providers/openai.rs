@@ -15,8 +15,7 @@ use serde_json::{Map, Value, json};
 use tokio::time::Instant;
 
 use super::{
-    ProviderError, ProviderOptions, attempt_limit, check_url, env_value, read_capped,
-    send_with_retries,
+    ProviderClient, ProviderError, ProviderOptions, attempt_limit, read_capped, send_with_retries,
 };
 
 const WHAT: &str = "model provider";
@@ -108,7 +107,7 @@ fn body(req: &ChatRequest<'_>, stream: bool) -> Value {
 /// The request of one attempt. With `timeout`, each attempt gets that whole-request
 /// timeout, cut to what is left before `deadline` when the attempt starts.
 fn request(
-    client: &reqwest::Client,
+    client: &ProviderClient,
     model: &ModelRecord,
     path: &str,
     body: &Value,
@@ -116,12 +115,17 @@ fn request(
     deadline: Option<Instant>,
 ) -> Result<impl Fn() -> reqwest::RequestBuilder, ProviderError> {
     let url = endpoint(model, path);
-    check_url(WHAT, &url)?;
-    let key = model.api_key_env.as_deref().map(env_value).transpose()?;
+    // Checked once here, so the closure below cannot fail.
+    client.check(WHAT, &url)?;
+    let key = model
+        .api_key_env
+        .as_deref()
+        .map(|name| client.secret(name))
+        .transpose()?;
     let client = client.clone();
     let body = body.clone();
     Ok(move || {
-        let mut rb = client.post(&url).json(&body);
+        let mut rb = client.post_checked(&url).json(&body);
         if let Some(t) = timeout {
             rb = rb.timeout(attempt_limit(t, deadline));
         }
@@ -160,7 +164,7 @@ fn normalize_message(m: &Value) -> Value {
 /// A plain (non-streaming) chat call: each attempt bounded by
 /// [`ProviderOptions::model_timeout`], all of them by the run's `deadline`.
 pub async fn chat(
-    client: &reqwest::Client,
+    client: &ProviderClient,
     options: &ProviderOptions,
     req: ChatRequest<'_>,
     deadline: Option<Instant>,
@@ -226,7 +230,7 @@ pub struct ChatStream {
 /// stream itself is then bounded by [`ProviderOptions::stream_idle_timeout`] per chunk
 /// and by the caller's deadline.
 pub async fn chat_stream(
-    client: &reqwest::Client,
+    client: &ProviderClient,
     options: &ProviderOptions,
     req: ChatRequest<'_>,
     deadline: Option<Instant>,
@@ -362,7 +366,7 @@ impl ChatStream {
 /// One rerank call: `{index, relevance_score, document}` sorted by score, best first, cut
 /// to `top_k`. Bounded as [`chat`] is.
 pub async fn rerank(
-    client: &reqwest::Client,
+    client: &ProviderClient,
     options: &ProviderOptions,
     model: &ModelRecord,
     query: &str,

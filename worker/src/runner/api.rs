@@ -3,33 +3,131 @@
 //! The host validates the *connection* side of a call — the caller is the plugin whose process
 //! sent the line, and the run is an active run of that very process (see
 //! [`super::session`]) — and then hands the call to a [`HostApi`], which the worker implements
-//! against the session store, the authorization snapshot and the resource providers.
+//! against the session store, the authorization snapshot and the resource providers. The
+//! [`Connection`] travels with the call so that the gate checks the same facts again
+//! (SPEC §14: defence in depth).
+
+use std::collections::HashSet;
+use std::hash::{Hash, Hasher};
+use std::sync::{Arc, Mutex};
 
 use async_trait::async_trait;
 use sb_protocol::error::{AgentApiError, ErrorCode};
-use sb_protocol::ids::RunId;
+use sb_protocol::ids::{RunId, WorkspaceId};
 use sb_protocol::manifest::RunnerId;
 use sb_protocol::wire::HostToRunner;
 use serde_json::{Value, json};
 use tokio::sync::mpsc;
 
 /// Who is calling: derived by the worker from the process connection, **never** read from
-/// a message (a runner cannot claim to be another plugin).
+/// a message (a runner cannot claim to be another plugin, workspace or run).
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
 pub struct CallerIdentity {
     /// The runner the process was started for.
     pub runner_id: RunnerId,
     /// `<author>/<plugin>`: the identity compared with the run session's plugin identity.
     pub plugin_id: String,
+    /// The runner process the call came over: its workspace and its current runs. `None`
+    /// for a caller that is not a worker's process connection (the gateway's remote Host
+    /// API, whose caller is established by the run's own token instead).
+    pub connection: Option<Connection>,
 }
 
 impl CallerIdentity {
+    /// The identity of `runner_id`'s plugin, not bound to a connection.
     #[must_use]
     pub fn for_runner(runner_id: &RunnerId) -> Self {
         Self {
             runner_id: runner_id.clone(),
             plugin_id: runner_id.plugin_id(),
+            connection: None,
         }
+    }
+
+    /// The identity of a process of `runner_id` speaking over `connection`.
+    #[must_use]
+    pub fn for_connection(runner_id: &RunnerId, connection: Connection) -> Self {
+        Self {
+            connection: Some(connection),
+            ..Self::for_runner(runner_id)
+        }
+    }
+}
+
+/// One runner process connection as the Host API sees it (SPEC §14 "a shared runner
+/// process is bound to one workspace"): the workspace every run on it belongs to, and the
+/// runs it hosts right now. The runner host keeps the run set current (a run is added before
+/// the runner hears of it and removed when it ends); clones share it.
+///
+/// Two connections are equal when they are the same connection (same run set), not when
+/// they merely host the same runs.
+#[derive(Debug, Clone)]
+pub struct Connection {
+    workspace_id: WorkspaceId,
+    runs: Arc<Mutex<HashSet<RunId>>>,
+}
+
+impl Connection {
+    /// A connection of a process bound to `workspace_id`, hosting no run yet.
+    #[must_use]
+    pub fn new(workspace_id: WorkspaceId) -> Self {
+        Self::hosting(workspace_id, [])
+    }
+
+    /// A connection bound to `workspace_id` that hosts `runs` (tests of a gate).
+    #[must_use]
+    pub fn hosting(workspace_id: WorkspaceId, runs: impl IntoIterator<Item = RunId>) -> Self {
+        Self {
+            workspace_id,
+            runs: Arc::new(Mutex::new(runs.into_iter().collect())),
+        }
+    }
+
+    /// The workspace the process is bound to.
+    #[must_use]
+    pub fn workspace_id(&self) -> &WorkspaceId {
+        &self.workspace_id
+    }
+
+    /// Whether `run_id` is one of the runs the process hosts right now.
+    #[must_use]
+    pub fn hosts(&self, run_id: RunId) -> bool {
+        self.lock().contains(&run_id)
+    }
+
+    /// How many runs the process hosts right now.
+    #[must_use]
+    pub fn run_count(&self) -> usize {
+        self.lock().len()
+    }
+
+    pub(crate) fn attach(&self, run_id: RunId) {
+        self.lock().insert(run_id);
+    }
+
+    pub(crate) fn detach(&self, run_id: RunId) {
+        self.lock().remove(&run_id);
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, HashSet<RunId>> {
+        self.runs
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+}
+
+impl PartialEq for Connection {
+    fn eq(&self, other: &Self) -> bool {
+        Arc::ptr_eq(&self.runs, &other.runs)
+    }
+}
+
+impl Eq for Connection {}
+
+impl Hash for Connection {
+    fn hash<H: Hasher>(&self, state: &mut H) {
+        // Equal connections share the run set, hence the workspace.
+        self.workspace_id.hash(state);
     }
 }
 
@@ -73,7 +171,9 @@ impl ApiStream {
 ///
 /// Contract:
 /// - Called only for a `run_id` that is an active run of the calling process; `caller` is
-///   that process's identity. The implementation still performs every check of SPEC §8 that
+///   that process's identity, with its [`Connection`] (workspace and current runs), and an
+///   implementation that authorizes must refuse a run that is not one of the connection's
+///   or whose workspace is not the connection's. The implementation still performs every check of SPEC §8 that
 ///   needs host state (session exists, identity matches the session, deadline, snapshot,
 ///   scope, arguments, size, rate and budgets), in that order.
 /// - Streams parts of the answer through `stream` (e.g. `invoke_llm_stream`), then returns

@@ -3,6 +3,8 @@
 use sb_protocol::error::{ErrorCode, HasErrorCode};
 use sb_protocol::ids::RunId;
 
+use super::sandbox::SandboxError;
+
 /// Why a run could not be started (once started, every failure is a `run.failed` item in
 /// the run's stream instead).
 #[derive(Debug, thiserror::Error)]
@@ -14,6 +16,9 @@ pub enum RunnerError {
         #[source]
         source: std::io::Error,
     },
+    /// The runner process could not be confined (SPEC §14), so it was not started.
+    #[error(transparent)]
+    Sandbox(#[from] SandboxError),
     /// The host is shutting down and takes no new runs.
     #[error("runner host is shutting down")]
     ShuttingDown,
@@ -29,6 +34,7 @@ impl HasErrorCode for RunnerError {
             // later) can take the run.
             Self::Spawn { .. } | Self::ShuttingDown => ErrorCode::Unavailable,
             Self::DuplicateRun(_) => ErrorCode::Conflict,
+            Self::Sandbox(e) => e.code(),
         }
     }
 }

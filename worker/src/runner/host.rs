@@ -17,12 +17,21 @@
 //! back-pressured through the handle, so an unpolled handle stalls its process. Dropping a
 //! handle before its terminal item cancels the run.
 //!
-//! `shared` mode keeps one process for up to `max_concurrency` concurrent runs. When it
-//! exits unexpectedly its in-flight runs fail with `runner.crashed` and the next run starts a
-//! new process after an exponential backoff ([`RunnerHostConfig::restart_backoff_initial`]
-//! doubling up to [`RunnerHostConfig::restart_backoff_max`]; a process that stayed up for
-//! [`RunnerHostConfig::healthy_after`] resets it). `per_run` mode starts a process per run
-//! (at most `max_concurrency` at once) and retires it when the run ends.
+//! `shared` mode keeps one process **per workspace** (SPEC §14: a shared runner process is
+//! bound to one workspace, so plugin code holding one tenant's runs never holds another's),
+//! with up to `max_concurrency` concurrent runs over all of them. When a process exits
+//! unexpectedly its in-flight runs fail with `runner.crashed` and the next run of that
+//! workspace starts a new process after an exponential backoff
+//! ([`RunnerHostConfig::restart_backoff_initial`] doubling up to
+//! [`RunnerHostConfig::restart_backoff_max`]; a process that stayed up for
+//! [`RunnerHostConfig::healthy_after`] resets it). Idle processes stay up for the next run of
+//! their workspace; when a new workspace needs a process and `max_concurrency` processes are
+//! already up, the least recently used idle one is drained to make room, so a runner never
+//! has more than `max_concurrency` processes serving. `per_run` mode starts a process per
+//! run (at most `max_concurrency` at once) and retires it when the run ends.
+//!
+//! Every process is confined by [`RunnerHostConfig::sandbox`] (see [`super::sandbox`]), and
+//! its Host API calls carry its [`Connection`] (workspace and current runs) to the gate.
 
 use std::collections::{BTreeMap, HashMap};
 use std::ffi::OsString;
@@ -35,9 +44,10 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use futures::Stream;
 use nix::sys::signal::Signal;
+use sb_common::config::SandboxConfig;
 use sb_protocol::context::AgentRunContext;
 use sb_protocol::error::{AgentApiError, ErrorCode, run_failure};
-use sb_protocol::ids::RunId;
+use sb_protocol::ids::{RunId, WorkspaceId};
 use sb_protocol::manifest::RunnerId;
 use sb_protocol::result::{AgentRunResult, ResultLimits};
 use sb_protocol::wire::{ApiResult, DEFAULT_MAX_LINE_BYTES, HostToRunner};
@@ -48,7 +58,7 @@ use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
-use super::api::{ApiStream, CallerIdentity, HostApi};
+use super::api::{ApiStream, CallerIdentity, Connection, HostApi};
 use super::codec::{FrameError, MessageReader, MessageWriter};
 use super::error::RunnerError;
 use super::process::{ProcessSpec, RunnerProcess, StderrConfig};
@@ -73,7 +83,7 @@ pub struct RunnerSpec {
 }
 
 /// Tuning of a [`RunnerHost`]. Defaults follow SPEC §13; tests shorten the durations.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone)]
 pub struct RunnerHostConfig {
     /// Cap on one stdout line (SPEC: 4 MiB).
     pub max_line_bytes: usize,
@@ -95,6 +105,8 @@ pub struct RunnerHostConfig {
     /// Items buffered per run between the process and its [`RunHandle`].
     pub run_buffer: usize,
     pub stderr: StderrConfig,
+    /// How every process is confined (`worker.sandbox`, SPEC §14).
+    pub sandbox: SandboxConfig,
 }
 
 impl Default for RunnerHostConfig {
@@ -112,6 +124,7 @@ impl Default for RunnerHostConfig {
             // A burst of deltas fits; a stalled consumer pushes back within a few hundred items.
             run_buffer: 256,
             stderr: StderrConfig::default(),
+            sandbox: SandboxConfig::default(),
         }
     }
 }
@@ -120,14 +133,17 @@ impl Default for RunnerHostConfig {
 #[derive(Debug, Clone)]
 pub struct RunRequest {
     pub run_id: RunId,
+    /// The tenant of the run: a `shared` run goes to the process of this workspace only.
+    /// The worker sets it from the job (the orchestrator's authoritative value).
+    pub workspace_id: WorkspaceId,
     pub context: AgentRunContext,
     /// Hard deadline: the run fails with `timeout` when it passes.
     pub deadline: Option<SystemTime>,
 }
 
 impl RunRequest {
-    /// A request for `context`, with the run id and deadline (`runtime.deadline_at`) taken
-    /// from it.
+    /// A request for `context`, with the run id, the workspace (`conversation.workspace_id`,
+    /// else the default workspace) and the deadline (`runtime.deadline_at`) taken from it.
     #[must_use]
     pub fn new(context: AgentRunContext) -> Self {
         let deadline = context
@@ -135,11 +151,25 @@ impl RunRequest {
             .deadline_at
             .filter(|s| s.is_finite() && *s > 0.0)
             .and_then(|s| UNIX_EPOCH.checked_add(Duration::from_secs_f64(s)));
+        let workspace_id = context
+            .conversation
+            .as_ref()
+            .and_then(|c| c.workspace_id.as_deref())
+            .and_then(|w| WorkspaceId::new(w).ok())
+            .unwrap_or_else(WorkspaceId::default_workspace);
         Self {
             run_id: context.run_id,
+            workspace_id,
             context,
             deadline,
         }
+    }
+
+    /// The same request in `workspace_id`.
+    #[must_use]
+    pub fn in_workspace(mut self, workspace_id: WorkspaceId) -> Self {
+        self.workspace_id = workspace_id;
+        self
     }
 }
 
@@ -184,6 +214,8 @@ struct ActorRef {
     commands: mpsc::UnboundedSender<Command>,
     /// Cancelled when the actor has finished (process reaped, runs ended).
     exited: CancellationToken,
+    /// The process's workspace and current runs (idle = no run).
+    connection: Connection,
 }
 
 #[derive(Default)]
@@ -194,19 +226,52 @@ enum SlotState {
     Backoff {
         until: Instant,
     },
-    Closed,
 }
 
-#[derive(Default)]
+/// The shared process of one workspace.
 struct SharedSlot {
     state: SlotState,
     /// Unexpected exits (or failed spawns) in a row; drives the restart backoff.
     failures: u32,
+    /// Last time a run asked for this slot (picks the idle process to drain for room).
+    last_used: Instant,
+}
+
+impl SharedSlot {
+    fn new() -> Self {
+        Self {
+            state: SlotState::Empty,
+            failures: 0,
+            last_used: Instant::now(),
+        }
+    }
+
+    /// The slot's process, if it is up and has not exited.
+    fn live(&self) -> Option<&ActorRef> {
+        match &self.state {
+            SlotState::Up(actor) if !actor.exited.is_cancelled() => Some(actor),
+            _ => None,
+        }
+    }
+
+    /// A slot without a process or a pending backoff carries nothing worth keeping.
+    fn is_vacant(&self) -> bool {
+        matches!(self.state, SlotState::Empty) && self.failures == 0
+    }
+}
+
+/// The shared processes of a host, one slot per workspace.
+#[derive(Default)]
+struct SharedSlots {
+    by_workspace: HashMap<WorkspaceId, SharedSlot>,
+    /// Set at shutdown: no process is started any more.
+    closed: bool,
 }
 
 /// How an actor ended, for the restart policy.
 struct ExitReport {
     generation: u64,
+    workspace_id: WorkspaceId,
     /// The host asked it to drain (not a crash).
     expected: bool,
     uptime: Duration,
@@ -214,11 +279,11 @@ struct ExitReport {
 
 struct HostInner {
     spec: RunnerSpec,
-    config: RunnerHostConfig,
+    config: Arc<RunnerHostConfig>,
     api: Arc<dyn HostApi>,
-    caller: Arc<CallerIdentity>,
     permits: Arc<Semaphore>,
-    slot: Mutex<SharedSlot>,
+    /// `shared` mode: the process of each workspace.
+    shared: Mutex<SharedSlots>,
     /// Every live actor, for drain/abort at shutdown.
     actors: Mutex<HashMap<u64, ActorRef>>,
     /// Where each active run lives (for [`RunnerHost::cancel`]).
@@ -242,7 +307,7 @@ fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
 
 impl RunnerHost {
     /// A host for `spec`. Processes inherit only the allowlisted variables of the worker's
-    /// own environment.
+    /// own environment, and run confined by `config.sandbox`.
     #[must_use]
     pub fn new(spec: RunnerSpec, config: RunnerHostConfig, api: Arc<dyn HostApi>) -> Self {
         Self::with_env(
@@ -261,16 +326,14 @@ impl RunnerHost {
         api: Arc<dyn HostApi>,
         lookup_env: EnvLookup,
     ) -> Self {
-        let caller = Arc::new(CallerIdentity::for_runner(&spec.runner_id));
         let permits = Arc::new(Semaphore::new(spec.max_concurrency.get()));
         Self {
             inner: Arc::new(HostInner {
                 spec,
-                config,
+                config: Arc::new(config),
                 api,
-                caller,
                 permits,
-                slot: Mutex::new(SharedSlot::default()),
+                shared: Mutex::new(SharedSlots::default()),
                 actors: Mutex::new(HashMap::new()),
                 routes: Arc::new(Mutex::new(HashMap::new())),
                 pids: Mutex::new(HashMap::new()),
@@ -303,18 +366,24 @@ impl RunnerHost {
         self.inner.permits.available_permits()
     }
 
-    /// The pid of the shared process, if one is up (diagnostics, tests).
+    /// The pid of the shared process of `workspace_id`, if one is up (diagnostics, tests).
     #[must_use]
-    pub fn shared_pid(&self) -> Option<u32> {
-        let generation = self.current_generation()?;
+    pub fn shared_pid(&self, workspace_id: &WorkspaceId) -> Option<u32> {
+        let generation = match &lock(&self.inner.shared)
+            .by_workspace
+            .get(workspace_id)?
+            .state
+        {
+            SlotState::Up(actor) => actor.generation,
+            _ => return None,
+        };
         lock(&self.inner.pids).get(&generation).copied()
     }
 
-    fn current_generation(&self) -> Option<u64> {
-        match &lock(&self.inner.slot).state {
-            SlotState::Up(actor) => Some(actor.generation),
-            _ => None,
-        }
+    /// The pids of every live process of this host, shared or per-run (diagnostics, tests).
+    #[must_use]
+    pub fn pids(&self) -> Vec<u32> {
+        lock(&self.inner.pids).values().copied().collect()
     }
 
     /// Starts a run. Waits for a concurrency slot (and, after a crash of the shared process,
@@ -339,11 +408,12 @@ impl RunnerHost {
             api_calls: HashMap::new(),
         };
         let deadline = request.deadline.map(to_instant);
+        let workspace_id = request.workspace_id;
         let mut context = Box::new(request.context);
         loop {
             let actor = match inner.spec.mode {
-                ExecutionMode::Shared => self.shared_actor().await?,
-                ExecutionMode::PerRun => self.spawn_actor()?,
+                ExecutionMode::Shared => self.shared_actor(&workspace_id).await?,
+                ExecutionMode::PerRun => self.spawn_actor(&workspace_id)?,
             };
             // Register the route before the actor can end the run, so a fast run's removal
             // never precedes its insertion.
@@ -388,7 +458,7 @@ impl RunnerHost {
                     let _ =
                         tokio::time::timeout(inner.config.kill_grace * 3, actor.exited.cancelled())
                             .await;
-                    self.retire(actor.generation);
+                    self.retire(&workspace_id, actor.generation);
                 }
                 None => {
                     // The actor vanished with our request (it panicked); nothing to retry with.
@@ -414,7 +484,7 @@ impl RunnerHost {
     /// `interrupted` and their processes killed. Returns when every process is gone.
     pub async fn shutdown(&self, grace: Duration) {
         let inner = &self.inner;
-        lock(&inner.slot).state = SlotState::Closed;
+        lock(&inner.shared).closed = true;
         inner.permits.close();
         let actors: Vec<ActorRef> = lock(&inner.actors).values().cloned().collect();
         for actor in &actors {
@@ -436,46 +506,103 @@ impl RunnerHost {
         }
     }
 
-    /// The shared process's actor, spawning one if needed (after the restart backoff).
-    async fn shared_actor(&self) -> Result<ActorRef, RunnerError> {
+    /// The shared process of `workspace_id`, spawning one if needed (after the restart
+    /// backoff, and after draining an idle process of another workspace if the host is at
+    /// its process cap).
+    async fn shared_actor(&self, workspace_id: &WorkspaceId) -> Result<ActorRef, RunnerError> {
         loop {
             let wait_until = {
-                let mut slot = lock(&self.inner.slot);
+                let mut shared = lock(&self.inner.shared);
+                if shared.closed {
+                    return Err(RunnerError::ShuttingDown);
+                }
+                let now = Instant::now();
+                let slot = shared
+                    .by_workspace
+                    .entry(workspace_id.clone())
+                    .or_insert_with(SharedSlot::new);
+                slot.last_used = now;
+                if let Some(actor) = slot.live() {
+                    return Ok(actor.clone());
+                }
                 match &slot.state {
-                    SlotState::Up(actor) if !actor.exited.is_cancelled() => {
-                        return Ok(actor.clone());
+                    SlotState::Backoff { until } if now < *until => *until,
+                    _ => {
+                        self.make_room(&mut shared, workspace_id);
+                        let spawned = self.spawn_actor(workspace_id);
+                        let slot = shared
+                            .by_workspace
+                            .entry(workspace_id.clone())
+                            .or_insert_with(SharedSlot::new);
+                        return match spawned {
+                            Ok(actor) => {
+                                slot.state = SlotState::Up(actor.clone());
+                                Ok(actor)
+                            }
+                            Err(e) => {
+                                slot.failures += 1;
+                                let delay = backoff_delay(&self.inner.config, slot.failures);
+                                slot.state = SlotState::Backoff {
+                                    until: Instant::now() + delay,
+                                };
+                                Err(e)
+                            }
+                        };
                     }
-                    SlotState::Closed => return Err(RunnerError::ShuttingDown),
-                    SlotState::Backoff { until } if Instant::now() < *until => *until,
-                    _ => match self.spawn_actor() {
-                        Ok(actor) => {
-                            slot.state = SlotState::Up(actor.clone());
-                            return Ok(actor);
-                        }
-                        Err(e) => {
-                            slot.failures += 1;
-                            let delay = backoff_delay(&self.inner.config, slot.failures);
-                            slot.state = SlotState::Backoff {
-                                until: Instant::now() + delay,
-                            };
-                            return Err(e);
-                        }
-                    },
                 }
             };
             tokio::time::sleep_until(wait_until).await;
         }
     }
 
-    /// Forgets a shared actor that stopped taking runs (if it is still the current one).
-    fn retire(&self, generation: u64) {
-        let mut slot = lock(&self.inner.slot);
-        if matches!(&slot.state, SlotState::Up(a) if a.generation == generation) {
-            slot.state = SlotState::Empty;
+    /// Before a process for `for_workspace` is started: if `max_concurrency` shared
+    /// processes are up already, drains the least recently used idle one. One is idle
+    /// whenever the cap is reached, because the caller holds one of the `max_concurrency`
+    /// run permits and every busy process holds at least one other.
+    fn make_room(&self, shared: &mut SharedSlots, for_workspace: &WorkspaceId) {
+        let up = shared
+            .by_workspace
+            .values()
+            .filter(|slot| slot.live().is_some())
+            .count();
+        if up < self.inner.spec.max_concurrency.get() {
+            return;
+        }
+        let idle = shared
+            .by_workspace
+            .iter()
+            .filter(|(ws, slot)| {
+                *ws != for_workspace
+                    && slot
+                        .live()
+                        .is_some_and(|actor| actor.connection.run_count() == 0)
+            })
+            .min_by_key(|(_, slot)| slot.last_used)
+            .map(|(ws, _)| ws.clone());
+        let Some(workspace_id) = idle else {
+            return;
+        };
+        if let Some(slot) = shared.by_workspace.remove(&workspace_id) {
+            if let SlotState::Up(actor) = slot.state {
+                tracing::info!(runner_id = %self.inner.spec.runner_id, %workspace_id, generation = actor.generation, "draining an idle shared runner process to make room for another workspace");
+                // A run that raced for it is refused and retried on a new process.
+                let _ = actor.commands.send(Command::Drain);
+            }
         }
     }
 
-    fn spawn_actor(&self) -> Result<ActorRef, RunnerError> {
+    /// Forgets a shared actor that stopped taking runs (if it is still the current one of
+    /// its workspace).
+    fn retire(&self, workspace_id: &WorkspaceId, generation: u64) {
+        let mut shared = lock(&self.inner.shared);
+        if let Some(slot) = shared.by_workspace.get_mut(workspace_id) {
+            if matches!(&slot.state, SlotState::Up(a) if a.generation == generation) {
+                slot.state = SlotState::Empty;
+            }
+        }
+    }
+
+    fn spawn_actor(&self, workspace_id: &WorkspaceId) -> Result<ActorRef, RunnerError> {
         let inner = &self.inner;
         if inner.tracker.is_closed() {
             return Err(RunnerError::ShuttingDown);
@@ -483,6 +610,7 @@ impl RunnerHost {
         let mut process = RunnerProcess::spawn(
             &inner.spec.process,
             inner.config.stderr,
+            &inner.config.sandbox,
             inner.lookup_env.as_ref(),
         )?;
         let Some((stdin, stdout)) = process.take_stdio() else {
@@ -493,15 +621,21 @@ impl RunnerHost {
         };
         let generation = inner.generation.fetch_add(1, Ordering::Relaxed);
         let (cmd_tx, cmd_rx) = mpsc::unbounded_channel();
+        let connection = Connection::new(workspace_id.clone());
         let actor_ref = ActorRef {
             generation,
             commands: cmd_tx,
             exited: CancellationToken::new(),
+            connection: connection.clone(),
         };
         lock(&inner.actors).insert(generation, actor_ref.clone());
         lock(&inner.pids).insert(generation, process.pid());
-        tracing::info!(runner_id = %inner.spec.runner_id, pid = process.pid(), mode = ?inner.spec.mode, "runner process started");
+        tracing::info!(runner_id = %inner.spec.runner_id, %workspace_id, pid = process.pid(), uid = process.user().uid.as_raw(), mode = ?inner.spec.mode, "runner process started");
 
+        let caller = Arc::new(CallerIdentity::for_connection(
+            &inner.spec.runner_id,
+            connection.clone(),
+        ));
         let actor = Actor::new(
             generation,
             process,
@@ -510,10 +644,11 @@ impl RunnerHost {
             cmd_rx,
             Session::new(inner.spec.mode, inner.config.result_limits),
             ActorEnv {
-                config: inner.config,
+                config: inner.config.clone(),
                 runner_id: inner.spec.runner_id.clone(),
                 api: inner.api.clone(),
-                caller: inner.caller.clone(),
+                caller,
+                connection,
                 routes: inner.routes.clone(),
             },
         );
@@ -536,13 +671,20 @@ impl RunnerHost {
         if inner.spec.mode != ExecutionMode::Shared {
             return;
         }
-        let mut slot = lock(&inner.slot);
+        let mut shared = lock(&inner.shared);
+        let Some(slot) = shared.by_workspace.get_mut(&report.workspace_id) else {
+            // Drained to make room: nothing is kept for its workspace.
+            return;
+        };
         let current = matches!(&slot.state, SlotState::Up(a) if a.generation == report.generation);
         if report.expected {
             if current {
                 slot.state = SlotState::Empty;
             }
             slot.failures = 0;
+            if slot.is_vacant() {
+                shared.by_workspace.remove(&report.workspace_id);
+            }
             return;
         }
         slot.failures = if report.uptime >= inner.config.healthy_after {
@@ -551,7 +693,7 @@ impl RunnerHost {
             slot.failures + 1
         };
         let delay = backoff_delay(&inner.config, slot.failures);
-        tracing::warn!(runner_id = %inner.spec.runner_id, failures = slot.failures, restart_in_ms = delay.as_millis() as u64, "shared runner process exited unexpectedly");
+        tracing::warn!(runner_id = %inner.spec.runner_id, workspace_id = %report.workspace_id, failures = slot.failures, restart_in_ms = delay.as_millis() as u64, "shared runner process exited unexpectedly");
         if current || matches!(slot.state, SlotState::Empty) {
             slot.state = SlotState::Backoff {
                 until: Instant::now() + delay,
@@ -682,10 +824,13 @@ enum Timer {
 /// keep its host alive, so that dropping the last [`RunnerHost`] (and every [`RunHandle`])
 /// closes the actor's command channel and stops the process.
 struct ActorEnv {
-    config: RunnerHostConfig,
+    config: Arc<RunnerHostConfig>,
     runner_id: RunnerId,
     api: Arc<dyn HostApi>,
+    /// The identity calls of this process are made with (carries `connection`).
     caller: Arc<CallerIdentity>,
+    /// The process's workspace and current runs, kept current by the actor.
+    connection: Connection,
     routes: Routes,
 }
 
@@ -725,10 +870,9 @@ impl Actor {
         session: Session,
         env: ActorEnv,
     ) -> Self {
-        let config = env.config;
         let (frames_tx, frames_rx) = mpsc::channel(256);
         tokio::spawn(read_frames(
-            MessageReader::new(stdout, config.max_line_bytes),
+            MessageReader::new(stdout, env.config.max_line_bytes),
             frames_tx,
         ));
         let (writer_tx, writer_rx) = mpsc::channel(1024);
@@ -758,8 +902,8 @@ impl Actor {
         }
     }
 
-    fn config(&self) -> RunnerHostConfig {
-        self.env.config
+    fn config(&self) -> &RunnerHostConfig {
+        &self.env.config
     }
 
     async fn run(mut self) -> ExitReport {
@@ -871,6 +1015,7 @@ impl Actor {
         }
         ExitReport {
             generation: self.generation,
+            workspace_id: self.env.connection.workspace_id().clone(),
             expected,
             uptime: self.started.elapsed(),
         }
@@ -895,6 +1040,8 @@ impl Actor {
                 }
                 match self.session.start_run(run_id, &self.runner, context) {
                     Ok(fx) => {
+                        // Before the runner hears of the run, so its first call passes the gate.
+                        self.env.connection.attach(run_id);
                         self.runs.insert(run_id, slot);
                         if let Some(at) = deadline {
                             self.arm(at, Timer::Deadline(run_id));
@@ -1011,6 +1158,7 @@ impl Actor {
     }
 
     async fn end_run(&mut self, run_id: RunId) {
+        self.env.connection.detach(run_id);
         lock(&self.env.routes).remove(&run_id);
         for key in self.run_timers.remove(&run_id).unwrap_or_default() {
             self.timers.remove(&key);

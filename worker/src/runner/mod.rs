@@ -3,12 +3,17 @@
 //!
 //! # Layout
 //! - [`codec`]: JSON-lines framing with the line cap, `RunnerConnection`.
-//! - [`process`]: spawn (cleared env, own process group), stderr capture, group kill.
+//! - [`process`]: spawn (cleared env, own process group, confined), stderr capture, group
+//!   kill.
+//! - [`sandbox`]: confinement of runner processes (user, `no_new_privs`, resource limits,
+//!   private `TMPDIR`) and the non-dumpable worker (SPEC §14).
+//! - [`redact`]: structural redaction of runner stderr before it is logged.
 //! - [`session`]: the pure per-process state machine (`Starting → Running → Draining →
 //!   Exited`) and its effects.
 //! - [`host`]: [`RunnerHost`] (shared / per_run process management, restart backoff,
 //!   deadlines, cancel) and [`RunHandle`] (the ordered result stream of one run).
-//! - [`api`]: [`HostApi`], the injected Host API dispatcher, and [`BasicHostApi`].
+//! - [`api`]: [`HostApi`], the injected Host API dispatcher, [`CallerIdentity`] and the
+//!   [`Connection`] a call came over, and [`BasicHostApi`].
 //! - [`error`]: the start errors ([`RunnerError`]).
 
 pub mod api;
@@ -16,12 +21,15 @@ pub mod codec;
 pub mod error;
 pub mod host;
 pub mod process;
+pub mod redact;
+pub mod sandbox;
 pub mod session;
 
 #[cfg(test)]
 pub(crate) mod testing;
 
-pub use api::{ApiStream, BasicHostApi, CallerIdentity, HostApi};
+pub use api::{ApiStream, BasicHostApi, CallerIdentity, Connection, HostApi};
 pub use error::RunnerError;
 pub use host::{EnvLookup, RunHandle, RunRequest, RunnerHost, RunnerHostConfig, RunnerSpec};
+pub use sandbox::{SandboxError, make_undumpable};
 pub use session::ExecutionMode;

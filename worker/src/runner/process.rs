@@ -9,8 +9,10 @@
 //!   period, then sends `SIGKILL` to the group;
 //! - is killed if its handle is dropped (`kill_on_drop` plus a group `SIGKILL` in `Drop`), so no
 //!   code path — a panic, an aborted task — can leak a process;
+//! - is confined ([`super::sandbox`]): an unprivileged user when the worker runs as root,
+//!   `no_new_privs`, resource limits, and a private `TMPDIR` removed with the process;
 //! - has its stderr read line by line into `tracing` (target `sb_worker::runner::stderr`),
-//!   redacted and capped ([`StderrLimiter`]), never buffered without bound.
+//!   redacted ([`super::redact`]) and capped ([`StderrLimiter`]), never buffered without bound.
 
 use std::ffi::OsString;
 use std::path::PathBuf;
@@ -19,12 +21,16 @@ use std::time::{Duration, Instant};
 
 use nix::sys::signal::{Signal, killpg};
 use nix::unistd::Pid;
+use sb_common::config::SandboxConfig;
+use tempfile::TempDir;
 use tokio::io::BufReader;
 use tokio::process::{Child, ChildStdin, ChildStdout, Command};
 use tokio::task::JoinHandle;
 
 use super::codec::{LineReader, RawLine};
 use super::error::RunnerError;
+use super::redact::redact;
+use super::sandbox::{Confinement, RunnerUser};
 
 /// What to start. Built from a manifest's `execution` table by the plugin loader.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -33,7 +39,7 @@ pub struct ProcessSpec {
     pub program: PathBuf,
     pub args: Vec<String>,
     /// Names of environment variables passed through from the worker; everything else is
-    /// cleared.
+    /// cleared, and `TMPDIR` is always the process's private directory.
     pub env_allow: Vec<String>,
     /// Working directory (the plugin directory), if any.
     pub cwd: Option<PathBuf>,
@@ -76,16 +82,24 @@ pub struct RunnerProcess {
     stderr_task: Option<JoinHandle<()>>,
     /// Set once the child was reaped; after that the group is only signalled for stragglers.
     exit: Option<ExitStatus>,
+    /// Who the process runs as.
+    user: RunnerUser,
+    /// The private `TMPDIR`, removed when this handle is dropped (after the group is killed).
+    temp_dir: Option<TempDir>,
 }
 
 impl RunnerProcess {
-    /// Spawns the process. `lookup_env` supplies the values of allowlisted variables (normally
+    /// Spawns the process, confined by `sandbox` (refused with [`RunnerError::Sandbox`] if
+    /// it cannot be). `lookup_env` supplies the values of allowlisted variables (normally
     /// `std::env::var_os`; a map in tests).
     pub fn spawn(
         spec: &ProcessSpec,
         stderr: StderrConfig,
+        sandbox: &SandboxConfig,
         lookup_env: &dyn Fn(&str) -> Option<OsString>,
     ) -> Result<Self, RunnerError> {
+        let confinement = Confinement::prepare(sandbox)?;
+        let user = confinement.user();
         let mut cmd = Command::new(&spec.program);
         cmd.args(&spec.args)
             .env_clear()
@@ -102,9 +116,10 @@ impl RunnerProcess {
         if let Some(dir) = &spec.cwd {
             cmd.current_dir(dir);
         }
+        confinement.apply(&mut cmd);
         let mut child = cmd.spawn().map_err(|source| RunnerError::Spawn {
             program: spec.program.display().to_string(),
-            source,
+            source: explain_spawn_error(source, user),
         })?;
         let pid = child.id().ok_or_else(|| RunnerError::Spawn {
             program: spec.program.display().to_string(),
@@ -116,7 +131,7 @@ impl RunnerProcess {
             let label = spec.label.clone();
             tokio::spawn(capture_stderr(err, label, pid, stderr))
         });
-        tracing::debug!(runner_id = %spec.label, pid, program = %spec.program.display(), "runner process spawned");
+        tracing::debug!(runner_id = %spec.label, pid, program = %spec.program.display(), uid = user.uid.as_raw(), tmpdir = %confinement.temp_dir().display(), "runner process spawned");
         Ok(Self {
             child,
             pid,
@@ -125,6 +140,8 @@ impl RunnerProcess {
             stdout,
             stderr_task,
             exit: None,
+            user,
+            temp_dir: Some(confinement.into_temp_dir()),
         })
     }
 
@@ -132,6 +149,19 @@ impl RunnerProcess {
     #[must_use]
     pub fn pid(&self) -> u32 {
         self.pid
+    }
+
+    /// Who the process runs as.
+    #[must_use]
+    pub fn user(&self) -> RunnerUser {
+        self.user
+    }
+
+    /// The process's private temporary directory (its `TMPDIR`); gone once the handle is
+    /// dropped.
+    #[must_use]
+    pub fn temp_dir(&self) -> Option<&std::path::Path> {
+        self.temp_dir.as_ref().map(TempDir::path)
     }
 
     /// Takes the stdin/stdout pipes (once).
@@ -211,7 +241,31 @@ impl Drop for RunnerProcess {
         if let Some(task) = self.stderr_task.take() {
             task.abort();
         }
+        // The group is dead (or dying): its scratch files go with it.
+        if let Some(dir) = self.temp_dir.take() {
+            let path = dir.path().to_path_buf();
+            if let Err(error) = dir.close() {
+                tracing::warn!(runner_id = %self.label, pid = self.pid, path = %path.display(), %error, "runner temporary directory could not be removed");
+            }
+        }
     }
+}
+
+/// A permission error when the runner runs as another user is almost always a program or
+/// plugin directory that user cannot reach: say so.
+fn explain_spawn_error(error: std::io::Error, user: RunnerUser) -> std::io::Error {
+    if user.switch && error.kind() == std::io::ErrorKind::PermissionDenied {
+        return std::io::Error::new(
+            error.kind(),
+            format!(
+                "{error} (runners run as uid {} gid {} (worker.sandbox.user): the program and the \
+                 plugin directory, with every directory above them, must be readable and \
+                 executable by that user)",
+                user.uid, user.gid
+            ),
+        );
+    }
+    error
 }
 
 /// Reads stderr lines into the log until the pipe closes.
@@ -301,93 +355,20 @@ impl StderrLimiter {
     }
 }
 
-/// Redacts what looks like a secret or a blob from a log line (SPEC §11 "Secrets"): bearer
-/// tokens, `sk-…` style API keys, `key=value` pairs whose key names a secret, and long
-/// base64 runs (inline images, encoded payloads).
-#[must_use]
-pub fn redact(line: &str) -> String {
-    const SECRET_KEYS: [&str; 6] = ["password", "passwd", "secret", "token", "api_key", "apikey"];
-    let mut out = String::with_capacity(line.len());
-    let mut redact_next = false;
-    for (i, word) in line.split(' ').enumerate() {
-        if i > 0 {
-            out.push(' ');
-        }
-        let lower = word.to_ascii_lowercase();
-        if lower == "bearer" || lower == "basic" || lower == "authorization:" {
-            out.push_str(word);
-            redact_next = true;
-            continue;
-        }
-        if redact_next && !word.is_empty() {
-            out.push_str("[redacted]");
-            redact_next = false;
-            continue;
-        }
-        let secret_pair = word.split_once(['=', ':']).filter(|(key, value)| {
-            !value.is_empty()
-                && SECRET_KEYS
-                    .iter()
-                    .any(|s| key.to_ascii_lowercase().trim_matches('"').contains(s))
-        });
-        if let Some((key, _)) = secret_pair {
-            out.push_str(&word[..key.len() + 1]);
-            out.push_str("[redacted]");
-            continue;
-        }
-        let core = word.trim_matches(|c: char| !c.is_ascii_alphanumeric() && c != '-' && c != '_');
-        if core.len() > 20 && (core.starts_with("sk-") || core.starts_with("sk_")) {
-            out.push_str("[redacted]");
-            continue;
-        }
-        out.push_str(&redact_base64_runs(word));
-    }
-    out
-}
-
-/// Replaces runs of 64+ base64 characters (with at least one digit and mixed case, so prose
-/// and paths survive) by a length marker.
-fn redact_base64_runs(word: &str) -> String {
-    const MIN_RUN: usize = 64;
-    let bytes = word.as_bytes();
-    // `=` only as trailing padding, so `key=<blob>` keeps its key.
-    let is_b64 = |b: u8| b.is_ascii_alphanumeric() || matches!(b, b'+' | b'/' | b'-' | b'_');
-    let mut out = String::new();
-    let mut i = 0;
-    while i < bytes.len() {
-        if is_b64(bytes[i]) {
-            let start = i;
-            while i < bytes.len() && is_b64(bytes[i]) {
-                i += 1;
-            }
-            while i < bytes.len() && bytes[i] == b'=' && i - start >= MIN_RUN {
-                i += 1;
-            }
-            let run = &word[start..i];
-            let looks_encoded = run.len() >= MIN_RUN
-                && run.bytes().any(|b| b.is_ascii_digit())
-                && run.bytes().any(|b| b.is_ascii_uppercase())
-                && run.bytes().any(|b| b.is_ascii_lowercase());
-            if looks_encoded {
-                out.push_str(&format!("[redacted {} chars]", run.len()));
-            } else {
-                out.push_str(run);
-            }
-        } else {
-            // Copy one (possibly multi-byte) character.
-            let ch = word[i..].chars().next().unwrap_or(' ');
-            out.push(ch);
-            i += ch.len_utf8();
-        }
-    }
-    out
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
     use std::collections::HashMap;
     use tokio::io::{AsyncBufReadExt, AsyncWriteExt};
+
+    /// Spawns with the default sandbox (as root: as `nobody`).
+    fn spawn(
+        spec: &ProcessSpec,
+        stderr: StderrConfig,
+        lookup: &dyn Fn(&str) -> Option<OsString>,
+    ) -> Result<RunnerProcess, RunnerError> {
+        RunnerProcess::spawn(spec, stderr, &SandboxConfig::default(), lookup)
+    }
 
     fn sh(script: &str) -> ProcessSpec {
         ProcessSpec {
@@ -413,9 +394,13 @@ mod tests {
             ("KEEP_ME", "yes"),
             ("SECRET", "no"),
             ("PATH", "/usr/bin:/bin"),
+            ("TMPDIR", "/tmp/shared-with-everyone"),
         ]);
-        let mut p =
-            RunnerProcess::spawn(&sh("env; echo END"), StderrConfig::default(), &lookup).unwrap();
+        let mut spec = sh("env; echo END");
+        // A manifest may allowlist TMPDIR: the private directory still wins.
+        spec.env_allow.push("TMPDIR".into());
+        let mut p = spawn(&spec, StderrConfig::default(), &lookup).unwrap();
+        let tmpdir = format!("TMPDIR={}", p.temp_dir().unwrap().display());
         let (_stdin, stdout) = p.take_stdio().unwrap();
         let mut lines = tokio::io::BufReader::new(stdout).lines();
         let mut seen = Vec::new();
@@ -425,13 +410,14 @@ mod tests {
         assert!(seen.contains(&"KEEP_ME=yes".to_owned()), "{seen:?}");
         assert!(!seen.iter().any(|l| l.starts_with("SECRET=")), "{seen:?}");
         assert!(!seen.iter().any(|l| l.starts_with("HOME=")), "{seen:?}");
+        assert!(seen.contains(&tmpdir), "{seen:?}");
         assert!(p.wait().await.unwrap().success());
     }
 
     #[tokio::test]
     async fn runs_in_its_own_process_group() {
         let lookup = env(&[]);
-        let mut p = RunnerProcess::spawn(
+        let mut p = spawn(
             &sh("ps -o pgid= -p $$ || cat /proc/$$/stat"),
             StderrConfig::default(),
             &lookup,
@@ -464,7 +450,7 @@ mod tests {
         let lookup = env(&[]);
         // The leader ignores TERM and starts a grandchild that also ignores it.
         let script = "trap '' TERM; (trap '' TERM; sleep 30) & echo $!; while :; do sleep 1; done";
-        let mut p = RunnerProcess::spawn(&sh(script), StderrConfig::default(), &lookup).unwrap();
+        let mut p = spawn(&sh(script), StderrConfig::default(), &lookup).unwrap();
         let (stdin, stdout) = p.take_stdio().unwrap();
         let mut lines = tokio::io::BufReader::new(stdout).lines();
         let grandchild: i32 = lines
@@ -501,8 +487,7 @@ mod tests {
     #[tokio::test]
     async fn a_cooperative_process_exits_on_sigterm_within_grace() {
         let lookup = env(&[]);
-        let mut p =
-            RunnerProcess::spawn(&sh("exec sleep 30"), StderrConfig::default(), &lookup).unwrap();
+        let mut p = spawn(&sh("exec sleep 30"), StderrConfig::default(), &lookup).unwrap();
         let started = Instant::now();
         let status = p.terminate(Duration::from_secs(10)).await.unwrap();
         assert!(started.elapsed() < Duration::from_secs(5));
@@ -517,8 +502,7 @@ mod tests {
     #[tokio::test]
     async fn dropping_the_handle_kills_the_process() {
         let lookup = env(&[]);
-        let p =
-            RunnerProcess::spawn(&sh("exec sleep 30"), StderrConfig::default(), &lookup).unwrap();
+        let p = spawn(&sh("exec sleep 30"), StderrConfig::default(), &lookup).unwrap();
         let pid = p.pid() as i32;
         drop(p);
         let mut gone = false;
@@ -540,14 +524,14 @@ mod tests {
             program: "/nonexistent/runner".into(),
             ..sh("")
         };
-        let err = RunnerProcess::spawn(&spec, StderrConfig::default(), &lookup).unwrap_err();
+        let err = spawn(&spec, StderrConfig::default(), &lookup).unwrap_err();
         assert!(err.to_string().contains("/nonexistent/runner"), "{err}");
     }
 
     #[tokio::test]
     async fn stdin_close_ends_a_reading_process() {
         let lookup = env(&[]);
-        let mut p = RunnerProcess::spawn(
+        let mut p = spawn(
             &sh("cat >/dev/null; exit 3"),
             StderrConfig::default(),
             &lookup,
@@ -570,7 +554,7 @@ mod tests {
             bytes_per_window: 4096,
             ..StderrConfig::default()
         };
-        let mut p = RunnerProcess::spawn(&sh(script), config, &lookup).unwrap();
+        let mut p = spawn(&sh(script), config, &lookup).unwrap();
         let status = tokio::time::timeout(Duration::from_secs(30), p.wait())
             .await
             .expect("process blocked on stderr");
@@ -592,36 +576,5 @@ mod tests {
         // A single line larger than the whole budget still gets through in an empty window.
         let mut l = StderrLimiter::new(10, Duration::from_secs(1));
         assert_eq!(l.admit(100, t0), Admit::Log { dropped_before: 0 });
-    }
-
-    #[test]
-    fn redaction() {
-        assert_eq!(
-            redact("Authorization: Bearer abc.def"),
-            "Authorization: Bearer [redacted]"
-        );
-        assert_eq!(
-            redact("using bearer xyz now"),
-            "using bearer [redacted] now"
-        );
-        assert_eq!(
-            redact("api_key=12345 other=1"),
-            "api_key=[redacted] other=1"
-        );
-        assert_eq!(
-            redact("\"password\":\"hunter2\""),
-            "\"password\":[redacted]"
-        );
-        assert_eq!(
-            redact("key sk-abcdefghijklmnopqrstuvwxyz"),
-            "key [redacted]"
-        );
-        let blob = "iVBORw0KGgoAAAANSUhEUgAAAAEAAAABCAYAAAAfFcSJAAAADUlEQVR42mNkYPhfDwAChwGA60e6kgAAAABJRU5ErkJggg==";
-        assert_eq!(
-            redact(&format!("img={blob}!")),
-            format!("img=[redacted {} chars]!", blob.len())
-        );
-        let prose = "traceback in /usr/lib/python3/site-packages/some_module/with/a/long/path/file.py line 3";
-        assert_eq!(redact(prose), prose);
     }
 }

@@ -405,6 +405,8 @@ impl Session {
                 run_id,
             } => {
                 let run_id = run_id.unwrap_or_default();
+                // Runner output is untrusted: the same structural redaction as stderr.
+                let message = super::redact::redact(&message);
                 match level {
                     LogLevel::Error => {
                         tracing::error!(target: "sb_worker::runner::log", %run_id, "{message}")

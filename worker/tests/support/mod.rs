@@ -61,6 +61,15 @@ pub fn binary(name: &str) -> PathBuf {
     path
 }
 
+/// A temporary plugins directory runners can enter: when the tests run as root the runners
+/// run as `nobody` (SPEC §14), and a fresh temporary directory is mode 0700.
+pub fn plugins_dir() -> tempfile::TempDir {
+    use std::os::unix::fs::PermissionsExt as _;
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::set_permissions(dir.path(), std::fs::Permissions::from_mode(0o755)).unwrap();
+    dir
+}
+
 /// Writes a plugin directory with one runner.
 pub fn write_plugin(
     root: &Path,
@@ -200,7 +209,7 @@ pub fn test_config(plugins: &Path) -> SwitchboardConfig {
 impl Harness {
     /// A harness with the echo runner; `tweak` adjusts the plugins dir and config first.
     pub async fn start(tweak: impl FnOnce(&Path, &mut SwitchboardConfig)) -> Self {
-        let plugins = tempfile::tempdir().unwrap();
+        let plugins = plugins_dir();
         write_plugin(
             plugins.path(),
             "switchboard",
@@ -304,13 +313,25 @@ impl Harness {
         text: &str,
         deadline_at: Option<f64>,
     ) -> RunJob {
+        self.prepare_run_in(&WorkspaceId::default_workspace(), runner, text, deadline_at)
+            .await
+    }
+
+    /// Like [`Harness::prepare_run_with`], for a run of `workspace`.
+    pub async fn prepare_run_in(
+        &self,
+        workspace: &WorkspaceId,
+        runner: &str,
+        text: &str,
+        deadline_at: Option<f64>,
+    ) -> RunJob {
         let run_id = RunId::new();
         let runner_id: RunnerId = runner.parse().unwrap();
         self.stores
             .runs
             .create_run(NewRun {
                 id: Some(run_id),
-                workspace_id: WorkspaceId::default_workspace(),
+                workspace_id: workspace.clone(),
                 event_id: EventId::new(),
                 agent_id: None,
                 runner_id: runner.to_owned(),
@@ -326,13 +347,13 @@ impl Harness {
         self.sessions
             .put_session(
                 &run_id,
-                &snapshot(run_id, &runner_id, deadline_at),
+                &snapshot_in(workspace, run_id, &runner_id, deadline_at),
                 Duration::from_secs(600),
             )
             .await
             .unwrap();
         RunJob::new(
-            WorkspaceId::default_workspace(),
+            workspace.clone(),
             runner_id,
             "default",
             context(run_id, text, deadline_at),
@@ -462,12 +483,27 @@ async fn spawn_worker(deps: &WorkerDeps, shutdown: &Shutdown) -> WorkerHandle {
 
 /// The authorization snapshot stored as the run's session.
 pub fn snapshot(run_id: RunId, runner_id: &RunnerId, deadline_at: Option<f64>) -> Value {
+    snapshot_in(
+        &WorkspaceId::default_workspace(),
+        run_id,
+        runner_id,
+        deadline_at,
+    )
+}
+
+/// The authorization snapshot of a run of `workspace`.
+pub fn snapshot_in(
+    workspace: &WorkspaceId,
+    run_id: RunId,
+    runner_id: &RunnerId,
+    deadline_at: Option<f64>,
+) -> Value {
     json!({
         "run_id": run_id,
         "plugin_id": runner_id.plugin_id(),
         "runner_id": runner_id.to_string(),
         "binding_id": format!("agent_default_{runner_id}"),
-        "workspace_id": "default",
+        "workspace_id": workspace.to_string(),
         "conversation_id": "conv-1",
         "resources": {},
         "available_apis": {},

@@ -16,7 +16,8 @@ use uuid::Uuid;
 use super::entity::{agent, api_key, runner, workspace as workspace_entity};
 use super::{ID_LEN, SqlStore, UniqueRow, check_len_opt, check_required, now, workspace};
 use crate::agents::{
-    AgentRow, AgentStore, ApiKeyRecord, NewAgent, NewApiKey, RunnerRegistry, RunnerRow, Tenancy,
+    AgentRow, AgentStore, ApiKeyRecord, ApiKeyRole, AuthenticatedKey, NewAgent, NewApiKey,
+    RunnerRegistry, RunnerRow, Tenancy,
 };
 use crate::error::{Result, StoreError, is_unique_violation};
 
@@ -284,10 +285,18 @@ fn api_key_record(m: api_key::Model) -> Result<ApiKeyRecord> {
         id: m.id,
         workspace_id: workspace(m.workspace_id)?,
         name: m.name,
+        role: role(&m.role)?,
         prefix: m.prefix,
         created_at: m.created_at,
         revoked_at: m.revoked_at,
     })
+}
+
+/// A stored role. An unknown one is refused rather than read as either role: a key whose
+/// power cannot be told must not authenticate at all.
+fn role(text: &str) -> Result<ApiKeyRole> {
+    text.parse()
+        .map_err(|e: crate::agents::UnknownApiKeyRole| StoreError::Corrupt(e.to_string()))
 }
 
 #[async_trait]
@@ -311,6 +320,7 @@ impl Tenancy for SqlStore {
         &self,
         workspace_id: &WorkspaceId,
         name: Option<&str>,
+        role: ApiKeyRole,
     ) -> Result<NewApiKey> {
         check_len_opt("name", name, ID_LEN)?;
         self.ensure_workspace(workspace_id).await?;
@@ -318,26 +328,31 @@ impl Tenancy for SqlStore {
         rand::rng().fill_bytes(&mut secret);
         let plaintext = format!("{API_KEY_PREFIX}{}", URL_SAFE_NO_PAD.encode(secret));
         let prefix: String = plaintext.chars().take(API_KEY_SHOWN_CHARS).collect();
-        let id = Uuid::now_v7();
+        let record = ApiKeyRecord {
+            id: Uuid::now_v7(),
+            workspace_id: workspace_id.clone(),
+            name: name.map(str::to_owned),
+            role,
+            prefix,
+            created_at: now(),
+            revoked_at: None,
+        };
         api_key::Entity::insert(api_key::ActiveModel {
-            id: Set(id),
+            id: Set(record.id),
             workspace_id: Set(workspace_id.as_str().to_owned()),
-            name: Set(name.map(str::to_owned)),
+            name: Set(record.name.clone()),
             key_hash: Set(hash_key(&plaintext)),
-            prefix: Set(prefix.clone()),
-            created_at: Set(now()),
+            prefix: Set(record.prefix.clone()),
+            created_at: Set(record.created_at),
             revoked_at: Set(None),
+            role: Set(role.as_str().to_owned()),
         })
         .exec_without_returning(self.writer())
         .await?;
-        Ok(NewApiKey {
-            id,
-            plaintext,
-            prefix,
-        })
+        Ok(NewApiKey { plaintext, record })
     }
 
-    async fn authenticate(&self, plaintext: &str) -> Result<Option<WorkspaceId>> {
+    async fn authenticate(&self, plaintext: &str) -> Result<Option<AuthenticatedKey>> {
         // Cheap rejection of anything that cannot be one of our keys.
         if !plaintext.starts_with(API_KEY_PREFIX) || plaintext.len() > 128 {
             return Ok(None);
@@ -348,14 +363,34 @@ impl Tenancy for SqlStore {
             .all(&self.db)
             .await?
             .unique_row()
-            .map(|m| workspace(m.workspace_id))
+            .map(|m| {
+                Ok(AuthenticatedKey {
+                    key_id: m.id,
+                    role: role(&m.role)?,
+                    workspace_id: workspace(m.workspace_id)?,
+                })
+            })
             .transpose()
     }
 
-    async fn revoke(&self, key_id: Uuid) -> Result<bool> {
+    async fn get_api_key(
+        &self,
+        workspace_id: &WorkspaceId,
+        key_id: Uuid,
+    ) -> Result<Option<ApiKeyRecord>> {
+        api_key::Entity::find_by_id(key_id)
+            .filter(api_key::Column::WorkspaceId.eq(workspace_id.as_str()))
+            .one(&self.db)
+            .await?
+            .map(api_key_record)
+            .transpose()
+    }
+
+    async fn revoke(&self, workspace_id: &WorkspaceId, key_id: Uuid) -> Result<bool> {
         let res = api_key::Entity::update_many()
             .col_expr(api_key::Column::RevokedAt, Expr::value(now()))
             .filter(api_key::Column::Id.eq(key_id))
+            .filter(api_key::Column::WorkspaceId.eq(workspace_id.as_str()))
             .filter(api_key::Column::RevokedAt.is_null())
             .exec(self.writer())
             .await?;

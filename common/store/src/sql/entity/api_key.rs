@@ -13,6 +13,8 @@ pub struct Model {
     pub prefix: String,
     pub created_at: DateTimeUtc,
     pub revoked_at: Option<DateTimeUtc>,
+    /// `admin` or `client` (`sb_store::ApiKeyRole`); `admin` for keys older than roles.
+    pub role: String,
 }
 
 #[derive(Copy, Clone, Debug, EnumIter, DeriveRelation)]
