@@ -36,7 +36,7 @@ use std::sync::{Arc, Mutex, MutexGuard};
 
 use sb_common::bus::{Binding, Bus, BusError, ConsumeOptions, QueueSpec, Subscription};
 use sb_protocol::ids::RunId;
-use sb_protocol::messages::{DecodeError, DeliveryMessage, ResultMessage, decode};
+use sb_protocol::messages::{DeliveryMessage, decode_deliveries};
 use tokio::sync::broadcast;
 use tokio_util::sync::CancellationToken;
 
@@ -316,6 +316,34 @@ impl LiveHub {
     }
 
     /// Hands every delivery to the watchers of its run, then acks it.
+    /// Hands each item to the streams watching its run or its conversation, in order.
+    fn fan_out(&self, messages: Vec<DeliveryMessage>) {
+        for message in messages {
+            let conversation = WatchKey::conversation(
+                message.workspace_id.as_str(),
+                message.conversation_id.as_deref(),
+            );
+            let senders: Vec<_> = {
+                let runs = self.lock();
+                [
+                    runs.get(&WatchKey::Run(message.run_id)),
+                    runs.get(&conversation),
+                ]
+                .into_iter()
+                .flatten()
+                .map(|e| e.sender.clone())
+                .collect()
+            };
+            if !senders.is_empty() {
+                let message = Arc::new(message);
+                for sender in senders {
+                    // No receiver left is fine: the stream just ended.
+                    let _ = sender.send(Arc::clone(&message));
+                }
+            }
+        }
+    }
+
     async fn consume(self, mut subscription: Subscription, shutdown: CancellationToken) {
         loop {
             let delivery = tokio::select! {
@@ -334,31 +362,8 @@ impl LiveHub {
                     continue;
                 }
             };
-            match decode_delivery(&delivery.body) {
-                Ok(message) => {
-                    let conversation = WatchKey::conversation(
-                        message.workspace_id.as_str(),
-                        message.conversation_id.as_deref(),
-                    );
-                    let senders: Vec<_> = {
-                        let runs = self.lock();
-                        [
-                            runs.get(&WatchKey::Run(message.run_id)),
-                            runs.get(&conversation),
-                        ]
-                        .into_iter()
-                        .flatten()
-                        .map(|e| e.sender.clone())
-                        .collect()
-                    };
-                    if !senders.is_empty() {
-                        let message = Arc::new(message);
-                        for sender in senders {
-                            // No receiver left is fine: the stream just ended.
-                            let _ = sender.send(Arc::clone(&message));
-                        }
-                    }
-                }
+            match decode_deliveries(&delivery.body) {
+                Ok(messages) => self.fan_out(messages),
                 Err(error) => {
                     tracing::warn!(%error, routing_key = %delivery.routing_key, "undecodable live delivery dropped");
                 }
@@ -370,16 +375,5 @@ impl LiveHub {
         }
         // Wake every stream so it stops waiting for live items and relies on the ledger.
         self.lock().clear();
-    }
-}
-
-/// Decodes a live item: a `switchboard.delivery/1` body, or a `switchboard.result/1` body
-/// (same shape; accepted so a sink that forwards result messages as they are still works).
-pub fn decode_delivery(body: &[u8]) -> Result<DeliveryMessage, DecodeError> {
-    match decode::<DeliveryMessage>(body) {
-        Err(DecodeError::WrongSchema { .. }) => {
-            decode::<ResultMessage>(body).map(DeliveryMessage::from)
-        }
-        other => other,
     }
 }

@@ -42,7 +42,7 @@ use sb_common::telemetry::{Registry, names};
 use sb_protocol::content::Message;
 use sb_protocol::host::AuthorizationSnapshot;
 use sb_protocol::ids::RunId;
-use sb_protocol::messages::{self, DeliveryMessage, ResultMessage};
+use sb_protocol::messages::{self, DeliveryBatch, DeliveryMessage, ResultMessage};
 use sb_protocol::result::{AgentRunResult, ArtifactCreated, StateUpdated};
 use sb_store::{NewRunEvent, RunOutcome, RunRecord, StoreError};
 use serde_json::Value;
@@ -74,9 +74,14 @@ pub struct ResultSink {
     conversations: Conversations,
 }
 
-/// One decoded delivery of a batch.
+/// One result of a batch: a bus delivery holds one (`switchboard.result/1`) or several
+/// (`switchboard.results/1`) of them.
 struct Item {
-    delivery: Delivery,
+    /// Index of its delivery in the batch's deliveries.
+    delivery: usize,
+    /// Whether the broker delivered that message before (a crash may have fallen between
+    /// the item's insert and its side effects).
+    redelivered: bool,
     message: ResultMessage,
 }
 
@@ -322,16 +327,23 @@ impl ResultSink {
         Ok(())
     }
 
-    fn outgoing(&self, message: &ResultMessage) -> Outgoing {
-        let delivery = DeliveryMessage::from(message.clone());
+    /// The live delivery of `messages`: consecutive persisted items of one run, as one
+    /// `switchboard.deliveries/1` message (or a single `switchboard.delivery/1`).
+    fn outgoing(&self, messages: &[&ResultMessage]) -> Outgoing {
+        let first = messages[0];
+        let body = if let [single] = messages {
+            messages::encode(&DeliveryMessage::from((*single).clone()))
+        } else {
+            DeliveryBatch::of(messages).map_or_else(Vec::new, |b| messages::encode(&b))
+        };
         Outgoing {
             exchange: self.deps.topology.deliveries_exchange(),
             routing_key: deliveries_routing_key(
-                message.workspace_id.as_str(),
-                message.conversation_id.as_deref(),
-                &message.run_id,
+                first.workspace_id.as_str(),
+                first.conversation_id.as_deref(),
+                &first.run_id,
             ),
-            body: messages::encode(&delivery).into(),
+            body: body.into(),
             // Nobody may be streaming this run: live delivery is best effort, the ledger is
             // the source of truth for every reader.
             options: PublishOptions::best_effort(),
@@ -346,10 +358,20 @@ impl ResultSink {
         shutdown: &Shutdown,
     ) {
         let options = &self.options;
+        let mut kept: Vec<Delivery> = Vec::with_capacity(deliveries.len());
         let mut items: Vec<Item> = Vec::with_capacity(deliveries.len());
         for delivery in deliveries {
-            match messages::decode::<ResultMessage>(&delivery.body) {
-                Ok(message) => items.push(Item { delivery, message }),
+            match messages::decode_results(&delivery.body) {
+                Ok(decoded) => {
+                    let index = kept.len();
+                    let redelivered = delivery.redelivered;
+                    kept.push(delivery);
+                    items.extend(decoded.into_iter().map(|message| Item {
+                        delivery: index,
+                        redelivered,
+                        message,
+                    }));
+                }
                 Err(e) => settle(delivery, &Err(e.into()), queue, options, shutdown).await,
             }
         }
@@ -394,7 +416,7 @@ impl ResultSink {
             }
             let outcome = match inserted {
                 Err(e) => Err(e),
-                Ok(new) if !new && !item.delivery.redelivered => Ok(false),
+                Ok(new) if !new && !item.redelivered => Ok(false),
                 Ok(_) => {
                     if !unsent.is_empty()
                         && has_side_effect(&item.message)
@@ -423,15 +445,26 @@ impl ResultSink {
         // 4. The remaining deliveries, after the ledger write.
         self.deliver(&items, &mut unsent, &mut outcomes).await;
 
-        // 5. Settle in order.
-        for (item, outcome) in items.into_iter().zip(outcomes) {
-            match outcome {
+        // 5. Settle each delivery in order, by the outcomes of its items.
+        let mut settled: Vec<Option<Result<()>>> = (0..kept.len()).map(|_| None).collect();
+        for (item, outcome) in items.iter().zip(outcomes) {
+            let slot = &mut settled[item.delivery];
+            *slot = Some(match (slot.take(), outcome) {
+                // The first failure of its items decides; a deferral only when nothing failed.
+                (Some(Err(e)), _) if !matches!(e, OrchestratorError::Deferred) => Err(e),
+                (_, Err(e)) => Err(e),
+                (Some(Err(e)), Ok(_)) => Err(e),
+                (_, Ok(_)) => Ok(()),
+            });
+        }
+        for (delivery, outcome) in kept.into_iter().zip(settled) {
+            match outcome.unwrap_or(Ok(())) {
                 Err(OrchestratorError::Deferred) => {
-                    if let Err(error) = item.delivery.nack(true).await {
+                    if let Err(error) = delivery.nack(true).await {
                         tracing::warn!(%error, queue, "could not requeue a deferred delivery");
                     }
                 }
-                other => settle(item.delivery, &other.map(|_| ()), queue, options, shutdown).await,
+                other => settle(delivery, &other, queue, options, shutdown).await,
             }
         }
     }
@@ -450,23 +483,30 @@ impl ResultSink {
             return true;
         }
         let indices = std::mem::take(unsent);
-        let batch = indices
+        // Consecutive items of one run travel as one message.
+        let groups = group_by_run(&indices, |i| items[i].message.run_id);
+        let batch = groups
             .iter()
-            .map(|&i| self.outgoing(&items[i].message))
+            .map(|group| {
+                let messages: Vec<&ResultMessage> =
+                    group.iter().map(|&i| &items[i].message).collect();
+                self.outgoing(&messages)
+            })
             .collect();
         match self.deps.bus.publish_batch(batch).await {
             Ok(()) => {
                 Registry::global().add(
                     names::BUS_PUBLISHED_TOTAL,
                     &[("exchange", "deliveries")],
-                    indices.len() as u64,
+                    groups.len() as u64,
                 );
                 true
             }
             Err(error) => {
-                // Requeue from the first failed item on, keeping the run order.
+                // Requeue from the first item of the first failed message on, keeping the
+                // run order.
                 let first_failed = error.failed.first().map_or(0, |(i, _)| *i);
-                let cut = indices[first_failed];
+                let cut = groups[first_failed.min(groups.len() - 1)][0];
                 tracing::warn!(%error, "publishing deliveries failed; requeueing");
                 for (i, outcome) in outcomes.iter_mut().enumerate().skip(cut) {
                     if i == cut {
@@ -513,10 +553,22 @@ impl ResultSink {
         self.apply(&info, &message).await?;
         self.deps
             .bus
-            .publish_batch(vec![self.outgoing(&message)])
+            .publish_batch(vec![self.outgoing(&[&message])])
             .await?;
         Ok(sequence)
     }
+}
+
+/// `indices` (ascending) split into runs of consecutive entries with the same `run_of`.
+fn group_by_run(indices: &[usize], run_of: impl Fn(usize) -> RunId) -> Vec<Vec<usize>> {
+    let mut groups: Vec<Vec<usize>> = Vec::new();
+    for &i in indices {
+        match groups.last_mut() {
+            Some(group) if run_of(group[0]) == run_of(i) => group.push(i),
+            _ => groups.push(vec![i]),
+        }
+    }
+    groups
 }
 
 fn run_info_from(run: &RunRecord, snapshot: Option<AuthorizationSnapshot>) -> RunInfo {

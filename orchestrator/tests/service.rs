@@ -277,7 +277,7 @@ async fn drain(sub: &mut Subscription, quiet: Duration) -> Vec<DeliveryMessage> 
     let mut out = Vec::new();
     while let Ok(d) = tokio::time::timeout(quiet, sub.next()).await {
         let d = d.unwrap();
-        out.push(messages::decode::<DeliveryMessage>(&d.body).unwrap());
+        out.extend(messages::decode_deliveries(&d.body).unwrap());
         d.ack().await.unwrap();
     }
     out

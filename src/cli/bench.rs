@@ -40,6 +40,7 @@ use tokio::time::Instant;
 
 use super::api::{FollowError, FollowOptions, GatewayClient, NewEvent, delta_text, message_text};
 use super::client::BenchArgs;
+use super::cpu::{CpuSample, CpuUsage};
 
 /// Highest latency the histograms record (longer ones are clamped): one hour, in µs.
 const MAX_LATENCY_US: u64 = 3_600_000_000;
@@ -86,6 +87,8 @@ impl RunOutcome {
 /// terminal one returns the outcome.
 #[derive(Debug, Default)]
 pub struct RunCheck {
+    /// Results received (the stream's items).
+    items: u64,
     first: Option<Duration>,
     last_sequence: u64,
     gap: bool,
@@ -96,6 +99,7 @@ pub struct RunCheck {
 impl RunCheck {
     /// Records `result`, received `elapsed` after the post; `Some` once it is terminal.
     pub fn on_result(&mut self, result: &AgentRunResult, elapsed: Duration) -> Option<RunOutcome> {
+        self.items += 1;
         self.first.get_or_insert(elapsed);
         if let Some(sequence) = result.sequence {
             if sequence != self.last_sequence + 1 {
@@ -151,6 +155,8 @@ impl RunCheck {
 #[derive(Debug, Clone)]
 pub struct Tally {
     completed: u64,
+    /// Stream items received, over all runs.
+    items: u64,
     /// Connections re-opened after a drop or a retryable error, over all runs.
     reconnects: u64,
     failed: BTreeMap<String, u64>,
@@ -165,6 +171,7 @@ impl Default for Tally {
             || Histogram::new_with_bounds(1, MAX_LATENCY_US, 3).expect("valid histogram bounds");
         Self {
             completed: 0,
+            items: 0,
             reconnects: 0,
             failed: BTreeMap::new(),
             lost: BTreeMap::new(),
@@ -196,6 +203,7 @@ impl Tally {
     /// Adds `other`'s counts and samples.
     pub fn merge(&mut self, other: &Tally) {
         self.completed += other.completed;
+        self.items += other.items;
         self.reconnects += other.reconnects;
         for (code, n) in &other.failed {
             *self.failed.entry(code.clone()).or_default() += n;
@@ -272,6 +280,10 @@ pub struct Report {
     pub reconnects: u64,
     /// First post to last outcome.
     pub wall: Duration,
+    /// Stream items received per second of wall time (every run's results).
+    pub items_per_s: f64,
+    /// CPU the window cost: the machine's and the watched processes'.
+    pub cpu: CpuUsage,
 }
 
 impl Report {
@@ -295,7 +307,36 @@ impl Report {
             lost_reasons: tally.lost.clone(),
             reconnects: tally.reconnects,
             wall,
+            items_per_s: if secs > 0.0 {
+                tally.items as f64 / secs
+            } else {
+                0.0
+            },
+            cpu: CpuUsage::default(),
         }
+    }
+
+    /// The same report with the CPU `cpu` of its window.
+    #[must_use]
+    pub fn with_cpu(mut self, cpu: CpuUsage) -> Self {
+        self.cpu = cpu;
+        self
+    }
+
+    /// CPU milliseconds per completed run: the machine's, then each watched process's.
+    #[must_use]
+    pub fn cpu_ms_per_run(&self) -> (Option<f64>, BTreeMap<u32, f64>) {
+        let per_run = |secs: f64| {
+            (self.completed > 0).then(|| (secs * 1000.0 / self.completed as f64 * 1000.0).round() / 1000.0)
+        };
+        (
+            self.cpu.machine.and_then(per_run),
+            self.cpu
+                .pids
+                .iter()
+                .filter_map(|(pid, secs)| per_run(*secs).map(|ms| (*pid, ms)))
+                .collect(),
+        )
     }
 
     /// Whether every run completed.
@@ -316,6 +357,9 @@ impl Report {
             "first_result_ms": self.first_result_ms.to_json(),
             "terminal_ms": self.terminal_ms.to_json(),
             "failed_codes": self.failed_codes,
+            "items_per_s": (self.items_per_s * 10.0).round() / 10.0,
+            "machine_cpu_ms_per_run": self.cpu_ms_per_run().0,
+            "cpu_ms_per_run_by_pid": self.cpu_ms_per_run().1,
         })
     }
 
@@ -354,6 +398,14 @@ impl Report {
         );
         out.push_str(&row("first result", &self.first_result_ms));
         out.push_str(&row("terminal", &self.terminal_ms));
+        out.push_str(&format!("items           {:.1} streamed items/s\n", self.items_per_s));
+        let (machine, by_pid) = self.cpu_ms_per_run();
+        if let Some(ms) = machine {
+            out.push_str(&format!("machine cpu     {ms:.3} ms per run (all processes, /proc/stat)\n"));
+        }
+        for (pid, ms) in by_pid {
+            out.push_str(&format!("  pid {pid:<10}{ms:.3} ms per run\n"));
+        }
         if !self.failed_codes.is_empty() {
             let failed = self
                 .failed_codes
@@ -439,6 +491,7 @@ pub async fn run(args: BenchArgs, api_key: Option<String>) -> anyhow::Result<Exi
         lost: AtomicU64::new(0),
         progress,
     });
+    let cpu_before = CpuSample::take(&args.pids);
     let started = Instant::now();
     let workers: Vec<_> = (0..args.concurrency.min(args.runs))
         .map(|_| tokio::spawn(worker(plan.clone())))
@@ -447,7 +500,8 @@ pub async fn run(args: BenchArgs, api_key: Option<String>) -> anyhow::Result<Exi
     for w in workers {
         tally.merge(&w.await?);
     }
-    let report = Report::new(&tally, started.elapsed());
+    let wall = started.elapsed();
+    let report = Report::new(&tally, wall).with_cpu(cpu_before.until(&CpuSample::take(&args.pids)));
     plan.progress.finish_and_clear();
     if args.json {
         println!("{}", report.to_json());
@@ -468,8 +522,9 @@ async fn worker(plan: Arc<Plan>) -> Tally {
         if i >= plan.runs {
             return tally;
         }
-        let (outcome, reconnects) = one_run(&plan, i).await;
+        let (outcome, reconnects, items) = one_run(&plan, i).await;
         tally.record_reconnects(reconnects);
+        tally.items += items;
         match &outcome {
             RunOutcome::Completed { .. } => {}
             RunOutcome::Failed { code } => {
@@ -494,8 +549,9 @@ async fn worker(plan: Arc<Plan>) -> Tally {
     }
 }
 
-/// Runs number `i`; also returns how many connections had to be re-opened.
-async fn one_run(plan: &Plan, i: u32) -> (RunOutcome, u32) {
+/// Runs number `i`; also returns how many connections had to be re-opened and how many
+/// items its stream delivered.
+async fn one_run(plan: &Plan, i: u32) -> (RunOutcome, u32, u64) {
     let event = NewEvent::message(
         &format!("bench-{}-{}", plan.tag, i % plan.conversations),
         BENCH_ACTOR,
@@ -526,7 +582,7 @@ async fn one_run(plan: &Plan, i: u32) -> (RunOutcome, u32) {
             Err(error) => break RunOutcome::from_error(&error),
         }
     };
-    (outcome, follower.reconnects())
+    (outcome, follower.reconnects(), check.items)
 }
 
 #[cfg(test)]
@@ -708,9 +764,21 @@ mod tests {
         let keys: Vec<&str> = j.as_object().unwrap().keys().map(String::as_str).collect();
         assert_eq!(
             keys.len(),
-            8,
-            "runs, completed, failed, lost, runs_per_s, first_result_ms, terminal_ms, failed_codes: {keys:?}"
+            11,
+            "runs, completed, failed, lost, runs_per_s, first_result_ms, terminal_ms, \
+             failed_codes, items_per_s, machine_cpu_ms_per_run, cpu_ms_per_run_by_pid: {keys:?}"
         );
+        // CPU per completed run, from the window's usage.
+        let cpu = CpuUsage {
+            machine: Some(0.5),
+            pids: BTreeMap::from([(7, 0.25)]),
+        };
+        let with_cpu = report.clone().with_cpu(cpu);
+        let per_run = with_cpu.completed as f64;
+        let (machine, by_pid) = with_cpu.cpu_ms_per_run();
+        assert!((machine.unwrap() - 500.0 / per_run).abs() < 0.001, "{machine:?}");
+        assert!((by_pid[&7] - 250.0 / per_run).abs() < 0.001, "{by_pid:?}");
+        assert!(with_cpu.render().contains("ms per run"));
 
         let text = report.render();
         assert!(

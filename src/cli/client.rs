@@ -92,6 +92,10 @@ pub struct BenchArgs {
     /// Print the summary as JSON on stdout instead of a table.
     #[arg(long)]
     pub json: bool,
+    /// Processes whose CPU time over the measured window is reported one by one (the
+    /// gateway, orchestrators, workers, runners, broker, databases), comma-separated.
+    #[arg(long, value_name = "PID,...", value_delimiter = ',')]
+    pub pids: Vec<u32>,
     #[command(flatten)]
     pub gateway: GatewayClientArgs,
 }

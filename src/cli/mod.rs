@@ -21,6 +21,7 @@
 pub mod api;
 pub mod bench;
 pub mod client;
+pub mod cpu;
 pub mod db;
 pub mod dlq;
 pub mod keys;

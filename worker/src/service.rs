@@ -77,7 +77,7 @@ use sb_protocol::error::{Disposition, ErrorCode, HasErrorCode, run_failure};
 use sb_protocol::host::AgentRunnerDescriptor;
 use sb_protocol::ids::RunId;
 use sb_protocol::manifest::RunnerId;
-use sb_protocol::messages::{ControlMessage, ResultMessage, RunJob, decode, encode};
+use sb_protocol::messages::{ControlMessage, ResultBatch, ResultMessage, RunJob, decode, encode};
 use sb_protocol::result::{AgentRunResult, ResultLimits};
 use sb_store::{EventLog, RunLedger, RunOutcome, RunStatus, RunnerRow, StoreError, Stores, audit};
 use serde_json::{Value, json};
@@ -95,8 +95,12 @@ use crate::runner::{
 };
 use crate::sequencer::RunItem;
 
-/// Most result items published in one confirmed batch.
+/// Most result items taken from a run for one publish.
 const MAX_BATCH: usize = 64;
+/// Largest body of one `switchboard.results/1` message: a batch above it is split (a single
+/// item is bounded by `worker.max_result_bytes` on its own). Far below the broker's message
+/// size limit, and small enough that one batch never holds a shard's consumer for long.
+const BATCH_BYTES_MAX: usize = 1024 * 1024;
 /// Prefetch of the control queue (cancel messages are tiny and handled inline).
 const CONTROL_PREFETCH: u16 = 64;
 /// After cancelling the runs left at the drain deadline, extra time (beyond the cancel grace)
@@ -617,6 +621,50 @@ pub fn decide_pre_start(
     None
 }
 
+/// The bodies that carry `items` (consecutive items of `job`'s run, ascending) to the result
+/// sink: one `switchboard.result/1` for a single item, else `switchboard.results/1` batches,
+/// halved until each is at most [`BATCH_BYTES_MAX`] (or holds one item). Order is kept.
+fn result_bodies(job: &RunJob, conversation: Option<String>, items: Vec<RunItem>) -> Vec<Vec<u8>> {
+    fn encode_items(
+        job: &RunJob,
+        conversation: &Option<String>,
+        items: Vec<RunItem>,
+        out: &mut Vec<Vec<u8>>,
+    ) {
+        if items.len() == 1 {
+            let item = items.into_iter().next().expect("one item");
+            out.push(encode(&ResultMessage::new(
+                job.run_id,
+                job.workspace_id.clone(),
+                conversation.clone(),
+                item.sequence,
+                item.result,
+            )));
+            return;
+        }
+        let batch = ResultBatch::new(
+            job.run_id,
+            job.workspace_id.clone(),
+            conversation.clone(),
+            items.iter().map(|i| (i.sequence, i.result.clone())),
+        );
+        let body = encode(&batch);
+        if body.len() <= BATCH_BYTES_MAX {
+            out.push(body);
+        } else {
+            let mut first = items;
+            let second = first.split_off(first.len() / 2);
+            encode_items(job, conversation, first, out);
+            encode_items(job, conversation, second, out);
+        }
+    }
+    let mut out = Vec::new();
+    if !items.is_empty() {
+        encode_items(job, &conversation, items, &mut out);
+    }
+    out
+}
+
 fn now_ms() -> i64 {
     SystemTime::now()
         .duration_since(UNIX_EPOCH)
@@ -1096,10 +1144,12 @@ impl Core {
         }
     }
 
-    /// Publishes items in order as `switchboard.result/1` messages with confirms, retrying
-    /// from the first failed one (later ones that did land are published again; the result
-    /// sink keeps the first copy of each `(run_id, sequence)`). `false` only if the forced
-    /// drain gave up while the bus kept failing.
+    /// Publishes items in order, as few messages as [`result_bodies`] makes of them (one
+    /// `switchboard.results/1` batch per ≤ [`BATCH_BYTES_MAX`], or a single
+    /// `switchboard.result/1`), with confirms, retrying from the first failed message (later
+    /// ones that did land are published again; the result sink keeps the first copy of each
+    /// `(run_id, sequence)`). `false` only if the forced drain gave up while the bus kept
+    /// failing.
     async fn publish_items(&self, job: &RunJob, items: Vec<RunItem>) -> bool {
         let exchange = self.topology.results_exchange();
         let routing_key = self.topology.results_routing_key(&job.run_id);
@@ -1108,18 +1158,9 @@ impl Core {
             .conversation
             .as_ref()
             .and_then(|c| c.conversation_id.clone());
-        let mut pending: Vec<Outgoing> = items
+        let mut pending: Vec<Outgoing> = result_bodies(job, conversation, items)
             .into_iter()
-            .map(|item| {
-                let message = ResultMessage::new(
-                    job.run_id,
-                    job.workspace_id.clone(),
-                    conversation.clone(),
-                    item.sequence,
-                    item.result,
-                );
-                Outgoing::new(exchange.clone(), routing_key.clone(), encode(&message))
-            })
+            .map(|body| Outgoing::new(exchange.clone(), routing_key.clone(), body))
             .collect();
         let mut delay = PUBLISH_RETRY_INITIAL;
         loop {

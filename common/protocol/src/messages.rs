@@ -13,6 +13,14 @@
 //! | `switchboard.job/1` | [`RunJob`] | orchestrator → worker pool |
 //! | `switchboard.result/1` | [`ResultMessage`] | worker → orchestrator result sink |
 //! | `switchboard.delivery/1` | [`DeliveryMessage`] | result sink (after persistence) → gateway |
+//! | `switchboard.results/1` | [`ResultBatch`] | worker → orchestrator result sink (several items of one run) |
+//! | `switchboard.deliveries/1` | [`DeliveryBatch`] | result sink → gateway (several items of one run) |
+//!
+//! The batch forms carry consecutive items of **one** run in sequence order (SPEC §15): a
+//! worker sends what its runner produced while the previous publish was in flight as one
+//! message, so a streaming run costs the broker, the sink and the gateway one message per
+//! batch instead of one per token. Consumers accept both forms ([`decode_results`],
+//! [`decode_deliveries`]), so producers of either age interoperate during a rolling upgrade.
 //! | `switchboard.control/1` | [`ControlMessage`] | gateway/orchestrator → worker |
 //!
 //! ```
@@ -93,6 +101,14 @@ schema_marker!(
 schema_marker!(
     /// `switchboard.control/1`.
     ControlSchema = "switchboard.control/1"
+);
+schema_marker!(
+    /// `switchboard.results/1`: the `schema` of a [`ResultBatch`].
+    ResultBatchSchema = "switchboard.results/1"
+);
+schema_marker!(
+    /// `switchboard.deliveries/1`: the `schema` of a [`DeliveryBatch`].
+    DeliveryBatchSchema = "switchboard.deliveries/1"
 );
 
 /// An event was accepted. A pointer only: the orchestrator loads the envelope from the event
@@ -250,6 +266,188 @@ impl From<ResultMessage> for DeliveryMessage {
 
 impl BusMessage for DeliveryMessage {
     const SCHEMA: &'static str = DeliverySchema::TEXT;
+}
+
+/// One item of a batch: its transport sequence and the result (whose own `sequence` and
+/// `run_id` match the batch's).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct SequencedResult {
+    /// Transport sequence assigned by the worker.
+    pub sequence: u64,
+    /// The result.
+    pub result: AgentRunResult,
+}
+
+/// Consecutive result items of one run, published by a worker as one message (see the
+/// module docs). The sink treats it exactly as the [`ResultMessage`]s it contains, in order.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ResultBatch {
+    /// Always `switchboard.results/1`.
+    pub schema: ResultBatchSchema,
+    /// The run.
+    pub run_id: RunId,
+    /// Tenant.
+    pub workspace_id: WorkspaceId,
+    /// Conversation, for routing deliveries.
+    #[serde(default)]
+    pub conversation_id: Option<String>,
+    /// The items, ascending by sequence; never empty.
+    pub items: Vec<SequencedResult>,
+}
+
+impl ResultBatch {
+    /// A batch of `items` (`(sequence, result)`, ascending) of one run; sets each result's
+    /// `run_id` and `sequence` to match.
+    #[must_use]
+    pub fn new(
+        run_id: RunId,
+        workspace_id: WorkspaceId,
+        conversation_id: Option<String>,
+        items: impl IntoIterator<Item = (u64, AgentRunResult)>,
+    ) -> Self {
+        Self {
+            schema: ResultBatchSchema,
+            run_id,
+            workspace_id,
+            conversation_id,
+            items: items
+                .into_iter()
+                .map(|(sequence, result)| SequencedResult {
+                    sequence,
+                    result: result.with_run_id(run_id).with_sequence(sequence),
+                })
+                .collect(),
+        }
+    }
+
+    /// The single messages, in order.
+    #[must_use]
+    pub fn into_messages(self) -> Vec<ResultMessage> {
+        let Self {
+            run_id,
+            workspace_id,
+            conversation_id,
+            items,
+            ..
+        } = self;
+        items
+            .into_iter()
+            .map(|item| ResultMessage {
+                schema: ResultSchema,
+                run_id,
+                workspace_id: workspace_id.clone(),
+                conversation_id: conversation_id.clone(),
+                sequence: item.sequence,
+                result: item.result,
+            })
+            .collect()
+    }
+}
+
+impl BusMessage for ResultBatch {
+    const SCHEMA: &'static str = ResultBatchSchema::TEXT;
+}
+
+/// Consecutive persisted items of one run, published by the result sink for live delivery
+/// as one message (see the module docs).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct DeliveryBatch {
+    /// Always `switchboard.deliveries/1`.
+    pub schema: DeliveryBatchSchema,
+    /// The run.
+    pub run_id: RunId,
+    /// Tenant.
+    pub workspace_id: WorkspaceId,
+    /// Conversation.
+    #[serde(default)]
+    pub conversation_id: Option<String>,
+    /// The items, ascending by sequence; never empty.
+    pub items: Vec<SequencedResult>,
+}
+
+impl DeliveryBatch {
+    /// The batch of `messages`, which must all be of one run (ascending); `None` when empty.
+    #[must_use]
+    pub fn of(messages: &[&ResultMessage]) -> Option<Self> {
+        let first = messages.first()?;
+        Some(Self {
+            schema: DeliveryBatchSchema,
+            run_id: first.run_id,
+            workspace_id: first.workspace_id.clone(),
+            conversation_id: first.conversation_id.clone(),
+            items: messages
+                .iter()
+                .map(|m| SequencedResult {
+                    sequence: m.sequence,
+                    result: m.result.clone(),
+                })
+                .collect(),
+        })
+    }
+
+    /// The single messages, in order.
+    #[must_use]
+    pub fn into_messages(self) -> Vec<DeliveryMessage> {
+        let Self {
+            run_id,
+            workspace_id,
+            conversation_id,
+            items,
+            ..
+        } = self;
+        items
+            .into_iter()
+            .map(|item| DeliveryMessage {
+                schema: DeliverySchema,
+                run_id,
+                workspace_id: workspace_id.clone(),
+                conversation_id: conversation_id.clone(),
+                sequence: item.sequence,
+                result: item.result,
+            })
+            .collect()
+    }
+}
+
+impl BusMessage for DeliveryBatch {
+    const SCHEMA: &'static str = DeliveryBatchSchema::TEXT;
+}
+
+/// Decodes a body sent to the result sink: a [`ResultBatch`] or a single [`ResultMessage`],
+/// as the messages it holds (in order).
+///
+/// # Errors
+///
+/// The [`DecodeError`] of the single form when the body is neither.
+pub fn decode_results(bytes: &[u8]) -> Result<Vec<ResultMessage>, DecodeError> {
+    match decode::<ResultBatch>(bytes) {
+        Ok(batch) if batch.items.is_empty() => Err(DecodeError::Malformed {
+            expected: ResultBatchSchema::TEXT,
+            reason: "a batch without items".to_owned(),
+        }),
+        Ok(batch) => Ok(batch.into_messages()),
+        Err(DecodeError::WrongSchema { .. }) => decode::<ResultMessage>(bytes).map(|m| vec![m]),
+        Err(e) => Err(e),
+    }
+}
+
+/// Decodes a live delivery: a [`DeliveryBatch`], a single [`DeliveryMessage`], or a single
+/// [`ResultMessage`] (same shape), as the delivery messages it holds (in order).
+///
+/// # Errors
+///
+/// The [`DecodeError`] of the single form when the body is none of them.
+pub fn decode_deliveries(bytes: &[u8]) -> Result<Vec<DeliveryMessage>, DecodeError> {
+    match decode::<DeliveryBatch>(bytes) {
+        Ok(batch) => Ok(batch.into_messages()),
+        Err(DecodeError::WrongSchema { .. }) => match decode::<DeliveryMessage>(bytes) {
+            Err(DecodeError::WrongSchema { .. }) => {
+                decode::<ResultMessage>(bytes).map(|m| vec![DeliveryMessage::from(m)])
+            }
+            other => other.map(|m| vec![m]),
+        },
+        Err(e) => Err(e),
+    }
 }
 
 /// A control command, routed by `cancel.<run_id>`.
@@ -424,6 +622,43 @@ mod tests {
             decode::<ControlMessage>(bad.to_string().as_bytes()),
             Err(DecodeError::Invalid { .. })
         ));
+    }
+
+    fn item(text: &str) -> AgentRunResult {
+        serde_json::from_value(json!({"type": "message.delta", "data": {"chunk": {"role": "assistant", "content": text}}})).unwrap()
+    }
+
+    #[test]
+    fn batches_decode_as_the_single_messages_they_hold() {
+        let run = RunId::new();
+        let ws = WorkspaceId::default_workspace();
+        let batch = ResultBatch::new(run, ws.clone(), Some("c".into()), [(1, item("a")), (2, item("b"))]);
+        let singles = decode_results(&encode(&batch)).unwrap();
+        assert_eq!(
+            singles,
+            vec![
+                ResultMessage::new(run, ws.clone(), Some("c".into()), 1, item("a")),
+                ResultMessage::new(run, ws.clone(), Some("c".into()), 2, item("b")),
+            ]
+        );
+        assert_eq!(singles[1].result.sequence, Some(2));
+        // The single form is still accepted.
+        let one = ResultMessage::new(run, ws.clone(), None, 3, item("c"));
+        assert_eq!(decode_results(&encode(&one)).unwrap(), vec![one.clone()]);
+        // Deliveries: the batch, the single delivery and a forwarded result.
+        let refs: Vec<&ResultMessage> = singles.iter().collect();
+        let deliveries = DeliveryBatch::of(&refs).unwrap();
+        let decoded = decode_deliveries(&encode(&deliveries)).unwrap();
+        assert_eq!(decoded, singles.iter().cloned().map(DeliveryMessage::from).collect::<Vec<_>>());
+        let single = DeliveryMessage::from(one.clone());
+        assert_eq!(decode_deliveries(&encode(&single)).unwrap(), vec![single.clone()]);
+        assert_eq!(decode_deliveries(&encode(&one)).unwrap(), vec![single]);
+        assert!(DeliveryBatch::of(&[]).is_none());
+        // An empty batch and another schema are refused.
+        let empty = ResultBatch::new(run, ws.clone(), None, []);
+        assert!(matches!(decode_results(&encode(&empty)), Err(DecodeError::Malformed { .. })));
+        let event = EventMessage::new(ws, EventId::new());
+        assert!(matches!(decode_results(&encode(&event)), Err(DecodeError::WrongSchema { .. })));
     }
 
     #[test]

@@ -30,7 +30,7 @@ use sb_common::shutdown::Shutdown;
 use sb_protocol::context::AgentRunContext;
 use sb_protocol::ids::{EventId, RunId, WorkspaceId};
 use sb_protocol::manifest::RunnerId;
-use sb_protocol::messages::{ControlMessage, ResultMessage, RunJob, decode, encode};
+use sb_protocol::messages::{ControlMessage, ResultMessage, RunJob, decode, decode_results, encode};
 use sb_store::{NewRun, SqlStore, SqlStoreOptions, Stores};
 use sb_worker::plugins::CommandLookup;
 use sb_worker::{Worker, WorkerDeps, WorkerHandle, WorkerOptions};
@@ -189,6 +189,8 @@ pub struct Harness {
     pub shutdown: Shutdown,
     pub worker: Option<WorkerHandle>,
     pub results: Subscription,
+    /// Results of a batch message not yet handed out by [`Harness::next_result`].
+    pub buffered: std::collections::VecDeque<ResultMessage>,
     pub plugins: tempfile::TempDir,
 }
 
@@ -281,6 +283,7 @@ impl Harness {
             shutdown,
             worker: Some(worker),
             results,
+            buffered: std::collections::VecDeque::new(),
             plugins,
         }
     }
@@ -388,15 +391,20 @@ impl Harness {
             .unwrap();
     }
 
-    /// The next result message (acked), or a panic after [`WAIT`].
+    /// The next result (its message acked), or a panic after [`WAIT`]. A batch message
+    /// (`switchboard.results/1`) is handed out one item at a time.
     pub async fn next_result(&mut self) -> ResultMessage {
+        if let Some(msg) = self.buffered.pop_front() {
+            return msg;
+        }
         let delivery = tokio::time::timeout(WAIT, self.results.next())
             .await
             .expect("a result within the wait")
             .expect("results subscription");
-        let msg: ResultMessage = decode(&delivery.body).expect("a switchboard.result/1 body");
+        self.buffered
+            .extend(decode_results(&delivery.body).expect("a switchboard.result(s)/1 body"));
         delivery.ack().await.unwrap();
-        msg
+        self.buffered.pop_front().expect("a batch holds items")
     }
 
     /// Results up to and including the terminal one.
@@ -414,13 +422,16 @@ impl Harness {
 
     /// `None` if no result arrives within `wait`.
     pub async fn no_result_within(&mut self, wait: Duration) -> Option<ResultMessage> {
+        if let Some(msg) = self.buffered.pop_front() {
+            return Some(msg);
+        }
         match tokio::time::timeout(wait, self.results.next()).await {
             Err(_) => None,
             Ok(delivery) => {
                 let delivery = delivery.unwrap();
-                let msg: ResultMessage = decode(&delivery.body).unwrap();
+                self.buffered.extend(decode_results(&delivery.body).unwrap());
                 delivery.ack().await.unwrap();
-                Some(msg)
+                self.buffered.pop_front()
             }
         }
     }
