@@ -323,18 +323,20 @@ impl Report {
         self
     }
 
-    /// CPU milliseconds per completed run: the machine's, then each watched process's.
+    /// CPU milliseconds per completed run: the machine's, then the watched processes' by
+    /// their label (`switchboard gateway`, `postgres`, …).
     #[must_use]
-    pub fn cpu_ms_per_run(&self) -> (Option<f64>, BTreeMap<u32, f64>) {
+    pub fn cpu_ms_per_run(&self) -> (Option<f64>, BTreeMap<String, f64>) {
         let per_run = |secs: f64| {
-            (self.completed > 0).then(|| (secs * 1000.0 / self.completed as f64 * 1000.0).round() / 1000.0)
+            (self.completed > 0)
+                .then(|| (secs * 1000.0 / self.completed as f64 * 1000.0).round() / 1000.0)
         };
         (
             self.cpu.machine.and_then(per_run),
             self.cpu
-                .pids
+                .by_label
                 .iter()
-                .filter_map(|(pid, secs)| per_run(*secs).map(|ms| (*pid, ms)))
+                .filter_map(|(label, secs)| per_run(*secs).map(|ms| (label.clone(), ms)))
                 .collect(),
         )
     }
@@ -359,7 +361,7 @@ impl Report {
             "failed_codes": self.failed_codes,
             "items_per_s": (self.items_per_s * 10.0).round() / 10.0,
             "machine_cpu_ms_per_run": self.cpu_ms_per_run().0,
-            "cpu_ms_per_run_by_pid": self.cpu_ms_per_run().1,
+            "cpu_ms_per_run_by_process": self.cpu_ms_per_run().1,
         })
     }
 
@@ -398,13 +400,18 @@ impl Report {
         );
         out.push_str(&row("first result", &self.first_result_ms));
         out.push_str(&row("terminal", &self.terminal_ms));
-        out.push_str(&format!("items           {:.1} streamed items/s\n", self.items_per_s));
+        out.push_str(&format!(
+            "items           {:.1} streamed items/s\n",
+            self.items_per_s
+        ));
         let (machine, by_pid) = self.cpu_ms_per_run();
         if let Some(ms) = machine {
-            out.push_str(&format!("machine cpu     {ms:.3} ms per run (all processes, /proc/stat)\n"));
+            out.push_str(&format!(
+                "machine cpu     {ms:.3} ms per run (all processes, /proc/stat)\n"
+            ));
         }
-        for (pid, ms) in by_pid {
-            out.push_str(&format!("  pid {pid:<10}{ms:.3} ms per run\n"));
+        for (label, ms) in by_pid {
+            out.push_str(&format!("  {label:<22}{ms:.3} ms per run\n"));
         }
         if !self.failed_codes.is_empty() {
             let failed = self
@@ -766,18 +773,25 @@ mod tests {
             keys.len(),
             11,
             "runs, completed, failed, lost, runs_per_s, first_result_ms, terminal_ms, \
-             failed_codes, items_per_s, machine_cpu_ms_per_run, cpu_ms_per_run_by_pid: {keys:?}"
+             failed_codes, items_per_s, machine_cpu_ms_per_run, cpu_ms_per_run_by_process: {keys:?}"
         );
         // CPU per completed run, from the window's usage.
         let cpu = CpuUsage {
             machine: Some(0.5),
             pids: BTreeMap::from([(7, 0.25)]),
+            by_label: BTreeMap::from([("switchboard gateway".to_owned(), 0.25)]),
         };
         let with_cpu = report.clone().with_cpu(cpu);
         let per_run = with_cpu.completed as f64;
         let (machine, by_pid) = with_cpu.cpu_ms_per_run();
-        assert!((machine.unwrap() - 500.0 / per_run).abs() < 0.001, "{machine:?}");
-        assert!((by_pid[&7] - 250.0 / per_run).abs() < 0.001, "{by_pid:?}");
+        assert!(
+            (machine.unwrap() - 500.0 / per_run).abs() < 0.001,
+            "{machine:?}"
+        );
+        assert!(
+            (by_pid["switchboard gateway"] - 250.0 / per_run).abs() < 0.001,
+            "{by_pid:?}"
+        );
         assert!(with_cpu.render().contains("ms per run"));
 
         let text = report.render();

@@ -54,11 +54,35 @@ pub fn parse_pid_stat(text: &str) -> Option<u64> {
     Some(utime + stime)
 }
 
+/// A short name for a process from its `/proc/<pid>/cmdline` text (NUL-separated): the
+/// program's file name, and for `switchboard` its subcommand (`switchboard gateway`), so the
+/// processes of a deployment group into roles.
+#[must_use]
+pub fn process_label(cmdline: &[u8]) -> String {
+    let mut args = cmdline
+        .split(|b| *b == 0)
+        .filter(|a| !a.is_empty())
+        .map(|a| String::from_utf8_lossy(a).into_owned());
+    let program = args.next().unwrap_or_default();
+    let name = program.rsplit('/').next().unwrap_or_default().to_owned();
+    // Postgres backends rewrite their argv to `postgres: user db …`.
+    let name = name.split(':').next().unwrap_or_default().to_owned();
+    if name == "switchboard" {
+        match args.next() {
+            Some(sub) => format!("switchboard {sub}"),
+            None => name,
+        }
+    } else {
+        name
+    }
+}
+
 /// One reading of the machine and of the watched processes.
 #[derive(Debug, Clone, Default)]
 pub struct CpuSample {
     machine: Option<MachineTicks>,
     pids: BTreeMap<u32, u64>,
+    labels: BTreeMap<u32, String>,
 }
 
 impl CpuSample {
@@ -70,14 +94,25 @@ impl CpuSample {
             .ok()
             .as_deref()
             .and_then(parse_proc_stat);
-        let pids = pids
+        let pids: BTreeMap<u32, u64> = pids
             .iter()
             .filter_map(|&pid| {
                 let text = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
                 Some((pid, parse_pid_stat(&text)?))
             })
             .collect();
-        Self { machine, pids }
+        let labels = pids
+            .keys()
+            .map(|&pid| {
+                let cmdline = std::fs::read(format!("/proc/{pid}/cmdline")).unwrap_or_default();
+                (pid, process_label(&cmdline))
+            })
+            .collect();
+        Self {
+            machine,
+            pids,
+            labels,
+        }
     }
 
     /// CPU seconds the machine was busy between `self` (earlier) and `later`, and each
@@ -88,15 +123,24 @@ impl CpuSample {
             (Some(a), Some(b)) => Some(b.busy.saturating_sub(a.busy) as f64 / USER_HZ),
             _ => None,
         };
+        let mut by_label: BTreeMap<String, f64> = BTreeMap::new();
         let pids = self
             .pids
             .iter()
             .filter_map(|(pid, before)| {
                 let after = later.pids.get(pid)?;
-                Some((*pid, after.saturating_sub(*before) as f64 / USER_HZ))
+                let secs = after.saturating_sub(*before) as f64 / USER_HZ;
+                if let Some(label) = self.labels.get(pid) {
+                    *by_label.entry(label.clone()).or_default() += secs;
+                }
+                Some((*pid, secs))
             })
             .collect();
-        CpuUsage { machine, pids }
+        CpuUsage {
+            machine,
+            pids,
+            by_label,
+        }
     }
 }
 
@@ -107,6 +151,8 @@ pub struct CpuUsage {
     pub machine: Option<f64>,
     /// Each watched process.
     pub pids: BTreeMap<u32, f64>,
+    /// The watched processes summed by [`process_label`] (e.g. every `postgres` backend).
+    pub by_label: BTreeMap<String, f64>,
 }
 
 #[cfg(test)]
@@ -141,6 +187,7 @@ mod tests {
                 total: 5_000,
             }),
             pids: BTreeMap::from([(1, 100), (2, 50)]),
+            labels: BTreeMap::from([(1, "postgres".to_owned()), (2, "postgres".to_owned())]),
         };
         let after = CpuSample {
             machine: Some(MachineTicks {
@@ -148,10 +195,29 @@ mod tests {
                 total: 5_400,
             }),
             pids: BTreeMap::from([(1, 150)]),
+            labels: BTreeMap::new(),
         };
         let usage = before.until(&after);
         assert_eq!(usage.machine, Some(2.5));
         assert_eq!(usage.pids, BTreeMap::from([(1, 0.5)]));
+        assert_eq!(
+            usage.by_label,
+            BTreeMap::from([("postgres".to_owned(), 0.5)])
+        );
+    }
+
+    #[test]
+    fn labels_name_roles_and_programs() {
+        assert_eq!(
+            process_label(b"/x/target/release/switchboard\0gateway\0--http-addr\0a\0"),
+            "switchboard gateway"
+        );
+        assert_eq!(
+            process_label(b"postgres: postgres test 127.0.0.1(5) idle\0"),
+            "postgres"
+        );
+        assert_eq!(process_label(b"/usr/bin/redis-server\0"), "redis-server");
+        assert_eq!(process_label(b""), "");
     }
 
     #[test]
