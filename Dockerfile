@@ -16,7 +16,7 @@ COPY . .
 # the path its manifest names (`bin/<name>`, relative to the plugin directory).
 RUN --mount=type=cache,target=/usr/local/cargo/registry \
     --mount=type=cache,target=/src/target \
-    cargo build --release --locked -p switchboard -p sb-runner-echo \
+    cargo build --release --locked -p switchboard -p sb-runner-echo -p sb-runner-local-agent \
  && mkdir -p /out/bin \
  && cp target/release/switchboard /out/bin/switchboard \
  && for dir in runners/*/; do \
@@ -24,7 +24,8 @@ RUN --mount=type=cache,target=/usr/local/cargo/registry \
         mkdir -p "/out/runners/$name/bin"; \
         cp "$dir"/manifest.* "/out/runners/$name/"; \
     done \
- && cp target/release/echo /out/runners/echo/bin/echo
+ && cp target/release/echo /out/runners/echo/bin/echo \
+ && cp target/release/local-agent /out/runners/local-agent/bin/local-agent
 
 # --- runtime -------------------------------------------------------------------------------
 FROM debian:bookworm-slim

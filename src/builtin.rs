@@ -1,17 +1,19 @@
-//! The echo runner built into the `switchboard` binary.
+//! The echo and local-agent runners built into the `switchboard` binary.
 //!
 //! A fresh `switchboard dev` binds its default agent to the official echo runner
-//! (`plugin:switchboard/echo/default`, `runners/echo`). That runner is its own binary, which
-//! `cargo build --workspace` and the Docker image build, but `cargo run -- dev` (the README's
-//! first command) builds only the `switchboard` binary. Rather than leave the first message of
-//! a new user unanswered, the binary carries the same runner behind a hidden subcommand
-//! (`switchboard runner echo`), and `dev` registers it through a generated plugin directory
-//! **only when the standalone runner cannot be loaded** ([`runner_loads`]); the official
-//! plugin always wins when it is there.
+//! (`plugin:switchboard/echo/default`, `runners/echo`), or, given a model, to the official
+//! local agent (`plugin:switchboard/local-agent/default`, `runners/local-agent`). Those
+//! runners are binaries of their own, which `cargo build --workspace` and the Docker image
+//! build, but `cargo run -- dev` (the README's first command) builds only the `switchboard`
+//! binary. Rather than leave the first message of a new user unanswered, the binary carries
+//! the same runners behind a hidden subcommand (`switchboard runner echo|local-agent`), and
+//! `dev` registers them through generated plugin directories **only when the standalone
+//! runner cannot be loaded** ([`runner_loads`]); the official plugin always wins when it is
+//! there.
 //!
-//! The runner is the very same code as the standalone binary (the `sb-runner-echo` library:
-//! one `message.delta` per word, then `message.completed` with the whole text, then
-//! `run.completed`), so the two cannot behave differently on the wire.
+//! The runners are the very same code as the standalone binaries (the `sb-runner-echo` and
+//! `sb-runner-local-agent` libraries; the local agent's manifest is its `manifest.toml`
+//! with only the command replaced), so the two cannot behave differently on the wire.
 
 use std::io;
 use std::path::{Path, PathBuf};
@@ -25,10 +27,49 @@ pub const ECHO_RUNNER_ID: &str = "plugin:switchboard/echo/default";
 /// Name of the plugin directory [`write_echo_plugin`] creates.
 pub const ECHO_PLUGIN_DIR: &str = "switchboard-echo";
 
+/// Runner id of the official local agent (and of the built-in copy).
+pub const LOCAL_AGENT_RUNNER_ID: &str = sb_runner_local_agent::RUNNER_ID;
+
+/// Name of the plugin directory [`write_local_agent_plugin`] creates.
+pub const LOCAL_AGENT_PLUGIN_DIR: &str = "switchboard-local-agent";
+
 /// Serves the echo runner on stdin/stdout until the host says `shutdown` or closes stdin.
 /// Blocks the calling thread.
 pub fn serve_echo() -> io::Result<()> {
     sb_runner_echo::serve()
+}
+
+/// Serves the local agent on stdin/stdout until the host says `shutdown` or closes stdin.
+/// Blocks the calling thread.
+pub fn serve_local_agent() -> io::Result<()> {
+    sb_runner_local_agent::serve()
+}
+
+/// Writes (or rewrites) a plugin directory under `root` holding the local agent's manifest
+/// with its command replaced by `<program> runner local-agent`; returns `root`, the plugins
+/// directory to add to `worker.runners_dirs`.
+pub fn write_local_agent_plugin(root: &Path, program: &Path) -> io::Result<PathBuf> {
+    let plugin_dir = root.join(LOCAL_AGENT_PLUGIN_DIR);
+    std::fs::create_dir_all(&plugin_dir)?;
+    let program = program.to_str().ok_or_else(|| {
+        io::Error::new(
+            io::ErrorKind::InvalidInput,
+            format!("executable path {} is not valid UTF-8", program.display()),
+        )
+    })?;
+    let manifest: toml::Value =
+        toml::from_str(sb_runner_local_agent::MANIFEST_TOML).map_err(io::Error::other)?;
+    let mut manifest = serde_json::to_value(manifest).map_err(io::Error::other)?;
+    let runners = manifest["runners"]
+        .as_array_mut()
+        .ok_or_else(|| io::Error::other("the local agent's manifest has no runners"))?;
+    for runner in runners {
+        runner["execution"]["command"] = json!(program);
+        runner["execution"]["args"] = json!(["runner", "local-agent"]);
+    }
+    let text = serde_json::to_string_pretty(&manifest).map_err(io::Error::other)?;
+    std::fs::write(plugin_dir.join("manifest.json"), text)?;
+    Ok(root.to_path_buf())
 }
 
 /// Whether the plugin directories `dirs` (searched like the worker does, in order) yield a
@@ -118,6 +159,62 @@ mod tests {
         let runner = runners.into_iter().next().unwrap().unwrap();
         assert_eq!(runner.program, program);
         assert_eq!(runner.execution.args, ["runner", "echo"]);
+    }
+
+    #[test]
+    fn the_generated_plugin_loads_as_the_local_agent_with_its_manifest() {
+        let dir = tempfile::tempdir().unwrap();
+        let program = std::env::current_exe().unwrap();
+        let plugins = write_local_agent_plugin(dir.path(), &program).unwrap();
+        let lookup = CommandLookup::default();
+        assert!(runner_loads(
+            std::slice::from_ref(&plugins),
+            LOCAL_AGENT_RUNNER_ID,
+            &lookup
+        ));
+        // Both built-ins side by side in one plugins directory.
+        write_echo_plugin(dir.path(), &program).unwrap();
+        assert!(runner_loads(
+            std::slice::from_ref(&plugins),
+            ECHO_RUNNER_ID,
+            &lookup
+        ));
+
+        let runners = load_plugin_dir(&plugins.join(LOCAL_AGENT_PLUGIN_DIR), &lookup).unwrap();
+        let runner = runners.into_iter().next().unwrap().unwrap();
+        assert_eq!(runner.program, program);
+        assert_eq!(runner.execution.args, ["runner", "local-agent"]);
+        let descriptor = serde_json::to_value(&runner.manifest).unwrap();
+        assert_eq!(
+            descriptor["capabilities"]["tool_calling"], true,
+            "{descriptor}"
+        );
+        assert_eq!(descriptor["capabilities"]["steering"], true);
+        let schema: Vec<&str> = descriptor["config_schema"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|f| f["name"].as_str().unwrap())
+            .collect();
+        assert_eq!(schema, sb_runner_local_agent::config::keys::ALL);
+    }
+
+    #[test]
+    fn the_official_local_agent_manifest_loads() {
+        let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("runners/local-agent");
+        // Its command is found next to the worker executable, as cargo lays binaries out;
+        // resolution only checks that the file exists.
+        let exe_dir = tempfile::tempdir().unwrap();
+        let bin = exe_dir.path().join("local-agent");
+        std::fs::write(&bin, b"").unwrap();
+        let lookup = CommandLookup {
+            exe_dir: Some(exe_dir.path().to_path_buf()),
+            path: None,
+        };
+        let runners = load_plugin_dir(&dir, &lookup).unwrap();
+        let runner = runners.into_iter().next().unwrap().unwrap();
+        assert_eq!(runner.runner_id.to_string(), LOCAL_AGENT_RUNNER_ID);
+        assert_eq!(runner.program, bin);
     }
 
     #[test]

@@ -14,7 +14,7 @@
 //!  sessions: memory | redis
 //!  bootstrap (dev)                      workspace `default`, API key file, see below
 //!  worker                               registers its runners before anything is routed
-//!  default agent (dev)                  echo for message.received, when no agent exists
+//!  default agent (dev)                  local agent on the dev model, or echo
 //!  recovery (memory bus only)           see below
 //!  orchestrator, then gateway           consumers first, ingest last
 //! ```
@@ -56,8 +56,11 @@
 //!
 //! With a [`Bootstrap`], the data directory gets what a first `switchboard send` needs: the
 //! workspace `default`, an API key in `<data-dir>/api-key` (mode 0600; created when missing
-//! or no longer valid, kept otherwise) and, when the workspace has no agent at all, an agent
-//! bound to the echo runner for `message.received`.
+//! or no longer valid, kept otherwise) and the default agent for `message.received`: the
+//! local agent on the model of `dev.model_url` / `dev.model` when one is configured (the
+//! model registered, or updated in place), else the echo runner. The agent is created in a
+//! workspace without agents and converged at every start while it is still the bootstrap's
+//! (see [`crate::default_agent`]).
 
 use std::collections::HashSet;
 use std::net::SocketAddr;
@@ -79,27 +82,24 @@ use sb_orchestrator::catalog::StoreCatalog;
 use sb_orchestrator::sink::ResultSink;
 use sb_orchestrator::{Orchestrator, OrchestratorDeps, OrchestratorError, OrchestratorOptions};
 use sb_protocol::error::run_failure;
-use sb_protocol::host::event_types;
 use sb_protocol::ids::{AgentId, EventId, RunId, WorkspaceId};
 use sb_protocol::manifest::RunnerId;
 use sb_protocol::messages::{EventMessage, encode};
 use sb_protocol::result::AgentRunResult;
 use sb_store::{
-    ApiKeyRole, EventRecord, EventStatus, NewAgent, RunOutcome, RunStatus, SqlStore,
-    SqlStoreOptions, StoreError, StoreLimits, Stores,
+    ApiKeyRole, EventRecord, EventStatus, RunOutcome, RunStatus, SqlStore, SqlStoreOptions,
+    StoreError, StoreLimits, Stores,
 };
 use sb_worker::{Worker, WorkerDeps, WorkerError, WorkerHandle, WorkerOptions, WorkerReport};
-use serde_json::{Value, json};
 use tokio::net::TcpListener;
 use tokio::task::JoinHandle;
 use tokio::time::Instant;
 
-use crate::builtin::ECHO_RUNNER_ID;
+use crate::default_agent::{Change, DefaultAgentError, DefaultAgentReport};
 
 /// File name of the API key inside the data directory.
 pub const API_KEY_FILE: &str = "api-key";
-/// Name of the agent the bootstrap creates.
-pub const DEFAULT_AGENT_NAME: &str = "echo";
+pub use crate::default_agent::DEFAULT_AGENT_NAME;
 /// The message of the `run.failed` item of a run that recovery finds still `running`.
 pub const INTERRUPTED_MESSAGE: &str =
     "the switchboard process stopped while the run was in progress";
@@ -208,7 +208,8 @@ impl EmbeddedOptions {
 pub struct Bootstrap {
     /// Where the API key file is kept (created if missing).
     pub data_dir: PathBuf,
-    /// Create the echo agent when the workspace has no agent.
+    /// Create (or converge) the default agent: the local agent on the `[dev]` model, or
+    /// the echo runner.
     pub default_agent: bool,
 }
 
@@ -234,6 +235,8 @@ pub struct BootstrapReport {
     pub api_key_created: bool,
     /// The agent created by this start, if any.
     pub default_agent: Option<AgentId>,
+    /// The default agent and model after this start (with [`Bootstrap::default_agent`]).
+    pub agent: Option<DefaultAgentReport>,
 }
 
 impl std::fmt::Debug for BootstrapReport {
@@ -243,6 +246,7 @@ impl std::fmt::Debug for BootstrapReport {
             .field("api_key_file", &self.api_key_file)
             .field("api_key_created", &self.api_key_created)
             .field("default_agent", &self.default_agent)
+            .field("agent", &self.agent)
             .finish()
     }
 }
@@ -295,6 +299,10 @@ pub enum StartError {
     /// The session store cannot be reached.
     #[error("session store: {0}")]
     Sessions(#[from] SessionError),
+    /// The model of `dev.model_url` cannot be registered (refused by the egress policy or
+    /// `secrets.allow`).
+    #[error("dev model: {0}")]
+    DevModel(String),
     /// The data directory or the API key file cannot be written.
     #[error("data directory {}: {source}", .path.display())]
     DataDir {
@@ -693,7 +701,17 @@ async fn start_roles(
 
     if let (Some(report), Some(b)) = (bootstrap.as_mut(), &options.bootstrap) {
         if b.default_agent {
-            report.default_agent = ensure_default_agent(&deps.stores).await?;
+            let agent = crate::default_agent::ensure(&deps.stores, config)
+                .await
+                .map_err(|e| match e {
+                    DefaultAgentError::Refused(why) => StartError::DevModel(why),
+                    DefaultAgentError::Store(source) => StartError::Store {
+                        during: "the default agent",
+                        source,
+                    },
+                })?;
+            report.default_agent = agent.agent_id.filter(|_| agent.change == Change::Created);
+            report.agent = Some(agent);
         }
     }
 
@@ -1082,6 +1100,7 @@ async fn bootstrap_key(stores: &Stores, data_dir: &Path) -> Result<BootstrapRepo
                 api_key_file: file,
                 api_key_created: false,
                 default_agent: None,
+                agent: None,
             });
         }
         tracing::warn!(file = %file.display(), "the API key file holds no valid admin key for workspace default; creating a new key");
@@ -1101,6 +1120,7 @@ async fn bootstrap_key(stores: &Stores, data_dir: &Path) -> Result<BootstrapRepo
         api_key_file: file,
         api_key_created: true,
         default_agent: None,
+        agent: None,
     })
 }
 
@@ -1123,65 +1143,6 @@ fn write_secret(path: &Path, secret: &str) -> std::io::Result<()> {
     file.sync_all()?;
     drop(file);
     std::fs::rename(&tmp, path)
-}
-
-/// Creates the echo agent when workspace `default` has no agent at all (a user who deleted
-/// or replaced it keeps their choice).
-async fn ensure_default_agent(stores: &Stores) -> Result<Option<AgentId>, StartError> {
-    let workspace = WorkspaceId::default_workspace();
-    let store_err = |source| StartError::Store {
-        during: "the default agent",
-        source,
-    };
-    if !stores
-        .agents
-        .list(&workspace)
-        .await
-        .map_err(store_err)?
-        .is_empty()
-    {
-        return Ok(None);
-    }
-    if stores
-        .runners
-        .get(ECHO_RUNNER_ID)
-        .await
-        .map_err(store_err)?
-        .is_none()
-    {
-        tracing::warn!(
-            runner_id = ECHO_RUNNER_ID,
-            "the default agent's runner is not registered by any worker; its runs fail until one hosts it"
-        );
-    }
-    let empty = || Value::Object(serde_json::Map::new());
-    let agent = NewAgent {
-        id: None,
-        workspace_id: workspace,
-        name: DEFAULT_AGENT_NAME.to_owned(),
-        description: Some(
-            "Echoes every message back, word by word (created by switchboard dev).".to_owned(),
-        ),
-        runner_id: ECHO_RUNNER_ID.to_owned(),
-        runner_config: empty(),
-        event_types: json!([event_types::MESSAGE_RECEIVED]),
-        scope: empty(),
-        filters: json!([]),
-        resource_policy: empty(),
-        state_policy: empty(),
-        delivery_policy: empty(),
-        budgets: empty(),
-        enabled: true,
-    };
-    match stores.agents.create(agent).await {
-        Ok(row) => {
-            tracing::info!(agent_id = %row.id, runner_id = ECHO_RUNNER_ID, "default agent created");
-            Ok(Some(row.id))
-        }
-        // Another process created an agent with that name meanwhile: theirs stands.
-        Err(StoreError::Conflict(_)) => Ok(None),
-        Err(source) => Err(store_err(source)),
-    }
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -1493,7 +1454,7 @@ mod tests {
                 workspace_id: event.workspace_id.clone(),
                 event_id: event.id,
                 agent_id: None,
-                runner_id: ECHO_RUNNER_ID.into(),
+                runner_id: crate::builtin::ECHO_RUNNER_ID.into(),
                 pool: "default".into(),
                 conversation_id: event.conversation_id.clone(),
                 thread_id: None,

@@ -10,8 +10,12 @@
 //!   `switchboard gateway|orchestrator|worker`), bootstrap a fresh data directory (workspace,
 //!   API key, default agent), recover work the in-process bus lost in a crash, and drain
 //!   in order on shutdown.
-//! - [`builtin`]: the echo runner built into the binary, the fallback `switchboard dev` uses
-//!   when the standalone `echo` runner binary has not been built (`cargo run -- dev`).
+//! - [`builtin`]: the echo and local-agent runners built into the binary, the fallback
+//!   `switchboard dev` uses when their standalone binaries have not been built
+//!   (`cargo run -- dev`).
+//! - [`default_agent`]: the model and default agent `switchboard dev` bootstraps
+//!   (`--model-url`, `--model`: the local agent on that model; without: the echo runner).
 
 pub mod builtin;
+pub mod default_agent;
 pub mod embedded;

@@ -13,6 +13,8 @@
 //! - [`session`]: the `SessionStore` trait (run sessions, leases, steering lists, counters), its
 //!   in-memory backend and the Redis backend (feature `redis`).
 //! - [`shutdown`]: root cancellation token + task tracker + signal listener + drain with a deadline.
+//! - [`sse`]: server-sent events (`text/event-stream`) parsed by the WHATWG rules: the one
+//!   parser of model provider streams, the CLI and the test harness.
 //! - [`telemetry`]: tracing initialisation, metric names and a small Prometheus registry.
 //! - `testing` (feature `test-util`): conformance suites shared by every backend.
 
@@ -23,6 +25,7 @@ pub mod error;
 pub mod secrets;
 pub mod session;
 pub mod shutdown;
+pub mod sse;
 pub mod telemetry;
 #[cfg(any(test, feature = "test-util"))]
 pub mod testing;

@@ -94,25 +94,74 @@ pub fn ordered_key<T: IntoIden>(col: T, len: u32, backend: DbBackend) -> ColumnD
     def
 }
 
-/// Makes `table.text_col` full-text searchable.
+/// How a full-text index turns text into terms. Each variant is implemented the same way in
+/// meaning on both backends (the query side must tokenise the same way: see the store).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum TextSearch {
+    /// Lower-cased whole words, no stemming, no stop words: Postgres `simple`, SQLite FTS5
+    /// `unicode61 remove_diacritics 0`. Transcript search uses it (exact-word queries).
+    Simple,
+    /// English stemming (`refunds` and `refund`, `configured` and `configure` index as one
+    /// term): Postgres `english` (Snowball stemmer, English stop words dropped), SQLite FTS5
+    /// `porter unicode61 remove_diacritics 0` (Porter stemmer over the same word splitting;
+    /// stop words are dropped by the store's query builder instead). Knowledge bases use it.
+    English,
+}
+
+impl TextSearch {
+    /// The Postgres text search configuration.
+    fn postgres_config(self) -> &'static str {
+        match self {
+            Self::Simple => "simple",
+            Self::English => "english",
+        }
+    }
+
+    /// The SQLite FTS5 `tokenize` option.
+    fn fts5_tokenizer(self) -> &'static str {
+        match self {
+            Self::Simple => "unicode61 remove_diacritics 0",
+            Self::English => "porter unicode61 remove_diacritics 0",
+        }
+    }
+}
+
+/// Makes `table.text_col` full-text searchable with [`TextSearch::Simple`].
 ///
 /// - Postgres: a stored generated column `<text_col>_tsv = to_tsvector('simple', …)` and a
 ///   GIN index on it. `simple` = lower-casing, no stemming, no stop words.
 /// - SQLite: an external-content FTS5 table `<table>_fts` over `text_col`, keyed by the
 ///   table's integer primary key `rowid_col`, plus insert/update/delete triggers. The
 ///   `unicode61` tokenizer with `remove_diacritics 0` matches Postgres' `simple` behaviour.
+///
+/// Applied migrations call this; its behaviour must never change (use
+/// [`create_full_text_as`] or [`rebuild_full_text`] for anything else).
 pub async fn create_full_text(
     manager: &SchemaManager<'_>,
     table: &str,
     text_col: &str,
     rowid_col: &str,
 ) -> Result<(), DbErr> {
+    create_full_text_as(manager, table, text_col, rowid_col, TextSearch::Simple).await
+}
+
+/// Makes `table.text_col` full-text searchable with `search` (see [`create_full_text`] for
+/// the structures). Rows already in the table are indexed on Postgres (the generated column
+/// is computed for them); on SQLite the FTS5 table starts empty, see [`rebuild_full_text`].
+pub async fn create_full_text_as(
+    manager: &SchemaManager<'_>,
+    table: &str,
+    text_col: &str,
+    rowid_col: &str,
+    search: TextSearch,
+) -> Result<(), DbErr> {
     let db = manager.get_connection();
     match manager.get_database_backend() {
         DbBackend::Postgres => {
+            let config = search.postgres_config();
             db.execute_unprepared(&format!(
                 "ALTER TABLE \"{table}\" ADD COLUMN \"{text_col}_tsv\" tsvector \
-                 GENERATED ALWAYS AS (to_tsvector('simple'::regconfig, coalesce(\"{text_col}\", ''))) STORED"
+                 GENERATED ALWAYS AS (to_tsvector('{config}'::regconfig, coalesce(\"{text_col}\", ''))) STORED"
             ))
             .await?;
             db.execute_unprepared(&format!(
@@ -121,10 +170,11 @@ pub async fn create_full_text(
             .await?;
         }
         DbBackend::Sqlite => {
+            let tokenizer = search.fts5_tokenizer();
             db.execute_unprepared(&format!(
                 "CREATE VIRTUAL TABLE \"{table}_fts\" USING fts5(\"{text_col}\", \
                  content='{table}', content_rowid='{rowid_col}', \
-                 tokenize='unicode61 remove_diacritics 0')"
+                 tokenize='{tokenizer}')"
             ))
             .await?;
             db.execute_unprepared(&format!(
@@ -152,6 +202,41 @@ pub async fn create_full_text(
                 "full-text search is not supported on {other:?}"
             )));
         }
+    }
+    Ok(())
+}
+
+/// Replaces the full-text structures of `table.text_col` by ones built with `search`, and
+/// indexes every row already in the table with them, in the migration's transaction.
+///
+/// - Postgres: the generated column (and its index, which depends on it) is dropped and
+///   added again with the new configuration; adding a stored generated column computes it
+///   for every existing row.
+/// - SQLite: the FTS5 table and its triggers are dropped and created again, then the FTS5
+///   `rebuild` command re-reads every row from the content table.
+pub async fn rebuild_full_text(
+    manager: &SchemaManager<'_>,
+    table: &str,
+    text_col: &str,
+    rowid_col: &str,
+    search: TextSearch,
+) -> Result<(), DbErr> {
+    let db = manager.get_connection();
+    let backend = manager.get_database_backend();
+    if backend == DbBackend::Postgres {
+        db.execute_unprepared(&format!(
+            "ALTER TABLE \"{table}\" DROP COLUMN IF EXISTS \"{text_col}_tsv\""
+        ))
+        .await?;
+    } else {
+        drop_full_text(manager, table).await?;
+    }
+    create_full_text_as(manager, table, text_col, rowid_col, search).await?;
+    if backend == DbBackend::Sqlite {
+        db.execute_unprepared(&format!(
+            "INSERT INTO \"{table}_fts\"(\"{table}_fts\") VALUES ('rebuild')"
+        ))
+        .await?;
     }
     Ok(())
 }

@@ -115,6 +115,79 @@ async fn roles_default_to_admin_for_existing_keys(db: &DatabaseConnection) {
     assert_eq!(role, "admin");
 }
 
+/// How many chunks the knowledge base full-text index finds for `word` (the backend's own
+/// query syntax: what the store's search builds on). On Postgres the query must be parsed
+/// with the index's configuration: `english` once `stemmed`, `simple` before; FTS5 applies
+/// the table's tokenizer to the query by itself.
+async fn kb_matches(db: &DatabaseConnection, word: &str, stemmed: bool) -> usize {
+    let backend = db.get_database_backend();
+    let config = if stemmed { "english" } else { "simple" };
+    let sql = match backend {
+        sea_orm_migration::sea_orm::DbBackend::Postgres => format!(
+            "SELECT seq FROM kb_chunks WHERE content_tsv @@ plainto_tsquery('{config}', '{word}')"
+        ),
+        _ => format!("SELECT rowid FROM kb_chunks_fts WHERE kb_chunks_fts MATCH '\"{word}\"'"),
+    };
+    db.query_all_raw(Statement::from_string(backend, sql))
+        .await
+        .unwrap()
+        .len()
+}
+
+/// Chunks stored before knowledge base search was stemmed are re-indexed by the migration
+/// that brings stemming (and again, without it, when it is rolled back).
+async fn kb_chunks_are_reindexed_with_stemming(db: &DatabaseConnection) {
+    Migrator::up(db, Some(11)).await.unwrap();
+    for sql in [
+        "INSERT INTO knowledge_bases (id, workspace_id, name, created_at, updated_at) \
+         VALUES ('0190f7a6-0000-7000-8000-000000000010', 'w', 'kb', \
+         '2025-01-01T00:00:00+00:00', '2025-01-01T00:00:00+00:00')",
+        "INSERT INTO kb_documents (id, kb_id, workspace_id, name, size_bytes, sha256, status, \
+         created_at, updated_at) VALUES ('0190f7a6-0000-7000-8000-000000000011', \
+         '0190f7a6-0000-7000-8000-000000000010', 'w', 'returns', 30, \
+         '0000000000000000000000000000000000000000000000000000000000000000', 'ready', \
+         '2025-01-01T00:00:00+00:00', '2025-01-01T00:00:00+00:00')",
+        "INSERT INTO kb_chunks (id, document_id, kb_id, workspace_id, chunk_index, content, \
+         created_at) VALUES ('0190f7a6-0000-7000-8000-000000000012', \
+         '0190f7a6-0000-7000-8000-000000000011', '0190f7a6-0000-7000-8000-000000000010', 'w', \
+         0, 'Refunds are issued within five days', '2025-01-01T00:00:00+00:00')",
+    ] {
+        db.execute_unprepared(sql).await.unwrap();
+    }
+    // Before: whole words only.
+    assert_eq!(kb_matches(db, "refunds", false).await, 1);
+    assert_eq!(kb_matches(db, "refund", false).await, 0);
+    migrate(db).await.unwrap();
+    assert_eq!(
+        kb_matches(db, "refund", true).await,
+        1,
+        "the old chunk was re-indexed"
+    );
+    assert_eq!(kb_matches(db, "issue", true).await, 1);
+    // New rows follow the new index too.
+    db.execute_unprepared(
+        "INSERT INTO kb_chunks (id, document_id, kb_id, workspace_id, chunk_index, content, \
+         created_at) VALUES ('0190f7a6-0000-7000-8000-000000000013', \
+         '0190f7a6-0000-7000-8000-000000000011', '0190f7a6-0000-7000-8000-000000000010', 'w', \
+         1, 'One refund per order', '2025-01-01T00:00:00+00:00')",
+    )
+    .await
+    .unwrap();
+    assert_eq!(kb_matches(db, "refunded", true).await, 2);
+    // Rolled back: whole words again, for every row.
+    Migrator::down(db, Some(1)).await.unwrap();
+    assert_eq!(kb_matches(db, "refunded", false).await, 0);
+    assert_eq!(kb_matches(db, "refund", false).await, 1);
+    migrate(db).await.unwrap();
+    assert_eq!(kb_matches(db, "refunded", true).await, 2);
+}
+
+#[tokio::test]
+async fn sqlite_kb_chunks_are_reindexed_with_stemming() {
+    let db = Database::connect("sqlite::memory:").await.unwrap();
+    kb_chunks_are_reindexed_with_stemming(&db).await;
+}
+
 #[tokio::test]
 async fn sqlite_up_down_up() {
     let db = Database::connect("sqlite::memory:").await.unwrap();
@@ -179,6 +252,8 @@ async fn postgres_up_down_up() {
     budgets_default_for_existing_agents(&db).await;
     Migrator::down(&db, None).await.unwrap();
     roles_default_to_admin_for_existing_keys(&db).await;
+    Migrator::down(&db, None).await.unwrap();
+    kb_chunks_are_reindexed_with_stemming(&db).await;
     // The generated tsvector column exists and is indexed.
     let row = db
         .query_one_raw(sea_orm_migration::sea_orm::Statement::from_string(

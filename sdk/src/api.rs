@@ -17,9 +17,9 @@ use std::time::SystemTime;
 
 use base64::Engine as _;
 use sb_protocol::error::{AgentApiError, ErrorCode};
-use sb_protocol::wire::{ApiResult, RunnerToHost};
+use sb_protocol::wire::{ApiCallId, ApiResult, RunnerToHost};
 use serde::Serialize;
-use serde_json::{Value, json};
+use serde_json::{Map, Value, json};
 
 use crate::output::Output;
 use crate::run::CancelToken;
@@ -53,6 +53,9 @@ pub mod actions {
     pub const INVOKE_LLM: &str = "invoke_llm";
     pub const INVOKE_LLM_STREAM: &str = "invoke_llm_stream";
     pub const CALL_TOOL: &str = "call_tool";
+    pub const GET_TOOL_DETAIL: &str = "get_tool_detail";
+    pub const INVOKE_RERANK: &str = "invoke_rerank";
+    pub const RETRIEVE_KNOWLEDGE: &str = "retrieve_knowledge";
 }
 
 enum Reply {
@@ -94,16 +97,23 @@ impl ApiRouter {
             .unwrap_or_else(std::sync::PoisonError::into_inner)
     }
 
-    /// Routes a final answer. Answers for unknown ids (the call already timed out, or the host
-    /// is confused) are ignored.
+    /// Routes a final answer. Answers for unknown ids (the call already timed out, the host
+    /// is confused, or `id: null`, the host's refusal of a call it could not read) are
+    /// ignored. This client writes string ids only, so only string ids can be its own.
     pub(crate) fn route_result(&self, result: ApiResult) {
-        let call = self.lock().calls.remove(&result.id);
+        let Some(id) = result.id.as_ref().and_then(ApiCallId::as_str) else {
+            return;
+        };
+        let call = self.lock().calls.remove(id);
         if let Some(call) = call {
             let _ = call.tx.send(Reply::Final(result.into_result()));
         }
     }
 
-    pub(crate) fn route_chunk(&self, id: &str, data: Value) {
+    pub(crate) fn route_chunk(&self, id: &ApiCallId, data: Value) {
+        let Some(id) = id.as_str() else {
+            return;
+        };
         let pending = self.lock();
         if let Some(call) = pending.calls.get(id) {
             let _ = call.tx.send(Reply::Chunk(data));
@@ -157,7 +167,7 @@ impl ApiRouter {
             );
         }
         let msg = RunnerToHost::Api {
-            id: id.clone(),
+            id: ApiCallId::Text(id.clone()),
             run_id: run_id.to_owned(),
             action: action.to_owned(),
             params,
@@ -389,6 +399,110 @@ impl HostApi {
     }
 }
 
+impl HostApi {
+    /// `invoke_llm`: one chat completion with model `model_id` (an id from
+    /// `ctx.resources.models`). `messages` are OpenAI-style chat messages, `funcs` tool
+    /// definitions (`{name, description, parameters}`), `extra_args` extra request fields.
+    /// Answers `{message, usage}`.
+    pub fn invoke_llm(
+        &self,
+        model_id: &str,
+        messages: &[Value],
+        funcs: &[Value],
+        extra_args: Option<&Map<String, Value>>,
+    ) -> Result<Value, AgentApiError> {
+        self.call(
+            actions::INVOKE_LLM,
+            llm_params(model_id, messages, funcs, extra_args),
+        )
+    }
+
+    /// `invoke_llm_stream`: like [`HostApi::invoke_llm`], passing each streamed
+    /// `{chunk: MessageChunk}` to `on_chunk` as the model produces it; the answer is the
+    /// assembled `{message, usage}`.
+    pub fn invoke_llm_stream(
+        &self,
+        model_id: &str,
+        messages: &[Value],
+        funcs: &[Value],
+        extra_args: Option<&Map<String, Value>>,
+        on_chunk: impl FnMut(Value),
+    ) -> Result<Value, AgentApiError> {
+        self.call_stream(
+            actions::INVOKE_LLM_STREAM,
+            llm_params(model_id, messages, funcs, extra_args),
+            on_chunk,
+        )
+    }
+
+    /// `invoke_rerank`: `documents` ranked against `query`, best first, at most `top_k`.
+    pub fn invoke_rerank(
+        &self,
+        model_id: &str,
+        query: &str,
+        documents: &[Value],
+        top_k: Option<u32>,
+    ) -> Result<Value, AgentApiError> {
+        let mut params =
+            json!({"rerank_model_uuid": model_id, "query": query, "documents": documents});
+        if let Some(k) = top_k {
+            params["top_k"] = json!(k);
+        }
+        self.call(actions::INVOKE_RERANK, params)
+    }
+
+    /// `get_tool_detail`: `{tool: {name, description, parameters, …}}`.
+    pub fn get_tool_detail(&self, tool_name: &str) -> Result<Value, AgentApiError> {
+        self.call(actions::GET_TOOL_DETAIL, json!({ "tool_name": tool_name }))
+    }
+
+    /// `call_tool` with its `parameters` object. With a `call_id`, the host executes the
+    /// call at most once per run and id (a repeat answers the first outcome).
+    pub fn call_tool(
+        &self,
+        tool_name: &str,
+        parameters: &Map<String, Value>,
+        call_id: Option<&str>,
+    ) -> Result<Value, AgentApiError> {
+        let mut params = json!({"tool_name": tool_name, "parameters": parameters});
+        if let Some(id) = call_id {
+            params["call_id"] = json!(id);
+        }
+        self.call(actions::CALL_TOOL, params)
+    }
+
+    /// `retrieve_knowledge`: the chunks of knowledge base `kb_id` best matching `query_text`
+    /// (`top_k` from 1 to 50, host default 5).
+    pub fn retrieve_knowledge(
+        &self,
+        kb_id: &str,
+        query_text: &str,
+        top_k: Option<u32>,
+    ) -> Result<Value, AgentApiError> {
+        let mut params = json!({"kb_id": kb_id, "query_text": query_text});
+        if let Some(k) = top_k {
+            params["top_k"] = json!(k);
+        }
+        self.call(actions::RETRIEVE_KNOWLEDGE, params)
+    }
+}
+
+fn llm_params(
+    model_id: &str,
+    messages: &[Value],
+    funcs: &[Value],
+    extra_args: Option<&Map<String, Value>>,
+) -> Value {
+    let mut params = json!({"llm_model_uuid": model_id, "messages": messages});
+    if !funcs.is_empty() {
+        params["funcs"] = json!(funcs);
+    }
+    if let Some(extra) = extra_args.filter(|e| !e.is_empty()) {
+        params["extra_args"] = Value::Object(extra.clone());
+    }
+    params
+}
+
 fn cancelled() -> AgentApiError {
     AgentApiError::new(ErrorCode::Cancelled, "run was cancelled")
 }
@@ -472,6 +586,66 @@ mod tests {
     }
 
     type Helper = fn(&HostApi) -> Result<Value, AgentApiError>;
+
+    type Call = Box<dyn FnOnce(&HostApi) -> Result<Value, AgentApiError> + Send>;
+
+    #[test]
+    fn model_tool_and_knowledge_helpers_build_the_documented_params() {
+        let (tx, rx) = mpsc::channel();
+        let router = Arc::new(ApiRouter::new(Arc::new(Output::new(Box::new(Lines(tx))))));
+        let api = HostApi::new("run-1".into(), router.clone(), CancelToken::new(), None);
+        let messages = [json!({"role": "user", "content": "hi"})];
+        let parameters = json!({"q": 1}).as_object().cloned().unwrap();
+        let extra = json!({"temperature": 0}).as_object().cloned().unwrap();
+        let cases: Vec<(Call, &str, Value)> = vec![
+            (
+                Box::new(move |api| api.invoke_llm("m1", &messages, &[], None)),
+                "invoke_llm",
+                json!({"llm_model_uuid": "m1", "messages": [{"role": "user", "content": "hi"}]}),
+            ),
+            (
+                Box::new(move |api| {
+                    api.invoke_llm_stream("m1", &[], &[json!({"name": "f"})], Some(&extra), |_| {})
+                }),
+                "invoke_llm_stream",
+                json!({"llm_model_uuid": "m1", "messages": [], "funcs": [{"name": "f"}],
+                       "extra_args": {"temperature": 0}}),
+            ),
+            (
+                Box::new(|api| api.invoke_rerank("r1", "q", &[json!("d")], Some(2))),
+                "invoke_rerank",
+                json!({"rerank_model_uuid": "r1", "query": "q", "documents": ["d"], "top_k": 2}),
+            ),
+            (
+                Box::new(|api| api.get_tool_detail("t")),
+                "get_tool_detail",
+                json!({"tool_name": "t"}),
+            ),
+            (
+                Box::new(move |api| api.call_tool("t", &parameters, Some("c1"))),
+                "call_tool",
+                json!({"tool_name": "t", "parameters": {"q": 1}, "call_id": "c1"}),
+            ),
+            (
+                Box::new(|api| api.retrieve_knowledge("kb", "leave", None)),
+                "retrieve_knowledge",
+                json!({"kb_id": "kb", "query_text": "leave"}),
+            ),
+        ];
+        for (helper, action, params) in cases {
+            let caller = api.clone();
+            let call = std::thread::spawn(move || helper(&caller));
+            let line = rx
+                .recv_timeout(std::time::Duration::from_secs(10))
+                .expect("the helper wrote its call");
+            let sent: Value = serde_json::from_slice(&line).unwrap();
+            assert_eq!(sent["action"], action);
+            assert_eq!(sent["params"], params, "{action}");
+            let id = sent["id"].as_str().unwrap().to_owned();
+            router.route_result(ApiResult::success(id, json!({"done": action})));
+            assert_eq!(call.join().unwrap().unwrap(), json!({"done": action}));
+        }
+    }
 
     #[test]
     fn storage_helpers_send_the_canonical_action_names() {

@@ -64,9 +64,10 @@ pub fn process_label(cmdline: &[u8]) -> String {
         .filter(|a| !a.is_empty())
         .map(|a| String::from_utf8_lossy(a).into_owned());
     let program = args.next().unwrap_or_default();
+    // Some servers rewrite their argv into one string: `postgres: 15/main: checkpointer`,
+    // `redis-server 127.0.0.1:6379`.
+    let program = program.split([':', ' ']).next().unwrap_or_default();
     let name = program.rsplit('/').next().unwrap_or_default().to_owned();
-    // Postgres backends rewrite their argv to `postgres: user db …`.
-    let name = name.split(':').next().unwrap_or_default().to_owned();
     if name == "switchboard" {
         match args.next() {
             Some(sub) => format!("switchboard {sub}"),
@@ -217,6 +218,14 @@ mod tests {
             "postgres"
         );
         assert_eq!(process_label(b"/usr/bin/redis-server\0"), "redis-server");
+        assert_eq!(
+            process_label(b"redis-server 127.0.0.1:6379\0"),
+            "redis-server"
+        );
+        assert_eq!(
+            process_label(b"postgres: 15/main: checkpointer \0"),
+            "postgres"
+        );
         assert_eq!(process_label(b""), "");
     }
 

@@ -6,7 +6,8 @@
 //!
 //! - `dev`: every role in one process on the in-process bus and session store, SQLite under
 //!   the data directory (`./.switchboard`), which it bootstraps: workspace `default`, an API
-//!   key in `<data-dir>/api-key` (printed once), and an echo agent when there is no agent.
+//!   key in `<data-dir>/api-key` (printed once), and the default agent: the local agent on
+//!   the model of `--model-url`/`--model` (`[dev]`), or the echo runner without one.
 //! - `gateway`, `orchestrator`, `worker`: one role on the shared backends (RabbitMQ, Redis);
 //!   they refuse the in-process ones, which cannot connect separate processes.
 //! - `runner` (hidden): a runner built into the binary, started by the worker.
@@ -21,7 +22,8 @@ use sb_common::config::{BusKind, SecretUrl, SessionsKind, SwitchboardConfig};
 use sb_common::shutdown::Shutdown;
 use sb_worker::WorkerOptions;
 use sb_worker::plugins::CommandLookup;
-use switchboard::builtin::ECHO_RUNNER_ID;
+use switchboard::builtin::{ECHO_RUNNER_ID, LOCAL_AGENT_RUNNER_ID};
+use switchboard::default_agent::{Change, DEFAULT_MODEL_NAME, DefaultAgentReport};
 use switchboard::embedded::{
     self, API_KEY_FILE, Bootstrap, DEFAULT_AGENT_NAME, Embedded, EmbeddedOptions, Roles, StopReport,
 };
@@ -49,10 +51,23 @@ pub struct DevArgs {
     #[arg(long = "runners-dir", value_name = "DIR")]
     pub runners_dirs: Vec<PathBuf>,
     /// Make this environment variable available to models and tools as a secret (added to
-    /// secrets.allow), e.g. `OPENAI_API_KEY`; repeat for several. Never a `SWITCHBOARD*`
+    /// secrets.allow), e.g. `OPENAI_API_KEY`; repeat for several. The first one is also the
+    /// API key of the `--model-url` model (dev.model_key_env). Never a `SWITCHBOARD*`
     /// variable.
     #[arg(long = "model-key-env", value_name = "VAR")]
     pub model_key_env: Vec<String>,
+    /// OpenAI-compatible base URL of a model for the default agent, e.g.
+    /// `http://127.0.0.1:11434/v1` (Ollama); with `--model`, the default agent is the local
+    /// agent on that model instead of the echo runner (dev.model_url).
+    #[arg(long, value_name = "URL", requires = "model")]
+    pub model_url: Option<String>,
+    /// The model's name at that server, e.g. `llama3.2` (dev.model).
+    #[arg(long, value_name = "NAME", requires = "model_url")]
+    pub model: Option<String>,
+    /// The model's context window in tokens [default: 8192 assumed by the local agent]
+    /// (dev.model_context_window).
+    #[arg(long, value_name = "TOKENS")]
+    pub model_context_window: Option<u32>,
 }
 
 impl DevArgs {
@@ -79,6 +94,13 @@ impl DevArgs {
                 config.secrets.allow.push(name.clone());
             }
         }
+        // The dev model's key, however it was configured (flag, `[dev]`, environment):
+        // registering a model whose key the workers may not read would fail at start.
+        if let Some(name) = config.dev.model_key_env.clone()
+            && !config.secrets.allow.contains(&name)
+        {
+            config.secrets.allow.push(name);
+        }
         if !config.secrets.allow.is_empty() {
             said.push(format!(
                 "secrets   models and tools may reference {}",
@@ -102,6 +124,10 @@ impl DevArgs {
         }
         o.set_opt("gateway.http_addr", self.http_addr);
         o.set_list("worker.runners_dirs", &display_paths(&self.runners_dirs));
+        o.set_opt("dev.model_url", self.model_url.as_deref());
+        o.set_opt("dev.model", self.model.as_deref());
+        o.set_opt("dev.model_key_env", self.model_key_env.first());
+        o.set_opt("dev.model_context_window", self.model_context_window);
         Ok(o)
     }
 }
@@ -206,7 +232,7 @@ pub async fn dev(args: DevArgs) -> anyhow::Result<ExitCode> {
     std::fs::create_dir_all(&data_dir)
         .with_context(|| format!("cannot create the data directory {}", data_dir.display()))?;
     prepare_sqlite(&mut config)?;
-    let builtin_echo = ensure_echo_runner(&mut config, &data_dir)?;
+    let builtin = ensure_builtin_runners(&mut config, &data_dir)?;
 
     let shutdown = Shutdown::new();
     shutdown.listen_for_signals()?;
@@ -218,7 +244,7 @@ pub async fn dev(args: DevArgs) -> anyhow::Result<ExitCode> {
     let embedded = embedded::start_with(config, options, shutdown.clone())
         .await
         .context("cannot start")?;
-    print_dev_banner(&embedded, &data_dir, builtin_echo, &widened);
+    print_dev_banner(&embedded, &data_dir, &builtin, &widened);
     exit_on_second_signal(&shutdown);
     Ok(exit_code(&embedded.wait().await))
 }
@@ -255,16 +281,20 @@ pub struct RunnerArgs {
 pub enum BuiltinRunner {
     /// The echo runner (`plugin:switchboard/echo/default`).
     Echo,
+    /// The local agent (`plugin:switchboard/local-agent/default`).
+    LocalAgent,
 }
 
 /// Serves a built-in runner until the host ends it.
 pub async fn runner(args: RunnerArgs) -> anyhow::Result<ExitCode> {
-    match args.name {
-        BuiltinRunner::Echo => tokio::task::spawn_blocking(switchboard::builtin::serve_echo)
-            .await
-            .context("the runner thread failed")?
-            .context("runner i/o")?,
-    }
+    let serve = match args.name {
+        BuiltinRunner::Echo => switchboard::builtin::serve_echo,
+        BuiltinRunner::LocalAgent => switchboard::builtin::serve_local_agent,
+    };
+    tokio::task::spawn_blocking(serve)
+        .await
+        .context("the runner thread failed")?
+        .context("runner i/o")?;
     Ok(ExitCode::SUCCESS)
 }
 
@@ -354,45 +384,64 @@ fn prepare_sqlite(config: &mut SwitchboardConfig) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// Makes sure the default agent's echo runner can be hosted: when no configured (or bundled)
-/// plugin directory yields a runnable `plugin:switchboard/echo/default` (the standalone
-/// `echo` binary was not built, e.g. after `cargo run -- dev`), registers the copy built
-/// into this binary. Returns whether the built-in copy is used.
-fn ensure_echo_runner(config: &mut SwitchboardConfig, data_dir: &Path) -> anyhow::Result<bool> {
+/// Makes sure the default agent's runners can be hosted: for the echo runner and the local
+/// agent, when no configured (or bundled) plugin directory yields a runnable one (its
+/// standalone binary was not built, e.g. after `cargo run -- dev`), registers the copy built
+/// into this binary. Returns the runner ids that use the built-in copy.
+fn ensure_builtin_runners(
+    config: &mut SwitchboardConfig,
+    data_dir: &Path,
+) -> anyhow::Result<Vec<&'static str>> {
     let mut dirs = config.worker.runners_dirs.clone();
     dirs.extend(sb_worker::plugins::bundled_runners_dir(None));
     let exe = std::env::current_exe().context("cannot locate the switchboard executable")?;
-    let fallback = echo_fallback(&dirs, &CommandLookup::from_env(), data_dir, &exe)?;
-    let Some(plugins) = fallback else {
-        return Ok(false);
-    };
-    tracing::info!(
-        plugins = %plugins.display(),
-        "the echo runner binary was not found (build it with `cargo build -p sb-runner-echo`); using the copy built into switchboard"
-    );
-    config.worker.runners_dirs.push(plugins);
-    Ok(true)
+    let (root, used) = builtin_fallbacks(&dirs, &CommandLookup::from_env(), data_dir, &exe)?;
+    if let Some(plugins) = root {
+        tracing::info!(
+            plugins = %plugins.display(),
+            runners = %used.join(", "),
+            "runner binaries not found (build them with `cargo build --workspace --bins`); using the copies built into switchboard"
+        );
+        config.worker.runners_dirs.push(plugins);
+    }
+    Ok(used)
 }
 
-/// The plugins directory of the built-in echo runner (written under `data_dir`) when `dirs`
-/// yield no loadable echo runner; `None` when they do.
-fn echo_fallback(
+/// The plugins directory of the built-in runners (written under `data_dir`) that `dirs` do
+/// not yield a loadable copy of, and their ids; `(None, [])` when they yield both.
+fn builtin_fallbacks(
     dirs: &[PathBuf],
     lookup: &CommandLookup,
     data_dir: &Path,
     exe: &Path,
-) -> anyhow::Result<Option<PathBuf>> {
-    if switchboard::builtin::runner_loads(dirs, ECHO_RUNNER_ID, lookup) {
-        return Ok(None);
-    }
+) -> anyhow::Result<(Option<PathBuf>, Vec<&'static str>)> {
     let root = data_dir.join(BUILTIN_RUNNERS_DIR);
-    let plugins = switchboard::builtin::write_echo_plugin(&root, exe)
-        .with_context(|| format!("cannot write {}", root.display()))?;
-    Ok(Some(plugins))
+    let mut used = Vec::new();
+    type Write = fn(&Path, &Path) -> std::io::Result<PathBuf>;
+    let builtins: [(&'static str, Write); 2] = [
+        (ECHO_RUNNER_ID, switchboard::builtin::write_echo_plugin),
+        (
+            LOCAL_AGENT_RUNNER_ID,
+            switchboard::builtin::write_local_agent_plugin,
+        ),
+    ];
+    for (runner_id, write) in builtins {
+        if switchboard::builtin::runner_loads(dirs, runner_id, lookup) {
+            continue;
+        }
+        write(&root, exe).with_context(|| format!("cannot write {}", root.display()))?;
+        used.push(runner_id);
+    }
+    Ok(((!used.is_empty()).then_some(root), used))
 }
 
 /// The startup summary of `dev`, on stdout.
-fn print_dev_banner(embedded: &Embedded, data_dir: &Path, builtin_echo: bool, widened: &[String]) {
+fn print_dev_banner(
+    embedded: &Embedded,
+    data_dir: &Path,
+    builtin: &[&'static str],
+    widened: &[String],
+) {
     let addr = embedded
         .http_addr()
         .unwrap_or_else(|| embedded.config().gateway.http_addr);
@@ -427,17 +476,15 @@ fn print_dev_banner(embedded: &Embedded, data_dir: &Path, builtin_echo: bool, wi
                 bootstrap.api_key_file.display()
             ));
         }
-        if let Some(agent) = bootstrap.default_agent {
-            out.push_str(&format!(
-                "  agent     {DEFAULT_AGENT_NAME} ({agent}) answers message.received with {ECHO_RUNNER_ID}\n"
-            ));
+        if let Some(agent) = &bootstrap.agent {
+            out.push_str(&agent_lines(agent));
         }
     }
     let runners: Vec<String> = embedded
         .runners()
         .iter()
         .map(|r| {
-            if builtin_echo && r.to_string() == ECHO_RUNNER_ID {
+            if builtin.contains(&r.to_string().as_str()) {
                 format!("{r} (built in)")
             } else {
                 r.to_string()
@@ -470,6 +517,39 @@ fn print_dev_banner(embedded: &Embedded, data_dir: &Path, builtin_echo: bool, wi
     ));
     print!("{out}");
     let _ = std::io::Write::flush(&mut std::io::stdout());
+}
+
+/// The banner lines about the default agent and the dev model.
+fn agent_lines(agent: &DefaultAgentReport) -> String {
+    let mut out = String::new();
+    let runner = agent.runner_id.as_deref().unwrap_or_default();
+    match (agent.agent_id, agent.change) {
+        (Some(id), change) if change != Change::NotManaged => {
+            let state = match change {
+                Change::Created => " (created)",
+                Change::Updated => " (updated)",
+                _ => "",
+            };
+            out.push_str(&format!(
+                "  agent     {DEFAULT_AGENT_NAME} ({id}){state} answers message.received with {runner}\n"
+            ));
+        }
+        _ => out.push_str(&format!(
+            "  agent     the workspace's own agents answer (its `{DEFAULT_AGENT_NAME}` agent was \
+             replaced or removed, so switchboard dev leaves it alone)\n"
+        )),
+    }
+    match &agent.model {
+        Some(model) => out.push_str(&format!(
+            "  model     {} at {} (registered as `{DEFAULT_MODEL_NAME}`, {})\n",
+            model.model, model.base_url, model.model_id
+        )),
+        None => out.push_str(
+            "  model     none: the default agent echoes. For a real model: \
+             --model-url URL --model NAME [--model-key-env VAR]\n",
+        ),
+    }
+    out
 }
 
 fn same_file(a: &Path, b: &Path) -> bool {
@@ -689,30 +769,161 @@ mod tests {
     }
 
     #[test]
-    fn the_built_in_echo_runner_is_only_a_fallback() {
+    fn the_built_in_runners_are_only_fallbacks() {
         let data = tempfile::tempdir().unwrap();
         let empty = tempfile::tempdir().unwrap();
         let exe = std::env::current_exe().unwrap();
         let lookup = CommandLookup::default();
 
-        // Nothing provides the echo runner: the built-in copy is written and loads.
-        let plugins = echo_fallback(&[empty.path().to_path_buf()], &lookup, data.path(), &exe)
-            .unwrap()
-            .expect("a fallback");
+        // Nothing provides the runners: the built-in copies are written and load.
+        let (plugins, used) =
+            builtin_fallbacks(&[empty.path().to_path_buf()], &lookup, data.path(), &exe).unwrap();
+        let plugins = plugins.expect("a fallback");
+        assert_eq!(used, [ECHO_RUNNER_ID, LOCAL_AGENT_RUNNER_ID]);
         assert!(plugins.starts_with(data.path()));
-        assert!(switchboard::builtin::runner_loads(
-            std::slice::from_ref(&plugins),
-            ECHO_RUNNER_ID,
-            &lookup
-        ));
+        for runner in used {
+            assert!(switchboard::builtin::runner_loads(
+                std::slice::from_ref(&plugins),
+                runner,
+                &lookup
+            ));
+        }
 
-        // A directory that provides it (here: that same plugin) means no fallback.
+        // A directory that provides them (here: those same plugins) means no fallback.
         let other = tempfile::tempdir().unwrap();
         assert_eq!(
-            echo_fallback(&[plugins], &lookup, other.path(), &exe).unwrap(),
-            None
+            builtin_fallbacks(std::slice::from_ref(&plugins), &lookup, other.path(), &exe).unwrap(),
+            (None, Vec::new())
         );
         assert!(!other.path().join(BUILTIN_RUNNERS_DIR).exists());
+
+        // Only the echo runner provided: only the local agent is built in.
+        let echo_only = tempfile::tempdir().unwrap();
+        switchboard::builtin::write_echo_plugin(echo_only.path(), &exe).unwrap();
+        let (_, used) = builtin_fallbacks(
+            &[echo_only.path().to_path_buf()],
+            &lookup,
+            other.path(),
+            &exe,
+        )
+        .unwrap();
+        assert_eq!(used, [LOCAL_AGENT_RUNNER_ID]);
+    }
+
+    #[test]
+    fn dev_model_flags_map_onto_the_dev_section() {
+        let args = dev_args(&[
+            "--model-url",
+            "http://127.0.0.1:11434/v1",
+            "--model",
+            "llama3.2",
+            "--model-key-env",
+            "OLLAMA_KEY",
+            "--model-key-env",
+            "TOOL_TOKEN",
+            "--model-context-window",
+            "32768",
+        ]);
+        let mut config = ConfigLoader::new()
+            .without_file()
+            .overrides(args.overrides().unwrap().0)
+            .load()
+            .unwrap();
+        let model = config.dev.default_model().expect("a dev model");
+        assert_eq!(model.base_url, "http://127.0.0.1:11434/v1");
+        assert_eq!(model.model, "llama3.2");
+        assert_eq!(
+            model.api_key_env.as_deref(),
+            Some("OLLAMA_KEY"),
+            "the first key"
+        );
+        assert_eq!(model.context_window.map(|w| w.get()), Some(32_768));
+        args.widen(&mut config).unwrap();
+        assert_eq!(config.secrets.allow, ["OLLAMA_KEY", "TOOL_TOKEN"]);
+
+        // Without the flags, nothing is set: the default agent stays echo.
+        let config = ConfigLoader::new()
+            .without_file()
+            .overrides(dev_args(&[]).overrides().unwrap().0)
+            .load()
+            .unwrap();
+        assert_eq!(config.dev.default_model(), None);
+        // One without the other is refused when parsing the command line.
+        for half in [&["--model", "m"][..], &["--model-url", "http://h/v1"][..]] {
+            let mut argv = vec!["switchboard", "dev"];
+            argv.extend_from_slice(half);
+            assert!(Cli::try_parse_from(&argv).is_err(), "{half:?}");
+        }
+    }
+
+    #[test]
+    fn a_dev_model_key_from_the_file_is_allowed_as_a_secret() {
+        let mut config = ConfigLoader::new()
+            .without_file()
+            .set("dev.model_url", "https://api.openai.com/v1")
+            .set("dev.model", "gpt-4o-mini")
+            .set("dev.model_key_env", "OPENAI_API_KEY")
+            .load()
+            .unwrap();
+        let said = dev_args(&[]).widen(&mut config).unwrap();
+        assert_eq!(config.secrets.allow, ["OPENAI_API_KEY"]);
+        assert!(
+            said.iter().any(|l| l.contains("OPENAI_API_KEY")),
+            "{said:?}"
+        );
+    }
+
+    #[test]
+    fn the_banner_says_which_agent_answers_and_on_what_model() {
+        use switchboard::default_agent::ModelReport;
+        let id = sb_protocol::ids::AgentId::new();
+        let echo = agent_lines(&DefaultAgentReport {
+            agent_id: Some(id),
+            runner_id: Some(ECHO_RUNNER_ID.into()),
+            change: Change::Created,
+            model: None,
+        });
+        assert!(
+            echo.contains(&format!(
+                "default ({id}) (created) answers message.received with {ECHO_RUNNER_ID}"
+            )),
+            "{echo}"
+        );
+        assert!(
+            echo.contains("model     none: the default agent echoes"),
+            "{echo}"
+        );
+        assert!(echo.contains("--model-url URL --model NAME"), "{echo}");
+        let local = agent_lines(&DefaultAgentReport {
+            agent_id: Some(id),
+            runner_id: Some(LOCAL_AGENT_RUNNER_ID.into()),
+            change: Change::Unchanged,
+            model: Some(ModelReport {
+                model_id: uuid::Uuid::nil(),
+                model: "llama3.2".into(),
+                base_url: "http://127.0.0.1:11434/v1".into(),
+            }),
+        });
+        assert!(
+            local.contains(&format!(
+                "answers message.received with {LOCAL_AGENT_RUNNER_ID}"
+            )),
+            "{local}"
+        );
+        assert!(
+            local.contains("model     llama3.2 at http://127.0.0.1:11434/v1"),
+            "{local}"
+        );
+        let theirs = agent_lines(&DefaultAgentReport {
+            agent_id: None,
+            runner_id: None,
+            change: Change::NotManaged,
+            model: None,
+        });
+        assert!(
+            theirs.contains("the workspace's own agents answer"),
+            "{theirs}"
+        );
     }
 
     #[test]
@@ -722,6 +933,13 @@ mod tests {
             cli.command,
             Command::Runner(RunnerArgs {
                 name: BuiltinRunner::Echo
+            })
+        ));
+        let cli = Cli::try_parse_from(["switchboard", "runner", "local-agent"]).unwrap();
+        assert!(matches!(
+            cli.command,
+            Command::Runner(RunnerArgs {
+                name: BuiltinRunner::LocalAgent
             })
         ));
         assert!(Cli::try_parse_from(["switchboard", "runner", "nope"]).is_err());

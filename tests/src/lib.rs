@@ -649,67 +649,33 @@ impl SseFrame {
     }
 }
 
-/// Incremental parser of a `text/event-stream` body (the WHATWG rules the gateway needs:
-/// `LF`, `CRLF` or `CR` line ends, comments, `field: value` with one optional space, frames
-/// ended by a blank line; frames without data are dropped).
+/// Incremental parser of a `text/event-stream` body: the workspace's one event-stream reader
+/// ([`sb_common::sse::SseParser`], the WHATWG rules: `LF`, `CRLF` or `CR` line ends,
+/// comments, multi-line data, a last event id that persists, frames without data dropped),
+/// handing out [`SseFrame`]s. A line or event over its cap fails the test.
 #[derive(Debug, Default)]
 pub struct SseParser {
-    buffer: Vec<u8>,
-    frame: SseFrame,
-    data_lines: Vec<String>,
+    inner: sb_common::sse::SseParser,
+    scratch: Vec<sb_common::sse::SseEvent>,
 }
 
 impl SseParser {
     /// Feeds bytes; returns the frames they complete.
     pub fn push(&mut self, bytes: &[u8]) -> Vec<SseFrame> {
-        self.buffer.extend_from_slice(bytes);
-        let mut frames = Vec::new();
-        while let Some(end) = self.buffer.iter().position(|&b| b == b'\n' || b == b'\r') {
-            // A CR at the very end may be the first half of a CRLF: wait for more bytes.
-            if self.buffer[end] == b'\r' && end + 1 == self.buffer.len() {
-                break;
-            }
-            let skip = if self.buffer[end] == b'\r' && self.buffer.get(end + 1) == Some(&b'\n') {
-                2
-            } else {
-                1
-            };
-            let line: Vec<u8> = self.buffer.drain(..end + skip).take(end).collect();
-            let line = String::from_utf8_lossy(&line).into_owned();
-            if let Some(frame) = self.line(&line) {
-                frames.push(frame);
-            }
+        if let Err(error) = self.inner.push(bytes, &mut self.scratch) {
+            panic!("the event stream broke the parser: {error}");
         }
-        frames
+        self.scratch.drain(..).map(SseFrame::from).collect()
     }
+}
 
-    fn line(&mut self, line: &str) -> Option<SseFrame> {
-        if line.is_empty() {
-            let mut frame = std::mem::take(&mut self.frame);
-            let data = std::mem::take(&mut self.data_lines);
-            if data.is_empty() {
-                return None;
-            }
-            frame.data = data.join("\n");
-            if frame.event.is_empty() {
-                frame.event = "message".to_owned();
-            }
-            return Some(frame);
+impl From<sb_common::sse::SseEvent> for SseFrame {
+    fn from(event: sb_common::sse::SseEvent) -> Self {
+        Self {
+            id: event.id,
+            event: event.event,
+            data: event.data,
         }
-        if line.starts_with(':') {
-            return None;
-        }
-        let (field, value) = match line.split_once(':') {
-            Some((field, value)) => (field, value.strip_prefix(' ').unwrap_or(value)),
-            None => (line, ""),
-        };
-        match field {
-            "data" => self.data_lines.push(value.to_owned()),
-            "event" => self.frame.event = value.to_owned(),
-            "id" => self.frame.id = Some(value.to_owned()),
-            _ => {}
-        }
-        None
     }
 }
 
@@ -842,11 +808,26 @@ mod tests {
     #[test]
     fn frames_without_data_and_default_event_names() {
         let mut parser = SseParser::default();
-        assert!(parser.push(b"id: 7\nevent: nothing\n\n").is_empty());
+        assert!(parser.push(b"event: nothing\n\n").is_empty());
         let frames = parser.push(b"data: hi\n\n");
         assert_eq!(frames[0].event, "message");
         assert_eq!(frames[0].id, None);
         assert!(!frames[0].is_terminal());
+        // The last event id persists (WHATWG), also across a block without data.
+        assert!(parser.push(b"id: 7\n\n").is_empty());
+        assert_eq!(parser.push(b"data: again\n\n")[0].id.as_deref(), Some("7"));
+    }
+
+    #[test]
+    fn cr_only_streams_end_their_last_frame() {
+        let text = "id: 1\revent: run.completed\rdata: {}\r\r";
+        for split in 0..=text.len() {
+            let mut parser = SseParser::default();
+            let mut frames = parser.push(&text.as_bytes()[..split]);
+            frames.extend(parser.push(&text.as_bytes()[split..]));
+            assert_eq!(frames.len(), 1, "split at {split}");
+            assert!(frames[0].is_terminal());
+        }
     }
 
     #[test]

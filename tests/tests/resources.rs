@@ -559,7 +559,7 @@ async fn happy_path(scene: &Scene<'_>) -> RunId {
 
     let hits = ok(&o[7])["results"].as_array().expect("results");
     let titles: Vec<&str> = hits.iter().filter_map(|h| h["title"].as_str()).collect();
-    assert_eq!(titles, vec!["leave"], "only the document with both words");
+    assert_eq!(titles, vec!["leave"], "only the document with those words");
     assert!(
         hits[0]["score"].as_f64().is_some_and(|s| s > 0.0),
         "{hits:?}"

@@ -99,6 +99,10 @@ pub enum EndCause {
     TimedOut,
     /// The process died with the run in flight.
     Crashed { detail: String },
+    /// A `shared` process exited cleanly (status 0) with the run in flight: no crash, but the
+    /// run was left unfinished, so it fails like a crash (`runner.crashed`) with a message
+    /// that says what happened.
+    ExitedMidRun { detail: String },
     /// The process broke the wire protocol in a way attributable to this run.
     ProtocolError { detail: String },
     /// The worker stopped hosting the run (forced shutdown).
@@ -300,6 +304,10 @@ impl RunSequencer {
                 run_failure::RUNNER_CRASHED,
                 format!("runner process crashed: {detail}"),
             ),
+            EndCause::ExitedMidRun { detail } => self.terminal_failure(
+                run_failure::RUNNER_CRASHED,
+                format!("runner process exited while runs were active ({detail})"),
+            ),
             EndCause::ProtocolError { detail } => {
                 self.terminal_failure(run_failure::RUNNER_PROTOCOL_ERROR, detail)
             }
@@ -483,6 +491,13 @@ mod tests {
             (
                 EndCause::Crashed {
                     detail: "signal 9".into(),
+                },
+                "runner.crashed",
+                false,
+            ),
+            (
+                EndCause::ExitedMidRun {
+                    detail: "exit status 0".into(),
                 },
                 "runner.crashed",
                 false,

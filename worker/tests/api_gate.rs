@@ -268,6 +268,52 @@ async fn a_runner_process_gets_the_host_version_through_the_gate() {
     h.stop().await;
 }
 
+/// Calls the host can answer only with an error — malformed params, an unknown action, no
+/// `run_id` — are answered with their code through the real gate and dispatcher, with the
+/// call's id echoed as written, and the run completes normally.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn unacceptable_calls_are_answered_and_the_run_goes_on() {
+    let mut h = support::Harness::start(|_, _| {}).await;
+    let lines = json!([
+        {"op": "api", "id": 1, "run_id": "$RUN", "action": "get_host_version", "params": 5},
+        {"op": "api", "id": "2", "run_id": "$RUN", "action": "teleport", "params": {}},
+        {"op": "api", "id": 3, "action": "get_host_version", "params": {}},
+        {"op": "api", "id": 4, "run_id": "$RUN", "action": "get_host_version"},
+    ]);
+    let job = h
+        .prepare_run(support::SCRIPTED, &format!("wire 4 {lines}"))
+        .await;
+    h.publish_job(&job).await;
+    let results = h.results_until_terminal().await;
+    let last = results.last().unwrap();
+    assert_eq!(
+        last.result.known_type(),
+        Some(sb_protocol::result::ResultType::RunCompleted),
+        "{results:?}"
+    );
+    let report = results
+        .iter()
+        .find(|m| m.result.known_type() == Some(sb_protocol::result::ResultType::MessageCompleted))
+        .unwrap();
+    let answers: Vec<Value> =
+        serde_json::from_str(report.result.data["message"]["content"].as_str().unwrap()).unwrap();
+    let code_of = |id: Value| {
+        let answer = answers
+            .iter()
+            .find(|a| a["id"] == id)
+            .unwrap_or_else(|| panic!("no answer for {id}: {answers:?}"));
+        answer["error"]["code"].clone()
+    };
+    assert_eq!(code_of(json!(1)), "invalid_argument");
+    assert_eq!(code_of(json!("2")), "not_found");
+    assert_eq!(code_of(json!(3)), "invalid_argument");
+    let ok = answers.iter().find(|a| a["id"] == 4).unwrap();
+    assert_eq!(ok["ok"], true, "{ok}");
+    assert!(ok["id"].is_u64(), "the integer id comes back as an integer");
+    assert_eq!(ok["data"]["version"], HOST_VERSION);
+    h.stop().await;
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_runner_process_is_checked_against_the_session_in_order() {
     let mut h = support::Harness::start(|_, _| {}).await;

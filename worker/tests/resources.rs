@@ -74,6 +74,31 @@ fn sse(events: &[&str]) -> Response {
     ([("content-type", "text/event-stream")], body).into_response()
 }
 
+/// The `hello` stream of [`chat`] as a provider may frame it: CRLF and CR-only line ends, one
+/// JSON chunk spread over two `data:` lines, comments, `id` and `retry` lines — sent in 7-byte
+/// pieces, so line ends (a CRLF pair included) and UTF-8 sequences are split across reads.
+fn framed_sse(usage: &Value) -> Response {
+    let body = format!(
+        ": connected\r\n\r\n\
+         retry: 1000\r\nid: 1\r\ndata: {{\"choices\":[{{\"delta\":\r\n\
+         data: {{\"role\":\"assistant\",\"content\":\"hél\"}}}}]}}\r\n\r\n\
+         data: {{\"choices\":[{{\"delta\":{{\"content\":\"lo\"}}}}]}}\r\r\
+         : keep-alive\n\n\
+         data: {{\"choices\":[],\"usage\":{usage}}}\n\n\
+         data: [DONE]\r\r"
+    );
+    let pieces: Vec<Result<bytes::Bytes, std::convert::Infallible>> = body
+        .into_bytes()
+        .chunks(7)
+        .map(|piece| Ok(bytes::Bytes::copy_from_slice(piece)))
+        .collect();
+    (
+        [("content-type", "text/event-stream")],
+        axum::body::Body::from_stream(futures::stream::iter(pieces)),
+    )
+        .into_response()
+}
+
 async fn chat(State(seen): State<Arc<Seen>>, headers: HeaderMap, body: String) -> Response {
     check_auth(
         &seen,
@@ -108,6 +133,7 @@ async fn chat(State(seen): State<Arc<Seen>>, headers: HeaderMap, body: String) -
         }))
         .into_response(),
         ("badsse", true) => sse(&[r#"{"choices":[{"delta":{"content":"ok"}}]}"#, "{not json"]),
+        ("framed", true) => framed_sse(&usage),
         ("tools", true) => sse(&[
             r#"{"choices":[{"delta":{"role":"assistant","tool_calls":[{"index":0,"id":"call_9","function":{"name":"weather","arguments":""}}]}}]}"#,
             r#"{"choices":[{"delta":{"tool_calls":[{"index":0,"function":{"arguments":"{\"city\":"}}]}}]}"#,
@@ -234,6 +260,7 @@ async fn fixture() -> (Fx, Ids) {
         ("slow", ModelKind::Llm),
         ("hang", ModelKind::Llm),
         ("badsse", ModelKind::Llm),
+        ("framed", ModelKind::Llm),
         ("rr", ModelKind::Rerank),
     ] {
         let m = r
@@ -553,6 +580,30 @@ async fn configured_max_attempts_bound_the_provider_calls() {
     }
 }
 
+/// The provider's stream is read as server-sent events by the book, whatever its framing.
+#[tokio::test]
+async fn invoke_llm_stream_reads_any_event_stream_framing() {
+    let (f, ids) = fixture().await;
+    let s = ids.snap(json!({}));
+    let (tx, mut rx) = mpsc::channel(64);
+    let done = f
+        .call_with(
+            &s,
+            "invoke_llm_stream",
+            json!({"model_id": ids.model("framed"), "messages": messages()}),
+            &ApiStream::new(1u64, tx),
+        )
+        .await
+        .unwrap();
+    assert_eq!(done["message"]["content"], "héllo");
+    assert_eq!(done["usage"]["total_tokens"], 5);
+    let mut chunks = Vec::new();
+    while let Ok(HostToRunner::ApiChunk { data, .. }) = rx.try_recv() {
+        chunks.push(data["chunk"]["content"].as_str().unwrap().to_owned());
+    }
+    assert_eq!(chunks, vec!["hél", "lo"]);
+}
+
 #[tokio::test]
 async fn invoke_llm_stream_forwards_chunks_and_ends_with_usage() {
     let (f, ids) = fixture().await;
@@ -572,7 +623,7 @@ async fn invoke_llm_stream_forwards_chunks_and_ends_with_usage() {
     assert_eq!(done["message"]["content"], "hello");
     let mut chunks = Vec::new();
     while let Ok(HostToRunner::ApiChunk { id, data }) = rx.try_recv() {
-        assert_eq!(id, "7");
+        assert_eq!(id.as_str(), Some("7"));
         chunks.push(data["chunk"]["content"].as_str().unwrap().to_owned());
     }
     assert_eq!(chunks, vec!["hel", "lo"]);
@@ -1128,10 +1179,23 @@ async fn knowledge_retrieval_ranks_and_respects_grants() {
         .await
         .unwrap();
     let results = r["results"].as_array().unwrap();
-    assert_eq!(results.len(), 1, "{r}");
+    // Any word matches: the chunk with both words first, then the one with "Leave" only.
+    assert_eq!(results.len(), 2, "{r}");
     assert_eq!(results[0]["title"], "leave");
-    assert!(results[0]["score"].as_f64().unwrap() > 0.0);
+    assert_eq!(results[1]["title"], "travel");
+    assert_eq!(results[0]["score"].as_f64().unwrap().floor(), 2.0, "{r}");
+    assert_eq!(results[1]["score"].as_f64().unwrap().floor(), 1.0, "{r}");
     assert!(results[0]["document_id"].is_string());
+    // Stemmed: a plural finds the singular.
+    let r = f
+        .call(
+            &s,
+            "retrieve_knowledge",
+            json!({"kb_id": ids.kb, "query_text": "How many leaves does an employee get?"}),
+        )
+        .await
+        .unwrap();
+    assert_eq!(r["results"][0]["title"], "leave", "{r}");
 
     let r = f
         .call(

@@ -799,3 +799,255 @@ async fn an_idle_process_of_another_workspace_makes_room_at_the_cap() {
     assert_ne!(again, first);
     host.shutdown(Duration::from_secs(2)).await;
 }
+
+// ---------------------------------------------------------------------------------------------
+// A forgiving, exact wire: call ids, refused calls, one answer per call.
+// ---------------------------------------------------------------------------------------------
+
+/// `hold` answers after 300 ms (counting the holds that ran to the end); `jitter` yields a
+/// few times before answering, so its answer races the end of its run; anything else is
+/// [`BasicHostApi`].
+#[derive(Default)]
+struct Holder {
+    holds_finished: std::sync::atomic::AtomicUsize,
+    jitter: std::sync::atomic::AtomicUsize,
+}
+
+#[async_trait]
+impl HostApi for Holder {
+    async fn call(
+        &self,
+        caller: &CallerIdentity,
+        run_id: RunId,
+        action: &str,
+        params: Value,
+        stream: &ApiStream,
+    ) -> Result<Value, AgentApiError> {
+        use std::sync::atomic::Ordering;
+        match action {
+            "hold" => {
+                tokio::time::sleep(Duration::from_millis(300)).await;
+                self.holds_finished.fetch_add(1, Ordering::SeqCst);
+                Ok(json!({"held": true}))
+            }
+            "jitter" => {
+                for _ in 0..self.jitter.fetch_add(1, Ordering::Relaxed) % 7 {
+                    tokio::task::yield_now().await;
+                }
+                Ok(json!({"jittered": true}))
+            }
+            _ => {
+                BasicHostApi
+                    .call(caller, run_id, action, params, stream)
+                    .await
+            }
+        }
+    }
+}
+
+/// The runner's `wire` report: the host answers the scripted runner received.
+fn wire_answers(items: &[RunItem]) -> Vec<Value> {
+    serde_json::from_str(&reported(items)).expect("a JSON array of answers")
+}
+
+fn api_line(id: Value, action: &str) -> Value {
+    json!({"op": "api", "id": id, "run_id": "$RUN", "action": action, "params": {}})
+}
+
+#[tokio::test]
+async fn call_ids_are_echoed_exactly_and_unacceptable_calls_are_answered() {
+    let host = shared();
+    let lines = json!([
+        api_line(json!(7), "get_host_version"),
+        api_line(json!("7"), "get_host_version"),
+        api_line(json!(-1), "teleport"),
+        {"op": "api", "id": "no-run", "action": "get_host_version", "params": {}},
+        {"op": "api", "id": 8, "run_id": "$RUN", "params": {}},
+        {"op": "api", "run_id": "$RUN", "action": "get_host_version"},
+        {"op": "api", "id": 9, "run_id": RunId::new(), "action": "get_host_version"},
+    ]);
+    let items = run(&host, &format!("wire 7 {lines}")).await;
+    // The run went on: the report and run.completed arrived, nothing failed it.
+    assert_eq!(
+        types(&items),
+        vec!["message.completed", "run.completed"],
+        "{items:#?}"
+    );
+    let answers = wire_answers(&items);
+    assert_eq!(answers.len(), 7, "{answers:#?}");
+    let by_id = |id: Value| -> &Value {
+        answers
+            .iter()
+            .find(|a| a["id"] == id)
+            .unwrap_or_else(|| panic!("no answer for {id}: {answers:#?}"))
+    };
+    // 7 and "7" are two calls, each answered with its own id, type kept.
+    assert!(by_id(json!(7))["id"].is_u64());
+    assert_eq!(by_id(json!(7))["ok"], true);
+    assert!(by_id(json!("7"))["id"].is_string());
+    assert_eq!(by_id(json!("7"))["ok"], true);
+    assert_eq!(by_id(json!(-1))["error"]["code"], "not_found");
+    assert_eq!(
+        by_id(json!(-1))["error"]["message"],
+        "unknown host api action `teleport`"
+    );
+    assert_eq!(by_id(json!("no-run"))["error"]["code"], "invalid_argument");
+    assert_eq!(
+        by_id(json!("no-run"))["error"]["message"],
+        "api call has no string `run_id`"
+    );
+    assert_eq!(by_id(json!(8))["error"]["code"], "invalid_argument");
+    assert_eq!(
+        by_id(json!(8))["error"]["message"],
+        "api call has no string `action`"
+    );
+    // Without an id the refusal is addressed to `null` (JSON-RPC's rule).
+    assert_eq!(by_id(Value::Null)["error"]["code"], "invalid_argument");
+    assert_eq!(by_id(json!(9))["error"]["code"], "not_found");
+    // The process is the same and serves the next run normally.
+    let pid = host.shared_pid(&default_ws()).unwrap();
+    assert_eq!(
+        types(&run(&host, "fine").await).last(),
+        Some(&"run.completed")
+    );
+    assert_eq!(host.shared_pid(&default_ws()), Some(pid));
+    host.shutdown(Duration::from_secs(2)).await;
+}
+
+#[tokio::test]
+async fn a_call_id_in_flight_cannot_be_reused_until_it_is_answered() {
+    let holder = Arc::new(Holder::default());
+    let host = host_for("tests/runners/test-shared", holder.clone());
+    let lines = json!([
+        api_line(json!(1), "hold"),
+        api_line(json!(1), "get_host_version")
+    ]);
+    let items = run(&host, &format!("wire 2 {lines}")).await;
+    let answers = wire_answers(&items);
+    assert_eq!(answers.len(), 2, "{answers:#?}");
+    // The second call is refused at once; the first is neither aborted nor disturbed.
+    assert_eq!(answers[0]["id"], 1);
+    assert_eq!(answers[0]["ok"], false);
+    assert_eq!(answers[0]["error"]["code"], "conflict");
+    assert_eq!(answers[0]["error"]["details"]["id"], 1);
+    assert_eq!(answers[1]["id"], 1);
+    assert_eq!(answers[1]["ok"], true, "{answers:#?}");
+    assert_eq!(answers[1]["data"]["held"], true);
+    assert_eq!(
+        holder
+            .holds_finished
+            .load(std::sync::atomic::Ordering::SeqCst),
+        1
+    );
+    // Once answered, the id is free again.
+    let lines = json!([api_line(json!(1), "get_host_version")]);
+    let answers = wire_answers(&run(&host, &format!("wire 1 {lines}")).await);
+    assert_eq!(answers.len(), 1, "{answers:#?}");
+    assert_eq!(answers[0]["ok"], true);
+    host.shutdown(Duration::from_secs(2)).await;
+}
+
+#[tokio::test]
+async fn a_call_in_flight_when_its_run_ends_is_aborted_and_answered_once() {
+    let holder = Arc::new(Holder::default());
+    let host = host_for("tests/runners/test-shared", holder.clone());
+    let completed = json!({"op": "result", "run_id": "$RUN",
+        "result": {"type": "run.completed", "data": {"finish_reason": "stop"}}});
+    let items = run(
+        &host,
+        &format!(
+            "wire 0 {}",
+            json!([api_line(json!("h"), "hold"), completed])
+        ),
+    )
+    .await;
+    assert_eq!(types(&items), vec!["run.completed"]);
+    // Well past the hold: the aborted call never finished, and was answered exactly once.
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let answers = wire_answers(&run(&host, "answers").await);
+    assert_eq!(answers.len(), 1, "{answers:#?}");
+    assert_eq!(answers[0]["id"], "h");
+    assert_eq!(answers[0]["error"]["code"], "not_found");
+    assert_eq!(
+        holder
+            .holds_finished
+            .load(std::sync::atomic::Ordering::SeqCst),
+        0
+    );
+    host.shutdown(Duration::from_secs(2)).await;
+}
+
+/// The end of a run races the answers of its calls: whichever comes first, each call gets
+/// exactly one answer (the real one, or `not_found`), never both.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_call_is_answered_exactly_once_when_its_run_ends_meanwhile() {
+    let host = host_for("tests/runners/test-shared", Arc::new(Holder::default()));
+    let completed = json!({"op": "result", "run_id": "$RUN",
+        "result": {"type": "run.completed", "data": {"finish_reason": "stop"}}});
+    let mut ids = Vec::new();
+    let mut handles = Vec::new();
+    for round in 0..40 {
+        let mut lines: Vec<Value> = (0..5)
+            .map(|k| api_line(json!(format!("$RUN-{k}")), "jitter"))
+            .collect();
+        lines.push(completed.clone());
+        let handle = start(&host, &format!("wire 0 {}", Value::Array(lines))).await;
+        ids.extend((0..5).map(|k| format!("{}-{k}", handle.run_id())));
+        handles.push(tokio::spawn(collect(handle)));
+        if round % 8 == 7 {
+            for handle in handles.drain(..) {
+                handle.await.unwrap();
+            }
+        }
+    }
+    for handle in handles {
+        handle.await.unwrap();
+    }
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let answers = wire_answers(&run(&host, "answers").await);
+    let mut per_id: HashMap<String, usize> = HashMap::new();
+    let (mut served, mut ended) = (0, 0);
+    for answer in &answers {
+        assert_eq!(answer["op"], "api_result", "{answer}");
+        *per_id
+            .entry(answer["id"].as_str().unwrap().to_owned())
+            .or_default() += 1;
+        if answer["ok"] == true {
+            served += 1;
+        } else {
+            assert_eq!(answer["error"]["code"], "not_found", "{answer}");
+            ended += 1;
+        }
+    }
+    for id in &ids {
+        assert_eq!(per_id.get(id), Some(&1), "answers of {id}: {answers:#?}");
+    }
+    assert_eq!(per_id.len(), ids.len());
+    println!("{served} calls served, {ended} answered not_found by the end of their run");
+    host.shutdown(Duration::from_secs(2)).await;
+}
+
+#[tokio::test]
+async fn a_shared_process_exiting_cleanly_mid_run_is_not_called_a_crash() {
+    let host = shared();
+    let bystander = start(&host, "cancellable").await;
+    let items = run(&host, "exit0").await;
+    assert_eq!(types(&items), vec!["message.delta", "run.failed"]);
+    assert_eq!(failure(&items), Some("runner.crashed"));
+    assert_eq!(
+        items[1].result.data["error"],
+        "runner process exited while runs were active (exit status 0)"
+    );
+    let other = collect(bystander).await;
+    assert_eq!(
+        other.last().unwrap().result.data["error"],
+        "runner process exited while runs were active (exit status 0)"
+    );
+    // A real crash keeps its name.
+    let items = run(&host, "crash").await;
+    assert_eq!(
+        items.last().unwrap().result.data["error"],
+        "runner process crashed: exit status 1"
+    );
+    host.shutdown(Duration::from_secs(2)).await;
+}

@@ -632,7 +632,12 @@ mod tests {
     fn batches_decode_as_the_single_messages_they_hold() {
         let run = RunId::new();
         let ws = WorkspaceId::default_workspace();
-        let batch = ResultBatch::new(run, ws.clone(), Some("c".into()), [(1, item("a")), (2, item("b"))]);
+        let batch = ResultBatch::new(
+            run,
+            ws.clone(),
+            Some("c".into()),
+            [(1, item("a")), (2, item("b"))],
+        );
         let singles = decode_results(&encode(&batch)).unwrap();
         assert_eq!(
             singles,
@@ -649,16 +654,32 @@ mod tests {
         let refs: Vec<&ResultMessage> = singles.iter().collect();
         let deliveries = DeliveryBatch::of(&refs).unwrap();
         let decoded = decode_deliveries(&encode(&deliveries)).unwrap();
-        assert_eq!(decoded, singles.iter().cloned().map(DeliveryMessage::from).collect::<Vec<_>>());
+        assert_eq!(
+            decoded,
+            singles
+                .iter()
+                .cloned()
+                .map(DeliveryMessage::from)
+                .collect::<Vec<_>>()
+        );
         let single = DeliveryMessage::from(one.clone());
-        assert_eq!(decode_deliveries(&encode(&single)).unwrap(), vec![single.clone()]);
+        assert_eq!(
+            decode_deliveries(&encode(&single)).unwrap(),
+            vec![single.clone()]
+        );
         assert_eq!(decode_deliveries(&encode(&one)).unwrap(), vec![single]);
         assert!(DeliveryBatch::of(&[]).is_none());
         // An empty batch and another schema are refused.
         let empty = ResultBatch::new(run, ws.clone(), None, []);
-        assert!(matches!(decode_results(&encode(&empty)), Err(DecodeError::Malformed { .. })));
+        assert!(matches!(
+            decode_results(&encode(&empty)),
+            Err(DecodeError::Malformed { .. })
+        ));
         let event = EventMessage::new(ws, EventId::new());
-        assert!(matches!(decode_results(&encode(&event)), Err(DecodeError::WrongSchema { .. })));
+        assert!(matches!(
+            decode_results(&encode(&event)),
+            Err(DecodeError::WrongSchema { .. })
+        ));
     }
 
     #[test]

@@ -26,11 +26,19 @@
 //! The `caller_plugin_identity` of a Host API call is deliberately absent from
 //! [`RunnerToHost::Api`]: the worker derives the caller from the process connection, never from
 //! the message (SPEC §8).
+//!
+//! # Call ids
+//! A Host API call's `id` is chosen by the runner: a JSON string or an integer, as JSON-RPC
+//! clients are used to ([`ApiCallId`]). The host echoes it back exactly as written — `7` is
+//! answered as `7` and `"7"` as `"7"`, which are two different ids — so a runner can route
+//! answers with whatever key type it used. An answer to a call whose id could not be read
+//! at all carries `id: null` (JSON-RPC's rule for the same case).
 
 use std::fmt;
 
+use serde::de::{self, Visitor};
 use serde::{Deserialize, Deserializer, Serialize, Serializer};
-use serde_json::Value;
+use serde_json::{Number, Value};
 
 use crate::context::AgentRunContext;
 use crate::error::AgentApiError;
@@ -59,9 +67,117 @@ pub enum HostToRunner {
     ApiResult(ApiResult),
     /// One streamed part of a Host API answer (e.g. `invoke_llm_stream`); zero or more chunks
     /// precede the [`HostToRunner::ApiResult`] with the same `id`.
-    ApiChunk { id: String, data: Value },
+    ApiChunk { id: ApiCallId, data: Value },
     /// The process should finish its in-flight work and exit.
     Shutdown {},
+}
+
+/// The id of one Host API call: the runner's choice of a JSON string or integer, kept
+/// exactly (see the module docs). Integers are those JSON can carry exactly as 64-bit
+/// integers (`-2^63 ..= 2^64 - 1`); a fraction, a boolean, `null`, an array or an object is
+/// not an id.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub enum ApiCallId {
+    /// A string id, e.g. `"7"` or `"call-3"`.
+    Text(String),
+    /// An integer id, e.g. `7`; always an integer (never a fraction).
+    Int(Number),
+}
+
+impl ApiCallId {
+    /// The id in `value`, if it is a string or an integer.
+    #[must_use]
+    pub fn from_json(value: &Value) -> Option<Self> {
+        match value {
+            Value::String(s) => Some(Self::Text(s.clone())),
+            Value::Number(n) if n.is_i64() || n.is_u64() => Some(Self::Int(n.clone())),
+            _ => None,
+        }
+    }
+
+    /// The string, for a [`ApiCallId::Text`] id.
+    #[must_use]
+    pub fn as_str(&self) -> Option<&str> {
+        match self {
+            Self::Text(s) => Some(s),
+            Self::Int(_) => None,
+        }
+    }
+}
+
+impl From<String> for ApiCallId {
+    fn from(s: String) -> Self {
+        Self::Text(s)
+    }
+}
+
+impl From<&str> for ApiCallId {
+    fn from(s: &str) -> Self {
+        Self::Text(s.to_owned())
+    }
+}
+
+impl From<u64> for ApiCallId {
+    fn from(n: u64) -> Self {
+        Self::Int(n.into())
+    }
+}
+
+impl From<i64> for ApiCallId {
+    fn from(n: i64) -> Self {
+        Self::Int(n.into())
+    }
+}
+
+/// The id as JSON (`"7"` or `7`), so a log line shows which of the two a runner sent.
+impl fmt::Display for ApiCallId {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Self::Text(s) => write!(f, "{}", Value::String(s.clone())),
+            Self::Int(n) => write!(f, "{n}"),
+        }
+    }
+}
+
+impl Serialize for ApiCallId {
+    fn serialize<S: Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        match self {
+            Self::Text(s) => serializer.serialize_str(s),
+            Self::Int(n) => n.serialize(serializer),
+        }
+    }
+}
+
+impl<'de> Deserialize<'de> for ApiCallId {
+    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        struct IdVisitor;
+
+        impl Visitor<'_> for IdVisitor {
+            type Value = ApiCallId;
+
+            fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                f.write_str("a string or an integer")
+            }
+
+            fn visit_str<E: de::Error>(self, v: &str) -> Result<ApiCallId, E> {
+                Ok(ApiCallId::Text(v.to_owned()))
+            }
+
+            fn visit_string<E: de::Error>(self, v: String) -> Result<ApiCallId, E> {
+                Ok(ApiCallId::Text(v))
+            }
+
+            fn visit_i64<E: de::Error>(self, v: i64) -> Result<ApiCallId, E> {
+                Ok(ApiCallId::Int(v.into()))
+            }
+
+            fn visit_u64<E: de::Error>(self, v: u64) -> Result<ApiCallId, E> {
+                Ok(ApiCallId::Int(v.into()))
+            }
+        }
+
+        deserializer.deserialize_any(IdVisitor)
+    }
 }
 
 /// The answer to one Host API call: `{id, ok: true, data}` or `{id, ok: false, error}`.
@@ -71,8 +187,11 @@ pub enum HostToRunner {
 /// touching the fields.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct ApiResult {
-    /// The `id` of the [`RunnerToHost::Api`] call this answers.
-    pub id: String,
+    /// The `id` of the [`RunnerToHost::Api`] call this answers, exactly as the runner wrote
+    /// it. `None` (written as `null`) only for the refusal of a call whose id was missing or
+    /// not a string or an integer ([`ApiResult::unaddressed`]).
+    #[serde(default)]
+    pub id: Option<ApiCallId>,
     pub ok: bool,
     /// The answer when `ok` is true (absent reads as `null`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -85,9 +204,9 @@ pub struct ApiResult {
 impl ApiResult {
     /// A successful answer.
     #[must_use]
-    pub fn success(id: impl Into<String>, data: Value) -> Self {
+    pub fn success(id: impl Into<ApiCallId>, data: Value) -> Self {
         Self {
-            id: id.into(),
+            id: Some(id.into()),
             ok: true,
             data: Some(data),
             error: None,
@@ -96,9 +215,21 @@ impl ApiResult {
 
     /// A failed answer.
     #[must_use]
-    pub fn failure(id: impl Into<String>, error: AgentApiError) -> Self {
+    pub fn failure(id: impl Into<ApiCallId>, error: AgentApiError) -> Self {
         Self {
-            id: id.into(),
+            id: Some(id.into()),
+            ok: false,
+            data: None,
+            error: Some(error),
+        }
+    }
+
+    /// The refusal of a call that cannot be addressed: its `id` was missing or neither a
+    /// string nor an integer. Written with `id: null`, which no runner call can be waiting on.
+    #[must_use]
+    pub fn unaddressed(error: AgentApiError) -> Self {
+        Self {
+            id: None,
             ok: false,
             data: None,
             error: Some(error),
@@ -107,7 +238,7 @@ impl ApiResult {
 
     /// Builds the answer from a call outcome.
     #[must_use]
-    pub fn from_result(id: impl Into<String>, outcome: Result<Value, AgentApiError>) -> Self {
+    pub fn from_result(id: impl Into<ApiCallId>, outcome: Result<Value, AgentApiError>) -> Self {
         match outcome {
             Ok(data) => Self::success(id, data),
             Err(error) => Self::failure(id, error),
@@ -140,10 +271,15 @@ pub enum RunnerToHost {
     Result { run_id: String, result: Value },
     /// The runner's result stream for `run_id` ended.
     Done { run_id: String },
-    /// A Host API call on behalf of `run_id`. `id` is chosen by the runner and must be unique
-    /// among its in-flight calls; the answer carries the same `id`.
+    /// A Host API call on behalf of `run_id`. `id` is chosen by the runner (a string or an
+    /// integer) and must be unique among the process's calls in flight; the answer carries the
+    /// same `id`, of the same JSON type.
+    ///
+    /// This is the shape of a well-formed call. A line with `op: "api"` that does not fit it
+    /// (no `run_id`, an `id` of another type, …) is still a call the host answers, with an
+    /// error: the worker's decoder reads such lines leniently instead of failing them.
     Api {
-        id: String,
+        id: ApiCallId,
         run_id: String,
         action: String,
         #[serde(default)]
@@ -343,6 +479,56 @@ mod tests {
         );
         let back: HostToRunner = serde_json::from_value(json!({"op": "shutdown"})).unwrap();
         assert_eq!(back, HostToRunner::Shutdown {});
+    }
+
+    #[test]
+    fn call_ids_are_strings_or_integers_and_round_trip_exactly() {
+        for (wire, id) in [
+            (json!("7"), ApiCallId::from("7")),
+            (json!(7), ApiCallId::from(7u64)),
+            (json!(-3), ApiCallId::from(-3i64)),
+            (json!(u64::MAX), ApiCallId::from(u64::MAX)),
+        ] {
+            let line =
+                json!({"op": "api", "id": wire, "run_id": "r", "action": "ping", "params": {}});
+            let parsed: RunnerToHost = serde_json::from_value(line.clone()).unwrap();
+            assert!(matches!(&parsed, RunnerToHost::Api { id: got, .. } if *got == id));
+            assert_eq!(serde_json::to_value(&parsed).unwrap(), line);
+            // The answer echoes the id with its JSON type.
+            let answer = HostToRunner::ApiResult(ApiResult::success(id.clone(), json!({})));
+            assert_eq!(serde_json::to_value(&answer).unwrap()["id"], wire);
+            assert_eq!(ApiCallId::from_json(&wire), Some(id));
+        }
+        assert_ne!(ApiCallId::from("7"), ApiCallId::from(7u64));
+        assert_eq!(ApiCallId::from("7").to_string(), "\"7\"");
+        assert_eq!(ApiCallId::from(7u64).to_string(), "7");
+        for bad in [
+            json!(1.5),
+            json!(true),
+            json!(null),
+            json!([1]),
+            json!({"a": 1}),
+        ] {
+            let line = json!({"op": "api", "id": bad, "run_id": "r", "action": "ping"});
+            assert!(
+                serde_json::from_value::<RunnerToHost>(line).is_err(),
+                "{bad}"
+            );
+            assert_eq!(ApiCallId::from_json(&bad), None);
+        }
+    }
+
+    #[test]
+    fn an_unaddressed_answer_has_a_null_id() {
+        let answer = HostToRunner::ApiResult(ApiResult::unaddressed(AgentApiError::new(
+            crate::error::ErrorCode::InvalidArgument,
+            "no id",
+        )));
+        let value = serde_json::to_value(&answer).unwrap();
+        assert_eq!(value["id"], Value::Null);
+        assert!(value.as_object().unwrap().contains_key("id"));
+        let back: HostToRunner = serde_json::from_value(value).unwrap();
+        assert_eq!(back, answer);
     }
 
     #[test]

@@ -33,8 +33,9 @@
 //!   (`steering.injected`, `steering.dropped`), shared by the worker and the orchestrator.
 //! - [`redact`]: redaction of inline payloads in persisted copies of inputs.
 //! - [`error`]: [`StoreError`] and its code mapping.
-//! - `sql/`: [`SqlStore`] — connection setup, entities, one file per trait group, and the
-//!   FTS5 query builder.
+//! - `sql/`: [`SqlStore`] — connection setup, entities, one file per trait group, the
+//!   transcript's FTS5 query builder and the knowledge base search (stemmed, any-term,
+//!   ranked the same way on both backends).
 //! - `testing` (feature `test-util`): the `store_suite!` conformance suite and per-test
 //!   database constructors (SQLite file / in-memory, fresh Postgres schema).
 

@@ -203,7 +203,8 @@ pub struct KbSearch {
     pub workspace_id: WorkspaceId,
     /// Knowledge base.
     pub kb_id: Uuid,
-    /// User text in web-search syntax (as [`crate::TranscriptSearch::query`]).
+    /// The user's question or keywords, as typed: plain words (see
+    /// [`ResourceRegistry::search_kb`]); quotes and operators carry no meaning.
     pub query: String,
     /// Number of results, clamped to [1, 50].
     pub top_k: u64,
@@ -216,7 +217,9 @@ pub struct KbSearch {
 pub struct KbHit {
     /// The chunk text.
     pub content: String,
-    /// Relevance, higher is better; comparable only within one answer.
+    /// Relevance, higher is better; comparable only within one answer. The integer part is
+    /// the number of the query's words the chunk contains (see
+    /// [`ResourceRegistry::search_kb`]).
     pub score: f64,
     /// Document of the chunk.
     pub document_id: Uuid,
@@ -304,14 +307,31 @@ pub fn chunk_text(text: &str, max_chars: usize) -> Vec<String> {
 ///   document is either fully searchable or absent. Empty text is `invalid_argument`, text
 ///   over [`MAX_DOCUMENT_BYTES`] is `payload_too_large`, an unknown knowledge base is
 ///   `not_found`.
-/// - `search_kb` is full-text over chunk contents with the transcript search rules
-///   (Postgres `websearch_to_tsquery('simple')`, SQLite FTS5): best match first, earlier
-///   chunks first among equals; user text never causes a syntax error. An unknown knowledge
-///   base is `not_found`.
+/// - `search_kb` is full-text over chunk contents, matching the way users ask (the same
+///   contract on Postgres and SQLite):
+///   - the query is words, not syntax: split at every character that is not a letter or a
+///     digit, case-insensitive, English stop words ignored; no text is a syntax error;
+///   - words are **stemmed** on both sides (Postgres `english`, SQLite FTS5 `porter`):
+///     `refund` matches "refunds", `deleting` matches "delete";
+///   - a chunk matches if it contains **any** of the query's words;
+///   - ranking: chunks containing more of the query's distinct words first, then by the
+///     backend's relevance (BM25 on SQLite FTS5, `ts_rank_cd` on Postgres), then earlier
+///     chunks first;
+///   - [`KbHit::score`] is the number of matched words plus the relevance squashed into
+///     `[0, 1)`, so scores fall in rank order (comparable within one answer only);
+///   - a query with no searchable word answers no hits. An unknown knowledge base is
+///     `not_found`.
+///
+///   The transcript's search keeps its own, stricter rules (whole words, all of them).
 #[async_trait]
 pub trait ResourceRegistry: Send + Sync + 'static {
     /// Registers a model.
     async fn create_model(&self, model: NewModel) -> Result<ModelRecord>;
+    /// Replaces every registered field of model `model_id` of `model.workspace_id` (name,
+    /// kind, URL, model name, key variable, context window, extra args) and enables it:
+    /// `not_found` if it does not exist in that workspace, `conflict` if another model has
+    /// the new name. The id and creation time stay.
+    async fn update_model(&self, model_id: Uuid, model: NewModel) -> Result<ModelRecord>;
     /// One model.
     async fn get_model(&self, workspace_id: &WorkspaceId, model_id: Uuid) -> Result<ModelRecord>;
     /// All models of a workspace, by name.

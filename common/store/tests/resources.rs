@@ -185,6 +185,53 @@ async fn kb_ranking(db: TestDb) {
     ));
 }
 
+/// `update_model` replaces a registration in place (same id), within its workspace only.
+async fn model_updates(db: TestDb) {
+    let r = &db.stores.resources;
+    let (a, b) = (ws("a"), ws("b"));
+    let m = r.create_model(new_model(&a, "m1")).await.unwrap();
+    r.create_model(new_model(&a, "m2")).await.unwrap();
+    let mut changed = new_model(&a, "m1");
+    changed.base_url = "https://models.example/v1".into();
+    changed.model_name = "other-model".into();
+    changed.api_key_env = None;
+    changed.context_window = None;
+    changed.extra_args = None;
+    let updated = r.update_model(m.model_id, changed).await.unwrap();
+    assert_eq!(updated.model_id, m.model_id);
+    assert_eq!(updated.created_at, m.created_at);
+    assert_eq!(updated.base_url, "https://models.example/v1");
+    assert_eq!(updated.model_name, "other-model");
+    assert_eq!(updated.api_key_env, None);
+    assert_eq!(updated.context_window, None);
+    assert_eq!(updated.extra_args, json!({}));
+    assert_eq!(r.get_model(&a, m.model_id).await.unwrap(), updated);
+    assert_eq!(
+        r.list_models(&a).await.unwrap().len(),
+        2,
+        "replaced, not added"
+    );
+
+    assert!(matches!(
+        r.update_model(m.model_id, new_model(&a, "m2")).await,
+        Err(StoreError::Conflict(_))
+    ));
+    assert!(matches!(
+        r.update_model(m.model_id, new_model(&b, "m1")).await,
+        Err(StoreError::NotFound(_))
+    ));
+    assert!(matches!(
+        r.update_model(Uuid::now_v7(), new_model(&a, "m3")).await,
+        Err(StoreError::NotFound(_))
+    ));
+    let mut bad = new_model(&a, "m1");
+    bad.base_url = "ftp://x".into();
+    assert!(matches!(
+        r.update_model(m.model_id, bad).await,
+        Err(StoreError::InvalidArgument(_))
+    ));
+}
+
 macro_rules! both {
     ($name:ident, $body:ident) => {
         mod $name {
@@ -206,4 +253,5 @@ macro_rules! both {
 }
 
 both!(registry, models_tools_kbs);
+both!(model_update, model_updates);
 both!(knowledge, kb_ranking);

@@ -31,6 +31,8 @@
 //! | `grandchild` | starts `sleep 600` in its process group, reports its pid, stalls |
 //! | `slow <n>` | `n` deltas 5 ms apart, then completes |
 //! | `raw <json array>` | sends each element of the array as a result exactly as written (no `sequence` added), then `done`; a text that is not a JSON array is reported instead |
+//! | `wire <n> <json array>` | writes each element of the array as one line exactly as written, with every `$RUN` replaced by the run's id; then, if `n > 0`, takes the host answers not claimed by an `api` script (see `answers`) until `n` `api_result`s arrived (at most 10 s) and reports them as a JSON array; then completes |
+//! | `answers` | reports, as a JSON array, every `api_result` and `api_chunk` line that no `api` script waited for since the last `answers` or `wire` |
 //!
 //! "Reports" means: a `message.completed` whose content is the answer, then `run.completed`.
 
@@ -38,8 +40,8 @@ use std::collections::HashMap;
 use std::io::{self, BufRead, Write};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::mpsc;
-use std::sync::{Arc, Mutex};
-use std::time::Duration;
+use std::sync::{Arc, Condvar, Mutex};
+use std::time::{Duration, Instant};
 
 use serde_json::{Value, json};
 
@@ -49,6 +51,35 @@ struct State {
     cancels: Mutex<HashMap<String, Arc<AtomicBool>>>,
     calls: Mutex<HashMap<String, mpsc::Sender<Value>>>,
     next_call: AtomicU64,
+    /// Host answers (`api_result`, `api_chunk`) that no `api` script waited for, in arrival
+    /// order: the `wire` and `answers` scripts report them.
+    unclaimed: Mutex<Vec<Value>>,
+    unclaimed_changed: Condvar,
+}
+
+impl State {
+    fn record_unclaimed(&self, msg: Value) {
+        self.unclaimed.lock().unwrap().push(msg);
+        self.unclaimed_changed.notify_all();
+    }
+
+    /// Takes the unclaimed answers once `n` of them are `api_result`s (or after `wait`).
+    fn take_unclaimed(&self, n: usize, wait: Duration) -> Vec<Value> {
+        let deadline = Instant::now() + wait;
+        let mut unclaimed = self.unclaimed.lock().unwrap();
+        loop {
+            let results = unclaimed.iter().filter(|m| m["op"] == "api_result").count();
+            let now = Instant::now();
+            if results >= n || now >= deadline {
+                return std::mem::take(&mut *unclaimed);
+            }
+            unclaimed = self
+                .unclaimed_changed
+                .wait_timeout(unclaimed, deadline - now)
+                .unwrap()
+                .0;
+        }
+    }
 }
 
 impl State {
@@ -271,6 +302,35 @@ fn execute(run: &Run, text: &str, script_override: Option<&str>) {
             }
             run.report(&format!("slow {n}"));
         }
+        "wire" => {
+            let (n, lines) = arg.split_once(' ').unwrap_or((arg, "[]"));
+            let n: usize = n.parse().unwrap_or(0);
+            match serde_json::from_str::<Vec<Value>>(lines) {
+                Ok(lines) => {
+                    if n > 0 {
+                        // Answers left over from earlier runs are not this run's.
+                        run.state.unclaimed.lock().unwrap().clear();
+                    }
+                    for line in lines {
+                        run.state
+                            .write_line(&line.to_string().replace("$RUN", &run.id));
+                    }
+                    let answers = if n > 0 {
+                        run.state.take_unclaimed(n, Duration::from_secs(10))
+                    } else {
+                        Vec::new()
+                    };
+                    run.report(&Value::Array(answers).to_string());
+                }
+                Err(e) => run.report(&format!(
+                    "wire needs a count and a JSON array of lines: {e}"
+                )),
+            }
+        }
+        "answers" => {
+            let answers = std::mem::take(&mut *run.state.unclaimed.lock().unwrap());
+            run.report(&Value::Array(answers).to_string());
+        }
         "raw" => match serde_json::from_str::<Vec<Value>>(arg) {
             Ok(results) => {
                 for result in results {
@@ -336,9 +396,22 @@ fn main() {
                 }
             }
             Some("api_result") => {
-                let id = msg["id"].as_str().unwrap_or_default();
-                if let Some(tx) = state.calls.lock().unwrap().remove(id) {
-                    let _ = tx.send(msg.clone());
+                let waiting = msg["id"]
+                    .as_str()
+                    .and_then(|id| state.calls.lock().unwrap().remove(id));
+                match waiting {
+                    Some(tx) => {
+                        let _ = tx.send(msg.clone());
+                    }
+                    None => state.record_unclaimed(msg),
+                }
+            }
+            Some("api_chunk") => {
+                let waited = msg["id"]
+                    .as_str()
+                    .is_some_and(|id| state.calls.lock().unwrap().contains_key(id));
+                if !waited {
+                    state.record_unclaimed(msg);
                 }
             }
             Some("shutdown") => {

@@ -7,9 +7,10 @@
 //! `tools` and `stream` always ours. The answer message is normalized to
 //! `{role: "assistant", content, tool_calls?}` for plain and streamed calls alike.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, VecDeque};
 use std::time::Duration;
 
+use sb_common::sse::{SseEvent, SseParser};
 use sb_store::ModelRecord;
 use serde_json::{Map, Value, json};
 use tokio::time::Instant;
@@ -212,11 +213,17 @@ struct ToolCallAcc {
 
 /// An open chat stream. [`ChatStream::next`] yields deltas until the provider's `[DONE]`;
 /// [`ChatStream::finish`] then gives the assembled message and usage.
+///
+/// The body is read as a server-sent event stream by the book ([`sb_common::sse`]): an event
+/// is whatever lies between blank lines, its `data` lines joined (a provider may spread one
+/// JSON chunk over several), with LF, CRLF or CR line ends, comments and `id`/`retry` lines
+/// understood, so no provider's framing is mistaken for content.
 #[derive(Debug)]
 pub struct ChatStream {
     resp: reqwest::Response,
     idle: Duration,
-    buf: Vec<u8>,
+    events: SseParser,
+    ready: VecDeque<SseEvent>,
     done: bool,
     content: String,
     saw_content: bool,
@@ -243,7 +250,8 @@ pub async fn chat_stream(
     Ok(ChatStream {
         resp,
         idle: options.stream_idle_timeout,
-        buf: Vec::new(),
+        events: SseParser::default(),
+        ready: VecDeque::new(),
         done: false,
         content: String::new(),
         saw_content: false,
@@ -258,23 +266,28 @@ fn malformed() -> ProviderError {
 
 impl ChatStream {
     /// The next delta; `None` after `[DONE]`. A stream that ends without `[DONE]`, an event
-    /// that is not JSON, or an error event is an error.
+    /// whose data is not JSON, an event larger than [`sb_common::sse::DEFAULT_MAX_EVENT_BYTES`],
+    /// or an error event (`event: error`, or data with an `error` member) is an error.
     pub async fn next(&mut self) -> Result<Option<StreamEvent>, ProviderError> {
         loop {
             if self.done {
                 return Ok(None);
             }
-            if let Some(pos) = self.buf.iter().position(|b| *b == b'\n') {
-                let line: Vec<u8> = self.buf.drain(..=pos).collect();
-                let line = std::str::from_utf8(&line).map_err(|_| malformed())?.trim();
-                let Some(data) = line.strip_prefix("data:") else {
-                    // blank separators, `event:`, `id:`, `:` comments
-                    continue;
-                };
-                let data = data.trim();
+            if let Some(event) = self.ready.pop_front() {
+                let data = event.data.trim();
                 if data == "[DONE]" {
                     self.done = true;
                     return Ok(None);
+                }
+                if data.is_empty() && event.event != "error" {
+                    // An empty `data:` event carries nothing (some servers use it to keep
+                    // the connection alive).
+                    continue;
+                }
+                if event.event == "error" {
+                    return Err(ProviderError::Malformed(
+                        "model provider reported an error in the stream".into(),
+                    ));
                 }
                 let v: Value = serde_json::from_str(data).map_err(|_| malformed())?;
                 if v.get("error").is_some_and(|e| !e.is_null()) {
@@ -293,7 +306,16 @@ impl ChatStream {
             match tokio::time::timeout(self.idle, self.resp.chunk()).await {
                 Err(_) => return Err(ProviderError::Timeout(WHAT.into())),
                 Ok(Err(e)) => return Err(ProviderError::from_reqwest(WHAT, &e)),
-                Ok(Ok(Some(bytes))) => self.buf.extend_from_slice(&bytes),
+                Ok(Ok(Some(bytes))) => {
+                    let mut parsed = Vec::new();
+                    let pushed = self.events.push(&bytes, &mut parsed);
+                    self.ready.extend(parsed);
+                    if let Err(e) = pushed {
+                        return Err(ProviderError::Malformed(format!(
+                            "model provider stream is unreadable: {e}"
+                        )));
+                    }
+                }
                 Ok(Ok(None)) => {
                     return Err(ProviderError::Malformed(
                         "model provider stream ended before [DONE]".into(),

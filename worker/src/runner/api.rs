@@ -15,7 +15,7 @@ use async_trait::async_trait;
 use sb_protocol::error::{AgentApiError, ErrorCode};
 use sb_protocol::ids::{RunId, WorkspaceId};
 use sb_protocol::manifest::RunnerId;
-use sb_protocol::wire::HostToRunner;
+use sb_protocol::wire::{ApiCallId, ApiResult, HostToRunner};
 use serde_json::{Value, json};
 use tokio::sync::mpsc;
 
@@ -131,39 +131,85 @@ impl Hash for Connection {
     }
 }
 
-/// Sends the streamed parts (`api_chunk`) of one call's answer.
+/// The answer channel of one Host API call: its streamed parts (`api_chunk`) and its one
+/// final `api_result`.
+///
+/// **Exactly one answer per call.** Two parties may try to answer a call: the task serving
+/// it ([`ApiStream::answer`] with the outcome) and the runner host when the call's run ends
+/// first (`not_found`). Whoever comes first writes the answer; the other is told it lost and
+/// writes nothing. Chunks are written only before the answer. The check and the hand-over
+/// to the writer happen under one lock, with the writer's capacity reserved beforehand, so
+/// an answer can never be queued behind a racing second answer or a late chunk, whatever the
+/// scheduling. Clones share the same answer state.
 #[derive(Debug, Clone)]
 pub struct ApiStream {
-    call_id: String,
+    call_id: ApiCallId,
     out: mpsc::Sender<HostToRunner>,
+    answered: Arc<Mutex<bool>>,
 }
 
 impl ApiStream {
-    /// A stream writing `api_chunk {id: call_id}` messages into `out` (the process writer;
-    /// a plain channel in tests).
+    /// A stream writing `api_chunk`s and the `api_result` of call `call_id` into `out` (the
+    /// process writer; a plain channel in tests).
     #[must_use]
-    pub fn new(call_id: impl Into<String>, out: mpsc::Sender<HostToRunner>) -> Self {
+    pub fn new(call_id: impl Into<ApiCallId>, out: mpsc::Sender<HostToRunner>) -> Self {
         Self {
             call_id: call_id.into(),
             out,
+            answered: Arc::new(Mutex::new(false)),
         }
     }
 
-    /// The call id chunks are tagged with.
+    /// The call id chunks and the answer are tagged with.
     #[must_use]
-    pub fn call_id(&self) -> &str {
+    pub fn call_id(&self) -> &ApiCallId {
         &self.call_id
     }
 
-    /// Sends one chunk. Returns false if the process is gone (stop producing chunks).
+    /// Sends one chunk. Returns false if the call was already answered or the process is gone
+    /// (stop producing chunks).
     pub async fn send(&self, data: Value) -> bool {
-        self.out
-            .send(HostToRunner::ApiChunk {
+        self.write(
+            HostToRunner::ApiChunk {
                 id: self.call_id.clone(),
                 data,
-            })
-            .await
-            .is_ok()
+            },
+            false,
+        )
+        .await
+    }
+
+    /// Writes the call's final answer, unless it was already answered. Returns whether this
+    /// answer was the one written.
+    pub async fn answer(&self, outcome: Result<Value, AgentApiError>) -> bool {
+        let answer = ApiResult::from_result(self.call_id.clone(), outcome);
+        self.write(HostToRunner::ApiResult(answer), true).await
+    }
+
+    /// Whether the final answer has been handed to the writer.
+    #[must_use]
+    pub fn is_answered(&self) -> bool {
+        *self.lock()
+    }
+
+    async fn write(&self, message: HostToRunner, is_answer: bool) -> bool {
+        // Reserve first (this may wait for the writer), decide and hand over under the lock.
+        let Ok(permit) = self.out.reserve().await else {
+            return false;
+        };
+        let mut answered = self.lock();
+        if *answered {
+            return false;
+        }
+        *answered = is_answer;
+        permit.send(message);
+        true
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, bool> {
+        self.answered
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
     }
 }
 
@@ -177,7 +223,9 @@ impl ApiStream {
 ///   needs host state (session exists, identity matches the session, deadline, snapshot,
 ///   scope, arguments, size, rate and budgets), in that order.
 /// - Streams parts of the answer through `stream` (e.g. `invoke_llm_stream`), then returns
-///   the final `data`; chunks sent after returning are not allowed.
+///   the final `data`, which the caller writes as the answer. Chunks sent after that, or
+///   after the call was answered otherwise (its run ended), are not written: `stream.send`
+///   then answers false.
 /// - The future may be dropped when the run ends (cancel, deadline, crash): implementations
 ///   must tolerate cancellation at any await point.
 /// - Errors are structured [`AgentApiError`]s with codes from the closed set.
@@ -315,5 +363,60 @@ mod tests {
         );
         drop(rx);
         assert!(!stream.send(json!("x")).await);
+    }
+
+    #[tokio::test]
+    async fn a_call_is_answered_once_and_no_chunk_follows_the_answer() {
+        let (tx, mut rx) = mpsc::channel(8);
+        let stream = ApiStream::new(7u64, tx);
+        let host_side = stream.clone();
+        assert!(stream.send(json!(1)).await);
+        assert!(!stream.is_answered());
+        assert!(stream.answer(Ok(json!({"v": 1}))).await);
+        assert!(host_side.is_answered());
+        // The run's end comes second: nothing more is written, chunks included.
+        assert!(
+            !host_side
+                .answer(Err(AgentApiError::new(ErrorCode::NotFound, "gone")))
+                .await
+        );
+        assert!(!stream.send(json!(2)).await);
+        drop((stream, host_side));
+        let mut written = Vec::new();
+        while let Some(message) = rx.recv().await {
+            written.push(message);
+        }
+        assert_eq!(
+            written,
+            vec![
+                HostToRunner::ApiChunk {
+                    id: 7u64.into(),
+                    data: json!(1)
+                },
+                HostToRunner::ApiResult(ApiResult::success(7u64, json!({"v": 1}))),
+            ]
+        );
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn racing_answers_write_exactly_one() {
+        for _ in 0..200 {
+            let (tx, mut rx) = mpsc::channel(8);
+            let stream = ApiStream::new("r", tx);
+            let (a, b) = (stream.clone(), stream.clone());
+            let first = tokio::spawn(async move { a.answer(Ok(json!("served"))).await });
+            let second = tokio::spawn(async move {
+                b.answer(Err(AgentApiError::new(ErrorCode::NotFound, "ended")))
+                    .await
+            });
+            let (first, second) = (first.await.unwrap(), second.await.unwrap());
+            assert!(first ^ second, "exactly one answer wins");
+            drop(stream);
+            let mut answers = 0;
+            while rx.recv().await.is_some() {
+                answers += 1;
+            }
+            assert_eq!(answers, 1);
+        }
     }
 }

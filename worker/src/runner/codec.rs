@@ -4,16 +4,22 @@
 //! cap**: a line longer than the cap is reported as [`RawLine::TooLong`] as soon as the cap is
 //! crossed (the caller can fail the affected run right away), and the rest of that line is
 //! discarded on the following reads, so the stream resynchronises on the next newline.
-//! [`decode_runner_line`] then turns a line into a [`RunnerToHost`] or a [`FrameError`] that says
+//! [`decode_runner_line`] then turns a line into a [`RunnerLine`] or a [`FrameError`] that says
 //! how bad it was. [`RunnerConnection`] wraps both directions the way mini-redis's `Connection`
 //! hides byte framing from the command handler.
+//!
+//! **A forgiving wire for calls.** A line with `op: "api"` is always a call, however
+//! malformed the rest of it is: it decodes to [`RunnerLine::RefusedCall`], which the host
+//! answers with an `api_result` error while the run goes on. Only lines that are not usable
+//! at all (not JSON, not an object, no or unknown `op`, a malformed `result`/`done`/`log`, too
+//! long) are [`FrameError`]s, i.e. protocol errors.
 //!
 //! Every [`FrameError`] except [`FrameError::Io`] is recoverable: the next line is independent.
 
 use std::io;
 
-use sb_protocol::wire::{HostToRunner, RunnerToHost};
-use serde_json::Value;
+use sb_protocol::wire::{ApiCallId, HostToRunner, RunnerToHost};
+use serde_json::{Map, Value};
 use tokio::io::{AsyncBufRead, AsyncBufReadExt, AsyncRead, AsyncWrite, AsyncWriteExt, BufReader};
 
 /// One line read by [`LineReader`], without its `\n`.
@@ -138,12 +144,36 @@ impl FrameError {
 /// The ops this host understands (so an unknown op can be told from a malformed known one).
 const KNOWN_OPS: [&str; 4] = ["result", "done", "api", "log"];
 
+/// One usable runner line.
+#[derive(Debug, Clone, PartialEq)]
+pub enum RunnerLine {
+    /// A well-formed message.
+    Message(RunnerToHost),
+    /// An `api` call the host cannot accept as written. It is answered, never a protocol
+    /// error.
+    RefusedCall(RefusedCall),
+}
+
+/// An `op: "api"` line that is not a well-formed [`RunnerToHost::Api`], with what could be
+/// read of it. The session decides the answer's code (`not_found` for a run that is not
+/// active, `invalid_argument` otherwise).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RefusedCall {
+    /// The call's `id`, when it is a string or an integer. Without one the answer is
+    /// written with `id: null`.
+    pub id: Option<ApiCallId>,
+    /// The `run_id`, when it is a string.
+    pub run_id: Option<String>,
+    /// What is wrong with the call, worded for the runner's author.
+    pub problem: String,
+}
+
 /// Decodes one runner line. Whitespace-only lines are the caller's business (see
 /// [`is_blank`]).
-pub fn decode_runner_line(line: &[u8]) -> Result<RunnerToHost, FrameError> {
+pub fn decode_runner_line(line: &[u8]) -> Result<RunnerLine, FrameError> {
     // Fast path: one typed parse. Only failures pay for the diagnosis below.
     let typed_err = match serde_json::from_slice::<RunnerToHost>(line) {
-        Ok(msg) => return Ok(msg),
+        Ok(msg) => return Ok(RunnerLine::Message(msg)),
         Err(e) => e,
     };
     let value: Value = serde_json::from_slice(line).map_err(FrameError::NotJson)?;
@@ -153,6 +183,7 @@ pub fn decode_runner_line(line: &[u8]) -> Result<RunnerToHost, FrameError> {
     let run_id = map.get("run_id").and_then(Value::as_str).map(str::to_owned);
     match map.get("op").and_then(Value::as_str) {
         None => Err(FrameError::MissingOp { run_id }),
+        Some("api") => Ok(RunnerLine::RefusedCall(refused_call(&map, &typed_err))),
         Some(op) if !KNOWN_OPS.contains(&op) => Err(FrameError::UnknownOp {
             op: op.to_owned(),
             run_id,
@@ -162,6 +193,32 @@ pub fn decode_runner_line(line: &[u8]) -> Result<RunnerToHost, FrameError> {
             run_id,
             source: typed_err,
         }),
+    }
+}
+
+/// Reads what it can of a malformed `api` line. The first defect found names the problem,
+/// the id first, because without a usable id the answer cannot be matched to the call.
+fn refused_call(map: &Map<String, Value>, typed_err: &serde_json::Error) -> RefusedCall {
+    let id = map.get("id").and_then(ApiCallId::from_json);
+    let run_id = map.get("run_id").and_then(Value::as_str).map(str::to_owned);
+    let problem = if id.is_none() {
+        match map.get("id") {
+            None => "api call has no `id`".to_owned(),
+            Some(_) => "api call `id` must be a string or an integer".to_owned(),
+        }
+    } else if run_id.is_none() {
+        "api call has no string `run_id`".to_owned()
+    } else if !map.get("action").is_some_and(Value::is_string) {
+        "api call has no string `action`".to_owned()
+    } else {
+        // Every field the typed shape needs was there: say what serde saw (e.g. a
+        // duplicate field).
+        format!("malformed api call: {typed_err}")
+    };
+    RefusedCall {
+        id,
+        run_id,
+        problem,
     }
 }
 
@@ -195,9 +252,10 @@ impl<R: AsyncRead + Unpin> MessageReader<R> {
         }
     }
 
-    /// The next message; `Ok(None)` at end of stream. Blank lines are skipped. A recoverable
-    /// error consumed exactly the offending line: call again to continue with the next one.
-    pub async fn read_message(&mut self) -> Result<Option<RunnerToHost>, FrameError> {
+    /// The next usable line; `Ok(None)` at end of stream. Blank lines are skipped. A
+    /// recoverable error consumed exactly the offending line: call again to continue with the
+    /// next one.
+    pub async fn read_message(&mut self) -> Result<Option<RunnerLine>, FrameError> {
         loop {
             match self.lines.next_line().await? {
                 None => return Ok(None),
@@ -263,7 +321,7 @@ impl<R: AsyncRead + Unpin, W: AsyncWrite + Unpin> RunnerConnection<R, W> {
     }
 
     /// See [`MessageReader::read_message`].
-    pub async fn read_message(&mut self) -> Result<Option<RunnerToHost>, FrameError> {
+    pub async fn read_message(&mut self) -> Result<Option<RunnerLine>, FrameError> {
         self.reader.read_message().await
     }
 
@@ -353,7 +411,12 @@ mod tests {
             Err(FrameError::TooLong { limit: 1024 })
         ));
         let next = reader.read_message().await.unwrap();
-        assert_eq!(next, Some(RunnerToHost::Done { run_id: "r".into() }));
+        assert_eq!(
+            next,
+            Some(RunnerLine::Message(RunnerToHost::Done {
+                run_id: "r".into()
+            }))
+        );
         assert!(reader.read_message().await.unwrap().is_none());
     }
 
@@ -388,7 +451,54 @@ mod tests {
         }
         assert!(matches!(
             decode_runner_line(br#"{"op":"done","run_id":"r4"}"#),
-            Ok(RunnerToHost::Done { .. })
+            Ok(RunnerLine::Message(RunnerToHost::Done { .. }))
+        ));
+    }
+
+    fn refused(line: &[u8]) -> RefusedCall {
+        match decode_runner_line(line) {
+            Ok(RunnerLine::RefusedCall(call)) => call,
+            other => panic!("{other:?}"),
+        }
+    }
+
+    #[test]
+    fn integer_ids_are_well_formed_calls() {
+        match decode_runner_line(br#"{"op":"api","id":42,"run_id":"r","action":"ping"}"#) {
+            Ok(RunnerLine::Message(RunnerToHost::Api { id, .. })) => {
+                assert_eq!(id, ApiCallId::from(42u64));
+            }
+            other => panic!("{other:?}"),
+        }
+    }
+
+    #[test]
+    fn malformed_calls_are_refused_not_protocol_errors() {
+        let call = refused(br#"{"op":"api","id":"1","action":"ping"}"#);
+        assert_eq!(call.id, Some(ApiCallId::from("1")));
+        assert_eq!(call.run_id, None);
+        assert_eq!(call.problem, "api call has no string `run_id`");
+
+        let call = refused(br#"{"op":"api","id":2,"run_id":"r","action":7}"#);
+        assert_eq!(call.id, Some(ApiCallId::from(2u64)));
+        assert_eq!(call.run_id.as_deref(), Some("r"));
+        assert_eq!(call.problem, "api call has no string `action`");
+
+        let call = refused(br#"{"op":"api","run_id":"r","action":"ping"}"#);
+        assert_eq!(call.id, None);
+        assert_eq!(call.problem, "api call has no `id`");
+
+        let call = refused(br#"{"op":"api","id":1.5,"run_id":"r","action":"ping"}"#);
+        assert_eq!(call.id, None);
+        assert_eq!(call.run_id.as_deref(), Some("r"));
+        assert_eq!(call.problem, "api call `id` must be a string or an integer");
+
+        let call = refused(br#"{"op":"api","id":"d","id":"e","run_id":"r","action":"ping"}"#);
+        assert!(call.problem.starts_with("malformed api call:"), "{call:?}");
+        // Still a protocol error: not JSON, or not an object, even when it mentions "api".
+        assert!(matches!(
+            decode_runner_line(br#"{"op":"api""#),
+            Err(FrameError::NotJson(_))
         ));
     }
 
@@ -418,7 +528,9 @@ mod tests {
         ));
         assert_eq!(
             conn.read_message().await.unwrap(),
-            Some(RunnerToHost::Done { run_id: "x".into() })
+            Some(RunnerLine::Message(RunnerToHost::Done {
+                run_id: "x".into()
+            }))
         );
         assert!(conn.read_message().await.unwrap().is_none());
     }

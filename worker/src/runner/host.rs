@@ -11,6 +11,11 @@
 //! frames, a writer task batches messages to stdin, and one task per Host API call serves it
 //! through the injected [`HostApi`]. The actor applies the session's [`Effect`]s.
 //!
+//! Host API calls get **exactly one** `api_result` each: the serving task and the end of the
+//! call's run (which answers `not_found`) race through the call's [`ApiStream`], which lets
+//! only the first answer through. A call id already in flight on the process is refused
+//! with `conflict` (answers carry no run id, so one id must name one call at a time).
+//!
 //! Contract of [`RunHandle`]: items arrive in transport-sequence order (1, 2, 3, … with no
 //! gaps) and the stream ends with **exactly one** terminal item (`run.completed` or
 //! `run.failed`), after which it yields `None`. Poll it promptly: the process's output is
@@ -50,7 +55,7 @@ use sb_protocol::error::{AgentApiError, ErrorCode, run_failure};
 use sb_protocol::ids::{RunId, WorkspaceId};
 use sb_protocol::manifest::RunnerId;
 use sb_protocol::result::{AgentRunResult, ResultLimits};
-use sb_protocol::wire::{ApiResult, DEFAULT_MAX_LINE_BYTES, HostToRunner};
+use sb_protocol::wire::{ApiCallId, ApiResult, DEFAULT_MAX_LINE_BYTES, HostToRunner};
 use tokio::process::{ChildStdin, ChildStdout};
 use tokio::sync::{OwnedSemaphorePermit, Semaphore, mpsc, oneshot};
 use tokio::task::AbortHandle;
@@ -59,10 +64,10 @@ use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
 use super::api::{ApiStream, CallerIdentity, Connection, HostApi};
-use super::codec::{FrameError, MessageReader, MessageWriter};
+use super::codec::{FrameError, MessageReader, MessageWriter, RunnerLine};
 use super::error::RunnerError;
 use super::process::{ProcessSpec, RunnerProcess, StderrConfig};
-use super::session::{Effect, ExecutionMode, Input, Phase, Session, StartRefused};
+use super::session::{Effect, ExecutionMode, Input, Phase, Session, StartRefused, not_active};
 use crate::sequencer::RunItem;
 
 /// How a host reads the worker's environment for a process's allowlisted variables
@@ -203,8 +208,15 @@ struct RunSlot {
     events: mpsc::Sender<RunItem>,
     /// Concurrency permit, released when the run ends.
     _permit: OwnedSemaphorePermit,
-    /// In-flight Host API calls: aborted (and answered `not_found`) when the run ends.
-    api_calls: HashMap<String, AbortHandle>,
+}
+
+/// A Host API call being served for a run of the process.
+struct InFlightCall {
+    run_id: RunId,
+    /// Shared with the serving task: whoever answers first (the task with its outcome, or
+    /// the end of the run with `not_found`) writes the call's one answer.
+    reply: ApiStream,
+    task: AbortHandle,
 }
 
 /// A live actor, as the host and run handles reach it.
@@ -405,7 +417,6 @@ impl RunnerHost {
         let mut slot = RunSlot {
             events: events_tx,
             _permit: permit,
-            api_calls: HashMap::new(),
         };
         let deadline = request.deadline.map(to_instant);
         let workspace_id = request.workspace_id;
@@ -844,11 +855,15 @@ struct Actor {
     env: ActorEnv,
     commands: mpsc::UnboundedReceiver<Command>,
     commands_open: bool,
-    frames: mpsc::Receiver<Result<sb_protocol::wire::RunnerToHost, FrameError>>,
+    frames: mpsc::Receiver<Result<RunnerLine, FrameError>>,
     stdout_open: bool,
     writer: mpsc::Sender<HostToRunner>,
     close_input: Option<oneshot::Sender<()>>,
     runs: HashMap<RunId, RunSlot>,
+    /// Host API calls not yet answered (or answered but not yet pruned), by call id over
+    /// **all** runs of the process: answers carry no run id, so an id names one call of the
+    /// process at a time.
+    calls: HashMap<ApiCallId, InFlightCall>,
     timers: BTreeMap<(Instant, u64), Timer>,
     /// Keys of the pending timers of each run, so a finished run's timers are dropped at once
     /// instead of lingering until their deadline.
@@ -892,6 +907,7 @@ impl Actor {
             writer: writer_tx,
             close_input: Some(close_tx),
             runs: HashMap::new(),
+            calls: HashMap::new(),
             timers: BTreeMap::new(),
             run_timers: HashMap::new(),
             timer_seq: 0,
@@ -921,8 +937,8 @@ impl Actor {
                     }
                 },
                 frame = self.frames.recv(), if self.stdout_open => match frame {
-                    Some(Ok(msg)) => {
-                        let fx = self.session.on(Input::Frame(msg));
+                    Some(Ok(line)) => {
+                        let fx = self.session.on(line_input(line));
                         self.apply(fx).await;
                     }
                     Some(Err(e)) => {
@@ -953,8 +969,8 @@ impl Actor {
         // Lines still buffered in the pipe belong to the runs: read them first.
         while self.stdout_open {
             match tokio::time::timeout(grace, self.frames.recv()).await {
-                Ok(Some(Ok(msg))) => {
-                    let fx = self.session.on(Input::Frame(msg));
+                Ok(Some(Ok(line))) => {
+                    let fx = self.session.on(line_input(line));
                     self.apply(fx).await;
                 }
                 Ok(Some(Err(e))) => {
@@ -1132,7 +1148,7 @@ impl Actor {
                     action,
                     params,
                 } => {
-                    self.dispatch(call_id, run_id, action, params);
+                    self.dispatch(call_id, run_id, action, params).await;
                 }
                 Effect::StartCancelGrace { run_id } => {
                     let at = Instant::now() + self.config().cancel_grace;
@@ -1163,52 +1179,88 @@ impl Actor {
         for key in self.run_timers.remove(&run_id).unwrap_or_default() {
             self.timers.remove(&key);
         }
-        let Some(slot) = self.runs.remove(&run_id) else {
+        if self.runs.remove(&run_id).is_none() {
             return;
-        };
-        // Calls still in flight will never be useful: stop them and tell the runner.
-        for (call_id, task) in slot.api_calls {
-            if !task.is_finished() {
-                task.abort();
-                let error = AgentApiError::new(
-                    ErrorCode::NotFound,
-                    format!("run session {run_id} not found or expired"),
-                );
-                let _ = self
-                    .writer
-                    .send(HostToRunner::ApiResult(ApiResult::failure(call_id, error)))
+        }
+        // Calls still in flight will never be useful: stop them and tell the runner. A call
+        // whose task already answered (even one still finishing) keeps that answer: the
+        // shared reply lets exactly one of the two through.
+        let ids: Vec<ApiCallId> = self
+            .calls
+            .iter()
+            .filter(|(_, call)| call.run_id == run_id)
+            .map(|(id, _)| id.clone())
+            .collect();
+        for id in ids {
+            if let Some(call) = self.calls.remove(&id) {
+                call.task.abort();
+                call.reply
+                    .answer(Err(not_active(&run_id.to_string())))
                     .await;
             }
         }
-        // Dropping the slot releases the concurrency permit and closes the run's channel.
+        // Dropping the slot released the concurrency permit and closed the run's channel.
     }
 
-    fn dispatch(
+    /// Serves a call of an active run on its own task, unless its id is already in flight
+    /// on this process: reusing it would make the two answers indistinguishable to the
+    /// runner (and used to cost the first call its abort handle), so the second call is
+    /// refused with `conflict` and the first goes on undisturbed.
+    async fn dispatch(
         &mut self,
-        call_id: String,
+        call_id: ApiCallId,
         run_id: RunId,
         action: String,
         params: serde_json::Value,
     ) {
-        let Some(slot) = self.runs.get_mut(&run_id) else {
+        if !self.runs.contains_key(&run_id) {
             return;
-        };
-        slot.api_calls.retain(|_, task| !task.is_finished());
+        }
+        self.calls.retain(|_, call| !call.reply.is_answered());
+        if let Some(first) = self.calls.get(&call_id) {
+            tracing::warn!(%run_id, first_run_id = %first.run_id, %call_id, %action, "api call id already in flight, call refused");
+            let error = AgentApiError::new(
+                ErrorCode::Conflict,
+                format!(
+                    "api call id {call_id} is already in flight on this process; use an id per call"
+                ),
+            )
+            .with_detail("id", serde_json::to_value(&call_id).unwrap_or_default());
+            // Written directly, not through the first call's reply, which still belongs to
+            // the first call.
+            let _ = self
+                .writer
+                .send(HostToRunner::ApiResult(ApiResult::failure(call_id, error)))
+                .await;
+            return;
+        }
         let api = self.env.api.clone();
         let caller = self.env.caller.clone();
-        let writer = self.writer.clone();
-        let id = call_id.clone();
+        let reply = ApiStream::new(call_id.clone(), self.writer.clone());
+        let stream = reply.clone();
         let task = tokio::spawn(async move {
-            let stream = ApiStream::new(id.clone(), writer.clone());
             let outcome = api.call(&caller, run_id, &action, params, &stream).await;
             if let Err(e) = &outcome {
                 tracing::debug!(%run_id, %action, code = %e.code, "host api call refused");
             }
-            let _ = writer
-                .send(HostToRunner::ApiResult(ApiResult::from_result(id, outcome)))
-                .await;
+            stream.answer(outcome).await;
         });
-        slot.api_calls.insert(call_id, task.abort_handle());
+        self.calls.insert(
+            call_id,
+            InFlightCall {
+                run_id,
+                reply,
+                task: task.abort_handle(),
+            },
+        );
+    }
+}
+
+/// What a decoded runner line means to the session.
+fn line_input(line: RunnerLine) -> Input {
+    match line {
+        RunnerLine::Message(message) => Input::Frame(message),
+        RunnerLine::RefusedCall(call) => Input::RefusedCall(call),
     }
 }
 
@@ -1230,7 +1282,7 @@ fn describe_exit(status: std::process::ExitStatus) -> String {
 
 async fn read_frames(
     mut reader: MessageReader<ChildStdout>,
-    frames: mpsc::Sender<Result<sb_protocol::wire::RunnerToHost, FrameError>>,
+    frames: mpsc::Sender<Result<RunnerLine, FrameError>>,
 ) {
     loop {
         match reader.read_message().await {

@@ -24,6 +24,9 @@
 //! is an active run **of this session** — never another process's run, never a finished
 //! run — otherwise it is answered `not_found` here, before any host code sees it. The caller
 //! identity handed to the dispatcher comes from the session's connection, not the message.
+//! A call the host cannot accept as written ([`Input::RefusedCall`]: no `run_id`, no
+//! `action`, an unusable `id`) is answered with an error here too, and counts as a usable
+//! line: it never fails a run.
 
 use std::collections::{HashMap, HashSet, VecDeque};
 
@@ -31,9 +34,10 @@ use sb_protocol::context::AgentRunContext;
 use sb_protocol::error::{AgentApiError, ErrorCode};
 use sb_protocol::ids::RunId;
 use sb_protocol::result::ResultLimits;
-use sb_protocol::wire::{ApiResult, HostToRunner, LogLevel, RunnerToHost};
+use sb_protocol::wire::{ApiCallId, ApiResult, HostToRunner, LogLevel, RunnerToHost};
 use serde_json::Value;
 
+use super::codec::RefusedCall;
 use crate::sequencer::{Admission, EndCause, RunItem, RunSequencer, SkipReason};
 
 /// How a runner process serves runs (manifest `execution.mode`).
@@ -73,6 +77,8 @@ struct ActiveRun {
 pub enum Input {
     /// A line from the runner.
     Frame(RunnerToHost),
+    /// An `api` line from the runner that is not a well-formed call: answered with an error.
+    RefusedCall(RefusedCall),
     /// A line from the runner that could not be used. `run_id` is the run it names, when it
     /// was readable enough to tell; `detail` says what was wrong.
     BadFrame {
@@ -104,9 +110,9 @@ pub enum Effect {
     /// and abort its in-flight Host API calls.
     RunEnded { run_id: RunId },
     /// Serve a Host API call for an active run of this session; answer with
-    /// `api_result {id}`.
+    /// `api_result {id}` (exactly one answer per call: see [`super::host`]).
     Dispatch {
-        call_id: String,
+        call_id: ApiCallId,
         run_id: RunId,
         action: String,
         params: Value,
@@ -239,11 +245,12 @@ impl Session {
         let mut fx = Vec::new();
         match input {
             Input::Frame(frame) => {
-                self.bad_streak = 0;
-                if self.phase == Phase::Starting {
-                    self.phase = Phase::Running;
-                }
+                self.usable_line();
                 self.on_frame(frame, &mut fx);
+            }
+            Input::RefusedCall(call) => {
+                self.usable_line();
+                self.on_refused_call(call, &mut fx);
             }
             Input::BadFrame { run_id, detail } => self.on_bad_frame(run_id, detail, &mut fx),
             Input::Cancel { run_id, reason } => {
@@ -313,6 +320,11 @@ impl Session {
                         Some(Cancelling::Requested { reason }) => EndCause::Cancelled { reason },
                         // "per_run: exit means done" — a clean exit ends the stream.
                         None if clean && self.mode == ExecutionMode::PerRun => EndCause::Done,
+                        // A shared process that exits cleanly did not crash, but it left its
+                        // runs unfinished: they fail all the same, worded as what happened.
+                        None if clean => EndCause::ExitedMidRun {
+                            detail: detail.clone(),
+                        },
                         None => EndCause::Crashed {
                             detail: detail.clone(),
                         },
@@ -322,6 +334,41 @@ impl Session {
             }
         }
         fx
+    }
+
+    /// A line that could be used (a message or a call to refuse): the stream is in sync.
+    fn usable_line(&mut self) {
+        self.bad_streak = 0;
+        if self.phase == Phase::Starting {
+            self.phase = Phase::Running;
+        }
+    }
+
+    /// Answers a call the host cannot accept as written. The checks follow the Host API's
+    /// order (SPEC §8): a run that is not active here is `not_found` whatever else is wrong;
+    /// everything else is `invalid_argument`. Without a usable id the answer is `id: null`.
+    fn on_refused_call(&mut self, call: RefusedCall, fx: &mut Vec<Effect>) {
+        let RefusedCall {
+            id,
+            run_id,
+            problem,
+        } = call;
+        let error = match run_id.as_deref() {
+            Some(run_id) if id.is_some() && !self.is_active_text(run_id) => not_active(run_id),
+            _ => AgentApiError::new(ErrorCode::InvalidArgument, problem),
+        };
+        tracing::warn!(run_id = run_id.as_deref().unwrap_or_default(), call_id = ?id, code = %error.code, error = %error.message, "api call refused");
+        let answer = match id {
+            Some(id) => ApiResult::failure(id, error),
+            None => ApiResult::unaddressed(error),
+        };
+        fx.push(Effect::Write(HostToRunner::ApiResult(answer)));
+    }
+
+    fn is_active_text(&self, run_id: &str) -> bool {
+        run_id
+            .parse::<RunId>()
+            .is_ok_and(|id| self.runs.contains_key(&id))
     }
 
     fn on_frame(&mut self, frame: RunnerToHost, fx: &mut Vec<Effect>) {
@@ -389,12 +436,9 @@ impl Session {
                     }),
                     None => {
                         tracing::debug!(%run_id, %action, "api call for a run that is not active on this process");
-                        let error = AgentApiError::new(
-                            ErrorCode::NotFound,
-                            format!("run session {run_id} not found or expired"),
-                        );
                         fx.push(Effect::Write(HostToRunner::ApiResult(ApiResult::failure(
-                            call_id, error,
+                            call_id,
+                            not_active(&run_id),
                         ))));
                     }
                 }
@@ -531,6 +575,15 @@ impl Session {
             fx.push(Effect::CloseInput);
         }
     }
+}
+
+/// The answer to a call for a run that is not active on this process (never started here,
+/// or already ended).
+pub(crate) fn not_active(run_id: &str) -> AgentApiError {
+    AgentApiError::new(
+        ErrorCode::NotFound,
+        format!("run session {run_id} not found or expired"),
+    )
 }
 
 fn log_skip(run_id: RunId, reason: &SkipReason) {

@@ -30,7 +30,7 @@ use sb_common::shutdown::Shutdown;
 use sb_protocol::context::AgentRunContext;
 use sb_protocol::ids::{EventId, RunId, WorkspaceId};
 use sb_protocol::manifest::RunnerId;
-use sb_protocol::messages::{ControlMessage, ResultMessage, RunJob, decode, decode_results, encode};
+use sb_protocol::messages::{ControlMessage, ResultMessage, RunJob, decode_results, encode};
 use sb_store::{NewRun, SqlStore, SqlStoreOptions, Stores};
 use sb_worker::plugins::CommandLookup;
 use sb_worker::{Worker, WorkerDeps, WorkerHandle, WorkerOptions};
@@ -429,7 +429,8 @@ impl Harness {
             Err(_) => None,
             Ok(delivery) => {
                 let delivery = delivery.unwrap();
-                self.buffered.extend(decode_results(&delivery.body).unwrap());
+                self.buffered
+                    .extend(decode_results(&delivery.body).unwrap());
                 delivery.ack().await.unwrap();
                 self.buffered.pop_front()
             }

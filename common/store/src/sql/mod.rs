@@ -63,6 +63,7 @@ mod artifacts;
 mod entity;
 mod events;
 mod fts;
+mod kb_search;
 mod resources;
 mod runs;
 mod schedules;

@@ -1,17 +1,18 @@
-//! [`ResourceRegistry`] on SQL; knowledge search is backend-specific full-text search.
+//! [`ResourceRegistry`] on SQL; knowledge search is backend-specific full-text search built by
+//! [`super::kb_search`].
 
 use async_trait::async_trait;
 use sb_protocol::ids::WorkspaceId;
 use sea_orm::{
-    ActiveValue::NotSet, ColumnTrait, DbBackend, EntityTrait, FromQueryResult, PaginatorTrait,
-    QueryFilter, QueryOrder, Set, Statement, Value as SqlValue,
+    ActiveModelTrait, ActiveValue::NotSet, ColumnTrait, EntityTrait, FromQueryResult,
+    IntoActiveModel, PaginatorTrait, QueryFilter, QueryOrder, Set,
 };
 use serde_json::Value;
 use sha2::{Digest, Sha256};
 use uuid::Uuid;
 
 use super::entity::{kb_chunk, kb_document, knowledge_base, model, tool};
-use super::fts::fts5_match_expression;
+use super::kb_search;
 use super::{
     ID_LEN, IN_CHUNK, SqlStore, check_len_opt, check_required, metadata_in, now, workspace,
 };
@@ -89,7 +90,10 @@ fn object_or_empty(field: &str, v: Value) -> Result<Value> {
 #[derive(Debug, FromQueryResult)]
 struct HitRow {
     content: String,
-    score: f64,
+    /// How many of the query's terms the chunk contains.
+    matched: i64,
+    /// The backend's relevance (≥ 0, higher is better).
+    relevance: f64,
     document_id: Uuid,
     title: String,
     chunk_index: i64,
@@ -109,26 +113,32 @@ impl SqlStore {
     }
 }
 
+/// The checks of a model registration, shared by create and update.
+fn check_model(m: &NewModel) -> Result<()> {
+    check_required("name", &m.name, ID_LEN)?;
+    check_required("model_name", &m.model_name, ID_LEN)?;
+    check_required("base_url", &m.base_url, 2048)?;
+    if !(m.base_url.starts_with("http://") || m.base_url.starts_with("https://")) {
+        return Err(StoreError::invalid("base_url must be an http or https URL"));
+    }
+    check_len_opt("api_key_env", m.api_key_env.as_deref(), ID_LEN)?;
+    if let Some(env) = m.api_key_env.as_deref()
+        && (env.is_empty() || !env.chars().all(|c| c.is_ascii_alphanumeric() || c == '_'))
+    {
+        return Err(StoreError::invalid(
+            "api_key_env must be an environment variable name ([A-Za-z0-9_]+)",
+        ));
+    }
+    if m.context_window.is_some_and(|w| w <= 0) {
+        return Err(StoreError::invalid("context_window must be positive"));
+    }
+    Ok(())
+}
+
 #[async_trait]
 impl ResourceRegistry for SqlStore {
     async fn create_model(&self, m: NewModel) -> Result<ModelRecord> {
-        check_required("name", &m.name, ID_LEN)?;
-        check_required("model_name", &m.model_name, ID_LEN)?;
-        check_required("base_url", &m.base_url, 2048)?;
-        if !(m.base_url.starts_with("http://") || m.base_url.starts_with("https://")) {
-            return Err(StoreError::invalid("base_url must be an http or https URL"));
-        }
-        check_len_opt("api_key_env", m.api_key_env.as_deref(), ID_LEN)?;
-        if let Some(env) = m.api_key_env.as_deref()
-            && (env.is_empty() || !env.chars().all(|c| c.is_ascii_alphanumeric() || c == '_'))
-        {
-            return Err(StoreError::invalid(
-                "api_key_env must be an environment variable name ([A-Za-z0-9_]+)",
-            ));
-        }
-        if m.context_window.is_some_and(|w| w <= 0) {
-            return Err(StoreError::invalid("context_window must be positive"));
-        }
+        check_model(&m)?;
         let extra = metadata_in("extra_args", m.extra_args.unwrap_or(Value::Null))?;
         let at = now();
         let row = model::ActiveModel {
@@ -151,6 +161,34 @@ impl ResourceRegistry for SqlStore {
             .await
             .map_err(duplicate("model", &m.name))?;
         model_record(model)
+    }
+
+    async fn update_model(&self, model_id: Uuid, m: NewModel) -> Result<ModelRecord> {
+        check_model(&m)?;
+        let extra = metadata_in("extra_args", m.extra_args.unwrap_or(Value::Null))?;
+        let missing = || StoreError::not_found(format!("model {model_id}"));
+        let existing = model::Entity::find_by_id(model_id)
+            .filter(model::Column::WorkspaceId.eq(m.workspace_id.as_str()))
+            .all(&self.db)
+            .await?
+            .into_iter()
+            .next()
+            .ok_or_else(missing)?;
+        let mut active = existing.into_active_model();
+        active.name = Set(m.name.clone());
+        active.kind = Set(m.kind.as_str().to_owned());
+        active.base_url = Set(m.base_url);
+        active.model = Set(m.model_name);
+        active.api_key_env = Set(m.api_key_env);
+        active.context_window = Set(m.context_window);
+        active.extra_args = Set(extra);
+        active.enabled = Set(true);
+        active.updated_at = Set(now());
+        let row = active.update(self.writer()).await.map_err(|e| match e {
+            sea_orm::DbErr::RecordNotUpdated => missing(),
+            e => duplicate("model", &m.name)(e),
+        })?;
+        model_record(row)
     }
 
     async fn get_model(&self, workspace_id: &WorkspaceId, model_id: Uuid) -> Result<ModelRecord> {
@@ -415,77 +453,17 @@ impl ResourceRegistry for SqlStore {
         }
         self.kb_exists(&search.workspace_id, search.kb_id).await?;
         let top_k = search.top_k.clamp(1, MAX_KB_TOP_K);
-        let query = search.query.replace('\0', " ");
-        if query.trim().is_empty() {
+        let terms = kb_search::query_terms(&search.query);
+        if terms.is_empty() {
             return Ok(Vec::new());
         }
-        let backend = self.backend();
-        let (matcher, sql_head, score, order) = match backend {
-            DbBackend::Postgres => (
-                query,
-                "FROM \"kb_chunks\" c JOIN \"kb_documents\" d ON d.\"id\" = c.\"document_id\" \
-                 WHERE c.\"content_tsv\" @@ websearch_to_tsquery('simple', $1)",
-                "ts_rank(c.\"content_tsv\", websearch_to_tsquery('simple', $1))::float8",
-                "score DESC",
-            ),
-            DbBackend::Sqlite => {
-                let Some(expr) = fts5_match_expression(&query) else {
-                    return Ok(Vec::new());
-                };
-                (
-                    expr,
-                    "FROM \"kb_chunks_fts\" f JOIN \"kb_chunks\" c ON c.\"seq\" = f.\"rowid\" \
-                     JOIN \"kb_documents\" d ON d.\"id\" = c.\"document_id\" \
-                     WHERE \"kb_chunks_fts\" MATCH ?",
-                    // bm25 is smaller-is-better; negate so higher is better everywhere.
-                    "CAST(-bm25(\"kb_chunks_fts\") AS REAL)",
-                    "score DESC",
-                )
-            }
-            other => {
-                return Err(StoreError::invalid(format!(
-                    "full-text search is not supported on {other:?}"
-                )));
-            }
-        };
-        let mut values: Vec<SqlValue> = vec![matcher.into()];
-        // Placeholder of the latest value: `$n` on Postgres, `?` (positional) on SQLite.
-        let mark = |n: usize| {
-            if backend == DbBackend::Postgres {
-                format!("${n}")
-            } else {
-                "?".to_owned()
-            }
-        };
-        let mut sql = format!(
-            "SELECT c.\"content\" AS content, {score} AS score, c.\"document_id\" AS document_id, \
-             d.\"name\" AS title, c.\"chunk_index\" AS chunk_index {sql_head}"
-        );
-        values.push(search.workspace_id.as_str().to_owned().into());
-        sql.push_str(&format!(" AND c.\"workspace_id\" = {}", mark(values.len())));
-        values.push(search.kb_id.into());
-        sql.push_str(&format!(" AND c.\"kb_id\" = {}", mark(values.len())));
-        if !search.document_ids.is_empty() {
-            let mut marks = Vec::new();
-            for id in &search.document_ids {
-                values.push((*id).into());
-                marks.push(mark(values.len()));
-            }
-            sql.push_str(&format!(" AND c.\"document_id\" IN ({})", marks.join(", ")));
-        }
-        values.push(i64::try_from(top_k).unwrap_or(50).into());
-        sql.push_str(&format!(
-            " ORDER BY {order}, c.\"seq\" ASC LIMIT {}",
-            mark(values.len())
-        ));
-        let rows = HitRow::find_by_statement(Statement::from_sql_and_values(backend, sql, values))
-            .all(&self.db)
-            .await?;
+        let statement = kb_search::statement(self.backend(), &search, &terms, top_k)?;
+        let rows = HitRow::find_by_statement(statement).all(&self.db).await?;
         Ok(rows
             .into_iter()
             .map(|r| KbHit {
+                score: kb_search::score(r.matched, r.relevance),
                 content: r.content,
-                score: r.score,
                 document_id: r.document_id,
                 title: r.title,
                 chunk_index: r.chunk_index,

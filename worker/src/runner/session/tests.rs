@@ -146,6 +146,89 @@ fn api_calls_are_dispatched_only_for_active_runs_of_this_session() {
     assert!(matches!(&fx[..], [Effect::Write(HostToRunner::ApiResult(a))] if !a.ok));
 }
 
+fn refused(id: Option<ApiCallId>, run_id: Option<String>, problem: &str) -> Input {
+    Input::RefusedCall(RefusedCall {
+        id,
+        run_id,
+        problem: problem.into(),
+    })
+}
+
+fn only_answer(fx: &[Effect]) -> &ApiResult {
+    match fx {
+        [Effect::Write(HostToRunner::ApiResult(answer))] => answer,
+        other => panic!("{other:?}"),
+    }
+}
+
+#[test]
+fn refused_calls_are_answered_with_their_code_and_the_run_goes_on() {
+    let mut s = shared();
+    let id = start(&mut s);
+    // No run id: invalid_argument, echoing the integer id.
+    let fx = s.on(refused(
+        Some(5u64.into()),
+        None,
+        "api call has no string `run_id`",
+    ));
+    let answer = only_answer(&fx);
+    assert_eq!(answer.id, Some(ApiCallId::from(5u64)));
+    let error = answer.error.as_ref().unwrap();
+    assert_eq!(error.code, "invalid_argument");
+    assert_eq!(error.message, "api call has no string `run_id`");
+    // An active run, a missing action: invalid_argument.
+    let fx = s.on(refused(
+        Some("a".into()),
+        Some(id.to_string()),
+        "api call has no string `action`",
+    ));
+    assert_eq!(
+        only_answer(&fx).error.as_ref().unwrap().code,
+        "invalid_argument"
+    );
+    // A run that is not active here: not_found first, whatever else is wrong.
+    let fx = s.on(refused(
+        Some("b".into()),
+        Some(RunId::new().to_string()),
+        "api call has no string `action`",
+    ));
+    assert_eq!(only_answer(&fx).error.as_ref().unwrap().code, "not_found");
+    // No usable id: answered with id null.
+    let fx = s.on(refused(None, Some(id.to_string()), "api call has no `id`"));
+    let answer = only_answer(&fx);
+    assert_eq!(answer.id, None);
+    assert_eq!(answer.error.as_ref().unwrap().code, "invalid_argument");
+    // None of it touched the run, and refused calls are usable lines: a bad line after
+    // them is the first of a streak, forgiven for the process.
+    assert!(s.is_active(&id));
+    let fx = s.on(Input::BadFrame {
+        run_id: None,
+        detail: "x".into(),
+    });
+    assert!(!fx.contains(&Effect::Kill), "{fx:?}");
+}
+
+#[test]
+fn integer_call_ids_are_dispatched_as_written() {
+    let mut s = shared();
+    let id = start(&mut s);
+    let fx = s.on(Input::Frame(RunnerToHost::Api {
+        id: 12u64.into(),
+        run_id: id.to_string(),
+        action: "ping".into(),
+        params: json!({}),
+    }));
+    assert_eq!(
+        fx,
+        vec![Effect::Dispatch {
+            call_id: 12u64.into(),
+            run_id: id,
+            action: "ping".into(),
+            params: json!({})
+        }]
+    );
+}
+
 #[test]
 fn cancel_asks_the_runner_then_ends_as_cancelled() {
     let mut s = shared();
@@ -328,8 +411,35 @@ fn exit_fails_in_flight_runs_as_crashed() {
             (b, 1, "run.failed".into(), Some("cancelled".into())),
         ]
     );
+    // A clean exit is not called a crash.
+    assert_eq!(
+        failure_message(&fx, a),
+        "runner process exited while runs were active (exit status 0)"
+    );
     assert_eq!(s.phase(), Phase::Exited);
     assert!(!s.accepts_runs());
+
+    let mut s = shared();
+    let c = start(&mut s);
+    let fx = s.on(Input::Exited {
+        clean: false,
+        detail: "exit status 1".into(),
+    });
+    assert_eq!(
+        failure_message(&fx, c),
+        "runner process crashed: exit status 1"
+    );
+}
+
+fn failure_message(fx: &[Effect], run: RunId) -> String {
+    fx.iter()
+        .find_map(|e| match e {
+            Effect::Deliver { run_id, item } if *run_id == run => {
+                item.result.data["error"].as_str().map(str::to_owned)
+            }
+            _ => None,
+        })
+        .unwrap_or_else(|| panic!("no failure for {run}: {fx:?}"))
 }
 
 #[test]
