@@ -86,6 +86,9 @@ pub mod names {
     pub const PROXY_CALL_DURATION_SECONDS: &str = "sb_proxy_call_duration_seconds";
     /// Counter `{exchange}`: messages published with a broker confirm.
     pub const BUS_PUBLISHED_TOTAL: &str = "sb_bus_published_total";
+    /// Counter `{exchange}`: best-effort messages the bus refused for good (an invalid
+    /// routing key, a body over the broker's limit) and that were dropped, not retried.
+    pub const BUS_PUBLISH_REFUSED_TOTAL: &str = "sb_bus_publish_refused_total";
     /// Counter `{queue, disposition = ack|retry|dead_letter}`: messages consumed.
     pub const BUS_CONSUMED_TOTAL: &str = "sb_bus_consumed_total";
     /// Histogram `{queue}`: time between publish and consume (queue lag).
@@ -188,6 +191,11 @@ pub const DEFINITIONS: &[MetricDef] = &[
         names::BUS_PUBLISHED_TOTAL,
         MetricKind::Counter,
         "Messages published and confirmed, by exchange.",
+    ),
+    def(
+        names::BUS_PUBLISH_REFUSED_TOTAL,
+        MetricKind::Counter,
+        "Best-effort messages the bus refused for good and that were dropped, by exchange.",
     ),
     def(
         names::BUS_CONSUMED_TOTAL,

@@ -246,6 +246,58 @@ async fn channel_errors_keep_the_connection() {
         .expect("the delivery of before the errors can still be acked");
 }
 
+/// Issue 15 finding 1: a routing key over AMQP's 255 bytes is refused at once, per message,
+/// as `invalid_argument` (permanent: a consumer must not retry it as an outage; lapin would
+/// truncate it silently), the messages around it in a batch are published, and the bounded
+/// live-delivery key of a 255-character conversation id is taken by the broker.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_overlong_routing_key_is_a_permanent_error_and_bounded_keys_pass() {
+    use sb_common::bus::Outgoing;
+    use sb_common::bus::topology::{deliveries_conversation_pattern, deliveries_routing_key};
+    use sb_protocol::error::{Disposition, HasErrorCode};
+
+    let prefix = unique_prefix();
+    let bus = AmqpBus::connect(options(&prefix)).await.unwrap();
+    let fx = BusFixture::new(Arc::new(bus.clone()), prefix.clone()).with_teardown(teardown(prefix));
+    let ex = fx.name("deliveries");
+    bus.declare_exchange(&ExchangeSpec::new(&ex, ExchangeKind::Topic))
+        .await
+        .unwrap();
+    let conversation = "é".repeat(255);
+    let run = sb_protocol::ids::RunId::new();
+    let key = deliveries_routing_key("default", Some(&conversation), &run);
+    assert!(key.len() <= 255);
+    let spec = QueueSpec::durable(fx.name("q")).bind(
+        &ex,
+        deliveries_conversation_pattern("default", Some(&conversation)),
+    );
+    let mut sub = bus
+        .subscribe(&spec, ConsumeOptions::prefetch(10))
+        .await
+        .unwrap();
+    let started = std::time::Instant::now();
+    let batch = vec![
+        Outgoing::new(&ex, &key, "before"),
+        Outgoing::new(&ex, "k".repeat(256), "refused"),
+        Outgoing::new(&ex, &key, "after"),
+    ];
+    let err = bus.publish_batch(batch).await.unwrap_err();
+    assert!(started.elapsed() < Duration::from_secs(5), "not retried");
+    assert_eq!(err.failed.len(), 1, "{err}");
+    let (index, cause) = &err.failed[0];
+    assert_eq!(*index, 1);
+    assert!(matches!(cause, BusError::InvalidArgument(_)), "{cause:?}");
+    assert_ne!(cause.code().disposition(), Disposition::Retry);
+    for expected in ["before", "after"] {
+        let delivery = tokio::time::timeout(Duration::from_secs(10), sub.next())
+            .await
+            .unwrap()
+            .unwrap();
+        assert_eq!(&delivery.body[..], expected.as_bytes());
+        delivery.ack().await.unwrap();
+    }
+}
+
 /// Publishing to an unreachable broker fails with `Unavailable` instead of hanging.
 #[tokio::test]
 async fn unreachable_broker_is_unavailable() {

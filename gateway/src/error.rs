@@ -10,12 +10,39 @@
 //! real error travels in the response extensions ([`ErrorDetail`]) to
 //! [`log_error_details`], which logs it with the request's method and path. This is axum's
 //! error-handling example, with quickwit's "one code, one mapping" rule.
+//!
+//! Extractors: handlers take [`ApiJson`], [`ApiQuery`] and [`ApiPath`] instead of axum's
+//! `Json`, `Query` and `Path`, whose rejections are plain text (`Invalid URL: …` for a
+//! percent-encoded path id that is not UTF-8). All three also refuse NUL (U+0000) with
+//! `400 invalid_argument`: PostgreSQL cannot store it, and refusing it here answers the same
+//! in embedded and cluster mode instead of a `500` from the store.
+//!
+//! # Refusals below the router
+//!
+//! A few requests are refused by hyper's HTTP/1 parser before any request exists for axum
+//! (no route, no middleware, no extractor runs), and hyper writes those answers itself: a
+//! status line, `content-length: 0`, no body, then it closes the connection. It has no hook to
+//! change them (`hyper::proto::h1::role::Server::on_error` builds a bare `MessageHead`), and
+//! `axum::serve` does not expose the connection builder either. They are:
+//!
+//! | answer | cause |
+//! | --- | --- |
+//! | `431` | request head over hyper's read buffer (about 400 KiB) or more than 100 header fields |
+//! | `414` | a request target too long for the parser |
+//! | `400` | an unparsable request line or header (bad method, version, URI or header bytes) |
+//!
+//! A client can recognise them by the empty body; none of them is retryable unchanged.
+//! Raising the limits (a hand-written accept loop with `hyper_util`'s builder) would only move
+//! the point where they apply: some limit must hold before a request can be routed.
 
 use std::fmt;
 use std::time::Duration;
 
-use axum::extract::rejection::{JsonRejection, QueryRejection};
-use axum::extract::{FromRequest, FromRequestParts, Query, Request};
+use axum::body::Bytes;
+use axum::extract::rejection::{
+    BytesRejection, JsonRejection, PathRejection, QueryRejection, RawPathParamsRejection,
+};
+use axum::extract::{FromRequest, FromRequestParts, Path, Query, RawPathParams, Request};
 use axum::http::{HeaderValue, StatusCode, header};
 use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
@@ -316,18 +343,118 @@ impl From<JsonRejection> for ApiError {
                     .map_or_else(|| err.body_text(), ToString::to_string);
                 Self::invalid(format!("request body is not valid json: {inner}"))
             }
-            JsonRejection::MissingJsonContentType(_) => {
-                Self::invalid("expected a request with `Content-Type: application/json`")
-            }
-            JsonRejection::BytesRejection(err) if err.status() == StatusCode::PAYLOAD_TOO_LARGE => {
-                Self::new(
-                    ErrorCode::PayloadTooLarge,
-                    "request body is larger than the configured limit",
-                )
-            }
+            JsonRejection::MissingJsonContentType(_) => missing_json_content_type(),
+            JsonRejection::BytesRejection(err) => err.into(),
             other => Self::invalid(format!("cannot read request body: {}", other.body_text())),
         }
     }
+}
+
+fn missing_json_content_type() -> ApiError {
+    ApiError::invalid("expected a request with `Content-Type: application/json`")
+}
+
+impl From<BytesRejection> for ApiError {
+    fn from(rejection: BytesRejection) -> Self {
+        if rejection.status() == StatusCode::PAYLOAD_TOO_LARGE {
+            Self::new(
+                ErrorCode::PayloadTooLarge,
+                "request body is larger than the configured limit",
+            )
+        } else {
+            Self::invalid(format!(
+                "cannot read request body: {}",
+                rejection.body_text()
+            ))
+        }
+    }
+}
+
+impl From<PathRejection> for ApiError {
+    fn from(rejection: PathRejection) -> Self {
+        use axum::extract::path::ErrorKind;
+        match rejection {
+            PathRejection::FailedToDeserializePathParams(err) => match err.kind() {
+                ErrorKind::InvalidUtf8InPathParam { key } => invalid_utf8_in_path(key),
+                // A route whose parameters do not fit its extractor: our bug.
+                ErrorKind::UnsupportedType { .. } | ErrorKind::WrongNumberOfParameters { .. } => {
+                    Self::internal(err.body_text())
+                }
+                kind => Self::invalid(format!("invalid path parameter: {kind}")),
+            },
+            // A handler extracting a path on a route without parameters: our bug.
+            other => Self::internal(other.body_text()),
+        }
+    }
+}
+
+impl From<RawPathParamsRejection> for ApiError {
+    fn from(rejection: RawPathParamsRejection) -> Self {
+        match rejection {
+            RawPathParamsRejection::InvalidUtf8InPathParam(err) => {
+                // The rejection only shows its key through its text: "Invalid UTF-8 in `key`".
+                let text = err.body_text();
+                let key = text.split('`').nth(1).unwrap_or("path parameter");
+                invalid_utf8_in_path(key)
+            }
+            other => Self::internal(other.body_text()),
+        }
+    }
+}
+
+fn invalid_utf8_in_path(key: &str) -> ApiError {
+    ApiError::invalid(format!(
+        "path parameter `{key}` is not valid UTF-8 once percent-decoded"
+    ))
+}
+
+/// Why NUL (U+0000) is refused in every request, whatever the backend: PostgreSQL cannot
+/// store it in `text` or `jsonb` (the insert fails, which used to answer `500`), and no id,
+/// name or text of ours has a use for it. Refusing it at the edge gives the same clear `400`
+/// in embedded (SQLite) and cluster (Postgres) mode.
+fn nul_refused(place: &str) -> ApiError {
+    ApiError::invalid(format!("{place} must not contain NUL (U+0000) characters"))
+}
+
+/// Whether a JSON text holds a NUL character: as the escape `\u0000` inside a string (a raw
+/// NUL byte is not valid JSON, and is reported as such). Escapes are skipped whole, so an
+/// escaped backslash followed by `u0000` (the six characters, not NUL) is not taken for one.
+fn json_has_nul(body: &[u8]) -> bool {
+    let mut i = 0;
+    while i < body.len() {
+        match body[i] {
+            0 => return true,
+            b'\\' => {
+                if body.get(i + 1) == Some(&b'u') && body.get(i + 2..i + 6) == Some(b"0000") {
+                    return true;
+                }
+                i += 2;
+            }
+            _ => i += 1,
+        }
+    }
+    false
+}
+
+/// `Content-Type` is `application/json` or `application/<anything>+json` (parameters such as
+/// `charset` allowed): the rule of axum's `Json`, which [`ApiJson`] reads the body without.
+fn is_json_content_type(headers: &http::HeaderMap) -> bool {
+    let Some(value) = headers
+        .get(header::CONTENT_TYPE)
+        .and_then(|v| v.to_str().ok())
+    else {
+        return false;
+    };
+    let essence = value
+        .split(';')
+        .next()
+        .unwrap_or("")
+        .trim()
+        .to_ascii_lowercase();
+    essence == "application/json"
+        || essence
+            .strip_prefix("application/")
+            .is_some_and(|subtype| subtype.ends_with("+json"))
 }
 
 impl From<QueryRejection> for ApiError {
@@ -343,7 +470,9 @@ impl From<QueryRejection> for ApiError {
 }
 
 /// `Json<T>` whose rejections are [`ApiError`]s, so bad input gets the `{code, message}`
-/// shape and a 400 (axum's own `Json` answers 422 in plain text).
+/// shape and a 400 (axum's own `Json` answers 422 in plain text). A body with a NUL character
+/// in any string is refused (`400 invalid_argument`, see [`nul_refused`]) before it is
+/// deserialized, so no route can hand one to the store.
 #[derive(Debug, Clone, Copy, Default)]
 pub struct ApiJson<T>(pub T);
 
@@ -355,7 +484,40 @@ where
     type Rejection = ApiError;
 
     async fn from_request(req: Request, state: &S) -> Result<Self, Self::Rejection> {
-        let Json(value) = Json::<T>::from_request(req, state).await?;
+        if !is_json_content_type(req.headers()) {
+            return Err(missing_json_content_type());
+        }
+        let body = Bytes::from_request(req, state).await?;
+        if json_has_nul(&body) {
+            return Err(nul_refused("the request body"));
+        }
+        let Json(value) = Json::<T>::from_bytes(&body)?;
+        Ok(Self(value))
+    }
+}
+
+/// `Path<T>` whose rejections are [`ApiError`]s (axum's own answers plain text, e.g.
+/// `Invalid URL: …` for a percent-encoded id that is not UTF-8), and which refuses a NUL
+/// character in any parameter with `400 invalid_argument` (see [`nul_refused`]).
+#[derive(Debug, Clone, Copy, Default)]
+pub struct ApiPath<T>(pub T);
+
+impl<T, S> FromRequestParts<S> for ApiPath<T>
+where
+    T: DeserializeOwned + Send,
+    S: Send + Sync,
+{
+    type Rejection = ApiError;
+
+    async fn from_request_parts(
+        parts: &mut http::request::Parts,
+        state: &S,
+    ) -> Result<Self, Self::Rejection> {
+        let raw = RawPathParams::from_request_parts(parts, state).await?;
+        if let Some((key, _)) = raw.iter().find(|(_, value)| value.contains('\0')) {
+            return Err(nul_refused(&format!("path parameter `{key}`")));
+        }
+        let Path(value) = Path::<T>::from_request_parts(parts, state).await?;
         Ok(Self(value))
     }
 }
@@ -366,7 +528,8 @@ impl<T: Serialize> IntoResponse for ApiJson<T> {
     }
 }
 
-/// `Query<T>` whose rejections are [`ApiError`]s.
+/// `Query<T>` whose rejections are [`ApiError`]s, refusing a NUL character (`%00`) in any
+/// parameter with `400 invalid_argument` (see [`nul_refused`]).
 #[derive(Debug, Clone, Copy, Default)]
 pub struct ApiQuery<T>(pub T);
 
@@ -381,6 +544,18 @@ where
         parts: &mut http::request::Parts,
         state: &S,
     ) -> Result<Self, Self::Rejection> {
+        // Decoded once as plain pairs to find a NUL (`%00`) in any name or value.
+        let pairs: Query<Vec<(String, String)>> = Query::try_from_uri(&parts.uri)?;
+        if let Some((name, _)) = pairs
+            .0
+            .iter()
+            .find(|(name, value)| name.contains('\0') || value.contains('\0'))
+        {
+            return Err(nul_refused(&format!(
+                "query parameter `{}`",
+                name.escape_debug()
+            )));
+        }
         let Query(value) = Query::<T>::from_request_parts(parts, state).await?;
         Ok(Self(value))
     }
@@ -501,6 +676,37 @@ mod tests {
             body["message"].as_str().unwrap().contains("admin"),
             "{body}"
         );
+    }
+
+    #[test]
+    fn nul_is_found_in_json_escapes_only() {
+        assert!(json_has_nul(br#"{"input": {"text": "a\u0000b"}}"#));
+        assert!(json_has_nul(b"{\"a\": \"\0\"}"));
+        assert!(
+            json_has_nul(br#"["\\\u0000"]"#),
+            "an escaped backslash, then NUL"
+        );
+        assert!(
+            !json_has_nul(br#"["\\u0000"]"#),
+            "a backslash, then the text u0000"
+        );
+        assert!(!json_has_nul(br#"{"a": "\u0001 \n \"u0000\""}"#));
+        assert!(!json_has_nul(b"\\"), "a trailing backslash");
+    }
+
+    #[test]
+    fn json_content_types() {
+        let with = |value: &'static str| {
+            let mut headers = http::HeaderMap::new();
+            headers.insert(header::CONTENT_TYPE, HeaderValue::from_static(value));
+            is_json_content_type(&headers)
+        };
+        assert!(with("application/json"));
+        assert!(with("Application/JSON; charset=utf-8"));
+        assert!(with("application/problem+json"));
+        assert!(!with("text/plain"));
+        assert!(!with("application/jsonx"));
+        assert!(!is_json_content_type(&http::HeaderMap::new()));
     }
 
     #[tokio::test]

@@ -17,6 +17,13 @@
 //! | `GET /v1/runs/{id}/stream` | client | SSE after `after_sequence` / `Last-Event-ID`, closed after the terminal item |
 //! | `POST /v1/runs/{id}/cancel` | client | records the intent, sets the cancel flag, broadcasts `cancel.<run_id>` |
 //! | `GET /v1/conversations/{id}/transcript` | client | `{items: [TranscriptItem], next_cursor, has_more}` |
+//! | `POST /v1/sessions`, `GET /v1/sessions` | client | `201` a session (agent fixed at creation) / the workspace's sessions, paged (see [`routes::sessions`]) |
+//! | `GET /v1/sessions/{id}`, `DELETE /v1/sessions/{id}` | client | a session / closes it (later turns `409`, history stays) |
+//! | `GET /v1/sessions/{id}/history` | client | the session's user and assistant messages, paged |
+//! | `POST /v1/sessions/{id}/turns` | client | `202 {session_id, turn_id, status}` once durable; same key + other request `409` (see [`routes::turns`]) |
+//! | `GET /v1/turns/{id}`, `GET /v1/turns/{id}/events` | client | the turn's snapshot / `{events, gap, next_sequence, snapshot}` after a sequence |
+//! | `GET /v1/turns/{id}/wait` | client | long-poll (≤ 60 s, one stream slot) to a terminal snapshot; never resubmits |
+//! | `POST /v1/turns/{id}/cancel` | client | `{cancelled, snapshot}`; a terminal result is never rewritten |
 //! | `GET /v1/agents`, `GET /v1/agents/{id}` | client | agents (an application picks the agent it talks to) |
 //! | `POST /v1/agents`, `PATCH/DELETE /v1/agents/{id}` | admin | agents (`422` unknown runner, `409` ambiguous scope) |
 //! | `GET /v1/runners` | admin | registered runners |
@@ -44,8 +51,8 @@
 //! - [`limits`]: per-key request rate and open-stream limits.
 //! - [`normalize`]: ingest payload → `AgentEventEnvelope` (pure, unit-tested).
 //! - [`routes`]: one file per resource: events, runs, conversations, agents, runners,
-//!   health, `resources` (models, tools, knowledge bases), `keys` and `host` (the remote
-//!   Host API).
+//!   health, `resources` (models, tools, knowledge bases), `keys`, `sessions` and `turns`
+//!   (the turn API) and `host` (the remote Host API).
 //! - [`stream`]: SSE framing and the ledger-then-live, gap-free result stream.
 //! - [`live`]: the gateway's exclusive delivery queue and the per-run fan-out.
 //! - [`relay`]: the outbox relay task.
@@ -87,6 +94,7 @@ pub use crate::state::{AppState, GatewayDeps, GatewayOptions};
 use crate::relay::OutboxRelay;
 use crate::routes::{
     agents, conversations, events, health, host, keys, resources, runners, runs, schedules,
+    sessions, turns,
 };
 
 /// Errors that stop the gateway.
@@ -136,6 +144,19 @@ pub fn app(state: AppState) -> Router {
             "/v1/conversations/{id}/transcript",
             get(conversations::transcript),
         )
+        .route(
+            "/v1/sessions",
+            get(sessions::list_sessions).post(sessions::create_session),
+        )
+        .route(
+            "/v1/sessions/{id}",
+            get(sessions::get_session).delete(sessions::close_session),
+        )
+        .route("/v1/sessions/{id}/history", get(sessions::history))
+        .route("/v1/sessions/{id}/turns", post(turns::start_turn))
+        .route("/v1/turns/{id}", get(turns::get_turn))
+        .route("/v1/turns/{id}/events", get(turns::turn_events))
+        .route("/v1/turns/{id}/cancel", post(turns::cancel_turn))
         .route("/v1/runners", get(admin(runners::list_runners)))
         .route(
             "/v1/agents",
@@ -181,7 +202,10 @@ pub fn app(state: AppState) -> Router {
                 .layer(HandleErrorLayer::new(timeout_error))
                 .layer(tower::timeout::TimeoutLayer::new(timeout)),
         );
-    let streams = Router::new().route("/v1/runs/{id}/stream", get(runs::stream_run));
+    // Long-lived requests: no request timeout (each bounds itself and takes a stream slot).
+    let streams = Router::new()
+        .route("/v1/runs/{id}/stream", get(runs::stream_run))
+        .route("/v1/turns/{id}/wait", get(turns::wait_turn));
     let v1 = timed
         .merge(streams)
         .route_layer(from_fn_with_state(state.clone(), auth::require_api_key));

@@ -4,6 +4,9 @@
 //!
 //! Rules, in the order they are applied:
 //!
+//! 0. Before this runs, [`ApiJson`](crate::error::ApiJson) has refused a body with a NUL
+//!    (U+0000) in any string, `input.text` and `data` included (`400 invalid_argument`):
+//!    PostgreSQL cannot store it. Ids refuse every control character (rule 2) anyway.
 //! 1. `event_type` and `source` are required: 1–100 characters of `[A-Za-z0-9_.:-]`.
 //! 2. Ids (`conversation_id`, `thread_id`, `bot_id`, actor and subject ids) are 1–255
 //!    characters without control characters when present (the DB columns are 255 wide).

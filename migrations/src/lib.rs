@@ -49,6 +49,7 @@ mod m20250601_000009_create_resources;
 mod m20250601_000010_add_agent_budgets;
 mod m20250601_000011_add_api_key_roles;
 mod m20250601_000012_stem_kb_search;
+mod m20250601_000013_add_request_fingerprints;
 
 pub use sea_orm_migration::MigratorTrait;
 
@@ -72,6 +73,7 @@ impl MigratorTrait for Migrator {
             Box::new(m20250601_000010_add_agent_budgets::Migration),
             Box::new(m20250601_000011_add_api_key_roles::Migration),
             Box::new(m20250601_000012_stem_kb_search::Migration),
+            Box::new(m20250601_000013_add_request_fingerprints::Migration),
         ]
     }
 }

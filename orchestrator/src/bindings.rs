@@ -367,6 +367,31 @@ pub fn resolve(event: &AgentEventEnvelope, agents: &[AgentCandidate]) -> Resolut
     }
 }
 
+/// Picks `agent_id` for `event`, ignoring scopes and filters: the agent was chosen
+/// explicitly (a turn of a session, whose agent is fixed at creation), so scope resolution
+/// does not apply and a second agent in scope can never win or make the event ambiguous.
+/// The agent must still be of the event's workspace, enabled and subscribed to its event
+/// type; otherwise nothing matches (the event is `unrouted`).
+#[must_use]
+pub fn resolve_pinned(
+    event: &AgentEventEnvelope,
+    agents: &[AgentCandidate],
+    agent_id: &sb_protocol::ids::AgentId,
+) -> Resolution {
+    agents
+        .iter()
+        .map(|entry| &entry.config)
+        .find(|agent| {
+            agent.agent_id.as_ref() == Some(agent_id)
+                && agent.workspace_id == event.workspace_id
+                && agent.enabled
+                && agent.event_types.contains(&event.event_type)
+        })
+        .map_or(Resolution::NotFound, |agent| {
+            Resolution::Matched(Box::new(AgentBinding::from_config(agent)))
+        })
+}
+
 /// Whether two agents could both be the most specific match for some event, which makes
 /// that event ambiguous. The API uses this to refuse creating such an agent (409).
 ///
@@ -475,6 +500,39 @@ mod tests {
             Resolution::Matched(b) => b.agent_id,
             _ => None,
         }
+    }
+
+    #[test]
+    fn a_pinned_agent_wins_over_scopes_but_must_be_enabled_and_subscribed() {
+        // Two workspace-wide agents (ambiguous by scope) and one scoped elsewhere.
+        let a = agent(AgentScope::default());
+        let b = agent(AgentScope::default());
+        let elsewhere = agent(scope(None, None, None, Some("other-conv")));
+        let agents = [a.clone(), b, elsewhere.clone()];
+        assert!(matches!(
+            resolve(&event(), &agents),
+            Resolution::Ambiguous(_)
+        ));
+        let pinned = |id: &AgentCandidate, agents: &[AgentCandidate]| {
+            matched_id(&resolve_pinned(
+                &event(),
+                agents,
+                id.config.agent_id.as_ref().unwrap(),
+            ))
+        };
+        assert_eq!(pinned(&a, &agents), a.config.agent_id);
+        assert_eq!(pinned(&elsewhere, &agents), elsewhere.config.agent_id);
+
+        let mut disabled = a.clone();
+        disabled.config.enabled = false;
+        assert_eq!(pinned(&a, std::slice::from_ref(&disabled)), None);
+        let mut unsubscribed = a.clone();
+        unsubscribed.config.event_types = vec!["message.recalled".into()];
+        assert_eq!(pinned(&a, std::slice::from_ref(&unsubscribed)), None);
+        let mut foreign = a.clone();
+        foreign.config.workspace_id = WorkspaceId::new("other").unwrap();
+        assert_eq!(pinned(&a, std::slice::from_ref(&foreign)), None);
+        assert_eq!(pinned(&a, &[]), None);
     }
 
     #[test]

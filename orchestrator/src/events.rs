@@ -12,7 +12,9 @@
 //! 2. resolve one binding among the workspace's enabled agents ([`crate::bindings`]) and
 //!    look its runner up in the registry; no match / a tie / no runner → the event becomes
 //!    `unrouted` with reason `binding.not_found` / `binding.ambiguous` / `runner.not_found`
-//!    and no run is created;
+//!    and no run is created. A turn of the turn API (`metadata.turn`, see
+//!    [`sb_store::TurnTag`]) names its session's agent: that agent is the match whatever the
+//!    scopes say ([`crate::bindings::resolve_pinned`]);
 //! 3. for an event of a conversation without a run yet: the conversation's active runs
 //!    ([`crate::conversations`]); a `message.received` that an active run can absorb
 //!    ([`crate::steering::target`]) is pushed to that run's steering list and becomes
@@ -23,7 +25,8 @@
 //!    resource catalog;
 //! 5. the transcript's latest cursor (before this event's own row);
 //! 6. the run row (`queued`, unique on the event: a redelivery gets the existing run back,
-//!    with its id and its deadline, which are never recomputed);
+//!    with its id and its deadline, which are never recomputed); a turn's run takes the
+//!    turn id chosen at receipt, and a turn is never absorbed as steering input in step 3;
 //! 7. the state snapshot, the context, the frozen snapshot and the job ([`crate::plan`]),
 //!    with a freshly minted remote Host API token (`ctx.runtime.metadata.host_api`; the
 //!    snapshot keeps its SHA-256 only);
@@ -65,6 +68,7 @@ use sb_protocol::ids::RunId;
 use sb_protocol::messages::{self, ControlMessage, EventMessage};
 use sb_store::{
     CancelOutcome, EventRecord, EventStatus, EventStatusUpdate, NewRun, RunStatus, StoreError,
+    TurnTag,
 };
 use serde_json::{Map, Value, json};
 use tracing::Instrument;
@@ -210,7 +214,11 @@ impl EventRouter {
                 }
             })
             .collect();
-        let resolution = bindings::resolve(&envelope, &candidates);
+        // A turn's event goes to its session's agent, whatever the scopes say.
+        let resolution = match TurnTag::from_metadata(&envelope.metadata) {
+            Some(tag) => bindings::resolve_pinned(&envelope, &candidates, &tag.agent_id),
+            None => bindings::resolve(&envelope, &candidates),
+        };
         let lookup = match &resolution {
             bindings::Resolution::Matched(binding) => Some(self.lookup_runner(binding).await?),
             _ => None,
@@ -270,12 +278,19 @@ impl EventRouter {
         }
 
         let active = self.conversations.active(&key, None).await?;
-        if let Some(target) = steering::target(
-            envelope,
-            &dispatch.binding.runner_id,
-            dispatch.descriptor.supports_steering(),
-            &active,
-        ) {
+        // A turn is a run of its own (its id is the run id): never absorbed as steering.
+        let is_turn = TurnTag::from_metadata(&envelope.metadata).is_some();
+        let steering_target = if is_turn {
+            None
+        } else {
+            steering::target(
+                envelope,
+                &dispatch.binding.runner_id,
+                dispatch.descriptor.supports_steering(),
+                &active,
+            )
+        };
+        if let Some(target) = steering_target {
             if let Some(run_id) = self.claim(record, envelope, &key, target).await? {
                 self.leave_queue(record).await?;
                 return Ok(RouteOutcome::Claimed { run_id });
@@ -647,7 +662,12 @@ impl EventRouter {
         let (run, created) = stores
             .runs
             .create_run(NewRun {
-                id: Some(RunId::new()),
+                // A turn's run takes the turn id chosen at receipt (the turn API answers
+                // with it before the event is routed).
+                id: Some(
+                    TurnTag::from_metadata(&envelope.metadata)
+                        .map_or_else(RunId::new, |tag| tag.turn_id),
+                ),
                 workspace_id: workspace.clone(),
                 event_id: record.id,
                 agent_id: binding.agent_id,

@@ -4,6 +4,9 @@
 //! The worker enforces deadlines itself; the reaper is the safety net for a run whose
 //! worker died or whose terminal result never arrived. Per overdue run:
 //!
+//! 0. if the run's ledger already holds a terminal item (stored, but its side effects never
+//!    applied), that item finishes the run ([`ResultSink::finish_from_ledger`]) and steps 1
+//!    and 2 are skipped: a run has exactly one terminal item;
 //! 1. `finish_run(timeout)` — conditional, so among several orchestrators (and a late worker
 //!    result) exactly one finalizes the run; the others skip it;
 //! 2. the winner stores a synthetic terminal item `run.failed {code: "timeout"}` through the
@@ -72,17 +75,26 @@ impl Reaper {
             .await?;
         let mut reaped = Vec::new();
         for run in overdue {
-            let outcome =
-                RunOutcome::with_error(RunStatus::Timeout, run_failure::TIMEOUT, TIMEOUT_MESSAGE);
-            if !self.deps.stores.runs.finish_run(run.id, outcome).await? {
-                continue; // someone else ended it meanwhile
-            }
-            let result = AgentRunResult::run_failed(
-                run_failure::TIMEOUT,
-                TIMEOUT_MESSAGE,
-                run_failure::default_retryable(run_failure::TIMEOUT),
-            );
-            let sequence = self.sink.persist_synthetic(&run, result).await?;
+            // The run's own terminal item may be stored without having been applied: it
+            // ends the run (once), not a timeout of ours.
+            let sequence = if let Some(sequence) = self.sink.finish_from_ledger(&run).await? {
+                sequence
+            } else {
+                let outcome = RunOutcome::with_error(
+                    RunStatus::Timeout,
+                    run_failure::TIMEOUT,
+                    TIMEOUT_MESSAGE,
+                );
+                if !self.deps.stores.runs.finish_run(run.id, outcome).await? {
+                    continue; // someone else ended it meanwhile
+                }
+                let result = AgentRunResult::run_failed(
+                    run_failure::TIMEOUT,
+                    TIMEOUT_MESSAGE,
+                    run_failure::default_retryable(run_failure::TIMEOUT),
+                );
+                self.sink.persist_synthetic(&run, result).await?
+            };
             match self.deps.sessions.end_session(&run.id).await {
                 Ok(Some(ended)) => {
                     for item in &ended.steering {

@@ -25,7 +25,10 @@
 //!
 //! A plain duplicate (the same result published twice) is neither applied nor delivered
 //! again. When an item fails transiently, it and every later item of the batch are requeued,
-//! so a run's items are still applied in sequence order.
+//! so a run's items are still applied in sequence order. A delivery the bus refuses for good
+//! (a non-retryable [`BusError`](sb_common::bus::BusError), e.g. an invalid routing key) is
+//! dropped and counted, not requeued: the items are in the ledger, and requeueing would stall
+//! the shard and keep the run from finishing.
 //!
 //! Failures of a *result's own content* (a state update outside the policy, an oversized or
 //! mismatching artifact) never fail the message: they are logged and the item is still
@@ -503,9 +506,29 @@ impl ResultSink {
                 true
             }
             Err(error) => {
-                // Requeue from the first item of the first failed message on, keeping the
-                // run order.
-                let first_failed = error.failed.first().map_or(0, |(i, _)| *i);
+                use sb_protocol::error::{Disposition, HasErrorCode};
+                // A message the broker can never take (an invalid routing key, a body over
+                // its size limit) is dropped: live delivery is best effort and the items are
+                // in the ledger, where every stream reads what it missed. Requeueing it would
+                // stall the shard behind it for good and keep its run from ever finishing.
+                let (permanent, transient): (Vec<_>, Vec<_>) = error
+                    .failed
+                    .iter()
+                    .partition(|(_, e)| e.code().disposition() != Disposition::Retry);
+                for (index, cause) in &permanent {
+                    let run_id = items[groups[*index][0]].message.run_id;
+                    Registry::global().inc(
+                        names::BUS_PUBLISH_REFUSED_TOTAL,
+                        &[("exchange", "deliveries")],
+                    );
+                    tracing::warn!(%run_id, error = %cause, "live delivery refused by the bus; the items stay in the ledger");
+                }
+                if transient.is_empty() {
+                    return true;
+                }
+                // Requeue from the first item of the first transiently failed message on,
+                // keeping the run order.
+                let first_failed = transient.first().map_or(0, |(i, _)| *i);
                 let cut = groups[first_failed.min(groups.len() - 1)][0];
                 tracing::warn!(%error, "publishing deliveries failed; requeueing");
                 for (i, outcome) in outcomes.iter_mut().enumerate().skip(cut) {
@@ -522,6 +545,43 @@ impl ResultSink {
                 false
             }
         }
+    }
+
+    /// Finishes `run` from a terminal item already in its ledger, if there is one: applies it
+    /// again (every side effect is idempotent, see the module docs) and publishes it for live
+    /// delivery. Returns its sequence, or `None` when the ledger holds no terminal item.
+    ///
+    /// The reaper calls this before making a terminal item of its own: an item is stored
+    /// (step 2) before its side effects, so a run whose terminal item was stored but never
+    /// applied (its delivery dead-lettered) still looks active, and a second, host-made
+    /// terminal item would end it twice.
+    pub async fn finish_from_ledger(&self, run: &RunRecord) -> Result<Option<u64>> {
+        let Some((sequence, result)) = self
+            .stored_items(run.id)
+            .await?
+            .into_iter()
+            .find(|(_, result)| result.is_terminal())
+        else {
+            return Ok(None);
+        };
+        let info = self.run_info(run.id).await?;
+        let message = ResultMessage::new(
+            run.id,
+            run.workspace_id.clone(),
+            run.conversation_id.clone(),
+            sequence,
+            result,
+        );
+        self.apply(&info, &message).await?;
+        if let Err(error) = self
+            .deps
+            .bus
+            .publish_batch(vec![self.outgoing(&[&message])])
+            .await
+        {
+            tracing::warn!(run_id = %run.id, %error, "live delivery of a stored terminal item failed");
+        }
+        Ok(Some(sequence))
     }
 
     /// Stores a host-made terminal item for `run` (the reaper's `run.failed {code: "timeout"}`)
@@ -551,10 +611,16 @@ impl ResultSink {
             sequence += 1;
         };
         self.apply(&info, &message).await?;
-        self.deps
+        // Best effort, like every live delivery: the item is stored and applied, and a stream
+        // that misses it reads it from the ledger.
+        if let Err(error) = self
+            .deps
             .bus
             .publish_batch(vec![self.outgoing(&[&message])])
-            .await?;
+            .await
+        {
+            tracing::warn!(run_id = %run.id, %error, "live delivery of a host-made terminal item failed");
+        }
         Ok(sequence)
     }
 }

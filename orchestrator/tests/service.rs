@@ -1228,3 +1228,229 @@ async fn a_stopped_orchestrators_shards_move_to_the_other() {
     shutdown_b.trigger();
     b.join().await;
 }
+
+/// A bus that refuses every message to one exchange for good (`invalid_argument`, as the
+/// broker backends answer a routing key over 255 bytes), and passes everything else to the
+/// memory bus.
+struct RefusingBus {
+    inner: Arc<MemoryBus>,
+    refused_exchange: String,
+}
+
+#[async_trait::async_trait]
+impl Bus for RefusingBus {
+    async fn declare_exchange(
+        &self,
+        spec: &sb_common::bus::ExchangeSpec,
+    ) -> sb_common::bus::Result<()> {
+        self.inner.declare_exchange(spec).await
+    }
+    async fn delete_exchange(&self, name: &str) -> sb_common::bus::Result<()> {
+        self.inner.delete_exchange(name).await
+    }
+    async fn declare_queue(&self, spec: &QueueSpec) -> sb_common::bus::Result<()> {
+        self.inner.declare_queue(spec).await
+    }
+    async fn delete_queue(&self, name: &str) -> sb_common::bus::Result<()> {
+        self.inner.delete_queue(name).await
+    }
+    async fn bind(
+        &self,
+        queue: &str,
+        binding: &sb_common::bus::Binding,
+    ) -> sb_common::bus::Result<()> {
+        self.inner.bind(queue, binding).await
+    }
+    async fn unbind(
+        &self,
+        queue: &str,
+        binding: &sb_common::bus::Binding,
+    ) -> sb_common::bus::Result<()> {
+        self.inner.unbind(queue, binding).await
+    }
+    async fn publish(
+        &self,
+        exchange: &str,
+        routing_key: &str,
+        body: bytes::Bytes,
+        options: PublishOptions,
+    ) -> sb_common::bus::Result<()> {
+        if exchange == self.refused_exchange {
+            return Err(sb_common::bus::BusError::InvalidArgument(
+                "routing key longer than 255 bytes".into(),
+            ));
+        }
+        self.inner
+            .publish(exchange, routing_key, body, options)
+            .await
+    }
+    async fn publish_batch(
+        &self,
+        messages: Vec<sb_common::bus::Outgoing>,
+    ) -> Result<(), sb_common::bus::BatchPublishError> {
+        let total = messages.len();
+        let mut failed = Vec::new();
+        for (index, m) in messages.into_iter().enumerate() {
+            if let Err(e) = self
+                .publish(&m.exchange, &m.routing_key, m.body, m.options)
+                .await
+            {
+                failed.push((index, e));
+            }
+        }
+        if failed.is_empty() {
+            Ok(())
+        } else {
+            Err(sb_common::bus::BatchPublishError { total, failed })
+        }
+    }
+    async fn subscribe(
+        &self,
+        queue: &QueueSpec,
+        options: ConsumeOptions,
+    ) -> sb_common::bus::Result<Subscription> {
+        self.inner.subscribe(queue, options).await
+    }
+    async fn ping(&self) -> sb_common::bus::Result<()> {
+        self.inner.ping().await
+    }
+    async fn close(&self) -> sb_common::bus::Result<()> {
+        self.inner.close().await
+    }
+}
+
+/// Issue 15 finding 1: a live delivery the bus refuses for good (a permanent error, not an
+/// outage) used to be requeued as "bus unavailable" forever, stalling the results shard and
+/// keeping the run `running` until the reaper gave it a second terminal item. It is dropped
+/// now: the items are in the ledger, the run finishes once, the shard moves on.
+#[tokio::test]
+async fn a_delivery_the_bus_refuses_for_good_does_not_stall_the_shard() {
+    let h = harness().await;
+    standard_setup(&h, json!({})).await;
+    let shutdown = Shutdown::new();
+    let deps = OrchestratorDeps {
+        bus: Arc::new(RefusingBus {
+            inner: h.bus.clone(),
+            refused_exchange: h.topology.deliveries_exchange(),
+        }),
+        ..h.deps()
+    };
+    let orchestrator = Orchestrator::spawn(deps, h.options(), &shutdown)
+        .await
+        .unwrap();
+    let event_id = h.ingest(Some("c1"), "hello").await;
+    let RouteOutcome::Dispatched { run_id, .. } = h
+        .router()
+        .route(&EventMessage::new(ws(), event_id))
+        .await
+        .unwrap()
+    else {
+        panic!("dispatched")
+    };
+    assert!(h.stores.runs.claim_run(run_id, "w1").await.unwrap());
+
+    h.publish_result(
+        run_id,
+        Some("c1"),
+        1,
+        json!({"type": "message.delta", "data": {"chunk": {"role": "assistant", "content": "hi"}}}),
+    )
+    .await;
+    h.publish_result(
+        run_id,
+        Some("c1"),
+        2,
+        json!({"type": "run.completed", "data": {"finish_reason": "stop"}}),
+    )
+    .await;
+    wait_status(&h, run_id, RunStatus::Completed).await;
+    let rows = h.stores.runs.events_after(run_id, 0, 100).await.unwrap();
+    assert_eq!(
+        rows.iter()
+            .map(|r| r.result_type.as_str())
+            .collect::<Vec<_>>(),
+        ["message.delta", "run.completed"],
+        "every item is in the ledger, with one terminal item"
+    );
+    let queues: Vec<String> = (0..2).map(|k| h.topology.results_queue(k).name).collect();
+    eventually("results acked, none requeued or dead-lettered", || async {
+        queues
+            .iter()
+            .all(|q| h.bus.ready_count(q) == Some(0) && h.bus.unacked_count(q) == Some(0))
+            && h.bus.ready_count(&h.topology.dead_queue().name) == Some(0)
+    })
+    .await;
+    shutdown.trigger();
+    orchestrator.join().await;
+}
+
+/// Issue 15 finding 1 (its end): a run whose own terminal item is in the ledger but was never
+/// applied (its delivery was dead-lettered) used to be timed out by the reaper, which added a
+/// second terminal item (`run.completed`, then `run.failed`). The stored item ends it now.
+#[tokio::test]
+async fn the_reaper_finishes_a_run_from_its_stored_terminal_item_once() {
+    let h = harness().await;
+    standard_setup(&h, json!({"timeout": 0.05})).await;
+    let mut deliveries = h.deliveries().await;
+    let event_id = h.ingest(Some("c1"), "hello").await;
+    let RouteOutcome::Dispatched { run_id, .. } = h
+        .router()
+        .route(&EventMessage::new(ws(), event_id))
+        .await
+        .unwrap()
+    else {
+        panic!()
+    };
+    assert!(h.stores.runs.claim_run(run_id, "w1").await.unwrap());
+    for (sequence, result) in [
+        (
+            1,
+            json!({"type": "message.delta", "data": {"chunk": {"content": "hi"}}}),
+        ),
+        (
+            2,
+            json!({"type": "run.completed", "data": {"finish_reason": "stop"}}),
+        ),
+    ] {
+        let row = sb_store::NewRunEvent {
+            run_id,
+            sequence,
+            result_type: result["type"].as_str().unwrap().into(),
+            data: result,
+        };
+        assert!(h.stores.runs.insert_event(row).await.unwrap());
+    }
+
+    let options = Arc::new(OrchestratorOptions {
+        session_grace: Duration::ZERO,
+        ..h.options()
+    });
+    let sink = Arc::new(ResultSink::new(h.deps(), Arc::clone(&options)));
+    let reaper = Reaper::new(h.deps(), options, sink);
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    assert_eq!(reaper.reap_once().await.unwrap(), [run_id]);
+    let run = h.stores.runs.get_run(run_id).await.unwrap().unwrap();
+    assert_eq!(run.status, RunStatus::Completed, "the runner's own outcome");
+    let rows = h.stores.runs.events_after(run_id, 0, 100).await.unwrap();
+    assert_eq!(
+        rows.iter()
+            .map(|r| r.result_type.as_str())
+            .collect::<Vec<_>>(),
+        ["message.delta", "run.completed"],
+        "no second terminal item"
+    );
+    let delivered = drain(&mut deliveries, Duration::from_millis(100)).await;
+    assert_eq!(
+        delivered
+            .iter()
+            .map(|d| (d.sequence, d.result.result_type.as_str()))
+            .collect::<Vec<_>>(),
+        [(2, "run.completed")],
+        "streams of the run end"
+    );
+    assert!(
+        h.sessions.get_session(&run_id).await.unwrap().is_none(),
+        "session ended"
+    );
+    assert!(reaper.reap_once().await.unwrap().is_empty());
+}

@@ -30,6 +30,7 @@
 
 pub mod cluster;
 pub mod script;
+pub mod turns;
 
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Once};

@@ -720,3 +720,50 @@ async fn wait_until(what: &str, mut condition: impl FnMut() -> bool) {
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
 }
+
+/// Issue 15 finding 1: a conversation id of the longest accepted length (255 characters,
+/// multi-byte ones and topic syntax included) once made the live-delivery routing key exceed
+/// AMQP's 255-byte limit; the sink retried the refused publish forever, stalling its shard,
+/// and the reaper later gave the run a second terminal item. Now the key's words are bounded
+/// (`topology::key_segment`), so the run streams live and ends once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_conversation_id_of_255_characters_streams_live_and_ends_once() {
+    let cluster = cluster!(ClusterSpec::default());
+    add_test_agent(&cluster, TEST_SHARED).await;
+    let http = reqwest::Client::new();
+    let conversation = format!("{}.*#{}", "é".repeat(126), "c".repeat(126));
+    assert_eq!(conversation.chars().count(), 255);
+    let (_, frames) = ingest_stream(
+        &http,
+        &cluster.client(0),
+        cluster.api_key(),
+        &test_message(&conversation, "slow 50"),
+        None,
+    )
+    .await;
+    assert_dense(&frames, 0, true);
+    let run_id = run_id_of(&frames);
+    let other = cluster.client(1);
+    let run = other.wait_run_terminal(run_id).await;
+    assert_eq!(run["status"], "completed", "{run}");
+    assert_eq!(run["conversation_id"], conversation.as_str());
+    let items = other.run_events(run_id, 0).await;
+    assert_eq!(items, results(&frames), "ledger = stream");
+    let terminal = items.iter().filter(|i| i.is_terminal()).count();
+    assert_eq!(
+        terminal,
+        1,
+        "exactly one terminal item: {:?}",
+        types(&items)
+    );
+    // The other gateway follows the run's conversation live as well.
+    let (_, again) = ingest_stream(
+        &http,
+        &cluster.client(1),
+        cluster.api_key(),
+        &test_message(&conversation, "slow 5"),
+        None,
+    )
+    .await;
+    assert_dense(&again, 0, true);
+}

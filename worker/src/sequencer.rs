@@ -29,13 +29,19 @@
 //! (`runner.empty_output` for a run that ends with no message and no terminal, SPEC's "no
 //! silent success"; `run.completed {finish_reason: "stop"}` for one that produced messages).
 //! After the terminal item everything is skipped.
+//!
+//! Every delivered item has its NUL characters (U+0000) replaced with U+FFFD
+//! ([`sb_protocol::result::replace_nul`]): PostgreSQL cannot store them, and an item the
+//! ledger refuses would be a hole in the dense sequence.
 
 use std::collections::BTreeSet;
 use std::time::{SystemTime, UNIX_EPOCH};
 
 use sb_protocol::error::run_failure;
 use sb_protocol::ids::RunId;
-use sb_protocol::result::{AgentRunResult, Classified, ResultLimits, ResultType, classify};
+use sb_protocol::result::{
+    AgentRunResult, Classified, ResultLimits, ResultType, classify, replace_nul,
+};
 use serde_json::Value;
 
 /// One delivered result with its transport sequence.
@@ -325,6 +331,10 @@ impl RunSequencer {
     }
 
     fn deliver(&mut self, mut result: AgentRunResult) -> RunItem {
+        let replaced = replace_nul(&mut result);
+        if replaced > 0 {
+            tracing::debug!(run_id = %self.run_id, replaced, "NUL characters in a result replaced with U+FFFD");
+        }
         let sequence = self.next_sequence;
         self.next_sequence += 1;
         result.run_id.clone_from(&self.run_id_text);
@@ -537,6 +547,25 @@ mod tests {
         let mut raw = delta("x", None);
         raw["run_id"] = json!(s.run_id().to_string());
         delivered(s.admit(&raw));
+    }
+
+    #[test]
+    fn nul_characters_are_replaced_and_keep_their_sequence() {
+        let mut s = seq();
+        let first = delivered(s.admit(&delta("a\0b", None)));
+        assert_eq!(first.sequence, 1);
+        assert_eq!(
+            first.result.data["chunk"]["content"], "a\u{FFFD}b",
+            "{:?}",
+            first.result
+        );
+        let raw = json!({"type": "message.completed", "data": {
+            "message": {"role": "assistant", "content": "x\0"}}});
+        let second = delivered(s.admit(&raw));
+        assert_eq!(second.sequence, 2, "no sequence is lost");
+        let text = serde_json::to_string(&second.result).unwrap();
+        assert!(!text.contains("\\u0000"), "{text}");
+        assert!(text.contains("x\u{FFFD}"), "{text}");
     }
 
     #[test]

@@ -735,6 +735,49 @@ fn is_empty_json(v: Option<&Value>) -> bool {
     }
 }
 
+/// The character a NUL (U+0000) in runner output is replaced with: U+FFFD, REPLACEMENT
+/// CHARACTER, which says "a character was here that could not be kept".
+pub const NUL_REPLACEMENT: char = '\u{FFFD}';
+
+/// Replaces every NUL (U+0000) in the result's strings (the `data` and `usage` payloads,
+/// object keys included) with [`NUL_REPLACEMENT`]; returns how many were replaced.
+///
+/// Why replace rather than refuse: PostgreSQL cannot store NUL in `text` or `jsonb`, so an
+/// item holding one fails its ledger insert and is dead-lettered, leaving a hole in the
+/// run's dense sequence. Failing the whole run for one control character in generated text
+/// would be harsher than the seed host, which stored what runners sent; the replacement keeps
+/// every item (and so every sequence) and shows where the character was. The worker applies
+/// this to every item before it assigns the transport sequence.
+pub fn replace_nul(result: &mut AgentRunResult) -> usize {
+    fn in_string(s: &mut String) -> usize {
+        let n = s.matches('\0').count();
+        if n > 0 {
+            *s = s.replace('\0', "\u{FFFD}");
+        }
+        n
+    }
+    fn in_map(map: &mut Map<String, Value>) -> usize {
+        let mut n = 0;
+        if map.keys().any(|k| k.contains('\0')) {
+            let entries = std::mem::take(map);
+            for (mut key, value) in entries {
+                n += in_string(&mut key);
+                map.insert(key, value);
+            }
+        }
+        n + map.values_mut().map(in_value).sum::<usize>()
+    }
+    fn in_value(value: &mut Value) -> usize {
+        match value {
+            Value::String(s) => in_string(s),
+            Value::Array(items) => items.iter_mut().map(in_value).sum(),
+            Value::Object(map) => in_map(map),
+            Value::Null | Value::Bool(_) | Value::Number(_) => 0,
+        }
+    }
+    in_map(&mut result.data) + result.usage.as_mut().map_or(0, in_map)
+}
+
 /// Classifies one raw result. See the module docs for the rules, in order.
 #[must_use]
 pub fn classify(raw: &Value, limits: &ResultLimits) -> Classified {
@@ -1065,5 +1108,22 @@ mod tests {
             content_base64: Some("aGVsbG8=".into()),
         };
         assert_eq!(a.decode_content().unwrap().unwrap(), b"hello");
+    }
+
+    #[test]
+    fn replace_nul_reaches_every_string_and_key() {
+        let mut result: AgentRunResult = serde_json::from_value(json!({
+            "type": "x.custom",
+            "data": {"a\0": ["\0b", {"c": "\0\0"}], "n": 1},
+            "usage": {"u": "\0"}
+        }))
+        .unwrap();
+        assert_eq!(replace_nul(&mut result), 5);
+        assert_eq!(
+            serde_json::to_value(&result.data).unwrap(),
+            json!({"a\u{FFFD}": ["\u{FFFD}b", {"c": "\u{FFFD}\u{FFFD}"}], "n": 1})
+        );
+        assert_eq!(result.usage.unwrap()["u"], "\u{FFFD}");
+        assert_eq!(replace_nul(&mut AgentRunResult::run_completed()), 0);
     }
 }

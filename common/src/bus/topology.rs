@@ -88,15 +88,41 @@ pub fn runs_routing_key(pool: &str) -> String {
     pool.to_owned()
 }
 
+/// Longest word [`key_segment`] makes, in bytes. A live-delivery key has two free-text words
+/// and a run id (36 bytes) between two dots: `2 × 96 + 38 = 230`, under AMQP's 255-byte limit
+/// on routing keys (a short string; lapin would silently truncate a longer one), whatever the
+/// workspace and conversation ids are.
+pub const MAX_KEY_SEGMENT_BYTES: usize = 96;
+
 /// A routing-key word made from free text: `.`, `*` and `#` (the topic syntax) become `_`, and
-/// an empty word becomes `_`.
+/// an empty word becomes `_`. A word longer than [`MAX_KEY_SEGMENT_BYTES`] keeps a readable
+/// prefix (cut at a character boundary) followed by `~` and the 16 hex digits of the
+/// [`fnv1a`] hash of the *whole* original text, so it is at most
+/// [`MAX_KEY_SEGMENT_BYTES`] long and two long ids sharing a prefix still differ.
+///
+/// The publisher (the result sink) and the binder (the gateway's live hub) both build keys
+/// with this one function, so they always agree. A word does not identify its text uniquely
+/// (`a.b` and `a_b` give the same word, and so may two hashed ids): the key only narrows
+/// which gateway queue gets an item, and every stream filters the items it receives by run
+/// id.
 pub fn key_segment(text: &str) -> String {
     if text.is_empty() {
         return "_".into();
     }
-    text.chars()
+    let escaped: String = text
+        .chars()
         .map(|c| if matches!(c, '.' | '*' | '#') { '_' } else { c })
-        .collect()
+        .collect();
+    if escaped.len() <= MAX_KEY_SEGMENT_BYTES {
+        return escaped;
+    }
+    // `~` + 16 hex digits.
+    const SUFFIX: usize = 17;
+    let mut cut = MAX_KEY_SEGMENT_BYTES - SUFFIX;
+    while !escaped.is_char_boundary(cut) {
+        cut -= 1;
+    }
+    format!("{}~{:016x}", &escaped[..cut], fnv1a(text.as_bytes()))
 }
 
 /// Routing key of a live delivery: `<workspace>.<conversation or _>.<run_id>`.
@@ -449,6 +475,39 @@ mod tests {
             CONTROL_ALL_PATTERN,
             &control_routing_key(&run)
         ));
+    }
+
+    #[test]
+    fn deliveries_keys_stay_under_the_amqp_limit_whatever_the_ids() {
+        let run = RunId::new();
+        // 255 characters, multi-byte ones and topic syntax included (up to 1,020 bytes).
+        for (workspace, conversation) in [
+            ("ws".to_owned(), "c".repeat(255)),
+            ("w".repeat(255), "é".repeat(255)),
+            ("界.*#".repeat(64), "𝄞".repeat(255)),
+        ] {
+            let key = deliveries_routing_key(&workspace, Some(&conversation), &run);
+            assert!(key.len() <= 255, "{} bytes: {key}", key.len());
+            assert!(crate::bus::check_key(&key).is_ok());
+            assert_eq!(key.split('.').count(), 3, "{key}");
+            assert!(crate::bus::topic_matches(
+                &deliveries_conversation_pattern(&workspace, Some(&conversation)),
+                &key
+            ));
+            assert!(crate::bus::topic_matches(
+                &deliveries_run_pattern(&run),
+                &key
+            ));
+        }
+        // Long ids sharing their first 96 bytes still get different words.
+        let a = format!("{}a", "x".repeat(200));
+        let b = format!("{}b", "x".repeat(200));
+        assert_ne!(key_segment(&a), key_segment(&b));
+        assert_eq!(key_segment(&a).len(), MAX_KEY_SEGMENT_BYTES);
+        assert_eq!(key_segment(&a), key_segment(&a), "stable");
+        // Ids within the bound keep their plain, escaped form.
+        let plain = "c".repeat(MAX_KEY_SEGMENT_BYTES);
+        assert_eq!(key_segment(&plain), plain);
     }
 
     #[test]

@@ -91,6 +91,10 @@ pub struct NewEvent {
     pub workspace_id: WorkspaceId,
     /// Makes the append idempotent per workspace (1–128 chars of `[A-Za-z0-9-_.:]`).
     pub idempotency_key: Option<String>,
+    /// Fingerprint of the normalized request (sha256 hex) stored with the idempotency key:
+    /// a second append with the same key and another fingerprint is refused (`conflict`).
+    /// `None` (internal events, rows older than fingerprints) → the key alone decides.
+    pub request_hash: Option<String>,
     /// e.g. `message.received`, `artifact.created`, `steering.injected` (≤ 100 chars).
     pub event_type: String,
     /// e.g. `host_adapter`, `runner`, `agent_runner`, `host`, `api` (≤ 50 chars).
@@ -145,6 +149,7 @@ impl NewEvent {
             id: None,
             workspace_id,
             idempotency_key: None,
+            request_hash: None,
             event_type: event_type.into(),
             source: source.into(),
             event_time: None,
@@ -446,7 +451,9 @@ pub trait EventLog: Send + Sync + 'static {
     ///
     /// With an idempotency key, a second append with the same `(workspace, key)` writes
     /// nothing (no event, no outbox rows) and returns the first event with
-    /// `created = false` — also when both appends race. `input_summary` is cut to 997
+    /// `created = false` — also when both appends race. When both appends carry a
+    /// `request_hash` and the hashes differ, the second fails with `conflict` instead
+    /// (same key, different request: seed 004). `input_summary` is cut to 997
     /// characters + `...` when longer than 1000.
     async fn append(
         &self,

@@ -28,6 +28,8 @@
 //! - [`schedules`]: [`ScheduleStore`] (interval / cron / one-shot triggers, fired
 //!   exactly once per fire time together with the event they ingest) and the pure
 //!   fire-time computation [`ScheduleSpec`].
+//! - [`turns`]: [`TurnStore`] (the turn API's sessions, and turn identities committed with
+//!   the event that starts the turn) and [`TurnTag`], what a turn's event carries.
 //! - [`page`]: [`Page`], cursors, limit clamping, [`ThreadFilter`].
 //! - [`audit`]: builders of the event-log audit rows of steering input
 //!   (`steering.injected`, `steering.dropped`), shared by the worker and the orchestrator.
@@ -53,6 +55,7 @@ mod sql;
 pub mod state;
 mod stores;
 pub mod transcript;
+pub mod turns;
 
 #[cfg(any(test, feature = "test-util"))]
 pub mod testing;
@@ -87,4 +90,8 @@ pub use state::{BlobStorage, StateEntry, StateStore, StateWrite};
 pub use stores::{Health, Stores};
 pub use transcript::{
     Direction, NewTranscriptItem, Transcript, TranscriptQuery, TranscriptRecord, TranscriptSearch,
+};
+pub use turns::{
+    NewTurn, NewTurnSession, TURN_METADATA_KEY, TurnRecord, TurnSessionRecord, TurnStore, TurnTag,
+    session_conversation_id,
 };

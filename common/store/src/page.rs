@@ -98,6 +98,8 @@ pub(crate) enum CursorKind {
     Run,
     /// `schedules.id` (UUID v7, creation order)
     Schedule,
+    /// `turn_sessions.id` (UUID v7, creation order)
+    Session,
 }
 
 impl CursorKind {
@@ -108,6 +110,7 @@ impl CursorKind {
             Self::StateKey => "st1",
             Self::Run => "ru1",
             Self::Schedule => "sc1",
+            Self::Session => "se1",
         }
     }
 }

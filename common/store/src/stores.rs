@@ -7,7 +7,7 @@ use async_trait::async_trait;
 use crate::error::Result;
 use crate::{
     AgentStore, ArtifactStore, BlobStorage, EventLog, Outbox, ResourceRegistry, RunLedger,
-    RunnerRegistry, ScheduleStore, SqlStore, StateStore, Tenancy, Transcript,
+    RunnerRegistry, ScheduleStore, SqlStore, StateStore, Tenancy, Transcript, TurnStore,
 };
 
 /// Liveness of the database behind the stores (readiness probes).
@@ -52,6 +52,8 @@ pub struct Stores {
     pub resources: Arc<dyn ResourceRegistry>,
     /// Schedules (interval / cron / one-shot triggers).
     pub schedules: Arc<dyn ScheduleStore>,
+    /// Turn API sessions and turn identities.
+    pub turns: Arc<dyn TurnStore>,
     /// Database liveness.
     pub health: Arc<dyn Health>,
 }
@@ -74,6 +76,7 @@ impl Stores {
             tenancy: store.clone(),
             resources: store.clone(),
             schedules: store.clone(),
+            turns: store.clone(),
             health: store,
         }
     }

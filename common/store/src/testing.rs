@@ -136,6 +136,8 @@ macro_rules! store_suite {
             health_ping,
             event_append_roundtrips_and_orders,
             event_append_dedupes_on_idempotency_key,
+            event_append_refuses_a_key_with_another_fingerprint,
+            turn_sessions_and_turn_identities,
             event_append_concurrent_same_key_creates_one,
             event_append_failure_writes_no_outbox,
             event_input_summary_is_truncated,
@@ -406,6 +408,127 @@ pub mod suite {
         assert_code(
             db.stores.events.append(bad, vec![]).await,
             ErrorCode::InvalidArgument,
+        );
+    }
+
+    /// Same key + same fingerprint → the first event; another fingerprint → `conflict`,
+    /// nothing written. Without a fingerprint on either side, the key alone decides.
+    pub async fn event_append_refuses_a_key_with_another_fingerprint(db: &TestDb) {
+        let mut event = message("c1", "hi");
+        event.idempotency_key = Some("fp-1".into());
+        event.request_hash = Some("a".repeat(64));
+        let (first, created) = db
+            .stores
+            .events
+            .append(event.clone(), vec![outbox_msg("a")])
+            .await
+            .unwrap();
+        assert!(created);
+        let (again, created) = db
+            .stores
+            .events
+            .append(event.clone(), vec![outbox_msg("b")])
+            .await
+            .unwrap();
+        assert!(!created);
+        assert_eq!(again.id, first.id);
+        let mut other = event.clone();
+        other.request_hash = Some("b".repeat(64));
+        assert_code(
+            db.stores.events.append(other, vec![outbox_msg("c")]).await,
+            ErrorCode::Conflict,
+        );
+        let mut unhashed = event;
+        unhashed.request_hash = None;
+        let (old_style, created) = db.stores.events.append(unhashed, vec![]).await.unwrap();
+        assert!(!created);
+        assert_eq!(old_style.id, first.id);
+        assert_eq!(drain_outbox(db).await.len(), 1, "only the first enqueued");
+    }
+
+    /// Sessions are per workspace and paged; a turn identity commits with its event; the
+    /// same key replays or conflicts; a closed session takes no new turn.
+    pub async fn turn_sessions_and_turn_identities(db: &TestDb) {
+        let turns = &db.stores.turns;
+        let new_session = |workspace_id: WorkspaceId| NewTurnSession {
+            workspace_id,
+            agent_id: AgentId::new(),
+            runner_id: "plugin:acme/echo/default".into(),
+            metadata: Some(json!({"app": "x"})),
+        };
+        let a = turns.create_session(new_session(ws())).await.unwrap();
+        let b = turns.create_session(new_session(ws())).await.unwrap();
+        let theirs = turns.create_session(new_session(other_ws())).await.unwrap();
+        assert_eq!(a.conversation_id, session_conversation_id(a.id));
+        assert_eq!(a.runner_id.as_deref(), Some("plugin:acme/echo/default"));
+        assert!(turns.get_session(&ws(), theirs.id).await.unwrap().is_none());
+        let page = turns.list_sessions(&ws(), None, Some(1)).await.unwrap();
+        assert_eq!(page.items, vec![a.clone()]);
+        assert!(page.has_more);
+        let page = turns
+            .list_sessions(&ws(), page.next_cursor, Some(10))
+            .await
+            .unwrap();
+        assert_eq!(page.items, vec![b.clone()]);
+        assert!(!page.has_more);
+
+        let turn = |key: &str, hash: char| {
+            let mut event = message(&a.conversation_id, "hi");
+            event.id = Some(EventId::new());
+            NewTurn {
+                session_id: a.id,
+                idempotency_key: key.into(),
+                request_hash: hash.to_string().repeat(64),
+                run_id: RunId::new(),
+                event,
+                outbox: vec![outbox_msg("turn")],
+            }
+        };
+        let first = turn("k1", 'a');
+        let (record, created) = turns.start_turn(first.clone()).await.unwrap();
+        assert!(created);
+        assert_eq!(record.run_id, first.run_id);
+        assert_eq!(record.event_id, first.event.id);
+        assert!(
+            db.stores
+                .events
+                .get(first.event.id.unwrap())
+                .await
+                .unwrap()
+                .is_some()
+        );
+        assert_eq!(
+            turns.get_turn(first.run_id).await.unwrap(),
+            Some(record.clone())
+        );
+        let (replayed, created) = turns.start_turn(turn("k1", 'a')).await.unwrap();
+        assert!(!created);
+        assert_eq!(replayed, record);
+        assert_code(turns.start_turn(turn("k1", 'b')).await, ErrorCode::Conflict);
+        assert_code(
+            turns.start_turn(turn("bad key", 'a')).await,
+            ErrorCode::InvalidArgument,
+        );
+        assert_eq!(drain_outbox(db).await.len(), 1, "one event announced");
+
+        // Another workspace's session is not found.
+        let mut foreign = turn("k2", 'a');
+        foreign.session_id = theirs.id;
+        assert_code(turns.start_turn(foreign).await, ErrorCode::NotFound);
+
+        // Closed: idempotent; replays still answer, new turns conflict.
+        let closed = turns.close_session(&ws(), a.id).await.unwrap().unwrap();
+        assert!(closed.closed_at.is_some());
+        let again = turns.close_session(&ws(), a.id).await.unwrap().unwrap();
+        assert_eq!(again.closed_at, closed.closed_at);
+        assert_eq!(turns.start_turn(turn("k1", 'a')).await.unwrap().0, record);
+        assert_code(turns.start_turn(turn("k3", 'a')).await, ErrorCode::Conflict);
+        assert!(
+            turns
+                .close_session(&other_ws(), a.id)
+                .await
+                .unwrap()
+                .is_none()
         );
     }
 

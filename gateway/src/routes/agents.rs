@@ -24,7 +24,7 @@
 
 use std::str::FromStr;
 
-use axum::extract::{Path, State};
+use axum::extract::State;
 use axum::http::StatusCode;
 use axum::response::IntoResponse;
 use sb_orchestrator::bindings::{AgentCandidate, EventFilter, conflicts};
@@ -41,7 +41,7 @@ use serde_json::{Map, Value, json};
 
 use super::{Items, epoch, parse_id};
 use crate::auth::Caller;
-use crate::error::{ApiError, ApiJson, ApiResult};
+use crate::error::{ApiError, ApiJson, ApiPath, ApiResult};
 use crate::normalize::MAX_TYPE_LEN;
 use crate::state::AppState;
 
@@ -172,7 +172,7 @@ pub async fn list_agents(
 pub async fn get_agent(
     State(state): State<AppState>,
     caller: Caller,
-    Path(id): Path<String>,
+    ApiPath(id): ApiPath<String>,
 ) -> ApiResult<ApiJson<AgentView>> {
     let agent_id: AgentId = parse_id("agent", &id)?;
     match state
@@ -190,7 +190,7 @@ pub async fn get_agent(
 pub async fn delete_agent(
     State(state): State<AppState>,
     caller: Caller,
-    Path(id): Path<String>,
+    ApiPath(id): ApiPath<String>,
 ) -> ApiResult<StatusCode> {
     let agent_id: AgentId = parse_id("agent", &id)?;
     if state
@@ -239,7 +239,7 @@ pub async fn create_agent(
 pub async fn update_agent(
     State(state): State<AppState>,
     caller: Caller,
-    Path(id): Path<String>,
+    ApiPath(id): ApiPath<String>,
     ApiJson(patch): ApiJson<Map<String, Value>>,
 ) -> ApiResult<ApiJson<AgentView>> {
     let agent_id: AgentId = parse_id("agent", &id)?;

@@ -1,6 +1,6 @@
 //! `GET /v1/conversations/{id}/transcript`.
 
-use axum::extract::{Path, State};
+use axum::extract::State;
 use sb_protocol::proxy::TranscriptItem;
 use sb_store::page::ThreadFilter;
 use sb_store::transcript::{Direction, TranscriptQuery, TranscriptRecord};
@@ -9,7 +9,7 @@ use serde_json::{Map, Value};
 
 use super::{ListPage, epoch};
 use crate::auth::Caller;
-use crate::error::{ApiJson, ApiQuery, ApiResult};
+use crate::error::{ApiJson, ApiPath, ApiQuery, ApiResult};
 use crate::state::AppState;
 
 /// Query of the transcript read.
@@ -32,7 +32,7 @@ pub struct TranscriptParams {
 pub async fn transcript(
     State(state): State<AppState>,
     caller: Caller,
-    Path(conversation_id): Path<String>,
+    ApiPath(conversation_id): ApiPath<String>,
     ApiQuery(p): ApiQuery<TranscriptParams>,
 ) -> ApiResult<ApiJson<ListPage<TranscriptItem>>> {
     let mut query = TranscriptQuery::new(caller.workspace_id, conversation_id);
@@ -54,7 +54,7 @@ pub async fn transcript(
 }
 
 /// The protocol projection of a transcript row (the same shape the Host API returns).
-fn to_item(r: TranscriptRecord) -> TranscriptItem {
+pub(crate) fn to_item(r: TranscriptRecord) -> TranscriptItem {
     TranscriptItem {
         transcript_id: r.id,
         event_id: r.event_id,

@@ -1,6 +1,6 @@
 //! `POST /v1/events` (ingest) and `GET /v1/events/{id}`.
 
-use axum::extract::{Path, State};
+use axum::extract::State;
 use axum::http::{HeaderMap, HeaderName, HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
 use chrono::Utc;
@@ -13,7 +13,7 @@ use serde_json::Value;
 
 use super::{epoch, parse_id};
 use crate::auth::Caller;
-use crate::error::{ApiError, ApiJson, ApiQuery, ApiResult};
+use crate::error::{ApiError, ApiJson, ApiPath, ApiQuery, ApiResult};
 use crate::normalize::{IngestRequest, NormalizeContext, Normalized, normalize};
 use crate::state::AppState;
 use crate::stream::event_stream;
@@ -66,6 +66,12 @@ pub async fn ingest(
     } else {
         None
     };
+    let fingerprint = request_fingerprint(
+        &body,
+        caller.workspace_id.clone(),
+        header_key,
+        state.options().normalize,
+    );
     let mut new_artifact_id = || uuid::Uuid::new_v4().to_string();
     let normalized = normalize(
         body,
@@ -81,7 +87,10 @@ pub async fn ingest(
     .map_err(|e| ApiError::from_coded(&e))?;
 
     let outbox = event_announcement(state.topology(), &normalized.envelope);
-    let new_event = to_new_event(&normalized)?;
+    let mut new_event = to_new_event(&normalized)?;
+    if new_event.idempotency_key.is_some() {
+        new_event.request_hash = fingerprint;
+    }
 
     let (record, created) = state
         .stores()
@@ -127,6 +136,45 @@ pub async fn ingest(
             .insert(IDEMPOTENT_REPLAYED, HeaderValue::from_static("true"));
     }
     Ok(response)
+}
+
+/// The fingerprint of an ingest request, stored with its idempotency key: sha256 hex of the
+/// envelope [`normalize`] makes of it with the impure inputs fixed (a nil event id, time 0,
+/// attachment ids numbered from 0). Two requests that normalize alike (same fields, any key
+/// order or whitespace, the same defaults) have the same fingerprint; any difference in what
+/// would be stored gives another one. `None` when the body does not normalize (it is refused
+/// anyway).
+pub(crate) fn request_fingerprint(
+    body: &IngestRequest,
+    workspace_id: sb_protocol::ids::WorkspaceId,
+    header_key: Option<&str>,
+    limits: crate::normalize::NormalizeLimits,
+) -> Option<String> {
+    let mut counter = 0_u64;
+    let mut fixed_artifact_id = || {
+        counter += 1;
+        format!("fingerprint-{counter}")
+    };
+    let normalized = normalize(
+        body.clone(),
+        NormalizeContext {
+            workspace_id,
+            event_id: EventId::from_uuid(uuid::Uuid::nil()),
+            now: 0,
+            idempotency_header: header_key,
+            limits,
+            new_artifact_id: &mut fixed_artifact_id,
+        },
+    )
+    .ok()?;
+    let bytes = serde_json::to_vec(&normalized.envelope).ok()?;
+    Some(fingerprint_bytes(&bytes))
+}
+
+/// sha256 hex of `bytes`: the form of every stored request fingerprint.
+pub(crate) fn fingerprint_bytes(bytes: &[u8]) -> String {
+    use sha2::Digest as _;
+    hex::encode(sha2::Sha256::digest(bytes))
 }
 
 /// The event-log row of a normalized event.
@@ -217,7 +265,7 @@ impl From<EventRecord> for EventView {
 pub async fn get_event(
     State(state): State<AppState>,
     caller: Caller,
-    Path(id): Path<String>,
+    ApiPath(id): ApiPath<String>,
 ) -> ApiResult<ApiJson<EventView>> {
     let event_id: EventId = parse_id("event", &id)?;
     match state.stores().events.get(event_id).await? {

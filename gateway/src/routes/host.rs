@@ -36,7 +36,7 @@
 //! storage value above that cap can only be written from a worker.
 
 use axum::Json;
-use axum::extract::{Path, State};
+use axum::extract::State;
 use axum::http::HeaderMap;
 use axum::http::header::AUTHORIZATION;
 use sb_protocol::error::{AgentApiError, ErrorCode};
@@ -50,7 +50,7 @@ use serde_json::Value;
 use tokio::sync::mpsc;
 
 use crate::auth::bearer_token;
-use crate::error::{ApiError, ApiJson, ApiResult};
+use crate::error::{ApiError, ApiJson, ApiPath, ApiResult};
 use crate::state::AppState;
 
 /// Body of `POST /v1/host/{action}`.
@@ -117,10 +117,11 @@ const NO_SESSION_DIGEST: &str = "00000000000000000000000000000000000000000000000
 /// `POST /v1/host/{action}`.
 pub async fn call(
     State(state): State<AppState>,
-    Path(action): Path<String>,
+    action: Result<ApiPath<String>, ApiError>,
     headers: HeaderMap,
     body: Result<ApiJson<HostCall>, ApiError>,
 ) -> ApiResult<Json<HostAnswer>> {
+    let ApiPath(action) = action.map_err(ApiError::for_runner)?;
     let token = headers
         .get(AUTHORIZATION)
         .and_then(|v| v.to_str().ok())

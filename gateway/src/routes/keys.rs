@@ -11,7 +11,7 @@
 //! [`crate::auth::KEY_CACHE_MAX_AGE`]), and repeating the `DELETE` announces again. An admin
 //! key may revoke itself; its next request is refused like any other.
 
-use axum::extract::{Path, State};
+use axum::extract::State;
 use axum::http::StatusCode;
 use axum::response::IntoResponse;
 use sb_protocol::error::ErrorCode;
@@ -21,7 +21,7 @@ use uuid::Uuid;
 
 use super::{Items, epoch, parse_id};
 use crate::auth::{Caller, announce_revocation};
-use crate::error::{ApiError, ApiJson, ApiResult};
+use crate::error::{ApiError, ApiJson, ApiPath, ApiResult};
 use crate::state::AppState;
 
 /// Body of `POST /v1/keys`.
@@ -136,7 +136,7 @@ pub async fn create_key(
 pub async fn revoke_key(
     State(state): State<AppState>,
     caller: Caller,
-    Path(id): Path<String>,
+    ApiPath(id): ApiPath<String>,
 ) -> ApiResult<StatusCode> {
     let key_id: Uuid = parse_id("api key", &id)?;
     let tenancy = &state.stores().tenancy;

@@ -10,6 +10,8 @@ pub mod resources;
 pub mod runners;
 pub mod runs;
 pub mod schedules;
+pub mod sessions;
+pub mod turns;
 
 use std::str::FromStr;
 

@@ -18,7 +18,7 @@
 
 use std::collections::BTreeMap;
 
-use axum::extract::{Path, State};
+use axum::extract::State;
 use axum::http::StatusCode;
 use axum::response::IntoResponse;
 use sb_protocol::error::ErrorCode;
@@ -34,7 +34,7 @@ use uuid::Uuid;
 
 use super::{Items, epoch, parse_id};
 use crate::auth::Caller;
-use crate::error::{ApiError, ApiJson, ApiResult};
+use crate::error::{ApiError, ApiJson, ApiPath, ApiResult};
 use crate::state::AppState;
 
 /// Default HTTP tool timeout (lowered to `limits.tool_timeout_max` when that is smaller).
@@ -437,7 +437,7 @@ impl From<KbDocumentRecord> for DocumentView {
 pub async fn add_document(
     State(state): State<AppState>,
     caller: Caller,
-    Path(kb_id): Path<String>,
+    ApiPath(kb_id): ApiPath<String>,
     ApiJson(body): ApiJson<AddDocument>,
 ) -> ApiResult<impl IntoResponse> {
     let kb_uuid: Uuid = parse_id("knowledge base", &kb_id)?;

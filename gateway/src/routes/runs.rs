@@ -4,7 +4,8 @@
 use std::time::Duration;
 
 use axum::body::Bytes;
-use axum::extract::{Path, State};
+use axum::extract::State;
+use axum::extract::rejection::BytesRejection;
 use axum::http::HeaderMap;
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
@@ -22,7 +23,7 @@ use serde_json::Value;
 
 use super::{ListPage, epoch, parse_id};
 use crate::auth::Caller;
-use crate::error::{ApiError, ApiJson, ApiQuery, ApiResult};
+use crate::error::{ApiError, ApiJson, ApiPath, ApiQuery, ApiResult};
 use crate::state::AppState;
 use crate::stream::{record_to_result, run_stream};
 
@@ -127,7 +128,7 @@ pub(crate) async fn load_run(state: &AppState, caller: &Caller, id: &str) -> Api
 pub async fn get_run(
     State(state): State<AppState>,
     caller: Caller,
-    Path(id): Path<String>,
+    ApiPath(id): ApiPath<String>,
 ) -> ApiResult<ApiJson<RunView>> {
     Ok(ApiJson(load_run(&state, &caller, &id).await?.into()))
 }
@@ -203,7 +204,7 @@ pub struct RunEventsQuery {
 pub async fn run_events(
     State(state): State<AppState>,
     caller: Caller,
-    Path(id): Path<String>,
+    ApiPath(id): ApiPath<String>,
     ApiQuery(q): ApiQuery<RunEventsQuery>,
 ) -> ApiResult<ApiJson<ListPage<AgentRunResult>>> {
     let run = load_run(&state, &caller, &id).await?;
@@ -246,7 +247,7 @@ pub struct StreamQuery {
 pub async fn stream_run(
     State(state): State<AppState>,
     caller: Caller,
-    Path(id): Path<String>,
+    ApiPath(id): ApiPath<String>,
     ApiQuery(q): ApiQuery<StreamQuery>,
     headers: HeaderMap,
 ) -> ApiResult<Response> {
@@ -303,9 +304,10 @@ const CANCEL_FLAG_SLACK: Duration = Duration::from_secs(3600);
 pub async fn cancel_run(
     State(state): State<AppState>,
     caller: Caller,
-    Path(id): Path<String>,
-    body: Bytes,
+    ApiPath(id): ApiPath<String>,
+    body: Result<Bytes, BytesRejection>,
 ) -> ApiResult<Response> {
+    let body = body?;
     // The body is optional, so it is parsed by hand rather than by `ApiJson`.
     let request: CancelRequest = if body.iter().all(u8::is_ascii_whitespace) {
         CancelRequest::default()
@@ -324,18 +326,33 @@ pub async fn cancel_run(
             "invalid `reason`: must be at most {MAX_CANCEL_REASON_CHARS} characters without control characters"
         )));
     }
+    let cancelled = request_cancel(&state, &run, reason).await?;
+    let body = CancelResponse {
+        run_id: run.id,
+        cancelled: cancelled.is_none(),
+        status: cancelled.unwrap_or(run.status),
+    };
+    if !body.cancelled {
+        return Ok((StatusCode::OK, ApiJson(body)).into_response());
+    }
+    Ok((StatusCode::ACCEPTED, ApiJson(body)).into_response())
+}
+
+/// Asks an active run to stop: records the intent (a terminal run is never rewritten),
+/// sets the cancel flag for a worker that has not claimed it yet, and broadcasts
+/// `cancel.<run_id>`. `Some(status)` when the run had already ended with `status`.
+pub(crate) async fn request_cancel(
+    state: &AppState,
+    run: &RunRecord,
+    reason: String,
+) -> ApiResult<Option<RunStatus>> {
     let outcome = state
         .stores()
         .runs
         .request_cancel(run.id, Some(reason.clone()))
         .await?;
     if let CancelOutcome::AlreadyFinished(status) = outcome {
-        let body = CancelResponse {
-            run_id: run.id,
-            cancelled: false,
-            status,
-        };
-        return Ok((StatusCode::OK, ApiJson(body)).into_response());
+        return Ok(Some(status));
     }
     // The flag first: a worker that claims the run after this point sees it even if it had
     // not bound its control queue when the message below was published.
@@ -363,10 +380,5 @@ pub async fn cancel_run(
         )
         .await?;
     tracing::info!(run_id = %run.id, "run cancel requested");
-    let body = CancelResponse {
-        run_id: run.id,
-        cancelled: true,
-        status: run.status,
-    };
-    Ok((StatusCode::ACCEPTED, ApiJson(body)).into_response())
+    Ok(None)
 }

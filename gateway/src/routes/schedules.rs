@@ -7,7 +7,7 @@
 //! `event.event_time` are refused, because every firing gets its own idempotency key
 //! (`schedule:<schedule_id>:<fire time>`) and its own time.
 
-use axum::extract::{Path, State};
+use axum::extract::State;
 use axum::http::StatusCode;
 use axum::response::IntoResponse;
 use chrono::Utc;
@@ -19,7 +19,7 @@ use uuid::Uuid;
 
 use super::{ListPage, epoch, parse_id};
 use crate::auth::Caller;
-use crate::error::{ApiError, ApiJson, ApiQuery, ApiResult};
+use crate::error::{ApiError, ApiJson, ApiPath, ApiQuery, ApiResult};
 use crate::normalize::{IngestRequest, NormalizeContext, normalize};
 use crate::state::AppState;
 
@@ -191,7 +191,7 @@ pub async fn list_schedules(
 pub async fn get_schedule(
     State(state): State<AppState>,
     caller: Caller,
-    Path(id): Path<String>,
+    ApiPath(id): ApiPath<String>,
 ) -> ApiResult<ApiJson<ScheduleView>> {
     let schedule_id: Uuid = parse_id("schedule", &id)?;
     match state
@@ -209,7 +209,7 @@ pub async fn get_schedule(
 pub async fn delete_schedule(
     State(state): State<AppState>,
     caller: Caller,
-    Path(id): Path<String>,
+    ApiPath(id): ApiPath<String>,
 ) -> ApiResult<StatusCode> {
     let schedule_id: Uuid = parse_id("schedule", &id)?;
     if state

@@ -172,11 +172,13 @@ pub(super) async fn append_in(
     let id = event.id.unwrap_or_default();
     let workspace_id = event.workspace_id.as_str().to_owned();
     let key = event.idempotency_key.clone();
+    let request_hash = event.request_hash.clone();
     let row = event_log::ActiveModel {
         seq: NotSet,
         id: Set(id.into_uuid()),
         workspace_id: Set(workspace_id.clone()),
         idempotency_key: Set(event.idempotency_key),
+        request_hash: Set(event.request_hash),
         event_type: Set(event.event_type),
         source: Set(event.source),
         event_time: Set(event.event_time.map(super::micros)),
@@ -239,6 +241,13 @@ pub(super) async fn append_in(
                 .ok_or_else(|| {
                     StoreError::Corrupt("idempotency conflict without a stored event".into())
                 })?;
+            if let (Some(asked), Some(stored)) = (&request_hash, &existing.request_hash) {
+                if asked != stored {
+                    return Err(StoreError::Conflict(
+                        "this idempotency key was already used with a different request".into(),
+                    ));
+                }
+            }
             (existing, false)
         }
     })

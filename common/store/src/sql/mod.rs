@@ -69,6 +69,7 @@ mod runs;
 mod schedules;
 mod state;
 mod transcript;
+mod turns;
 
 /// A pooled Postgres connection idle at least this long is pinged before it is handed out
 /// (see "Pool checks" in the module docs).

@@ -10,6 +10,7 @@ pub struct Model {
     pub id: Uuid,
     pub workspace_id: String,
     pub idempotency_key: Option<String>,
+    pub request_hash: Option<String>,
     pub event_type: String,
     pub source: String,
     pub event_time: Option<DateTimeUtc>,

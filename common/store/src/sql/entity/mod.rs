@@ -20,4 +20,6 @@ pub mod schedule;
 pub mod storage;
 pub mod tool;
 pub mod transcript;
+pub mod turn_idempotency;
+pub mod turn_session;
 pub mod workspace;
