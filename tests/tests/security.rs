@@ -26,7 +26,7 @@ use std::sync::atomic::{AtomicU32, Ordering};
 use axum::Router;
 use axum::extract::State;
 use sb_protocol::ids::WorkspaceId;
-use sb_store::{ModelKind, NewModel, NewTool, ResourceRegistry};
+use sb_store::{ApiKeyRole, ModelKind, NewModel, NewTool, ResourceRegistry, Tenancy};
 use sb_tests::cluster::{ClusterSpec, TestCluster as Deployment};
 use sb_tests::script::{API, agent, code, require_api_runner, script, serve_local, unique};
 use sb_tests::{Client, TestCluster};
@@ -506,4 +506,103 @@ async fn cluster_runner_is_confined_and_cannot_reach_redis() {
     };
     runner_is_confined(&deployment.client(0), Some(redis.addr)).await;
     drop(deployment);
+}
+
+// ---------------------------------------------------------------------------------------------
+// Run ↔ run, across workspaces
+// ---------------------------------------------------------------------------------------------
+
+/// The misbehaving test runner in shared mode (`tests/runners/test-shared`): its `wire`
+/// script writes raw protocol lines and reports the host's answers.
+const TEST_SHARED: &str = "plugin:switchboard-tests/test-shared/default";
+
+/// A shared-mode runner process of workspace `default` tries a Host API call as an active
+/// run of another workspace (whose id it learnt somehow): the host refuses it, and the other
+/// run is untouched. Each workspace gets its own shared process, and the gate checks every
+/// call's run against the connection's runs and workspace (SECURITY.md).
+async fn shared_process_cannot_call_as_another_workspace(client: &Client, tenancy: &dyn Tenancy) {
+    let workspace = WorkspaceId::new(unique("other")).expect("a workspace id");
+    let key = tenancy
+        .create_api_key(&workspace, Some("other tenant"), ApiKeyRole::Admin)
+        .await
+        .expect("a key of the other workspace");
+    let other = client.with_key(Some(&key.plaintext));
+
+    // The victim: a run of the other workspace that stays active.
+    let victim_conversation = unique("victim");
+    other
+        .create_agent(&json!({"name": unique("victim"), "runner_id": TEST_SHARED,
+                              "scope": {"conversation_id": victim_conversation}}))
+        .await
+        .expect(201);
+    let victim_event = other.send_message(&victim_conversation, "stall").await;
+    let victim = other.run_of(victim_event).await;
+    sb_tests::wait_for("the victim run to start", || async {
+        (other.get_run(victim).await["status"] == "running").then_some(())
+    })
+    .await;
+
+    // The attacker: a run of workspace `default` on the same runner, calling as the victim.
+    let conversation = unique("attacker");
+    agent(client, &conversation, TEST_SHARED, json!({})).await;
+    let lines = json!([
+        {"op": "api", "id": "steal-1", "run_id": victim.to_string(),
+         "action": "get_host_version", "params": {}},
+        {"op": "api", "id": "steal-2", "run_id": victim.to_string(),
+         "action": "history_page", "params": {}},
+    ]);
+    let event = client
+        .send_message(&conversation, &format!("wire 2 {lines}"))
+        .await;
+    let run = client.run_of(event).await;
+    let terminal = client.wait_run_terminal(run).await;
+    assert_eq!(terminal["status"], "completed", "{terminal}");
+    let items = client.run_events(run, 0).await;
+    let report = items
+        .iter()
+        .find(|i| i.result_type == "message.completed")
+        .and_then(|i| sb_tests::script::content_of(i, "message"))
+        .expect("the runner reported the answers");
+    let answers: Vec<Value> = serde_json::from_str(&report).expect("a JSON array of answers");
+    assert_eq!(answers.len(), 2, "{answers:?}");
+    for answer in &answers {
+        assert!(
+            answer.get("data").is_none_or(Value::is_null),
+            "answered: {answer}"
+        );
+        let code = answer["error"]["code"].as_str().unwrap_or_default();
+        assert!(matches!(code, "not_found" | "unauthorized"), "{answer}");
+    }
+    // The victim is still running, untouched; end it.
+    assert_eq!(other.get_run(victim).await["status"], "running");
+    let cancelled = other
+        .post(&format!("/v1/runs/{victim}/cancel"), &json!({}))
+        .await;
+    assert!((200..300).contains(&cancelled.status), "{}", cancelled.body);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn embedded_shared_process_cannot_call_as_another_workspace() {
+    let cluster = TestCluster::builder().start().await;
+    shared_process_cannot_call_as_another_workspace(
+        cluster.client(),
+        cluster.stores().tenancy.as_ref(),
+    )
+    .await;
+    cluster.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cluster_shared_process_cannot_call_as_another_workspace() {
+    let spec = ClusterSpec {
+        gateways: 1,
+        orchestrators: 1,
+        workers: 1,
+        env: Vec::new(),
+    };
+    let Some(deployment) = Deployment::spawn_or_skip(spec).await else {
+        return;
+    };
+    shared_process_cannot_call_as_another_workspace(&deployment.client(0), deployment.store())
+        .await;
 }
