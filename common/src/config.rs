@@ -34,7 +34,7 @@
 use std::collections::BTreeMap;
 use std::fmt;
 use std::net::SocketAddr;
-use std::num::{NonZeroU16, NonZeroU32, NonZeroUsize};
+use std::num::{NonZeroU16, NonZeroU32, NonZeroU64, NonZeroUsize};
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
@@ -740,6 +740,10 @@ pub struct LimitsConfig {
     /// Result streams (SSE) one API key may hold open at once; one more is refused with
     /// `429 rate_limited`.
     pub streams_per_key: NonZeroU32,
+    /// Most result items one run may produce, its terminal item included. A runner that keeps
+    /// streaming past `run_items_max - 1` items has its run ended with `run.failed`
+    /// (`runner.too_many_items`); a terminal item within the limit is still accepted.
+    pub run_items_max: NonZeroU64,
     /// Per-run budgets.
     pub budgets: BudgetsConfig,
 }
@@ -781,6 +785,9 @@ impl Default for LimitsConfig {
             // Each stream holds a connection and a bus subscription; 1 000 per key covers a
             // busy chat front end while one key cannot exhaust a gateway's file descriptors.
             streams_per_key: nz32(1_000),
+            // A long streamed answer is a few thousand deltas; 10 000 leaves room for the
+            // longest legitimate run while one runaway runner cannot fill the ledger.
+            run_items_max: NonZeroU64::new(10_000).expect("non-zero"),
             budgets: BudgetsConfig::default(),
         }
     }
@@ -1829,6 +1836,11 @@ mod tests {
     #[test]
     fn rejects_zero_max_connections() {
         assert_load_error("database.max_connections", "0");
+    }
+
+    #[test]
+    fn rejects_zero_run_items_max() {
+        assert_load_error("limits.run_items_max", "0");
     }
 
     #[test]

@@ -14,7 +14,10 @@
 //!                     │ no
 //!                     ▼
 //!              classify (sb_protocol::result::classify)
-//!                Valid / Telemetry ──▶ Deliver(item with transport sequence n+1)
+//!                Valid / Telemetry ──▶ non-terminal and n+1 = items_max? ──yes──▶ Fail(runner.too_many_items)
+//!                     │                     │ no
+//!                     │                     ▼
+//!                     └──────────────▶ Deliver(item with transport sequence n+1)
 //!                Dropped           ──▶ Skip(Invalid)                  (unknown type, bad strict payload)
 //!                ProtocolError     ──▶ Fail(runner.protocol_error)     (missing type, oversize, …)
 //! ```
@@ -24,17 +27,25 @@
 //! `sequence` is only used to drop duplicates; it is replaced in the delivered envelope.
 //!
 //! Exactly one terminal item is produced per run: the runner's own `run.completed` /
-//! `run.failed`, or one synthesized by [`RunSequencer::admit`] (protocol errors) or
+//! `run.failed`, or one synthesized by [`RunSequencer::admit`] (protocol errors, too many
+//! items) or
 //! [`RunSequencer::end`]
 //! (`runner.empty_output` for a run that ends with no message and no terminal, SPEC's "no
 //! silent success"; `run.completed {finish_reason: "stop"}` for one that produced messages).
 //! After the terminal item everything is skipped.
+//!
+//! A run delivers at most `items_max` items ([`RunSequencer::with_items_max`],
+//! `limits.run_items_max`), its terminal item included: once `items_max - 1` items were
+//! delivered, a terminal item from the runner is still accepted, while any other item ends the
+//! run with a synthesized `run.failed {code: "runner.too_many_items"}` in its place (the last
+//! number), so the stream stays dense and bounded.
 //!
 //! Every delivered item has its NUL characters (U+0000) replaced with U+FFFD
 //! ([`sb_protocol::result::replace_nul`]): PostgreSQL cannot store them, and an item the
 //! ledger refuses would be a hole in the dense sequence.
 
 use std::collections::BTreeSet;
+use std::num::NonZeroU64;
 use std::time::{SystemTime, UNIX_EPOCH};
 
 use sb_protocol::error::run_failure;
@@ -43,6 +54,11 @@ use sb_protocol::result::{
     AgentRunResult, Classified, ResultLimits, ResultType, classify, replace_nul,
 };
 use serde_json::Value;
+
+/// Default of [`RunSequencer::with_items_max`] (and of `limits.run_items_max`): a long
+/// streamed answer is a few thousand deltas, so 10 000 leaves room for the longest legitimate
+/// run while a runaway runner cannot fill the ledger with one run.
+pub const DEFAULT_RUN_ITEMS_MAX: NonZeroU64 = NonZeroU64::new(10_000).unwrap();
 
 /// One delivered result with its transport sequence.
 #[derive(Debug, Clone, PartialEq)]
@@ -78,8 +94,9 @@ pub enum Admission {
     Deliver(RunItem),
     /// Do not deliver; log `reason` and go on.
     Skip(SkipReason),
-    /// The runner broke the protocol: deliver this synthesized terminal `run.failed`
-    /// (`runner.protocol_error`); the run is over.
+    /// The runner broke the protocol (`runner.protocol_error`) or produced more items than the
+    /// run may have (`runner.too_many_items`): deliver this synthesized terminal `run.failed`;
+    /// the run is over.
     Fail(RunItem),
 }
 
@@ -184,6 +201,8 @@ pub struct RunSequencer {
     run_id: RunId,
     run_id_text: String,
     limits: ResultLimits,
+    /// Most items delivered for the run, its terminal item included.
+    items_max: NonZeroU64,
     /// The transport sequence of the next delivered item.
     next_sequence: u64,
     seen: SeenSequences,
@@ -207,12 +226,21 @@ impl RunSequencer {
             run_id,
             run_id_text: run_id.to_string(),
             limits,
+            items_max: DEFAULT_RUN_ITEMS_MAX,
             next_sequence: 1,
             seen: SeenSequences::default(),
             saw_message: false,
             finished: false,
             clock: epoch_now,
         }
+    }
+
+    /// Sets the most items the run may deliver, its terminal item included
+    /// (default [`DEFAULT_RUN_ITEMS_MAX`]).
+    #[must_use]
+    pub fn with_items_max(mut self, items_max: NonZeroU64) -> Self {
+        self.items_max = items_max;
+        self
     }
 
     /// Replaces the clock used for missing timestamps (tests).
@@ -285,6 +313,16 @@ impl RunSequencer {
                 );
             }
         };
+        // The last number is reserved for a terminal item: the runner's own, or this one.
+        if !result.is_terminal() && self.delivered() + 1 >= self.items_max.get() {
+            return Admission::Fail(self.terminal_failure(
+                run_failure::RUNNER_TOO_MANY_ITEMS,
+                format!(
+                    "run produced more than {} result items (limits.run_items_max)",
+                    self.items_max.get() - 1
+                ),
+            ));
+        }
         Admission::Deliver(self.deliver(result))
     }
 
@@ -566,6 +604,96 @@ mod tests {
         let text = serde_json::to_string(&second.result).unwrap();
         assert!(!text.contains("\\u0000"), "{text}");
         assert!(text.contains("x\u{FFFD}"), "{text}");
+    }
+
+    fn limited(items_max: u64) -> RunSequencer {
+        seq().with_items_max(NonZeroU64::new(items_max).unwrap())
+    }
+
+    fn completed() -> Value {
+        json!({"type": "run.completed", "data": {"finish_reason": "stop"}})
+    }
+
+    #[test]
+    fn exactly_at_the_item_limit_the_run_completes() {
+        // 3 items allowed: two deltas and the runner's terminal fill the run exactly.
+        let mut s = limited(3);
+        delivered(s.admit(&delta("a", None)));
+        delivered(s.admit(&delta("b", None)));
+        let end = delivered(s.admit(&completed()));
+        assert_eq!(end.sequence, 3);
+        assert_eq!(end.result.result_type, "run.completed");
+        assert!(s.is_finished());
+        // `done` (or a synthesized end) at the limit fits too.
+        let mut s = limited(3);
+        delivered(s.admit(&delta("a", None)));
+        delivered(s.admit(&delta("b", None)));
+        let end = s.end(EndCause::Done).unwrap();
+        assert_eq!(
+            (end.sequence, end.result.result_type.as_str()),
+            (3, "run.completed")
+        );
+    }
+
+    #[test]
+    fn one_item_over_the_limit_fails_the_run_once() {
+        let mut s = limited(3);
+        delivered(s.admit(&delta("a", Some(1))));
+        delivered(s.admit(&delta("b", Some(2))));
+        let Admission::Fail(item) = s.admit(&delta("c", Some(3))) else {
+            panic!("the third non-terminal item must end the run")
+        };
+        assert_eq!(
+            item.sequence, 3,
+            "no gap: the failure takes the next number"
+        );
+        assert_eq!(item.failure_code(), Some("runner.too_many_items"));
+        assert_eq!(item.result.data["retryable"], json!(false));
+        assert!(
+            item.result.data["error"]
+                .as_str()
+                .unwrap()
+                .contains("run_items_max")
+        );
+        assert!(s.is_finished());
+        assert_eq!(s.delivered(), 3);
+        for late in [delta("d", Some(4)), completed()] {
+            assert_eq!(s.admit(&late), Admission::Skip(SkipReason::Late));
+        }
+        assert_eq!(s.end(EndCause::Done), None);
+        // Skipped results do not count: duplicates and invalid ones below the limit.
+        let mut s = limited(2);
+        delivered(s.admit(&delta("a", Some(1))));
+        assert_eq!(
+            s.admit(&delta("a", Some(1))),
+            Admission::Skip(SkipReason::Duplicate { sequence: 1 })
+        );
+        assert!(matches!(
+            s.admit(&json!({"type": "telepathy", "data": {}})),
+            Admission::Skip(SkipReason::Invalid { .. })
+        ));
+        assert!(matches!(s.admit(&delta("b", Some(2))), Admission::Fail(_)));
+    }
+
+    #[test]
+    fn the_runners_terminal_at_the_limit_is_accepted() {
+        let mut s = limited(2);
+        delivered(s.admit(&delta("a", None)));
+        let failed = json!({"type": "run.failed", "data": {"code": "runner.error", "error": "x", "retryable": false}});
+        let end = delivered(s.admit(&failed));
+        assert_eq!(end.sequence, 2);
+        assert_eq!(end.failure_code(), Some("runner.error"));
+        // A limit of 1 leaves room for the terminal item only.
+        let mut s = limited(1);
+        let Admission::Fail(item) = s.admit(&delta("a", None)) else {
+            panic!()
+        };
+        assert_eq!(
+            (item.sequence, item.failure_code()),
+            (1, Some("runner.too_many_items"))
+        );
+        let mut s = limited(1);
+        assert_eq!(delivered(s.admit(&completed())).sequence, 1);
     }
 
     #[test]

@@ -469,6 +469,7 @@ fn host_config(config: &SwitchboardConfig) -> RunnerHostConfig {
             max_inline_artifact_bytes: config.limits.artifact_inline_bytes.get(),
             ..ResultLimits::default()
         },
+        run_items_max: config.limits.run_items_max,
         cancel_grace: worker.cancel_grace,
         // SIGTERM → SIGKILL gets the same grace as a cooperative cancel.
         kill_grace: worker.cancel_grace,

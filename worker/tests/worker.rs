@@ -403,3 +403,47 @@ async fn an_undecodable_job_is_dead_lettered() {
     );
     h.stop().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_run_over_the_item_limit_ends_with_one_too_many_items_failure() {
+    let mut h = Harness::start(|_, config| {
+        config.limits.run_items_max = std::num::NonZeroU64::new(5).unwrap();
+    })
+    .await;
+
+    // 3 deltas, `message.completed`, `run.completed`: exactly the limit, the runner's own
+    // terminal item is accepted.
+    let job = h.prepare_run(ECHO, "hello big world").await;
+    h.publish_job(&job).await;
+    let results = h.results_until_terminal().await;
+    assert_eq!(results.len(), 5);
+    assert_eq!(
+        results[4].result.known_type(),
+        Some(ResultType::RunCompleted)
+    );
+    h.jobs_settled().await;
+
+    // 50 deltas: the fifth item is the synthesized failure, the rest are dropped as late.
+    let job = h.prepare_run(support::SCRIPTED, "slow 50").await;
+    h.publish_job(&job).await;
+    let results = h.results_until_terminal().await;
+    let sequences: Vec<u64> = results.iter().map(|m| m.sequence).collect();
+    assert_eq!(sequences, vec![1, 2, 3, 4, 5], "dense, and capped");
+    assert!(results.iter().all(|m| m.run_id == job.run_id));
+    assert!(
+        results[..4]
+            .iter()
+            .all(|m| m.result.known_type() == Some(ResultType::MessageDelta))
+    );
+    let last = &results[4].result;
+    assert_eq!(last.known_type(), Some(ResultType::RunFailed));
+    assert_eq!(last.data["code"], "runner.too_many_items");
+    assert_eq!(
+        h.no_result_within(Duration::from_millis(500)).await,
+        None,
+        "nothing after the one terminal item"
+    );
+    h.jobs_settled().await;
+    let report = h.stop().await;
+    assert!(report.forced_runs.is_empty());
+}

@@ -367,9 +367,12 @@ pub mod run_failure {
     /// The worker hosting the run was lost after the run started; it is finalized and never
     /// re-executed (SPEC §11).
     pub const INTERRUPTED: &str = "interrupted";
+    /// The run produced more result items than the deployment allows per run
+    /// (`limits.run_items_max`); the host ended it.
+    pub const RUNNER_TOO_MANY_ITEMS: &str = "runner.too_many_items";
 
     /// Every host-emitted code.
-    pub const ALL: [&str; 7] = [
+    pub const ALL: [&str; 8] = [
         RUNNER_ERROR,
         RUNNER_CRASHED,
         RUNNER_PROTOCOL_ERROR,
@@ -377,6 +380,7 @@ pub mod run_failure {
         CANCELLED,
         TIMEOUT,
         INTERRUPTED,
+        RUNNER_TOO_MANY_ITEMS,
     ];
 
     /// The `retryable` flag the host sets when it emits `code`: only a run that failed

@@ -40,7 +40,7 @@
 
 use std::collections::{BTreeMap, HashMap};
 use std::ffi::OsString;
-use std::num::NonZeroUsize;
+use std::num::{NonZeroU64, NonZeroUsize};
 use std::pin::Pin;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
@@ -94,6 +94,8 @@ pub struct RunnerHostConfig {
     pub max_line_bytes: usize,
     /// Result caps applied by the sequencer (1 MiB per result).
     pub result_limits: ResultLimits,
+    /// Most result items per run, its terminal item included (`limits.run_items_max`).
+    pub run_items_max: NonZeroU64,
     /// After a `cancel`, how long the runner has to end the run itself before the host ends
     /// it as `cancelled`.
     pub cancel_grace: Duration,
@@ -119,6 +121,7 @@ impl Default for RunnerHostConfig {
         Self {
             max_line_bytes: DEFAULT_MAX_LINE_BYTES,
             result_limits: ResultLimits::default(),
+            run_items_max: crate::sequencer::DEFAULT_RUN_ITEMS_MAX,
             // Enough for a runner to close an upstream stream and report; short enough that a
             // user's cancel feels immediate.
             cancel_grace: Duration::from_secs(5),
@@ -653,7 +656,8 @@ impl RunnerHost {
             stdin,
             stdout,
             cmd_rx,
-            Session::new(inner.spec.mode, inner.config.result_limits),
+            Session::new(inner.spec.mode, inner.config.result_limits)
+                .with_run_items_max(inner.config.run_items_max),
             ActorEnv {
                 config: inner.config.clone(),
                 runner_id: inner.spec.runner_id.clone(),

@@ -29,6 +29,7 @@
 //! line: it never fails a run.
 
 use std::collections::{HashMap, HashSet, VecDeque};
+use std::num::NonZeroU64;
 
 use sb_protocol::context::AgentRunContext;
 use sb_protocol::error::{AgentApiError, ErrorCode};
@@ -38,7 +39,9 @@ use sb_protocol::wire::{ApiCallId, ApiResult, HostToRunner, LogLevel, RunnerToHo
 use serde_json::Value;
 
 use super::codec::RefusedCall;
-use crate::sequencer::{Admission, EndCause, RunItem, RunSequencer, SkipReason};
+use crate::sequencer::{
+    Admission, DEFAULT_RUN_ITEMS_MAX, EndCause, RunItem, RunSequencer, SkipReason,
+};
 
 /// How a runner process serves runs (manifest `execution.mode`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, serde::Serialize, serde::Deserialize)]
@@ -145,6 +148,8 @@ const RECENT_RUNS: usize = 1024;
 pub struct Session {
     mode: ExecutionMode,
     limits: ResultLimits,
+    /// Most result items per run (`limits.run_items_max`), passed to each run's sequencer.
+    run_items_max: NonZeroU64,
     phase: Phase,
     runs: HashMap<RunId, ActiveRun>,
     /// Runs ever started on this connection (a `per_run` process serves one).
@@ -164,6 +169,7 @@ impl Session {
         Self {
             mode,
             limits,
+            run_items_max: DEFAULT_RUN_ITEMS_MAX,
             phase: Phase::Starting,
             runs: HashMap::new(),
             started: 0,
@@ -172,6 +178,14 @@ impl Session {
             bad_streak: 0,
             shutdown_sent: false,
         }
+    }
+
+    /// Sets the most result items each run may deliver, its terminal item included
+    /// (default [`DEFAULT_RUN_ITEMS_MAX`]).
+    #[must_use]
+    pub fn with_run_items_max(mut self, run_items_max: NonZeroU64) -> Self {
+        self.run_items_max = run_items_max;
+        self
     }
 
     #[must_use]
@@ -229,7 +243,8 @@ impl Session {
         self.runs.insert(
             run_id,
             ActiveRun {
-                sequencer: RunSequencer::new(run_id, self.limits),
+                sequencer: RunSequencer::new(run_id, self.limits)
+                    .with_items_max(self.run_items_max),
                 cancelling: None,
             },
         );
@@ -390,10 +405,11 @@ impl Session {
                     }
                     Admission::Skip(reason) => log_skip(id, &reason),
                     Admission::Fail(item) => {
+                        let code = item.failure_code().unwrap_or_default().to_owned();
                         // Tell the runner to stop working on a run the host has ended.
                         fx.push(Effect::Write(HostToRunner::Cancel {
                             run_id: id,
-                            reason: "runner protocol error".into(),
+                            reason: code.clone(),
                         }));
                         let error = item
                             .result
@@ -401,7 +417,7 @@ impl Session {
                             .get("error")
                             .and_then(Value::as_str)
                             .unwrap_or_default();
-                        tracing::warn!(run_id = %id, %error, "runner protocol error, failing the run");
+                        tracing::warn!(run_id = %id, %code, %error, "runner broke a run's rules, failing the run");
                         fx.push(Effect::Deliver { run_id: id, item });
                         self.finish(id, fx);
                     }
