@@ -36,8 +36,8 @@ RUN apt-get update \
  && apt-get install -y --no-install-recommends ca-certificates tini python3 \
  && rm -rf /var/lib/apt/lists/* \
  && useradd --system --uid 10001 --user-group --home-dir /app --no-create-home switchboard \
- && mkdir -p /app/data \
- && chown switchboard:switchboard /app/data
+ && mkdir -p /app/data /var/lib/switchboard \
+ && chown switchboard:switchboard /app/data /var/lib/switchboard
 COPY --from=builder /out/bin/switchboard /usr/local/bin/switchboard
 COPY --from=builder /out/runners /app/runners
 # The Python runner SDK (standard library only, so no pip): importable by the system python3.
@@ -46,6 +46,7 @@ WORKDIR /app
 USER switchboard
 ENV SWITCHBOARD__WORKER__RUNNERS_DIRS=/app/runners \
     SWITCHBOARD__GATEWAY__HTTP_ADDR=0.0.0.0:8080
-EXPOSE 8080
+# 8080: the gateway's API (and its /metrics); 9090: /metrics of the other roles.
+EXPOSE 8080 9090
 ENTRYPOINT ["/usr/bin/tini", "--", "switchboard"]
 CMD ["dev", "--data-dir", "/app/data"]

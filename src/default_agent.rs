@@ -172,6 +172,7 @@ pub fn plan_agent(workspace: &WorkspaceId, agents: &[AgentRow], desired: Desired
             delivery_policy: empty(),
             budgets: empty(),
             enabled: true,
+            routing: sb_store::AgentRouting::Scope,
         });
     };
     if ![ECHO_RUNNER_ID, LOCAL_AGENT_RUNNER_ID].contains(&current.runner_id.as_str()) {
@@ -432,6 +433,7 @@ mod tests {
             delivery_policy: json!({}),
             budgets: json!({}),
             enabled: true,
+            routing: sb_store::AgentRouting::Scope,
             created_at: Utc::now(),
             updated_at: Utc::now(),
         }

@@ -541,6 +541,16 @@ pub async fn start_with(
         None => None,
     };
 
+    // A process without the API still answers /metrics, /healthz and /readyz when asked to.
+    let ops_listener = match config.telemetry.metrics_listen.filter(|_| !roles.gateway) {
+        Some(addr) => Some(
+            TcpListener::bind(addr)
+                .await
+                .map_err(|source| StartError::Listen { addr, source })?,
+        ),
+        None => None,
+    };
+
     let sql = open_database(&config).await?;
     let stores = Stores::from_sql(sql.clone());
     let (bus, memory_bus) = open_bus(&config, roles).await?;
@@ -580,6 +590,24 @@ pub async fn start_with(
         .unwrap_or_default();
     let parts = started.into_parts(&config, roles, &sql, &bus, &memory_bus, &topology);
     let trigger = shutdown.clone();
+    if let Some(listener) = ops_listener {
+        let probes = sb_gateway::ops::Probes {
+            database: stores.health.clone(),
+            bus: bus.clone(),
+            sessions: sessions.clone(),
+            timeout: READINESS_TIMEOUT,
+        };
+        if let Ok(addr) = listener.local_addr() {
+            // The marker and `url` field are what test harnesses look for (like "gateway ready").
+            tracing::info!(url = %format!("http://{addr}"), "metrics ready: /metrics, /healthz, /readyz");
+        }
+        // Stops with the process trigger: nothing to drain, and a scrape during the stop
+        // sequence still answers until then.
+        let _ = trigger.spawn(
+            "metrics",
+            sb_gateway::ops::serve(listener, probes, trigger.clone()),
+        );
+    }
     let stopped = tokio::spawn(supervise(parts, trigger.clone()));
     tracing::info!(roles = %roles.names(), http_addr = ?http_addr, "switchboard started");
 
@@ -599,6 +627,10 @@ pub async fn start_with(
         stopped: Some(stopped),
     })
 }
+
+/// How long each `/readyz` probe of an orchestrator or worker process may take (the
+/// gateway's is `GatewayOptions::readiness_timeout`, the same value).
+const READINESS_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(2);
 
 /// The shared dependencies of the roles.
 struct Deps {
@@ -1203,23 +1235,15 @@ async fn interrupt_running_runs(
                 run_failure::INTERRUPTED,
                 INTERRUPTED_MESSAGE,
             );
-            if !deps
-                .stores
-                .runs
-                .finish_run(run.id, outcome)
-                .await
-                .map_err(recovery_err)?
-            {
-                continue;
-            }
             let item = AgentRunResult::run_failed(
                 run_failure::INTERRUPTED,
                 INTERRUPTED_MESSAGE,
                 run_failure::default_retryable(run_failure::INTERRUPTED),
             );
-            sink.persist_synthetic(&run, item).await?;
-            if let Err(error) = deps.sessions.end_session(&run.id).await {
-                tracing::warn!(run_id = %run.id, %error, "could not end the session of an interrupted run");
+            // The item and the status in one commit; a run whose own terminal item was
+            // stored ends with that one (exactly one terminal item).
+            if sink.finalize(&run, outcome, item).await?.is_none() {
+                continue;
             }
             tracing::warn!(run_id = %run.id, "run was in progress when the process stopped; finalized as interrupted");
             report.interrupted.push(run.id);
@@ -1520,6 +1544,115 @@ mod tests {
         }
         let done = stores.runs.get_run(done.id).await.unwrap().unwrap();
         assert_eq!(done.status, RunStatus::Completed);
+    }
+
+    /// Issue 15 findings 4 and 6: the recovery ends each run it finds `running` with exactly
+    /// one terminal item, stored with the status: its own, if the previous process stored it
+    /// before the crash (the run ends with the runner's outcome), else `interrupted` after its
+    /// last item.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn recovery_ends_each_run_with_exactly_one_terminal_item() {
+        use sb_store::{EventStatusUpdate, NewEvent, NewRun, NewRunEvent};
+
+        let config = SwitchboardConfig::default();
+        let store = SqlStore::connect("sqlite::memory:", &store_options(&config))
+            .await
+            .unwrap();
+        let stores = Stores::from_sql(store);
+        let bus = MemoryBus::new();
+        let topology = declare_topology(&bus, &topology_options(&config).unwrap())
+            .await
+            .unwrap();
+        let deps = Deps {
+            stores: stores.clone(),
+            bus: Arc::new(bus.clone()),
+            memory_bus: Some(bus.clone()),
+            sessions: Arc::new(MemorySessionStore::with_prefix(
+                config.sessions.key_prefix.clone(),
+            )),
+            topology: topology.clone(),
+        };
+        let sink = ResultSink::new(
+            OrchestratorDeps {
+                bus: deps.bus.clone(),
+                sessions: deps.sessions.clone(),
+                stores: stores.clone(),
+                topology: topology.clone(),
+                catalog: Arc::new(StoreCatalog::new(stores.resources.clone())),
+            },
+            Arc::new(OrchestratorOptions::from_config(&config)),
+        );
+        let mut runs = Vec::new();
+        for _ in 0..2 {
+            let event = NewEvent::new(WorkspaceId::default_workspace(), "message.received", "api");
+            let event = stores.events.append(event, Vec::new()).await.unwrap().0;
+            let run = NewRun {
+                id: None,
+                workspace_id: event.workspace_id.clone(),
+                event_id: event.id,
+                agent_id: None,
+                runner_id: crate::builtin::ECHO_RUNNER_ID.into(),
+                pool: "default".into(),
+                conversation_id: None,
+                thread_id: None,
+                bot_id: None,
+                deadline_at: None,
+                attempt: 1,
+            };
+            let run = stores.runs.create_run(run).await.unwrap().0;
+            let update = EventStatusUpdate {
+                run_id: Some(run.id),
+                ..EventStatusUpdate::status(EventStatus::Dispatched)
+            };
+            stores.events.update_status(event.id, update).await.unwrap();
+            assert!(stores.runs.claim_run(run.id, "gone").await.unwrap());
+            runs.push(run.id);
+        }
+        let item = |run_id, sequence, result_type: &str| NewRunEvent {
+            run_id,
+            sequence,
+            result_type: result_type.to_owned(),
+            data: serde_json::json!({"type": result_type, "data": {}}),
+        };
+        let (partial, finished) = (runs[0], runs[1]);
+        stores
+            .runs
+            .insert_event(item(partial, 1, "message.delta"))
+            .await
+            .unwrap();
+        stores
+            .runs
+            .insert_event(item(finished, 1, "run.completed"))
+            .await
+            .unwrap();
+
+        recover(&deps, &sink).await.unwrap();
+
+        let types = |run_id| {
+            let stores = stores.clone();
+            async move {
+                stores
+                    .runs
+                    .events_after(run_id, 0, 100)
+                    .await
+                    .unwrap()
+                    .into_iter()
+                    .map(|e| (e.sequence, e.result_type))
+                    .collect::<Vec<_>>()
+            }
+        };
+        assert_eq!(
+            types(partial).await,
+            [
+                (1, "message.delta".to_owned()),
+                (2, "run.failed".to_owned())
+            ]
+        );
+        let run = stores.runs.get_run(partial).await.unwrap().unwrap();
+        assert_eq!(run.status, RunStatus::Interrupted);
+        assert_eq!(types(finished).await, [(1, "run.completed".to_owned())]);
+        let run = stores.runs.get_run(finished).await.unwrap().unwrap();
+        assert_eq!(run.status, RunStatus::Completed, "the runner's own outcome");
     }
 
     #[cfg(unix)]

@@ -214,6 +214,8 @@ pub struct SwitchboardConfig {
     pub providers: ProvidersConfig,
     /// Limits enforced on runners and API clients (SPEC §13).
     pub limits: LimitsConfig,
+    /// What the orchestrators' retention task deletes, and when (SPEC §9).
+    pub retention: RetentionConfig,
     /// The secrets tenants may reference from models and tools (SPEC §14).
     pub secrets: SecretsConfig,
     /// Where models and tools may be reached (SPEC §14).
@@ -700,6 +702,9 @@ pub struct LimitsConfig {
     pub artifact_read_default_bytes: NonZeroUsize,
     /// Upper cap on any artifact read `limit`.
     pub artifact_read_max_bytes: NonZeroUsize,
+    /// Largest artifact `POST /v1/artifacts` accepts, decoded bytes (`413` above). At most
+    /// `artifact_read_max_bytes`, which is also the store's cap on any artifact.
+    pub artifact_upload_bytes: NonZeroUsize,
     /// Default page size for history and event pages.
     pub page_size_default: NonZeroU32,
     /// Default page size for state listings.
@@ -744,6 +749,15 @@ pub struct LimitsConfig {
     /// streaming past `run_items_max - 1` items has its run ended with `run.failed`
     /// (`runner.too_many_items`); a terminal item within the limit is still accepted.
     pub run_items_max: NonZeroU64,
+    /// How far in the future `deliver_at` on `POST /v1/events` may be (`400` beyond). A
+    /// delayed event waits in the event log, so keep this below the event log's retention.
+    #[serde(with = "humantime_serde")]
+    pub deliver_at_max_delay: Duration,
+    /// Longest a run without a deadline may stay active (`queued` or `running`), from its
+    /// creation: the orchestrator's reaper then finalizes it as `timeout`. Runs with a
+    /// deadline end at their deadline; this bounds the others, so no run lives forever.
+    #[serde(with = "humantime_serde")]
+    pub run_max_duration: Duration,
     /// Per-run budgets.
     pub budgets: BudgetsConfig,
 }
@@ -757,6 +771,8 @@ impl Default for LimitsConfig {
             artifact_inline_bytes: nzu(MIB),
             artifact_read_default_bytes: nzu(MIB),
             artifact_read_max_bytes: nzu(10 * MIB),
+            // As much as the store keeps: an uploaded artifact is read back in ranges.
+            artifact_upload_bytes: nzu(10 * MIB),
             page_size_default: nz32(50),
             state_page_size_default: nz32(100),
             page_size_max: nz32(100),
@@ -788,7 +804,75 @@ impl Default for LimitsConfig {
             // A long streamed answer is a few thousand deltas; 10 000 leaves room for the
             // longest legitimate run while one runaway runner cannot fill the ledger.
             run_items_max: NonZeroU64::new(10_000).expect("non-zero"),
+            // A week covers reminders and follow-ups while staying well inside the event
+            // log's 30-day retention, so a delayed event is never deleted before it is due.
+            deliver_at_max_delay: Duration::from_secs(7 * 24 * 3600),
+            // A day: far above any interactive run, and as long as the orchestrator keeps the
+            // session of a run without a deadline.
+            run_max_duration: Duration::from_secs(24 * 3600),
             budgets: BudgetsConfig::default(),
+        }
+    }
+}
+
+/// What the retention task deletes, and when (SPEC §9, seed 004). One orchestrator at a
+/// time runs it (a lease in the session store); every pass deletes in bounded batches, so
+/// a backlog (a first start on an old database, a lowered window) drains over several
+/// passes instead of holding the database in one long transaction.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct RetentionConfig {
+    /// Whether the task runs at all. Off, nothing is ever deleted.
+    pub enabled: bool,
+    /// How often a pass runs.
+    #[serde(with = "humantime_serde")]
+    pub interval: Duration,
+    /// Most rows one delete statement removes (runs, for `run_results`).
+    pub batch_size: NonZeroU32,
+    /// Most batches of one kind a pass runs; what is left waits for the next pass.
+    pub max_batches_per_pass: NonZeroU32,
+    /// How long after a run ends its result items (and so its result body) are kept. Past
+    /// it the run and its turn answer `expired: true` (`result_expired`); the run is never
+    /// re-run.
+    #[serde(with = "humantime_serde")]
+    pub run_results: Duration,
+    /// How long the event log keeps an event (idempotency keys of `POST /v1/events` are
+    /// forgotten with it).
+    #[serde(with = "humantime_serde")]
+    pub event_log: Duration,
+    /// How long the transcript (conversation history, history search) keeps an item.
+    #[serde(with = "humantime_serde")]
+    pub transcript: Duration,
+    /// How long a published outbox row is kept after its publication.
+    #[serde(with = "humantime_serde")]
+    pub outbox_published: Duration,
+    /// How long the turn identities (idempotency keys) of a closed session are kept after
+    /// it was closed; a session that is not closed keeps them.
+    #[serde(with = "humantime_serde")]
+    pub closed_session_identities: Duration,
+}
+
+impl Default for RetentionConfig {
+    fn default() -> Self {
+        const DAY: u64 = 24 * 3600;
+        Self {
+            enabled: true,
+            // Retention is not latency-sensitive; a minute keeps the task's load negligible.
+            interval: Duration::from_secs(60),
+            // Each batch is one short transaction; 500 is also the store's largest `IN` list.
+            batch_size: nz32(500),
+            // Up to 10 000 rows of each kind per pass: far above a steady state, while a
+            // backlog cannot keep the database busy for long at a time.
+            max_batches_per_pass: nz32(20),
+            // Seed 004: result bodies and events are kept at most 24 hours.
+            run_results: Duration::from_secs(DAY),
+            // SPEC §9: event log and transcript 30 days.
+            event_log: Duration::from_secs(30 * DAY),
+            transcript: Duration::from_secs(30 * DAY),
+            // Issue 14 groups published outbox rows with the event log.
+            outbox_published: Duration::from_secs(30 * DAY),
+            // Seed 004: identities of closed sessions go 7 days after the close.
+            closed_session_identities: Duration::from_secs(7 * DAY),
         }
     }
 }
@@ -886,6 +970,11 @@ pub struct TelemetryConfig {
     pub log_level: String,
     /// Write logs as JSON lines (for log shippers) instead of human-readable text.
     pub json: bool,
+    /// Where a process without the gateway role (an orchestrator, a worker) serves
+    /// `GET /metrics`, `/healthz` and `/readyz`, e.g. `0.0.0.0:9090`. Unset: not served (the
+    /// default, so several roles on one host never fight over a port). A gateway serves them
+    /// on `gateway.http_addr` and ignores this key.
+    pub metrics_listen: Option<SocketAddr>,
 }
 
 impl Default for TelemetryConfig {
@@ -893,6 +982,7 @@ impl Default for TelemetryConfig {
         Self {
             log_level: "info".to_owned(),
             json: false,
+            metrics_listen: None,
         }
     }
 }
@@ -1012,6 +1102,7 @@ impl SwitchboardConfig {
         self.validate_worker(&mut p);
         self.validate_providers(&mut p);
         self.validate_limits(&mut p);
+        self.validate_retention(&mut p);
         self.validate_secrets(&mut p);
         self.validate_egress(&mut p);
         self.validate_dev(&mut p);
@@ -1149,11 +1240,22 @@ impl SwitchboardConfig {
 
     fn validate_limits(&self, p: &mut Problems) {
         let l = &self.limits;
+        p.positive("limits.deliver_at_max_delay", l.deliver_at_max_delay);
+        p.positive("limits.run_max_duration", l.run_max_duration);
         if l.tool_timeout_max < Duration::from_millis(1) {
             // Tool timeouts are whole milliseconds: a smaller ceiling would refuse every tool.
             p.push(
                 "limits.tool_timeout_max",
                 "expected a duration of at least 1ms",
+            );
+        }
+        if l.artifact_upload_bytes > l.artifact_read_max_bytes {
+            p.push(
+                "limits.artifact_upload_bytes",
+                format!(
+                    "expected at most limits.artifact_read_max_bytes ({}), got {}",
+                    l.artifact_read_max_bytes, l.artifact_upload_bytes
+                ),
             );
         }
         if l.artifact_read_default_bytes > l.artifact_read_max_bytes {
@@ -1178,6 +1280,23 @@ impl SwitchboardConfig {
                     ),
                 );
             }
+        }
+    }
+
+    fn validate_retention(&self, p: &mut Problems) {
+        let r = &self.retention;
+        p.positive("retention.interval", r.interval);
+        for (key, value) in [
+            ("retention.run_results", r.run_results),
+            ("retention.event_log", r.event_log),
+            ("retention.transcript", r.transcript),
+            ("retention.outbox_published", r.outbox_published),
+            (
+                "retention.closed_session_identities",
+                r.closed_session_identities,
+            ),
+        ] {
+            p.positive(key, value);
         }
     }
 
@@ -1986,6 +2105,39 @@ mod tests {
     }
 
     #[test]
+    fn retention_defaults_overrides_and_rejections() {
+        let config = loader().load().unwrap();
+        assert!(config.retention.enabled);
+        assert_eq!(config.retention.run_results, Duration::from_secs(24 * 3600));
+        assert_eq!(
+            config.retention.closed_session_identities,
+            Duration::from_secs(7 * 24 * 3600)
+        );
+        let config = loader()
+            .env([("SWITCHBOARD__RETENTION__RUN_RESULTS", "2s")])
+            .set("retention.event_log", "30d")
+            .load()
+            .unwrap();
+        assert_eq!(config.retention.run_results, Duration::from_secs(2));
+        assert_eq!(
+            config.retention.event_log,
+            Duration::from_secs(30 * 24 * 3600)
+        );
+        for key in [
+            "retention.interval",
+            "retention.run_results",
+            "retention.event_log",
+            "retention.transcript",
+            "retention.outbox_published",
+            "retention.closed_session_identities",
+        ] {
+            assert_rejected(key, "0s");
+        }
+        assert_load_error("retention.batch_size", "0");
+        assert_load_error("retention.max_batches_per_pass", "0");
+    }
+
+    #[test]
     fn rejects_worker_id_with_spaces() {
         assert_rejected("worker.id", "my worker");
     }
@@ -2123,6 +2275,16 @@ mod tests {
         let d = LimitsConfig::default();
         assert_eq!(d.tool_timeout_max, Duration::from_secs(120));
         assert_eq!(d.tool_response_bytes_max.get(), 16 * MIB);
+    }
+
+    #[test]
+    fn rejects_a_zero_run_max_duration() {
+        assert_rejected("limits.run_max_duration", "0s");
+    }
+
+    #[test]
+    fn rejects_a_zero_deliver_at_max_delay() {
+        assert_rejected("limits.deliver_at_max_delay", "0s");
     }
 
     #[test]

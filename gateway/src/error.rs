@@ -1,7 +1,11 @@
 //! [`ApiError`]: the one place where an error becomes an HTTP response, and [`ApiJson`], the
 //! JSON extractor whose rejections use the same shape.
 //!
-//! Every error body is `{"code": "...", "message": "..."}`; the remote Host API
+//! Every error body is `{"code": "...", "message": "...", "request_id": "..."}`, whichever
+//! layer refused: [`finish_errors`] renders each [`ApiError`] again with the request's id
+//! and turns any other `4xx`/`5xx` (a layer's bare status or plain text) into the error of
+//! its status, so no route, extractor, fallback or middleware can answer another shape. The
+//! remote Host API
 //! (`/v1/host/{action}`) answers the runner-facing shape of PROTOCOL_V1 §9 instead,
 //! `{"code", "message", "retryable", "details"}` ([`ApiError::from_agent`],
 //! [`ApiError::for_runner`]). The status comes from
@@ -19,21 +23,23 @@
 //!
 //! # Refusals below the router
 //!
-//! A few requests are refused by hyper's HTTP/1 parser before any request exists for axum
-//! (no route, no middleware, no extractor runs), and hyper writes those answers itself: a
-//! status line, `content-length: 0`, no body, then it closes the connection. It has no hook to
-//! change them (`hyper::proto::h1::role::Server::on_error` builds a bare `MessageHead`), and
-//! `axum::serve` does not expose the connection builder either. They are:
+//! The head limits a client meets are the gateway's own ([`crate::server`]: 100 header
+//! fields, 64 KiB of them, an 8 KiB request target), answered `431`/`414` in this shape.
+//! Hyper's HTTP/1 parser still refuses a few requests before any request exists for axum (no
+//! route, no middleware, no request id), and writes those answers itself: a status line,
+//! `content-length: 0`, no body, then it closes the connection. It has no hook to change
+//! them (`hyper::proto::h1::role::Server::on_error` builds a bare `MessageHead`, and the
+//! connection future only reports the error after writing it). They are:
 //!
 //! | answer | cause |
 //! | --- | --- |
-//! | `431` | request head over hyper's read buffer (about 400 KiB) or more than 100 header fields |
-//! | `414` | a request target too long for the parser |
-//! | `400` | an unparsable request line or header (bad method, version, URI or header bytes) |
+//! | `431` | a head over hyper's ceilings, far above ours: 1 MiB, or more than 1,000 header fields |
+//! | `414` | a request target over 64 KiB (hyper's fixed limit) |
+//! | `400` | bytes that are not HTTP/1: an unparsable request line or header (a method, version or header name with forbidden bytes, a raw space, control or non-ASCII byte in the target) |
 //!
-//! A client can recognise them by the empty body; none of them is retryable unchanged.
-//! Raising the limits (a hand-written accept loop with `hyper_util`'s builder) would only move
-//! the point where they apply: some limit must hold before a request can be routed.
+//! None of them can come from a conforming HTTP client (one percent-encodes the target; a
+//! percent-encoded id that is not UTF-8 or holds NUL reaches the router and is answered in
+//! this shape). A client can recognise them by the empty body; none is retryable unchanged.
 
 use std::fmt;
 use std::time::Duration;
@@ -66,9 +72,9 @@ pub struct ApiError {
     /// The real cause, logged by [`log_error_details`] and never sent to the client. Set when
     /// the public message was replaced by a generic one.
     detail: Option<String>,
-    /// `invalid_argument` about a well-formed request naming something that does not exist
-    /// (an unregistered runner): answered `422` instead of `400`. See [`ApiError::status`].
-    unprocessable: bool,
+    /// A more precise status inside the code's class (`422`, `405`, `431`, …), answered
+    /// instead of [`ErrorCode::http_status`]. See [`ApiError::status`].
+    refined_status: Option<StatusCode>,
     /// Set for answers to runners (the remote Host API): the body then also carries
     /// `retryable` and `details`, the PROTOCOL_V1 §9 error shape.
     runner_fields: Option<RunnerFields>,
@@ -84,14 +90,24 @@ struct RunnerFields {
     details: Map<String, Value>,
 }
 
-/// Body of every error response.
-#[derive(Debug, Serialize)]
-struct ErrorBody<'a> {
+/// Body of every error response; `Error` in the OpenAPI document.
+#[derive(Debug, Serialize, utoipa::ToSchema)]
+#[schema(as = Error)]
+pub(crate) struct ErrorBody<'a> {
+    /// What went wrong; decides the HTTP status.
     code: ErrorCode,
+    /// What was expected, for a person (generic for `internal` and `unavailable`).
     message: &'a str,
+    /// The `x-request-id` of the request (see [`crate::request_id`]): the same id is on the
+    /// request's log lines, so a client's report finds them.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    request_id: Option<&'a str>,
+    /// Remote Host API only: whether the same call may succeed later.
     #[serde(skip_serializing_if = "Option::is_none")]
     retryable: Option<bool>,
+    /// Remote Host API only: structured details of the refusal.
     #[serde(skip_serializing_if = "Option::is_none")]
+    #[schema(value_type = Option<Object>)]
     details: Option<&'a Map<String, Value>>,
 }
 
@@ -113,7 +129,7 @@ impl ApiError {
             code,
             message: message.into(),
             detail: None,
-            unprocessable: false,
+            refined_status: None,
             runner_fields: None,
             retry_after: None,
         }
@@ -128,7 +144,7 @@ impl ApiError {
             code,
             message: error.message,
             detail: None,
-            unprocessable: false,
+            refined_status: None,
             runner_fields: Some(RunnerFields {
                 retryable: error.retryable,
                 details: error.details,
@@ -192,7 +208,7 @@ impl ApiError {
             code: ErrorCode::Internal,
             message: generic_message(ErrorCode::Internal).to_owned(),
             detail: Some(detail.to_string()),
-            unprocessable: false,
+            refined_status: None,
             runner_fields: None,
             retry_after: None,
         }
@@ -201,10 +217,72 @@ impl ApiError {
     /// `422` with code `invalid_argument`: the body is well-formed but refers to something
     /// that cannot be used (e.g. a runner no worker registered).
     pub fn unprocessable(message: impl Into<String>) -> Self {
-        Self {
-            unprocessable: true,
-            ..Self::new(ErrorCode::InvalidArgument, message)
+        Self::new(ErrorCode::InvalidArgument, message).refined(StatusCode::UNPROCESSABLE_ENTITY)
+    }
+
+    /// `405` with code `invalid_argument`: the route exists but does not serve this method.
+    /// The router adds `Allow` with the methods it does serve.
+    pub fn method_not_allowed() -> Self {
+        Self::new(
+            ErrorCode::InvalidArgument,
+            "this route does not serve this method (see the `allow` header)",
+        )
+        .refined(StatusCode::METHOD_NOT_ALLOWED)
+    }
+
+    /// `431` with code `payload_too_large`: the request head (header fields) is over a limit.
+    pub fn header_too_large(message: impl Into<String>) -> Self {
+        Self::new(ErrorCode::PayloadTooLarge, message)
+            .refined(StatusCode::REQUEST_HEADER_FIELDS_TOO_LARGE)
+    }
+
+    /// `414` with code `payload_too_large`: the request target (path and query) is too long.
+    pub fn uri_too_long(max: usize) -> Self {
+        Self::new(
+            ErrorCode::PayloadTooLarge,
+            format!("the request target (path and query) is longer than {max} bytes"),
+        )
+        .refined(StatusCode::URI_TOO_LONG)
+    }
+
+    /// The structured error for a refusal some layer answered in its own format (a bare
+    /// status, plain text): the code is the one of the status's meaning, the status is kept,
+    /// and a short plain-text message of a 4xx is passed on (a 5xx's is only logged).
+    fn from_foreign(status: StatusCode, text: &str) -> Self {
+        let code = match status.as_u16() {
+            401 => ErrorCode::Unauthorized,
+            403 => ErrorCode::PermissionDenied,
+            404 | 410 => ErrorCode::NotFound,
+            408 | 504 => ErrorCode::DeadlineExceeded,
+            409 | 412 => ErrorCode::Conflict,
+            413 | 414 | 431 => ErrorCode::PayloadTooLarge,
+            429 => ErrorCode::RateLimited,
+            499 => ErrorCode::Cancelled,
+            502 => ErrorCode::RuntimeError,
+            503 => ErrorCode::Unavailable,
+            400..=499 => ErrorCode::InvalidArgument,
+            _ => ErrorCode::Internal,
+        };
+        let text = text.trim();
+        let mut error = if hides_detail(code) || text.is_empty() {
+            let reason = status.canonical_reason().unwrap_or("refused");
+            Self {
+                detail: (!text.is_empty()).then(|| text.to_owned()),
+                ..Self::new(code, reason.to_ascii_lowercase())
+            }
+        } else {
+            Self::new(code, text.to_owned())
+        };
+        if status != error.status() {
+            error = error.refined(status);
         }
+        error
+    }
+
+    /// The same error answered with `status`, a refinement of the code's own status.
+    fn refined(mut self, status: StatusCode) -> Self {
+        self.refined_status = Some(status);
+        self
     }
 
     /// Builds the error of any domain error: its code decides the status; for codes whose
@@ -217,7 +295,7 @@ impl ApiError {
                 code,
                 message: generic_message(code).to_owned(),
                 detail: Some(err.to_string()),
-                unprocessable: false,
+                refined_status: None,
                 runner_fields: None,
                 retry_after: None,
             }
@@ -236,12 +314,14 @@ impl ApiError {
         &self.message
     }
 
-    /// The HTTP status: [`ErrorCode::http_status`], the only mapping, with one refinement
-    /// inside `invalid_argument`: a semantically unusable request is `422` (RFC 9110
-    /// §15.5.21) rather than `400`; the body's code stays `invalid_argument`.
+    /// The HTTP status: [`ErrorCode::http_status`], the only mapping, with refinements that
+    /// HTTP clients act on while the body's code stays the same: inside `invalid_argument`,
+    /// a semantically unusable request is `422` (RFC 9110 §15.5.21) and a method the route
+    /// does not serve `405` (with `Allow`); inside `payload_too_large`, a head over its limit
+    /// is `431` and a request target `414`.
     pub fn status(&self) -> StatusCode {
-        if self.unprocessable && self.code == ErrorCode::InvalidArgument {
-            return StatusCode::UNPROCESSABLE_ENTITY;
+        if let Some(status) = self.refined_status {
+            return status;
         }
         StatusCode::from_u16(self.code.http_status()).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR)
     }
@@ -280,12 +360,14 @@ impl fmt::Display for ApiError {
 
 impl std::error::Error for ApiError {}
 
-impl IntoResponse for ApiError {
-    fn into_response(self) -> Response {
+impl ApiError {
+    /// The response, its body carrying `request_id` when known.
+    fn render(self, request_id: Option<&str>) -> Response {
         let status = self.status();
         let body = ErrorBody {
             code: self.code,
             message: &self.message,
+            request_id,
             retryable: self.runner_fields.as_ref().map(|f| f.retryable),
             details: self.runner_fields.as_ref().map(|f| &f.details),
         };
@@ -300,13 +382,23 @@ impl IntoResponse for ApiError {
                 .headers_mut()
                 .insert(header::RETRY_AFTER, retry_after_header(self.retry_after));
         }
-        if let Some(detail) = self.detail {
+        if let Some(detail) = self.detail.clone() {
             response.extensions_mut().insert(ErrorDetail {
                 code: self.code,
                 detail,
             });
         }
+        // Kept so [`finish_errors`] can render it again with the request id.
+        response.extensions_mut().insert(self);
         response
+    }
+}
+
+impl IntoResponse for ApiError {
+    /// The body without a request id: a handler does not know it; [`finish_errors`], which
+    /// does, renders the error again on its way out.
+    fn into_response(self) -> Response {
+        self.render(None)
     }
 }
 
@@ -361,6 +453,12 @@ impl From<BytesRejection> for ApiError {
                 ErrorCode::PayloadTooLarge,
                 "request body is larger than the configured limit",
             )
+        } else if body_timed_out(&rejection) {
+            Self::new(
+                ErrorCode::DeadlineExceeded,
+                "the request body stopped arriving before it was complete",
+            )
+            .refined(StatusCode::REQUEST_TIMEOUT)
         } else {
             Self::invalid(format!(
                 "cannot read request body: {}",
@@ -400,6 +498,20 @@ impl From<RawPathParamsRejection> for ApiError {
             other => Self::internal(other.body_text()),
         }
     }
+}
+
+/// Whether reading the body failed because the client stopped sending it (the body idle
+/// timeout of [`crate::app`], tower-http's `TimeoutBody`): the client's fault, so `408`, not
+/// the `504` of a handler that took too long.
+fn body_timed_out(rejection: &BytesRejection) -> bool {
+    let mut source: Option<&(dyn std::error::Error + 'static)> = Some(rejection);
+    while let Some(error) = source {
+        if error.is::<tower_http::timeout::TimeoutError>() {
+            return true;
+        }
+        source = error.source();
+    }
+    false
 }
 
 fn invalid_utf8_in_path(key: &str) -> ApiError {
@@ -561,6 +673,59 @@ where
     }
 }
 
+/// How much of a foreign refusal's body [`finish_errors`] reads for its message.
+const FOREIGN_TEXT_MAX: usize = 1024;
+
+/// Middleware giving every refusal, whatever layer made it, the one error shape with the
+/// request's id: an [`ApiError`] is rendered again with `request_id`; any other `4xx`/`5xx`
+/// (a layer's bare status or plain text) becomes the [`ApiError`] of its status
+/// ([`ApiError::from_foreign`]). The first answer's headers (`Allow`, `Retry-After`, …) and
+/// extensions are kept. Runs inside [`crate::request_id`]'s layers, which set the header.
+pub async fn finish_errors(request: Request, next: Next) -> Response {
+    let request_id = crate::request_id::of(request.headers()).map(str::to_owned);
+    let response = next.run(request).await;
+    let status = response.status();
+    if !status.is_client_error() && !status.is_server_error() {
+        return response;
+    }
+    let (mut parts, body) = response.into_parts();
+    let error = match parts.extensions.remove::<ApiError>() {
+        Some(error) => error,
+        None => {
+            let is_text = parts
+                .headers
+                .get(header::CONTENT_TYPE)
+                .and_then(|v| v.to_str().ok())
+                .is_none_or(|v| v.starts_with("text/plain"));
+            let bytes = axum::body::to_bytes(body, FOREIGN_TEXT_MAX)
+                .await
+                .unwrap_or_default();
+            let text = if is_text {
+                String::from_utf8_lossy(&bytes).into_owned()
+            } else {
+                String::new()
+            };
+            tracing::debug!(status = status.as_u16(), %text, "refusal of another layer put in the error shape");
+            ApiError::from_foreign(status, &text)
+        }
+    };
+    let (mut fresh, body) = error.render(request_id.as_deref()).into_parts();
+    fresh.extensions.remove::<ApiError>();
+    for name in parts.headers.keys() {
+        if name != header::CONTENT_TYPE
+            && name != header::CONTENT_LENGTH
+            && !fresh.headers.contains_key(name)
+        {
+            for value in parts.headers.get_all(name) {
+                fresh.headers.append(name.clone(), value.clone());
+            }
+        }
+    }
+    parts.extensions.extend(fresh.extensions);
+    fresh.extensions = parts.extensions;
+    Response::from_parts(fresh, body)
+}
+
 /// Middleware logging the hidden cause of every error response (see [`ErrorDetail`]), so a
 /// 500 can be traced to its reason without showing that reason to the client.
 pub async fn log_error_details(request: Request, next: Next) -> Response {
@@ -707,6 +872,103 @@ mod tests {
         assert!(!with("text/plain"));
         assert!(!with("application/jsonx"));
         assert!(!is_json_content_type(&http::HeaderMap::new()));
+    }
+
+    /// A router with the gateway's error finishing and request-id layers around `routes`.
+    fn finished(routes: axum::Router) -> axum::Router {
+        use tower_http::request_id::{MakeRequestUuid, PropagateRequestIdLayer, SetRequestIdLayer};
+        routes
+            .layer(axum::middleware::from_fn(finish_errors))
+            .layer(PropagateRequestIdLayer::new(crate::request_id::HEADER))
+            .layer(SetRequestIdLayer::new(
+                crate::request_id::HEADER,
+                MakeRequestUuid,
+            ))
+    }
+
+    async fn call(router: axum::Router, request: Request) -> (Response, serde_json::Value) {
+        use tower::ServiceExt as _;
+        let response = router.oneshot(request).await.unwrap();
+        let (parts, body) = response.into_parts();
+        let bytes = axum::body::to_bytes(body, usize::MAX).await.unwrap();
+        let body = serde_json::from_slice(&bytes).unwrap();
+        (Response::from_parts(parts, axum::body::Body::empty()), body)
+    }
+
+    #[tokio::test]
+    async fn every_refusal_carries_the_request_id_of_its_header() {
+        use axum::routing::{get, post};
+        let router = finished(
+            axum::Router::new()
+                .route(
+                    "/limited",
+                    get(|| async { ApiError::rate_limited("slow down", Duration::from_secs(3)) }),
+                )
+                // axum's own `Json` answers plain text: a foreign refusal
+                .route(
+                    "/foreign",
+                    post(|Json(v): Json<Value>| async move { Json(v) }),
+                ),
+        );
+        let request = Request::get("/limited")
+            .header("x-request-id", "req-1")
+            .body(axum::body::Body::empty())
+            .unwrap();
+        let (response, body) = call(router.clone(), request).await;
+        assert_eq!(response.status(), StatusCode::TOO_MANY_REQUESTS);
+        assert_eq!(response.headers()[header::RETRY_AFTER], "3", "headers kept");
+        assert_eq!(response.headers()["x-request-id"], "req-1");
+        assert_eq!(
+            body,
+            serde_json::json!({"code": "rate_limited", "message": "slow down", "request_id": "req-1"})
+        );
+
+        let request = Request::post("/foreign")
+            .body(axum::body::Body::from("{}"))
+            .unwrap();
+        let (response, body) = call(router, request).await;
+        assert_eq!(
+            response.status(),
+            StatusCode::UNSUPPORTED_MEDIA_TYPE,
+            "status kept"
+        );
+        assert_eq!(body["code"], "invalid_argument");
+        assert!(
+            body["message"].as_str().unwrap().contains("Content-Type"),
+            "{body}"
+        );
+        assert_eq!(
+            body["request_id"].as_str().unwrap(),
+            response.headers()["x-request-id"].to_str().unwrap()
+        );
+    }
+
+    #[test]
+    fn foreign_statuses_keep_their_status_and_get_the_code_of_their_meaning() {
+        for (status, code) in [
+            (404, ErrorCode::NotFound),
+            (405, ErrorCode::InvalidArgument),
+            (408, ErrorCode::DeadlineExceeded),
+            (414, ErrorCode::PayloadTooLarge),
+            (415, ErrorCode::InvalidArgument),
+            (431, ErrorCode::PayloadTooLarge),
+            (500, ErrorCode::Internal),
+            (503, ErrorCode::Unavailable),
+        ] {
+            let status = StatusCode::from_u16(status).unwrap();
+            let error = ApiError::from_foreign(status, "db at 10.0.0.3 said no");
+            assert_eq!(error.status(), status);
+            assert_eq!(error.code(), code, "{status}");
+            assert_eq!(
+                error.message().contains("10.0.0.3"),
+                !status.is_server_error(),
+                "a 5xx's text is only logged: {status}"
+            );
+        }
+        assert_eq!(
+            ApiError::from_foreign(StatusCode::BAD_REQUEST, "").message(),
+            "bad request"
+        );
     }
 
     #[tokio::test]

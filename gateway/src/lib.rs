@@ -10,8 +10,10 @@
 //!
 //! | route | role | answer |
 //! | --- | --- | --- |
-//! | `POST /v1/events` | client | `202 {event_id, status}`; `?stream=true`: the run's SSE stream (`x-event-id` header) |
+//! | `POST /v1/events` | client | `202 {event_id, status}`; `agent_id` names the agent, `deliver_at` delays it (see [`routes::events`]); `?stream=true`: the run's SSE stream (`x-event-id` header) |
 //! | `GET /v1/events/{id}` | client | the event with its routing `status`, `run_id`, `reason` |
+//! | `GET /v1/events/{id}/wait` | client | long-poll (≤ 60 s, one stream slot) until the event is routed; the event with its `run_id` |
+//! | `GET /v1/conversations/{id}/stream` | client | SSE of every run of the conversation, resumable by `Last-Event-ID` (see [`conversation_stream`]) |
 //! | `GET /v1/runs`, `GET /v1/runs/{id}` | client | runs (newest first, filters) / one run |
 //! | `GET /v1/runs/{id}/events` | client | `{items: [AgentRunResult], next_cursor, has_more}` after a sequence |
 //! | `GET /v1/runs/{id}/stream` | client | SSE after `after_sequence` / `Last-Event-ID`, closed after the terminal item |
@@ -27,10 +29,13 @@
 //! | `GET /v1/agents`, `GET /v1/agents/{id}` | client | agents (an application picks the agent it talks to) |
 //! | `POST /v1/agents`, `PATCH/DELETE /v1/agents/{id}` | admin | agents (`422` unknown runner, `409` ambiguous scope) |
 //! | `GET /v1/runners` | admin | registered runners |
-//! | `GET/POST /v1/schedules`, `GET/DELETE /v1/schedules/{id}` | admin | schedules (see [`routes::schedules`]) |
-//! | `GET/POST /v1/models`, `/v1/tools`, `/v1/knowledge-bases`; `POST /v1/knowledge-bases/{kb_id}/documents` | admin | the resource registry (see [`routes::resources`]) |
+//! | `GET/POST /v1/schedules`, `GET/PATCH/DELETE /v1/schedules/{id}` | admin | schedules (see [`routes::schedules`]) |
+//! | `GET/POST /v1/models`, `/v1/tools`, `/v1/knowledge-bases`, `/v1/knowledge-bases/{kb_id}/documents`; `GET/PATCH/DELETE` of each by id | admin | the resource registry (see [`routes::resources`]) |
 //! | `GET/POST /v1/keys`, `DELETE /v1/keys/{id}` | admin | the workspace's API keys (see [`routes::keys`]) |
+//! | `POST /v1/artifacts`, `GET /v1/artifacts/{id}`, `GET /v1/artifacts/{id}/content` | client | upload (JSON base64 or multipart, sha256 verified) / metadata / content with `Range` (see [`routes::artifacts`]) |
 //! | `GET /healthz`, `GET /readyz`, `GET /metrics` | none | liveness, dependency readiness, Prometheus text |
+//! | `GET /v1/openapi.json` | none | the OpenAPI 3.1 document of every route (see [`openapi`]) |
+//! | `GET /`, `GET /console/{file}` | none | the web console, embedded in the binary (see [`console`]) |
 //! | `POST /v1/host/{action}` | run token | the Host API for runners outside a worker: `{data}` (see [`routes::host`]) |
 //!
 //! Every `/v1` route needs `Authorization: Bearer <api key>` (`401 unauthorized` without a
@@ -38,9 +43,13 @@
 //! key has a request rate and a number of open streams (`429 rate_limited`, see [`limits`]).
 //! Reads of the resource registry and the schedules are admin-only as well: they show
 //! configuration (URLs, secret names, events) that an application does not need. Errors are
-//! `{"code", "message"}` with the status of `ErrorCode::http_status`. The exception is the
+//! `{"code", "message", "request_id"}` with the status of `ErrorCode::http_status`, from
+//! every layer (unknown route `404`, a method the route does not serve `405` with `Allow`,
+//! oversized head `431`/`414`, body `413`, timeout `504`); every response carries its
+//! `x-request-id`, which is also on the request's log lines. The exception is the
 //! remote Host API: its bearer is the run's token (`ctx.runtime.metadata.host_api`), never an
-//! API key, and its errors are the runner-facing `{"code", "message", "retryable", "details"}`.
+//! API key, and its errors are the runner-facing `{"code", "message", "retryable", "details"}`
+//! (with `request_id` as well).
 //!
 //! # Layout
 //! - [`error`]: [`error::ApiError`], the only place an error becomes an HTTP response, and
@@ -50,35 +59,45 @@
 //!   role), the admin-route check and the revocation-aware key cache.
 //! - [`limits`]: per-key request rate and open-stream limits.
 //! - [`normalize`]: ingest payload → `AgentEventEnvelope` (pure, unit-tested).
+//! - [`openapi`]: the OpenAPI document, generated from the same declarations as the router
+//!   (`route_table` in this file, whose docs say how a route is declared).
 //! - [`routes`]: one file per resource: events, runs, conversations, agents, runners,
 //!   health, `resources` (models, tools, knowledge bases), `keys`, `sessions` and `turns`
 //!   (the turn API) and `host` (the remote Host API).
 //! - [`stream`]: SSE framing and the ledger-then-live, gap-free result stream.
+//! - [`conversation_stream`]: the same for every run of a conversation, with a resumable
+//!   conversation-level position.
 //! - [`live`]: the gateway's exclusive delivery queue and the per-run fan-out.
 //! - [`relay`]: the outbox relay task.
+//! - [`request_id`]: the per-request id of responses, error bodies and log lines.
+//! - [`server`]: the HTTP/1 accept loop, its connection options and the head limits.
 //! - [`state`]: [`AppState`], [`GatewayDeps`], [`GatewayOptions`].
 
 pub mod auth;
+pub mod console;
+pub mod conversation_stream;
 pub mod error;
 pub mod limits;
 pub mod live;
 pub mod normalize;
+pub mod openapi;
+pub mod ops;
 pub mod relay;
+pub mod request_id;
 pub mod routes;
+pub mod server;
 pub mod state;
 pub mod stream;
 
 use std::time::Instant;
 
 use axum::Router;
+use axum::body::Body;
 use axum::error_handling::HandleErrorLayer;
 use axum::extract::{DefaultBodyLimit, MatchedPath, Request, State};
-use axum::handler::Handler;
 use axum::http::header::CONTENT_LENGTH;
 use axum::middleware::{Next, from_fn, from_fn_with_state};
 use axum::response::Response;
-use axum::routing::{delete, get, post};
-use axum::serve::ListenerExt as _;
 use sb_common::config::SwitchboardConfig;
 use sb_common::error::ShutdownError;
 use sb_common::shutdown::Shutdown;
@@ -86,15 +105,21 @@ use sb_common::telemetry::{Registry, names};
 use sb_protocol::error::ErrorCode;
 use tokio::net::TcpListener;
 use tower::ServiceBuilder;
+use tower_http::request_id::{MakeRequestUuid, PropagateRequestIdLayer, SetRequestIdLayer};
+use tower_http::timeout::{RequestBodyTimeoutLayer, TimeoutBody};
 use tower_http::trace::TraceLayer;
+use utoipa::OpenApi as _;
+use utoipa_axum::router::{OpenApiRouter, UtoipaMethodRouter, UtoipaMethodRouterExt as _};
+use utoipa_axum::routes;
 
 pub use crate::error::{ApiError, ApiResult};
 pub use crate::state::{AppState, GatewayDeps, GatewayOptions};
 
+use crate::openapi::Access;
 use crate::relay::OutboxRelay;
 use crate::routes::{
-    agents, conversations, events, health, host, keys, resources, runners, runs, schedules,
-    sessions, turns,
+    agents, artifacts, conversations, events, health, host, keys, resources, runners, runs,
+    schedules, sessions, turns,
 };
 
 /// Errors that stop the gateway.
@@ -111,9 +136,6 @@ pub enum GatewayError {
     /// The live-delivery queue cannot be declared or consumed.
     #[error("cannot start live delivery: {0}")]
     Bus(#[from] sb_common::bus::BusError),
-    /// The HTTP server failed.
-    #[error("http server failed: {0}")]
-    Serve(std::io::Error),
     /// Shutdown began before the gateway started.
     #[error(transparent)]
     Shutdown(#[from] ShutdownError),
@@ -121,8 +143,12 @@ pub enum GatewayError {
 
 /// The router: `/v1` (authenticated), `/healthz`, `/readyz`, `/metrics`.
 ///
-/// Layers, outermost first: tracing (span per request with the matched route), error-detail
-/// logging, HTTP metrics, the body-size guard (a `Content-Length` over the limit is refused
+/// Layers, outermost first: the request id (a client's usable `x-request-id` or a fresh
+/// UUID, echoed in the response, see [`request_id`]), tracing (span per request with the
+/// matched route and the request id), error-detail logging, [`error::finish_errors`] (every
+/// `4xx`/`5xx` in the one error shape with the request id, whichever layer refused), HTTP
+/// metrics, the head limits ([`server::refuse_oversized_head`]: `431`, `414`), the body-size
+/// guard (a `Content-Length` over the limit is refused
 /// before anything is read; chunked bodies are cut at the limit by `DefaultBodyLimit`),
 /// then, on `/v1`, the API-key check (with the key's request rate); non-streaming `/v1`
 /// routes also get the request timeout. A stream's response is produced at once (its body is
@@ -131,121 +157,216 @@ pub enum GatewayError {
 /// crate docs).
 pub fn app(state: AppState) -> Router {
     let max_body = state.options().max_body_bytes;
+    let upload_body = artifacts::upload_body_limit(state.options().artifact_upload_bytes);
     let timeout = state.options().request_timeout;
 
-    let timed = Router::new()
-        .route("/v1/events", post(events::ingest))
-        .route("/v1/events/{id}", get(events::get_event))
-        .route("/v1/runs", get(runs::list_runs))
-        .route("/v1/runs/{id}", get(runs::get_run))
-        .route("/v1/runs/{id}/events", get(runs::run_events))
-        .route("/v1/runs/{id}/cancel", post(runs::cancel_run))
-        .route(
-            "/v1/conversations/{id}/transcript",
-            get(conversations::transcript),
-        )
-        .route(
-            "/v1/sessions",
-            get(sessions::list_sessions).post(sessions::create_session),
-        )
-        .route(
-            "/v1/sessions/{id}",
-            get(sessions::get_session).delete(sessions::close_session),
-        )
-        .route("/v1/sessions/{id}/history", get(sessions::history))
-        .route("/v1/sessions/{id}/turns", post(turns::start_turn))
-        .route("/v1/turns/{id}", get(turns::get_turn))
-        .route("/v1/turns/{id}/events", get(turns::turn_events))
-        .route("/v1/turns/{id}/cancel", post(turns::cancel_turn))
-        .route("/v1/runners", get(admin(runners::list_runners)))
-        .route(
-            "/v1/agents",
-            get(agents::list_agents).post(admin(agents::create_agent)),
-        )
-        .route(
-            "/v1/agents/{id}",
-            get(agents::get_agent)
-                .patch(admin(agents::update_agent))
-                .delete(admin(agents::delete_agent)),
-        )
-        .route(
-            "/v1/schedules",
-            get(admin(schedules::list_schedules)).post(admin(schedules::create_schedule)),
-        )
-        .route(
-            "/v1/schedules/{id}",
-            get(admin(schedules::get_schedule)).delete(admin(schedules::delete_schedule)),
-        )
-        .route(
-            "/v1/models",
-            get(admin(resources::list_models)).post(admin(resources::create_model)),
-        )
-        .route(
-            "/v1/tools",
-            get(admin(resources::list_tools)).post(admin(resources::create_tool)),
-        )
-        .route(
-            "/v1/knowledge-bases",
-            get(admin(resources::list_kbs)).post(admin(resources::create_kb)),
-        )
-        .route(
-            "/v1/knowledge-bases/{kb_id}/documents",
-            post(admin(resources::add_document)),
-        )
-        .route(
-            "/v1/keys",
-            get(admin(keys::list_keys)).post(admin(keys::create_key)),
-        )
-        .route("/v1/keys/{id}", delete(admin(keys::revoke_key)))
-        .layer(
-            ServiceBuilder::new()
-                .layer(HandleErrorLayer::new(timeout_error))
-                .layer(tower::timeout::TimeoutLayer::new(timeout)),
-        );
+    let RouteTable {
+        timed,
+        streams,
+        host,
+        public,
+    } = route_table(upload_body);
+    let timed = Router::from(timed).layer(
+        ServiceBuilder::new()
+            .layer(HandleErrorLayer::new(timeout_error))
+            .layer(tower::timeout::TimeoutLayer::new(timeout)),
+    );
     // Long-lived requests: no request timeout (each bounds itself and takes a stream slot).
-    let streams = Router::new()
-        .route("/v1/runs/{id}/stream", get(runs::stream_run))
-        .route("/v1/turns/{id}/wait", get(turns::wait_turn));
     let v1 = timed
-        .merge(streams)
+        .merge(Router::from(streams))
         .route_layer(from_fn_with_state(state.clone(), auth::require_api_key));
     // Authenticated by the run token inside the handler, not by an API key.
-    let remote_host_api = Router::new()
-        .route("/v1/host/{action}", post(host::call))
-        .layer(
-            ServiceBuilder::new()
-                .layer(HandleErrorLayer::new(host_timeout_error))
-                .layer(tower::timeout::TimeoutLayer::new(timeout)),
-        );
+    let remote_host_api = Router::from(host).layer(
+        ServiceBuilder::new()
+            .layer(HandleErrorLayer::new(host_timeout_error))
+            .layer(tower::timeout::TimeoutLayer::new(timeout)),
+    );
 
-    Router::new()
-        .route("/healthz", get(health::healthz))
-        .route("/readyz", get(health::readyz))
-        .route("/metrics", get(health::metrics))
+    Router::from(public)
         .merge(v1)
         .merge(remote_host_api)
+        // The web console (`GET /`, `/console/{file}`): outside `/v1`, no API key.
+        .merge(console::router())
         .fallback(not_found)
         .method_not_allowed_fallback(method_not_allowed)
         .layer(DefaultBodyLimit::max(max_body))
-        .layer(from_fn_with_state(max_body, refuse_oversized))
+        .layer(
+            ServiceBuilder::new()
+                .layer(RequestBodyTimeoutLayer::new(body_idle_timeout(timeout)))
+                .map_request(|request: Request<TimeoutBody<Body>>| request.map(Body::new)),
+        )
+        .layer(from_fn_with_state((max_body, upload_body), refuse_oversized))
+        .layer(from_fn(server::refuse_oversized_head))
         .layer(from_fn(record_http_metrics))
+        .layer(from_fn(error::finish_errors))
         .layer(from_fn(error::log_error_details))
         .layer(TraceLayer::new_for_http().make_span_with(|request: &Request| {
             let route = request.extensions().get::<MatchedPath>().map_or("", MatchedPath::as_str);
-            tracing::info_span!("http", method = %request.method(), route, uri = %request.uri().path())
+            let request_id = request_id::of(request.headers()).unwrap_or("");
+            tracing::info_span!("http", method = %request.method(), route, uri = %request.uri().path(), request_id)
         }))
+        .layer(PropagateRequestIdLayer::new(request_id::HEADER))
+        .layer(SetRequestIdLayer::new(request_id::HEADER, MakeRequestUuid))
+        .layer(from_fn(request_id::drop_unusable))
         .with_state(state)
 }
 
-/// `handler`, answered only to admin keys: a `client` key gets `403 permission_denied`
-/// ([`auth::require_admin`]) before the handler's extractors run, so nothing is read or
-/// stored. Runs inside the API-key middleware, which put the caller in the extensions.
-fn admin<H, T>(handler: H) -> impl Handler<T, AppState>
-where
-    H: Handler<T, AppState>,
-    T: 'static,
-{
-    handler.layer(from_fn(auth::require_admin))
+/// How long a request body may pause before the request is refused `408`: half the request
+/// timeout, so a client that stops sending its body is told so (a `4xx`) before the
+/// timeout's `504`, which would blame the gateway.
+fn body_idle_timeout(request_timeout: std::time::Duration) -> std::time::Duration {
+    request_timeout / 2
+}
+
+/// Every route of the API, grouped by how [`app`] guards it. Each route is declared once, by
+/// its handler's `#[utoipa::path]`; `routes!` builds both the route and its entry in the
+/// OpenAPI document from that declaration, so the router and `/v1/openapi.json` cannot drift.
+///
+/// # Declaring a route
+///
+/// 1. Annotate the handler with `#[utoipa::path(<method>, path = "/v1/…", tag = "…",
+///    params(…), request_body = …, responses(…))]` (see any handler in [`routes`]): path and
+///    query parameters (`IntoParams` on the query struct), the body type (`ToSchema`) and the
+///    answers, errors as `body = crate::error::ErrorBody<'static>`.
+/// 2. Add `.routes(routes!(module::handler))` to its group below; wrap it in `admin(…)` when
+///    only admin keys may call it. One `routes!` holds handlers of one path.
+///
+/// Never `.route(…)`: such a route would be served but missing from the document, and
+/// `tests/openapi.rs` (which compares the real router with the document) fails.
+struct RouteTable {
+    /// `/v1` with an API key and the request timeout.
+    timed: OpenApiRouter<AppState>,
+    /// `/v1` with an API key, no request timeout: streams and long polls, each bounded by
+    /// itself and holding a stream slot.
+    streams: OpenApiRouter<AppState>,
+    /// The remote Host API: the run token is checked by the handler.
+    host: OpenApiRouter<AppState>,
+    /// No credentials: health, readiness, metrics and the OpenAPI document.
+    public: OpenApiRouter<AppState>,
+}
+
+/// The routes of [`RouteTable`]; `upload_body` is the body limit of `POST /v1/artifacts`.
+fn route_table(upload_body: usize) -> RouteTable {
+    let mut timed = OpenApiRouter::with_openapi(openapi::ApiDoc::openapi())
+        .routes(routes!(events::ingest))
+        .routes(routes!(events::get_event))
+        .routes(routes!(runs::list_runs))
+        .routes(routes!(runs::get_run))
+        .routes(routes!(runs::run_events))
+        .routes(routes!(runs::cancel_run))
+        .routes(routes!(conversations::transcript))
+        .routes(routes!(sessions::list_sessions, sessions::create_session))
+        .routes(routes!(sessions::get_session, sessions::close_session))
+        .routes(routes!(sessions::history))
+        .routes(routes!(turns::start_turn))
+        .routes(routes!(turns::get_turn))
+        .routes(routes!(turns::turn_events))
+        .routes(routes!(turns::cancel_turn))
+        .routes(admin(routes!(runners::list_runners)))
+        .routes(routes!(agents::list_agents))
+        .routes(admin(routes!(agents::create_agent)))
+        .routes(routes!(agents::get_agent))
+        .routes(admin(routes!(agents::update_agent, agents::delete_agent)))
+        .routes(admin(routes!(
+            schedules::list_schedules,
+            schedules::create_schedule
+        )))
+        .routes(admin(routes!(
+            schedules::get_schedule,
+            schedules::update_schedule,
+            schedules::delete_schedule
+        )))
+        .routes(admin(routes!(
+            resources::list_models,
+            resources::create_model
+        )))
+        .routes(admin(routes!(
+            resources::list_tools,
+            resources::create_tool
+        )))
+        .routes(admin(routes!(resources::list_kbs, resources::create_kb)))
+        .routes(admin(routes!(
+            resources::get_model,
+            resources::update_model,
+            resources::delete_model
+        )))
+        .routes(admin(routes!(
+            resources::get_tool,
+            resources::update_tool,
+            resources::delete_tool
+        )))
+        .routes(admin(routes!(
+            resources::get_kb,
+            resources::update_kb,
+            resources::delete_kb
+        )))
+        .routes(admin(routes!(
+            resources::list_documents,
+            resources::add_document
+        )))
+        .routes(admin(routes!(
+            resources::update_document,
+            resources::delete_document
+        )))
+        .routes(admin(routes!(keys::list_keys, keys::create_key)))
+        .routes(admin(routes!(keys::revoke_key)))
+        // Uploads have their own body limit (`limits.artifact_upload_bytes` as base64 plus
+        // the envelope) instead of `gateway.max_body_bytes`; see `refuse_oversized`.
+        .routes(routes!(artifacts::upload).map(|r| r.layer(DefaultBodyLimit::max(upload_body))))
+        .routes(routes!(artifacts::get_artifact))
+        .routes(routes!(artifacts::content));
+    let mut streams = OpenApiRouter::new()
+        .routes(routes!(runs::stream_run))
+        .routes(routes!(turns::wait_turn))
+        .routes(routes!(events::wait_event))
+        .routes(routes!(conversations::stream));
+    let mut host = OpenApiRouter::new().routes(routes!(host::call));
+    let mut public = OpenApiRouter::new()
+        .routes(routes!(health::healthz))
+        .routes(routes!(health::readyz))
+        .routes(routes!(health::metrics))
+        .routes(routes!(openapi::openapi_json));
+    openapi::mark(&mut timed.get_openapi_mut().paths, Access::Client);
+    openapi::mark(&mut streams.get_openapi_mut().paths, Access::Client);
+    openapi::mark(&mut host.get_openapi_mut().paths, Access::RunToken);
+    openapi::mark(&mut public.get_openapi_mut().paths, Access::Public);
+    RouteTable {
+        timed,
+        streams,
+        host,
+        public,
+    }
+}
+
+/// The OpenAPI 3.1 document of every route of [`app`] (served at `GET /v1/openapi.json`,
+/// see [`openapi`]).
+#[must_use]
+pub fn openapi_document() -> utoipa::openapi::OpenApi {
+    let RouteTable {
+        timed,
+        streams,
+        host,
+        public,
+    } = route_table(0);
+    timed
+        .merge(streams)
+        .merge(host)
+        .merge(public)
+        .into_openapi()
+}
+
+/// `routes`, answered only to admin keys: a `client` key gets `403 permission_denied`
+/// ([`auth::require_admin`]) before the handlers' extractors run, so nothing is read or
+/// stored. Runs inside the API-key middleware, which put the caller in the extensions. The
+/// document lists the `admin` role in these operations' security.
+fn admin(routes: UtoipaMethodRouter<AppState>) -> UtoipaMethodRouter<AppState> {
+    let (schemas, mut paths, method_router) = routes;
+    openapi::mark(&mut paths, Access::Admin);
+    (
+        schemas,
+        paths,
+        method_router.route_layer(from_fn(auth::require_admin)),
+    )
 }
 
 async fn timeout_error(err: tower::BoxError) -> ApiError {
@@ -268,16 +389,24 @@ async fn not_found() -> ApiError {
     ApiError::not_found("no such route")
 }
 
+/// `405`; the router adds `Allow` with the route's methods.
 async fn method_not_allowed() -> ApiError {
-    ApiError::invalid("method not allowed on this route")
+    ApiError::method_not_allowed()
 }
 
-/// Refuses a request whose declared length is over the limit before reading its body.
+/// Refuses a request whose declared length is over the limit before reading its body: the
+/// upload limit for `POST /v1/artifacts`, `gateway.max_body_bytes` for everything else.
 async fn refuse_oversized(
-    State(max): State<usize>,
+    State((max_body, upload_body)): State<(usize, usize)>,
     request: Request,
     next: Next,
 ) -> Result<Response, ApiError> {
+    let upload = request.method() == axum::http::Method::POST
+        && request
+            .extensions()
+            .get::<MatchedPath>()
+            .is_some_and(|p| p.as_str() == artifacts::UPLOAD_PATH);
+    let max = if upload { upload_body } else { max_body };
     let declared = request
         .headers()
         .get(CONTENT_LENGTH)
@@ -356,18 +485,8 @@ pub async fn serve(
     if let Ok(addr) = listener.local_addr() {
         tracing::info!(%addr, gateway_id = %state.options().gateway_id, "gateway listening");
     }
-    // No Nagle: SSE frames and small JSON answers are written as soon as they are ready.
-    // With Nagle, a frame written while the previous one is unacknowledged waits for the
-    // client's delayed ACK (~40 ms on Linux), which alone would dwarf the pipeline latency.
-    let listener = listener.tap_io(|tcp| {
-        if let Err(error) = tcp.set_nodelay(true) {
-            tracing::debug!(%error, "cannot set TCP_NODELAY on a connection");
-        }
-    });
-    axum::serve(listener, app(state))
-        .with_graceful_shutdown(token.cancelled_owned())
-        .await
-        .map_err(GatewayError::Serve)?;
+    // Connection options (no Nagle, hyper's ceilings above our head limits): see `server`.
+    server::serve(listener, app(state), token).await;
     tracing::info!("gateway stopped");
     Ok(())
 }

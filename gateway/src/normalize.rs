@@ -50,7 +50,7 @@ const DROPPED_DATA_KEYS: [&str; 1] = ["source_platform_object"];
 
 /// Body of `POST /v1/events`. Unknown fields are refused so that a typo is an error, not a
 /// silently ignored field.
-#[derive(Debug, Clone, Deserialize)]
+#[derive(Debug, Clone, Deserialize, utoipa::ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct IngestRequest {
     /// Stable event type, e.g. `message.received`.
@@ -93,11 +93,19 @@ pub struct IngestRequest {
     /// Reference to a raw payload stored elsewhere.
     #[serde(default)]
     pub raw_ref: Option<RawEventRef>,
+    /// The agent to handle the event, whatever the scopes say (checked and applied by the
+    /// ingest route, `routes::events`, not here: it needs the agent store).
+    #[serde(default)]
+    pub agent_id: Option<String>,
+    /// Deliver later: an RFC 3339 time or epoch seconds (checked and applied by the ingest
+    /// route, `routes::events`: the bound needs the clock).
+    #[serde(default)]
+    pub deliver_at: Option<Value>,
 }
 
 /// The `input` of an ingest request: like [`AgentInput`], except that attachments may omit
 /// their `artifact_id` (the host assigns one).
-#[derive(Debug, Clone, Default, Deserialize)]
+#[derive(Debug, Clone, Default, Deserialize, utoipa::ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct IngestInput {
     /// Plain text.

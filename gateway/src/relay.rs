@@ -124,10 +124,19 @@ impl OutboxRelay {
     /// are marked or released), so nothing stays leased needlessly after a clean shutdown.
     pub async fn run(self, shutdown: CancellationToken) {
         let mut backoff = self.options.min_backoff;
+        let mut gauge_due = tokio::time::Instant::now();
         tracing::info!(batch = self.options.batch, "outbox relay started");
         loop {
             if shutdown.is_cancelled() {
                 break;
+            }
+            if tokio::time::Instant::now() >= gauge_due {
+                // A count per interval, not per round: rounds run once per ingest commit.
+                gauge_due = tokio::time::Instant::now() + PENDING_GAUGE_INTERVAL;
+                match self.outbox.pending().await {
+                    Ok(n) => self.metrics.set(names::OUTBOX_PENDING, &[], n as f64),
+                    Err(error) => tracing::debug!(%error, "counting pending outbox rows failed"),
+                }
             }
             let pause = match self.round().await {
                 Ok(report) if report.failed == 0 => {
@@ -210,6 +219,9 @@ impl OutboxRelay {
         })
     }
 }
+
+/// How often the relay refreshes `sb_outbox_pending`.
+const PENDING_GAUGE_INTERVAL: Duration = Duration::from_secs(5);
 
 fn next_backoff(current: &mut Duration, max: Duration) -> Duration {
     let now = *current;

@@ -33,6 +33,9 @@ pub struct GatewayOptions {
     pub gateway_id: String,
     /// Largest request body, in bytes (`413` above).
     pub max_body_bytes: usize,
+    /// Largest artifact `POST /v1/artifacts` takes, decoded bytes (`limits.artifact_upload_bytes`);
+    /// that route's body limit is derived from it instead of `max_body_bytes`.
+    pub artifact_upload_bytes: usize,
     /// Time limit of a non-streaming request (`504 deadline_exceeded` after).
     pub request_timeout: Duration,
     /// Ingest normalization limits.
@@ -62,6 +65,8 @@ pub struct GatewayOptions {
     pub providers: ProviderOptions,
     /// The API key cache (`gateway.key_cache_entries`).
     pub auth: AuthOptions,
+    /// How far in the future `deliver_at` may be (`limits.deliver_at_max_delay`).
+    pub deliver_at_max_delay: Duration,
     /// Per-key request rate and open streams (`limits.requests_per_second_per_key`,
     /// `limits.requests_burst_per_key`, `limits.streams_per_key`).
     pub key_limits: KeyLimitOptions,
@@ -82,6 +87,7 @@ impl GatewayOptions {
         Self {
             gateway_id: format!("gw-{}", uuid::Uuid::now_v7().simple()),
             max_body_bytes: g.max_body_bytes.get(),
+            artifact_upload_bytes: limits.artifact_upload_bytes.get(),
             request_timeout: g.request_timeout,
             normalize: NormalizeLimits {
                 data_string_bytes: limits.event_data_string_bytes.get(),
@@ -106,6 +112,7 @@ impl GatewayOptions {
                 ..AuthOptions::default()
             },
             key_limits: KeyLimitOptions::from_config(limits),
+            deliver_at_max_delay: limits.deliver_at_max_delay,
             providers: ProviderOptions::of(config),
         }
     }

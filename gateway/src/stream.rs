@@ -31,6 +31,13 @@
 //! is published after the binding exists. If the run has ended but its terminal item is no
 //! longer in the ledger (retention), the stream says so instead of waiting forever.
 //!
+//! The ledger itself can have a hole for a while: when the database fails mid-batch, the
+//! result sink requeues the failed item, and a later item of the run (already prefetched)
+//! may be stored first. A stream sends only what continues `last` without a hole
+//! ([`dense_prefix`]) and waits for the hole to fill (the next live item or ledger poll
+//! reads again); a hole still open after [`HOLE_PATIENCE`] is skipped with a warning, so a
+//! stream can never hang on it.
+//!
 //! `POST /v1/events?stream=true` first has to learn which run handles the event. It registers
 //! for live items of the event's whole conversation ([`LiveHub::watch_conversation`]) and
 //! then reads the event's routing state; while it is not routed yet, every live item of the
@@ -127,7 +134,7 @@ pub fn result_frame(result: &AgentRunResult) -> Event {
 
 /// The `event:` name of a result type. Types are validated by the worker; this only keeps
 /// a corrupt row from breaking the framing (a line break would end the field).
-fn frame_event_name(result_type: &str) -> String {
+pub(crate) fn frame_event_name(result_type: &str) -> String {
     let name: String = result_type
         .chars()
         .filter(|c| !matches!(c, '\r' | '\n'))
@@ -179,7 +186,7 @@ pub fn record_to_result(record: &RunEventRecord) -> AgentRunResult {
 /// An SSE response fed by a stream task through a bounded channel. The task sees
 /// `tx.closed()` when the client goes away. The caller's stream slot lives in the body: it
 /// is given back when the body is dropped, after the last frame or when the client left.
-fn sse_from(
+pub(crate) fn sse_from(
     rx: mpsc::Receiver<Event>,
     keep_alive: Duration,
     slot: StreamSlot,
@@ -209,6 +216,7 @@ pub fn run_stream(
             last: after,
             tx: &tx,
             terminal: false,
+            hole_since: None,
         };
         let outcome = pump_run(&mut pump).await;
         if let Err(end) = outcome {
@@ -247,6 +255,7 @@ pub fn event_stream(
                     last: after,
                     tx: &tx,
                     terminal: false,
+                    hole_since: None,
                 };
                 let outcome = pump_run_with(&mut pump, Some(watch)).await;
                 if let Err(end) = outcome {
@@ -300,6 +309,20 @@ impl From<sb_common::bus::BusError> for End {
     }
 }
 
+/// How long a stream waits for a hole in a run's ledger to fill before it skips it (see the
+/// module docs). Requeued items come back within the sink's retry delay; this is far longer.
+pub const HOLE_PATIENCE: Duration = Duration::from_secs(30);
+
+/// How many of `sequences` (ascending, each after `last`) may be sent after `last` now: the
+/// run of consecutive sequences `last + 1, last + 2, …` at their start.
+#[must_use]
+pub fn dense_prefix(last: u64, sequences: impl IntoIterator<Item = u64>) -> usize {
+    (last + 1..)
+        .zip(sequences)
+        .take_while(|(expected, sequence)| expected == sequence)
+        .count()
+}
+
 struct Pump<'a> {
     ctx: &'a StreamContext,
     run_id: RunId,
@@ -308,6 +331,9 @@ struct Pump<'a> {
     tx: &'a mpsc::Sender<Event>,
     /// The terminal item was sent.
     terminal: bool,
+    /// Since when the ledger has shown a hole right after `last` (items after it are stored,
+    /// `last + 1` is not yet).
+    hole_since: Option<tokio::time::Instant>,
 }
 
 impl Pump<'_> {
@@ -322,23 +348,42 @@ impl Pump<'_> {
         Ok(())
     }
 
-    /// Sends every ledger item after `last`. Stops at a terminal item.
+    /// Sends the ledger items that continue `last` without a hole. Stops at a terminal item,
+    /// and at a hole younger than [`HOLE_PATIENCE`].
     async fn catch_up(&mut self) -> Result<(), End> {
         let page = self.ctx.options.page_size.max(1);
         loop {
             let after = i64::try_from(self.last).unwrap_or(i64::MAX);
             let records = self.ctx.runs.events_after(self.run_id, after, page).await?;
             let count = records.len() as u64;
-            for record in &records {
-                if u64::try_from(record.sequence).is_ok_and(|s| s <= self.last) {
-                    continue;
+            let records: Vec<_> = records
+                .iter()
+                .filter(|r| u64::try_from(r.sequence).is_ok_and(|s| s > self.last))
+                .collect();
+            let sequences = records
+                .iter()
+                .map(|r| u64::try_from(r.sequence).unwrap_or_default());
+            let mut sendable = dense_prefix(self.last, sequences);
+            if sendable == 0 && !records.is_empty() {
+                let since = *self
+                    .hole_since
+                    .get_or_insert_with(tokio::time::Instant::now);
+                if since.elapsed() < HOLE_PATIENCE {
+                    return Ok(());
                 }
+                tracing::warn!(run_id = %self.run_id, after = self.last, next = records[0].sequence, "a hole in the run's ledger did not fill; skipping it");
+                sendable = records.len();
+            }
+            if sendable > 0 {
+                self.hole_since = None;
+            }
+            for record in &records[..sendable] {
                 self.send(&record_to_result(record)).await?;
                 if self.terminal {
                     return Ok(());
                 }
             }
-            if count < page {
+            if sendable < records.len() || count < page {
                 return Ok(());
             }
         }
@@ -359,6 +404,8 @@ impl Pump<'_> {
                 message: format!("run {} not found", self.run_id),
                 extra: Map::new(),
             }),
+            // Waiting for a hole to fill: the items after it are stored, so nothing expired.
+            Some(_) if self.hole_since.is_some() => Ok(run),
             Some(run) if run.status.is_terminal() => {
                 let mut extra = Map::new();
                 extra.insert("status".into(), json!(run.status));
@@ -570,5 +617,20 @@ async fn wait_for_route(
                 delay = (delay * 2).min(ctx.options.route_poll_max);
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::dense_prefix;
+
+    #[test]
+    fn only_what_continues_the_last_sequence_without_a_hole_is_sendable() {
+        assert_eq!(dense_prefix(0, [1, 2, 3]), 3);
+        assert_eq!(dense_prefix(156, [157, 158]), 2);
+        // 157 not stored yet (requeued behind 158 during an outage): nothing is sendable.
+        assert_eq!(dense_prefix(156, [158, 159]), 0);
+        assert_eq!(dense_prefix(156, [157, 159, 160]), 1);
+        assert_eq!(dense_prefix(3, []), 0);
     }
 }

@@ -293,9 +293,11 @@ async fn unknown_sessions_and_bad_tokens_answer_identically() {
     let answer_for = |run_id: RunId, bearer: String| {
         let h = &h;
         async move {
+            // One request id for all, so the bodies (which carry it) compare.
             let request = Request::post("/v1/host/get_host_version")
                 .header(header::CONTENT_TYPE, "application/json")
                 .header(header::AUTHORIZATION, format!("Bearer {bearer}"))
+                .header("x-request-id", "same-for-every-case")
                 .body(Body::from(json!({"run_id": run_id}).to_string()))
                 .unwrap();
             let response: Response = h.app().oneshot(request).await.unwrap();
@@ -434,11 +436,12 @@ async fn malformed_bodies_are_invalid_arguments_in_the_runner_shape() {
         StatusCode::BAD_REQUEST,
         "invalid_argument",
     );
-    // the route only answers POST
+    // the route only answers POST: 405 with `Allow`
     let request = Request::get("/v1/host/get_host_version")
         .header(header::AUTHORIZATION, format!("Bearer {token}"))
         .body(Body::empty())
         .unwrap();
-    let (status, _) = h.send(request).await;
-    assert_eq!(status, StatusCode::BAD_REQUEST);
+    let response = h.app().oneshot(request).await.unwrap();
+    assert_eq!(response.status(), StatusCode::METHOD_NOT_ALLOWED);
+    assert_eq!(response.headers()[header::ALLOW], "POST");
 }

@@ -71,6 +71,7 @@ impl Harness {
             delivery_policy: json!({}),
             budgets: json!({}),
             enabled,
+            routing: sb_store::AgentRouting::Scope,
         };
         self.stores.agents.create(agent).await.unwrap().id
     }

@@ -50,6 +50,9 @@ mod m20250601_000010_add_agent_budgets;
 mod m20250601_000011_add_api_key_roles;
 mod m20250601_000012_stem_kb_search;
 mod m20250601_000013_add_request_fingerprints;
+mod m20250601_000014_add_agent_routing;
+mod m20250601_000015_index_closed_sessions;
+mod m20250601_000016_one_terminal_item_per_run;
 
 pub use sea_orm_migration::MigratorTrait;
 
@@ -74,6 +77,9 @@ impl MigratorTrait for Migrator {
             Box::new(m20250601_000011_add_api_key_roles::Migration),
             Box::new(m20250601_000012_stem_kb_search::Migration),
             Box::new(m20250601_000013_add_request_fingerprints::Migration),
+            Box::new(m20250601_000014_add_agent_routing::Migration),
+            Box::new(m20250601_000015_index_closed_sessions::Migration),
+            Box::new(m20250601_000016_one_terminal_item_per_run::Migration),
         ]
     }
 }

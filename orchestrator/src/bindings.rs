@@ -9,10 +9,30 @@
 //!    event's delivery surface, `conversation_id`, `actor_id`);
 //! 4. every one of its [`EventFilter`]s holds on the event.
 //!
+//! Only agents routed by scope ([`AgentRouting::Scope`], the default) are candidates: a
+//! `direct` agent is reached only when the event names it.
+//!
 //! Among candidates the most specific scope wins (conversation > actor > channel > bot >
 //! workspace, [`ScopeSpecificity`]). Two or more candidates at the winning level are
 //! **ambiguous**: the event is unrouted, never fanned out (PROTOCOL_V1 §13) and never
 //! decided by an arbitrary order. No candidate at all is **not found**.
+//!
+//! # Explicit targets
+//!
+//! An event that names its agent (`agent_id` on `POST /v1/events`, or a turn of a session,
+//! whose agent is fixed at creation) skips scope resolution ([`resolve_target`]): the named
+//! agent handles it whatever the scopes, the filters and its routing say, so a second
+//! agent in scope can never win or make the event ambiguous. It must still be of the
+//! event's workspace, enabled and subscribed to the event type; otherwise the event is
+//! unrouted as **target unavailable** (the gateway checked all this at ingest; this covers
+//! an agent disabled or deleted since).
+//!
+//! # Conflicts
+//!
+//! [`conflicts`] is the resolver's ambiguity rule seen from the API: two agents conflict
+//! when some event could find both as its most specific candidates. Direct agents are never
+//! candidates, so they conflict with nothing: any number of them coexist beside one
+//! workspace-wide agent.
 //!
 //! # Filters
 //!
@@ -36,7 +56,8 @@ use sb_protocol::host::{
     AgentBinding, AgentConfig, AgentEventEnvelope, AgentScope, BudgetOverrides, DeliveryPolicy,
     ResourcePolicy, ScopeSpecificity, StatePolicy,
 };
-use sb_store::AgentRow;
+use sb_protocol::ids::AgentId;
+use sb_store::{AgentRouting, AgentRow};
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
@@ -49,6 +70,9 @@ pub enum Resolution {
     NotFound,
     /// Several agents tie at the most specific level; their binding ids, sorted.
     Ambiguous(Vec<String>),
+    /// The event names an agent that cannot handle it (another workspace, disabled,
+    /// deleted, or not subscribed to the event type).
+    TargetUnavailable(AgentId),
 }
 
 /// One predicate on the event (see the module docs).
@@ -169,6 +193,8 @@ pub struct AgentCandidate {
     pub config: AgentConfig,
     /// Its filters; an error makes the agent never match.
     pub filters: Result<Vec<EventFilter>, FilterError>,
+    /// How it is reached: a `direct` agent is never a scope candidate.
+    pub routing: AgentRouting,
 }
 
 /// Why a stored agent row cannot be used at all.
@@ -192,14 +218,25 @@ fn json_or_default<T: serde::de::DeserializeOwned + Default>(
 }
 
 impl AgentCandidate {
-    /// An agent from its configuration and filters.
+    /// A scope-routed agent from its configuration and filters.
     #[must_use]
     pub fn new(config: AgentConfig, filters: Vec<EventFilter>) -> Self {
         let filters = filters
             .iter()
             .try_for_each(EventFilter::validate)
             .map(|()| filters);
-        Self { config, filters }
+        Self {
+            config,
+            filters,
+            routing: AgentRouting::Scope,
+        }
+    }
+
+    /// The same agent, reached as `routing` says.
+    #[must_use]
+    pub fn with_routing(mut self, routing: AgentRouting) -> Self {
+        self.routing = routing;
+        self
     }
 
     /// Decodes a stored agent. Filters that do not decode are kept as an error (the agent
@@ -251,7 +288,11 @@ impl AgentCandidate {
         let filters = json_or_default::<Vec<EventFilter>>(&row.filters, "filters")
             .map_err(FilterError::Parse)
             .and_then(|f| f.iter().try_for_each(EventFilter::validate).map(|()| f));
-        Ok(Self { config, filters })
+        Ok(Self {
+            config,
+            filters,
+            routing: row.routing,
+        })
     }
 }
 
@@ -279,6 +320,8 @@ pub fn scope_matches(scope: &AgentScope, event: &AgentEventEnvelope) -> bool {
 /// Why one agent is not a candidate (for debug logs and tests).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Rejection {
+    /// Reachable only directly.
+    Direct,
     /// Other workspace.
     Workspace,
     /// Disabled.
@@ -300,6 +343,9 @@ pub fn candidate(
     event_json: &Value,
 ) -> Result<(), Rejection> {
     let agent = &candidate.config;
+    if candidate.routing == AgentRouting::Direct {
+        return Err(Rejection::Direct);
+    }
     if agent.workspace_id != event.workspace_id {
         return Err(Rejection::Workspace);
     }
@@ -367,16 +413,14 @@ pub fn resolve(event: &AgentEventEnvelope, agents: &[AgentCandidate]) -> Resolut
     }
 }
 
-/// Picks `agent_id` for `event`, ignoring scopes and filters: the agent was chosen
-/// explicitly (a turn of a session, whose agent is fixed at creation), so scope resolution
-/// does not apply and a second agent in scope can never win or make the event ambiguous.
-/// The agent must still be of the event's workspace, enabled and subscribed to its event
-/// type; otherwise nothing matches (the event is `unrouted`).
+/// Picks the agent the event names (`agent_id`), ignoring scopes, filters and routing (see
+/// "Explicit targets" in the module docs): the agent must be of the event's workspace,
+/// enabled and subscribed to its event type, else the event's target is unavailable.
 #[must_use]
-pub fn resolve_pinned(
+pub fn resolve_target(
     event: &AgentEventEnvelope,
     agents: &[AgentCandidate],
-    agent_id: &sb_protocol::ids::AgentId,
+    agent_id: &AgentId,
 ) -> Resolution {
     agents
         .iter()
@@ -387,18 +431,40 @@ pub fn resolve_pinned(
                 && agent.enabled
                 && agent.event_types.contains(&event.event_type)
         })
-        .map_or(Resolution::NotFound, |agent| {
+        .map_or(Resolution::TargetUnavailable(*agent_id), |agent| {
             Resolution::Matched(Box::new(AgentBinding::from_config(agent)))
         })
 }
 
+/// Resolves `event`: to the agent it names when `target` is set ([`resolve_target`]),
+/// else by scope ([`resolve`]).
+#[must_use]
+pub fn resolve_event(
+    event: &AgentEventEnvelope,
+    agents: &[AgentCandidate],
+    target: Option<&AgentId>,
+) -> Resolution {
+    match target {
+        Some(agent_id) => resolve_target(event, agents, agent_id),
+        None => resolve(event, agents),
+    }
+}
+
 /// Whether two agents could both be the most specific match for some event, which makes
-/// that event ambiguous. The API uses this to refuse creating such an agent (409).
+/// that event ambiguous. The API uses this to refuse creating such an agent (409). A
+/// `direct` agent is never a scope candidate, so it conflicts with nothing.
 ///
 /// Conservative about filters: two agents that differ only in filters still conflict,
 /// because whether two predicates can hold together is not decided here.
 #[must_use]
-pub fn conflicts(a: &AgentConfig, b: &AgentConfig) -> bool {
+pub fn conflicts(a: &AgentCandidate, b: &AgentCandidate) -> bool {
+    a.routing == AgentRouting::Scope
+        && b.routing == AgentRouting::Scope
+        && scopes_conflict(&a.config, &b.config)
+}
+
+/// [`conflicts`] between two scope-routed agents.
+fn scopes_conflict(a: &AgentConfig, b: &AgentConfig) -> bool {
     a.workspace_id == b.workspace_id
         && a.enabled
         && b.enabled
@@ -503,7 +569,7 @@ mod tests {
     }
 
     #[test]
-    fn a_pinned_agent_wins_over_scopes_but_must_be_enabled_and_subscribed() {
+    fn a_named_agent_wins_over_scopes_but_must_be_enabled_and_subscribed() {
         // Two workspace-wide agents (ambiguous by scope) and one scoped elsewhere.
         let a = agent(AgentScope::default());
         let b = agent(AgentScope::default());
@@ -514,7 +580,7 @@ mod tests {
             Resolution::Ambiguous(_)
         ));
         let pinned = |id: &AgentCandidate, agents: &[AgentCandidate]| {
-            matched_id(&resolve_pinned(
+            matched_id(&resolve_target(
                 &event(),
                 agents,
                 id.config.agent_id.as_ref().unwrap(),
@@ -696,6 +762,7 @@ mod tests {
             delivery_policy: json!({}),
             budgets: json!({"max_tool_calls": 1, "max_model_output_chars": 0}),
             enabled: true,
+            routing: sb_store::AgentRouting::Scope,
             created_at: now,
             updated_at: now,
         };
@@ -813,10 +880,10 @@ mod tests {
 
     #[test]
     fn conflict_detection() {
-        let bot1 = config(scope(Some("bot1"), None, None, None));
-        let bot1b = config(scope(Some("bot1"), None, None, None));
-        let bot2 = config(scope(Some("bot2"), None, None, None));
-        let ws = config(AgentScope::default());
+        let bot1 = agent(scope(Some("bot1"), None, None, None));
+        let bot1b = agent(scope(Some("bot1"), None, None, None));
+        let bot2 = agent(scope(Some("bot2"), None, None, None));
+        let ws = agent(AgentScope::default());
         assert!(conflicts(&bot1, &bot1b));
         assert!(
             !conflicts(&bot1, &bot2),
@@ -827,15 +894,62 @@ mod tests {
             "different levels are ordered, not ambiguous"
         );
         let mut other_type = bot1b.clone();
-        other_type.event_types = vec!["message.recalled".into()];
+        other_type.config.event_types = vec!["message.recalled".into()];
         assert!(!conflicts(&bot1, &other_type));
-        let conv_a = config(scope(Some("bot1"), None, None, Some("c")));
-        let conv_b = config(scope(None, None, None, Some("c")));
+        let conv_a = agent(scope(Some("bot1"), None, None, Some("c")));
+        let conv_b = agent(scope(None, None, None, Some("c")));
         assert!(
             conflicts(&conv_a, &conv_b),
             "both can match an event of bot1 in c"
         );
-        let conv_c = config(scope(None, None, None, Some("d")));
+        let conv_c = agent(scope(None, None, None, Some("d")));
         assert!(!conflicts(&conv_a, &conv_c));
+    }
+
+    #[test]
+    fn direct_agents_conflict_with_nothing_and_are_never_scope_candidates() {
+        let ws = agent(AgentScope::default());
+        let direct = |a: AgentCandidate| a.with_routing(AgentRouting::Direct);
+        let d1 = direct(agent(AgentScope::default()));
+        let d2 = direct(agent(AgentScope::default()));
+        let ws2 = agent(AgentScope::default());
+        // Two workspace-wide scope agents tie; a direct one beside either does not.
+        assert!(conflicts(&ws, &ws2));
+        assert!(!conflicts(&ws, &d1));
+        assert!(!conflicts(&d1, &ws));
+        assert!(!conflicts(&d1, &d2), "any number of direct agents coexist");
+
+        // Scope resolution ignores direct agents: the scope agent wins alone, and with only
+        // direct agents nothing matches.
+        let all = [d1.clone(), ws.clone(), d2.clone()];
+        assert_eq!(matched_id(&resolve(&event(), &all)), ws.config.agent_id);
+        assert_eq!(
+            resolve(&event(), &[d1.clone(), d2.clone()]),
+            Resolution::NotFound
+        );
+        let e = event();
+        let j = serde_json::to_value(&e).unwrap();
+        assert_eq!(candidate(&d1, &e, &j), Err(Rejection::Direct));
+
+        // Named explicitly, a direct agent handles the event; so does the scope agent.
+        let d1_id = d1.config.agent_id.unwrap();
+        assert_eq!(
+            matched_id(&resolve_event(&event(), &all, Some(&d1_id))),
+            Some(d1_id)
+        );
+        assert_eq!(
+            matched_id(&resolve_event(&event(), &all, ws.config.agent_id.as_ref())),
+            ws.config.agent_id
+        );
+        assert_eq!(
+            matched_id(&resolve_event(&event(), &all, None)),
+            ws.config.agent_id
+        );
+        // A target that is not there is unavailable, not "not found" by scope.
+        let ghost = AgentId::new();
+        assert_eq!(
+            resolve_event(&event(), &all, Some(&ghost)),
+            Resolution::TargetUnavailable(ghost)
+        );
     }
 }

@@ -12,9 +12,11 @@
 //! 2. resolve one binding among the workspace's enabled agents ([`crate::bindings`]) and
 //!    look its runner up in the registry; no match / a tie / no runner → the event becomes
 //!    `unrouted` with reason `binding.not_found` / `binding.ambiguous` / `runner.not_found`
-//!    and no run is created. A turn of the turn API (`metadata.turn`, see
-//!    [`sb_store::TurnTag`]) names its session's agent: that agent is the match whatever the
-//!    scopes say ([`crate::bindings::resolve_pinned`]);
+//!    and no run is created. An event that names its agent (a turn of the turn API,
+//!    `metadata.turn`, see [`sb_store::TurnTag`]: its session's agent; or `agent_id` on
+//!    ingest, `metadata.target`, see [`sb_store::EventTarget`]) goes to that agent whatever
+//!    the scopes say ([`crate::bindings::resolve_target`]), or is unrouted with
+//!    `binding.target_unavailable` when the agent can no longer take it;
 //! 3. for an event of a conversation without a run yet: the conversation's active runs
 //!    ([`crate::conversations`]); a `message.received` that an active run can absorb
 //!    ([`crate::steering::target`]) is pushed to that run's steering list and becomes
@@ -67,8 +69,8 @@ use sb_protocol::host::{
 use sb_protocol::ids::RunId;
 use sb_protocol::messages::{self, ControlMessage, EventMessage};
 use sb_store::{
-    CancelOutcome, EventRecord, EventStatus, EventStatusUpdate, NewRun, RunStatus, StoreError,
-    TurnTag,
+    CancelOutcome, EventRecord, EventStatus, EventStatusUpdate, EventTarget, NewRun, RunStatus,
+    StoreError, TurnTag,
 };
 use serde_json::{Map, Value, json};
 use tracing::Instrument;
@@ -214,11 +216,12 @@ impl EventRouter {
                 }
             })
             .collect();
-        // A turn's event goes to its session's agent, whatever the scopes say.
-        let resolution = match TurnTag::from_metadata(&envelope.metadata) {
-            Some(tag) => bindings::resolve_pinned(&envelope, &candidates, &tag.agent_id),
-            None => bindings::resolve(&envelope, &candidates),
-        };
+        // A turn's event goes to its session's agent, an addressed event to the agent it
+        // names, whatever the scopes say.
+        let target = TurnTag::from_metadata(&envelope.metadata)
+            .map(|tag| tag.agent_id)
+            .or_else(|| EventTarget::from_metadata(&envelope.metadata).map(|t| t.agent_id));
+        let resolution = bindings::resolve_event(&envelope, &candidates, target.as_ref());
         let lookup = match &resolution {
             bindings::Resolution::Matched(binding) => Some(self.lookup_runner(binding).await?),
             _ => None,
@@ -592,13 +595,19 @@ impl EventRouter {
     ) -> Result<()> {
         // A queued run left from an earlier attempt whose binding no longer resolves must not
         // stay queued forever.
+        // Ended with a terminal item, like every run (a stream reader that sees the status
+        // finds the item: issue 15 finding 4).
         if let Some(run_id) = record.run_id {
-            let outcome = sb_store::RunOutcome::with_error(
-                RunStatus::Failed,
-                reason.as_str(),
-                "the event no longer resolves to the run's binding",
-            );
-            self.deps.stores.runs.finish_run(run_id, outcome).await?;
+            const MESSAGE: &str = "the event no longer resolves to the run's binding";
+            let outcome =
+                sb_store::RunOutcome::with_error(RunStatus::Failed, reason.as_str(), MESSAGE);
+            let item =
+                sb_protocol::result::AgentRunResult::run_failed(reason.as_str(), MESSAGE, false);
+            self.deps
+                .stores
+                .runs
+                .finalize_run(run_id, outcome, item)
+                .await?;
         }
         self.deps
             .stores
@@ -705,6 +714,7 @@ impl EventRouter {
                     session_grace: options.session_grace,
                     no_deadline_session_ttl: options.no_deadline_session_ttl,
                     host_api_token: Some(mint_host_api_token()),
+                    accepted_at_ms: Some(record.created_at.timestamp_millis()),
                 },
             );
 

@@ -9,6 +9,7 @@
 //!                                 (journal)              switchboard.deliveries
 //!  reaper (timer) ──────────▶ runs past deadline + grace → timeout, synthetic run.failed
 //!  scheduler (timer) ───────▶ due schedules → event log + outbox (like an ingest)
+//!  retention (timer, lease) ▶ bounded deletes past their retention window
 //! ```
 //!
 //! The decisions are pure functions over data (STYLE §3.8) and unit-tested on their own;
@@ -38,6 +39,9 @@
 //! - [`sink`]: the result sink (one loop per results shard, batched ledger writes).
 //! - [`reaper`]: finalizes overdue runs as `timeout`.
 //! - [`scheduler`]: fires due schedules as host events.
+//! - [`retention`]: deletes, in bounded batches, what is kept no longer (result items,
+//!   artifacts, outbox, event log, transcript, closed sessions' turn identities); one
+//!   orchestrator at a time.
 //! - [`shards`]: which orchestrator consumes which shard queue (rendezvous hashing over the
 //!   live members, pure) and the member registry in the session store.
 //! - [`service`]: [`Orchestrator::spawn`], dependencies, options, message settlement, the
@@ -55,6 +59,7 @@ pub mod events;
 pub mod journal;
 pub mod plan;
 pub mod reaper;
+pub mod retention;
 pub mod scheduler;
 pub mod service;
 pub mod shards;

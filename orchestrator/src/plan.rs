@@ -35,18 +35,23 @@ pub enum UnroutedReason {
     BindingNotFound,
     /// Several agents tie at the most specific scope.
     BindingAmbiguous,
+    /// The agent the event names cannot handle it (disabled, deleted, another workspace or
+    /// not subscribed to the event type since it was ingested).
+    TargetUnavailable,
     /// The winning agent's runner is not registered by any worker (or its descriptor is
     /// unreadable).
     RunnerNotFound,
 }
 
 impl UnroutedReason {
-    /// `binding.not_found`, `binding.ambiguous`, `runner.not_found`.
+    /// `binding.not_found`, `binding.ambiguous`, `binding.target_unavailable`,
+    /// `runner.not_found`.
     #[must_use]
     pub const fn as_str(self) -> &'static str {
         match self {
             Self::BindingNotFound => "binding.not_found",
             Self::BindingAmbiguous => "binding.ambiguous",
+            Self::TargetUnavailable => "binding.target_unavailable",
             Self::RunnerNotFound => "runner.not_found",
         }
     }
@@ -116,6 +121,13 @@ pub fn plan(resolution: Resolution, runner: impl FnOnce(&AgentBinding) -> Runner
                 "binding_ids": ids,
             }}),
         },
+        Resolution::TargetUnavailable(agent_id) => Plan::Unrouted {
+            reason: UnroutedReason::TargetUnavailable,
+            metadata: json!({"routing": {
+                "reason": UnroutedReason::TargetUnavailable.as_str(),
+                "agent_id": agent_id.to_string(),
+            }}),
+        },
         Resolution::Matched(binding) => match runner(&binding) {
             RunnerLookup::Found { descriptor, pool } => Plan::Dispatch(Box::new(Dispatch {
                 binding: *binding,
@@ -169,6 +181,9 @@ pub struct PrepareInputs {
     /// The run's remote Host API token, minted by the caller (randomness is not a decision):
     /// handed to the runner in the context, frozen into the snapshot as its digest only.
     pub host_api_token: Option<String>,
+    /// When the event was accepted (epoch milliseconds), carried on the job so the worker
+    /// can measure ingest-to-first-result latency.
+    pub accepted_at_ms: Option<i64>,
 }
 
 /// Everything the consumer writes and publishes for a dispatched run.
@@ -199,6 +214,7 @@ pub fn prepare(event: &AgentEventEnvelope, dispatch: &Dispatch, inputs: PrepareI
         session_grace,
         no_deadline_session_ttl,
         host_api_token,
+        accepted_at_ms,
     } = inputs;
 
     let snapshot = AuthorizationSnapshot {
@@ -240,12 +256,13 @@ pub fn prepare(event: &AgentEventEnvelope, dispatch: &Dispatch, inputs: PrepareI
             host_api_token,
         },
     );
-    let job = RunJob::new(
+    let mut job = RunJob::new(
         event.workspace_id.clone(),
         dispatch.binding.runner_id.clone(),
         dispatch.pool.clone(),
         context.clone(),
     );
+    job.accepted_at_ms = accepted_at_ms;
     Prepared {
         context,
         snapshot,
@@ -347,6 +364,13 @@ mod tests {
         };
         assert_eq!(reason.as_str(), "binding.ambiguous");
         assert_eq!(metadata["routing"]["binding_ids"], json!(["a", "b"]));
+        let agent_id = sb_protocol::ids::AgentId::new();
+        let p = plan(Resolution::TargetUnavailable(agent_id), |_| panic!());
+        let Plan::Unrouted { reason, metadata } = p else {
+            panic!()
+        };
+        assert_eq!(reason.as_str(), "binding.target_unavailable");
+        assert_eq!(metadata["routing"]["agent_id"], agent_id.to_string());
         let b = binding(json!({}), json!({}));
         let p = plan(Resolution::Matched(Box::new(b.clone())), |_| {
             RunnerLookup::Missing
@@ -405,8 +429,10 @@ mod tests {
                 session_grace: Duration::from_secs(15),
                 no_deadline_session_ttl: Duration::from_secs(86_400),
                 host_api_token: Some("run-token".into()),
+                accepted_at_ms: Some(999_500),
             },
         );
+        assert_eq!(prepared.job.accepted_at_ms, Some(999_500));
         // The agent sets no budgets of its own: the deployment's apply.
         assert_eq!(prepared.snapshot.budgets.max_model_calls, 3);
         assert_eq!(prepared.snapshot.budgets.max_tool_calls, 32);

@@ -10,6 +10,7 @@
 //! | `orchestrator.sink.<k>` | one per results shard this orchestrator owns | [`crate::sink`] |
 //! | `orchestrator.reaper` | one | [`crate::reaper`] |
 //! | `orchestrator.scheduler` | one | [`crate::scheduler`] |
+//! | `orchestrator.retention` | one (passes only while it holds the retention lease) | [`crate::retention`] |
 //!
 //! Every loop has the STYLE §3.6 shape (`select! { biased; shutdown first, … }`): on shutdown
 //! a loop finishes the message it is handling, stops consuming and returns; deliveries it had
@@ -113,8 +114,13 @@ pub struct OrchestratorOptions {
     pub scheduler_interval: Duration,
     /// Most due schedules the scheduler fires per scan.
     pub scheduler_batch: u64,
+    /// What the retention task deletes, and when (`[retention]`).
+    pub retention: crate::retention::RetentionPolicy,
     /// Session TTL of a run without a deadline (`runner_config.timeout` ≤ 0 or null).
     pub no_deadline_session_ttl: Duration,
+    /// Longest a run without a deadline stays active before the reaper finalizes it
+    /// (`limits.run_max_duration`).
+    pub run_max_duration: Duration,
     /// Unacknowledged deliveries per consumer.
     pub prefetch: u16,
     /// Most result deliveries the sink persists in one ledger call.
@@ -169,9 +175,11 @@ impl Default for OrchestratorOptions {
             scheduler_interval: Duration::from_secs(1),
             // One indexed query per scan; a larger backlog drains over scans.
             scheduler_batch: 100,
+            retention: crate::retention::RetentionPolicy::default(),
             // A run without a deadline still must not hold a session forever if its worker
             // vanished; a day covers any interactive run.
             no_deadline_session_ttl: Duration::from_secs(24 * 3600),
+            run_max_duration: Duration::from_secs(24 * 3600),
             prefetch: 64,
             // Enough to amortise one transaction over a burst of deltas, small enough to keep
             // per-item latency low.
@@ -204,6 +212,7 @@ impl OrchestratorOptions {
             session_grace: config.orchestrator.lease_grace,
             reaper_interval: config.orchestrator.reaper_interval,
             scheduler_interval: config.orchestrator.scheduler_interval,
+            retention: crate::retention::RetentionPolicy::from_config(&config.retention),
             membership_heartbeat: config.orchestrator.membership_heartbeat,
             membership_ttl: config.orchestrator.membership_ttl,
             member_id: config.orchestrator.member_id.clone(),
@@ -213,6 +222,7 @@ impl OrchestratorOptions {
             default_budgets: default_budgets(&config.limits.budgets),
             steering_queue_cap: usize::try_from(config.limits.steering_queue_items.get())
                 .unwrap_or(sb_common::session::STEERING_CAP),
+            run_max_duration: config.limits.run_max_duration,
             ..Self::default()
         }
     }
@@ -319,6 +329,13 @@ impl Orchestrator {
 
         let scheduler = crate::scheduler::Scheduler::new(deps.clone(), Arc::clone(&options));
         tasks.push(shutdown.spawn("orchestrator.scheduler", scheduler.run(shutdown.clone()))?);
+        let retention = crate::retention::Retention::new(
+            deps.stores.clone(),
+            Arc::clone(&deps.sessions),
+            options.retention.clone(),
+            id.clone(),
+        );
+        tasks.push(shutdown.spawn("orchestrator.retention", retention.run(shutdown.clone()))?);
         let reaper = crate::reaper::Reaper::new(deps, Arc::clone(&options), sink);
         tasks.push(shutdown.spawn("orchestrator.reaper", reaper.run(shutdown.clone()))?);
 
@@ -355,8 +372,8 @@ impl Orchestrator {
         result.ok().map(|shards| shards.clone())
     }
 
-    /// Number of tasks running now: the shard reconciler, the scheduler, the reaper and one
-    /// consumer per owned shard.
+    /// Number of tasks running now: the shard reconciler, the scheduler, the retention task,
+    /// the reaper and one consumer per owned shard.
     #[must_use]
     pub fn task_count(&self) -> usize {
         let owned = self.owned.borrow();

@@ -24,7 +24,12 @@
 //! 5. ack each delivery once its publish is confirmed.
 //!
 //! A plain duplicate (the same result published twice) is neither applied nor delivered
-//! again. When an item fails transiently, it and every later item of the batch are requeued,
+//! again, except a terminal item the ledger holds exactly as received: a worker that
+//! finalizes a lost run stores its terminal item with the status itself
+//! ([`RunLedger::finalize_run`](sb_store::RunLedger::finalize_run)) and then publishes it,
+//! and its side effects and live delivery are due (all idempotent). A second terminal item of
+//! a run is refused by the ledger and never applied. Host-made ends (reaper, recovery) go
+//! through [`ResultSink::finalize`]. When an item fails transiently, it and every later item of the batch are requeued,
 //! so a run's items are still applied in sequence order. A delivery the bus refuses for good
 //! (a non-retryable [`BusError`](sb_common::bus::BusError), e.g. an invalid routing key) is
 //! dropped and counted, not requeued: the items are in the ledger, and requeueing would stall
@@ -47,7 +52,7 @@ use sb_protocol::host::AuthorizationSnapshot;
 use sb_protocol::ids::RunId;
 use sb_protocol::messages::{self, DeliveryBatch, DeliveryMessage, ResultMessage};
 use sb_protocol::result::{AgentRunResult, ArtifactCreated, StateUpdated};
-use sb_store::{NewRunEvent, RunOutcome, RunRecord, StoreError};
+use sb_store::{Finalized, NewRunEvent, RunOutcome, RunRecord, StoreError, audit};
 use serde_json::Value;
 
 use crate::concurrency::ConversationKey;
@@ -417,6 +422,14 @@ impl ResultSink {
                 outcomes.push(Err(OrchestratorError::Deferred));
                 continue;
             }
+            // A terminal item that is not new is applied anyway when the ledger holds it as
+            // is: its worker stored it itself (see `is_stored_as_is`).
+            let inserted = match inserted {
+                Ok(false) if !item.redelivered && item.message.result.is_terminal() => {
+                    self.is_stored_as_is(&item.message).await
+                }
+                other => other,
+            };
             let outcome = match inserted {
                 Err(e) => Err(e),
                 Ok(new) if !new && !item.redelivered => Ok(false),
@@ -584,44 +597,106 @@ impl ResultSink {
         Ok(Some(sequence))
     }
 
-    /// Stores a host-made terminal item for `run` (the reaper's `run.failed {code: "timeout"}`)
-    /// at the first free sequence after the run's last, applies it like any other item and
-    /// publishes it for live delivery, so streams of the run end. Returns the sequence used.
-    pub async fn persist_synthetic(&self, run: &RunRecord, result: AgentRunResult) -> Result<u64> {
-        let info = self.run_info(run.id).await?;
-        let mut sequence = u64::try_from(run.last_sequence.max(0)).unwrap_or_default() + 1;
-        // Items still in flight may take the next sequences; the first free one is ours.
-        let message = loop {
-            let message = ResultMessage::new(
-                run.id,
-                run.workspace_id.clone(),
-                run.conversation_id.clone(),
-                sequence,
-                result.clone(),
-            );
-            if self
-                .deps
-                .stores
-                .runs
-                .insert_event(ledger_row(&message))
-                .await?
-            {
-                break message;
-            }
-            sequence += 1;
-        };
-        self.apply(&info, &message).await?;
-        // Best effort, like every live delivery: the item is stored and applied, and a stream
-        // that misses it reads it from the ledger.
-        if let Err(error) = self
+    /// Finalizes `run` with a host-made terminal item: the reaper's `timeout` (deadline,
+    /// deployment maximum) or `interrupted` (lost lease), the embedded recovery's
+    /// `interrupted`. The one way the orchestrator's side ends a run that its worker did not:
+    ///
+    /// 1. the ledger stores the item at the first free sequence **and** the terminal status
+    ///    in one commit ([`RunLedger::finalize_run`](sb_store::RunLedger::finalize_run)), so
+    ///    a stream reader never sees the status without the item; if the run's own terminal
+    ///    item is already stored, that one ends the run instead ([`Self::finish_from_ledger`]),
+    ///    so a run has exactly one terminal item whatever races;
+    /// 2. the item's side effects are applied and it is published for live delivery;
+    /// 3. the run's session is ended (Host API calls for it are refused) and the steering
+    ///    items it never pulled are audited as `steering.dropped`.
+    ///
+    /// Returns the sequence of the terminal item that ended the run, or `None` when the run
+    /// had already ended (someone else finalized it; nothing is done).
+    pub async fn finalize(
+        &self,
+        run: &RunRecord,
+        outcome: RunOutcome,
+        result: AgentRunResult,
+    ) -> Result<Option<u64>> {
+        let status = outcome.status;
+        let sequence = match self
             .deps
-            .bus
-            .publish_batch(vec![self.outgoing(&[&message])])
-            .await
+            .stores
+            .runs
+            .finalize_run(run.id, outcome, result.clone())
+            .await?
         {
-            tracing::warn!(run_id = %run.id, %error, "live delivery of a host-made terminal item failed");
-        }
+            Finalized::AlreadyEnded(_) => return Ok(None),
+            Finalized::TerminalStored { .. } => self.finish_from_ledger(run).await?,
+            Finalized::Ended { sequence } => {
+                Registry::global().inc(names::RUNS_TOTAL, &[("status", status.as_str())]);
+                let info = self.run_info(run.id).await?;
+                let message = ResultMessage::new(
+                    run.id,
+                    run.workspace_id.clone(),
+                    run.conversation_id.clone(),
+                    sequence,
+                    result.with_run_id(run.id).with_sequence(sequence),
+                );
+                self.apply(&info, &message).await?;
+                // Best effort, like every live delivery: the item is stored and applied, and
+                // a stream that misses it reads it from the ledger.
+                if let Err(error) = self
+                    .deps
+                    .bus
+                    .publish_batch(vec![self.outgoing(&[&message])])
+                    .await
+                {
+                    tracing::warn!(run_id = %run.id, %error, "live delivery of a host-made terminal item failed");
+                }
+                Some(sequence)
+            }
+        };
+        self.end_session(run).await;
         Ok(sequence)
+    }
+
+    /// Ends `run`'s session and audits the steering items it never pulled.
+    async fn end_session(&self, run: &RunRecord) {
+        match self.deps.sessions.end_session(&run.id).await {
+            Ok(Some(ended)) => {
+                for item in &ended.steering {
+                    let row = audit::steering_dropped(
+                        item,
+                        run.id,
+                        &run.runner_id,
+                        &run.workspace_id,
+                        audit::DROPPED_RUN_ENDED,
+                    );
+                    if let Err(error) = self.deps.stores.events.append(row, Vec::new()).await {
+                        tracing::warn!(run_id = %run.id, %error, "could not audit a dropped steering item");
+                    }
+                }
+            }
+            Ok(None) => {}
+            Err(error) => {
+                tracing::warn!(run_id = %run.id, %error, "could not end the session of a finalized run; it expires with its ttl");
+            }
+        }
+    }
+
+    /// Whether `message` is exactly the item the ledger holds at its sequence: a terminal
+    /// item a worker stored itself before publishing it (a lost run finalized `interrupted`,
+    /// [`RunLedger::finalize_run`](sb_store::RunLedger::finalize_run)), whose side effects
+    /// and live delivery are still due. A different item at that sequence (a second terminal
+    /// item refused by the ledger) is not.
+    async fn is_stored_as_is(&self, message: &ResultMessage) -> Result<bool> {
+        let sequence = i64::try_from(message.sequence).unwrap_or(i64::MAX);
+        let stored = self
+            .deps
+            .stores
+            .runs
+            .events_after(message.run_id, sequence - 1, 1)
+            .await?;
+        Ok(stored.first().is_some_and(|record| {
+            record.sequence == sequence
+                && serde_json::to_value(&message.result).is_ok_and(|v| v == record.data)
+        }))
     }
 }
 

@@ -286,6 +286,7 @@ impl Harness {
                 delivery_policy: json!({"concurrency": concurrency}),
                 budgets: json!({}),
                 enabled: true,
+                routing: sb_store::AgentRouting::Scope,
             })
             .await
             .unwrap();

@@ -153,6 +153,7 @@ impl Harness {
                 delivery_policy: json!({}),
                 budgets: json!({}),
                 enabled: true,
+                routing: sb_store::AgentRouting::Scope,
             })
             .await
             .unwrap()
@@ -322,9 +323,9 @@ async fn event_is_routed_to_a_job_with_the_right_context() {
     let orchestrator = Orchestrator::spawn(h.deps(), h.options(), &shutdown)
         .await
         .unwrap();
-    // the shard reconciler, the scheduler, the reaper, and (alone) every events and
-    // results shard
-    assert_eq!(orchestrator.task_count(), 3 + 2 + 2);
+    // the shard reconciler, the scheduler, the retention task, the reaper, and (alone)
+    // every events and results shard
+    assert_eq!(orchestrator.task_count(), 4 + 2 + 2);
     assert_eq!(orchestrator.owned_shards().events, (0..2).collect());
     assert_eq!(orchestrator.owned_shards().results, (0..2).collect());
     let mut jobs = h.jobs().await;
@@ -1452,5 +1453,170 @@ async fn the_reaper_finishes_a_run_from_its_stored_terminal_item_once() {
         h.sessions.get_session(&run_id).await.unwrap().is_none(),
         "session ended"
     );
+    assert!(reaper.reap_once().await.unwrap().is_empty());
+}
+
+/// Issue 15 finding 6: a run `running` in the ledger whose worker lease stays missing for
+/// longer than the grace (its worker died, its job is never redelivered) is finalized
+/// `interrupted` with exactly one terminal item; a run whose lease is held is left alone,
+/// and a lease missing at one scan only (a session store that just came back empty, before
+/// the worker's next heartbeat) does not finalize anything.
+#[tokio::test]
+async fn reaper_interrupts_runs_whose_lease_stays_missing() {
+    let h = harness().await;
+    // No deadline: only the lease decides.
+    standard_setup(&h, json!({"timeout": 0})).await;
+    let mut deliveries = h.deliveries().await;
+    let route = |text: &'static str| {
+        let h = &h;
+        async move {
+            let event_id = h.ingest(Some("c1"), text).await;
+            let RouteOutcome::Dispatched { run_id, .. } = h
+                .router()
+                .route(&EventMessage::new(ws(), event_id))
+                .await
+                .unwrap()
+            else {
+                panic!()
+            };
+            run_id
+        }
+    };
+    let lost = route("lost").await;
+    let alive = route("alive").await;
+    // Its worker published the terminal item and released the lease; the sink lags (e.g.
+    // its orchestrator died): it is the sink's to end, not the reaper's.
+    let handed_off = route("handed off").await;
+    assert!(h.stores.runs.claim_run(lost, "w1").await.unwrap());
+    assert!(h.stores.runs.claim_run(alive, "w2").await.unwrap());
+    assert!(h.stores.runs.claim_run(handed_off, "w2").await.unwrap());
+    h.sessions
+        .set_ex(
+            &sb_common::session::run_handed_off_key(&handed_off),
+            b"w2",
+            sb_common::session::RUN_HANDED_OFF_TTL,
+        )
+        .await
+        .unwrap();
+    assert!(
+        h.stores
+            .runs
+            .get_run(lost)
+            .await
+            .unwrap()
+            .unwrap()
+            .deadline_at
+            .is_none()
+    );
+    let alive_key = sb_common::session::run_lease_key(&alive);
+    assert!(
+        h.sessions
+            .acquire_lease(&alive_key, "w2", Duration::from_secs(60))
+            .await
+            .unwrap()
+    );
+
+    let options = Arc::new(OrchestratorOptions {
+        session_grace: Duration::from_millis(300),
+        ..h.options()
+    });
+    let sink = Arc::new(ResultSink::new(h.deps(), Arc::clone(&options)));
+    let reaper = Reaper::new(h.deps(), options, sink);
+    assert!(
+        reaper.reap_once().await.unwrap().is_empty(),
+        "a lease missing at one scan is not yet expired"
+    );
+    tokio::time::sleep(Duration::from_millis(400)).await;
+    assert_eq!(reaper.reap_once().await.unwrap(), [lost]);
+
+    let run = h.stores.runs.get_run(lost).await.unwrap().unwrap();
+    assert_eq!(run.status, RunStatus::Interrupted);
+    assert_eq!(run.error_code.as_deref(), Some("interrupted"));
+    let rows = h.stores.runs.events_after(lost, 0, 100).await.unwrap();
+    assert_eq!(
+        rows.iter()
+            .map(|r| (r.sequence, r.result_type.as_str()))
+            .collect::<Vec<_>>(),
+        [(1, "run.failed")]
+    );
+    assert_eq!(rows[0].data["data"]["code"], "interrupted");
+    let delivered = drain(&mut deliveries, Duration::from_millis(100)).await;
+    assert_eq!(
+        delivered
+            .iter()
+            .map(|d| (d.run_id, d.sequence))
+            .collect::<Vec<_>>(),
+        [(lost, 1)]
+    );
+    assert!(
+        h.sessions.get_session(&lost).await.unwrap().is_none(),
+        "session ended"
+    );
+    assert_eq!(
+        h.stores.runs.get_run(alive).await.unwrap().unwrap().status,
+        RunStatus::Running
+    );
+    assert_eq!(
+        h.stores
+            .runs
+            .get_run(handed_off)
+            .await
+            .unwrap()
+            .unwrap()
+            .status,
+        RunStatus::Running,
+        "a handed-off run is left to the sink"
+    );
+
+    // The lost worker's terminal item arriving late is not stored: one terminal item.
+    let late = sb_store::NewRunEvent {
+        run_id: lost,
+        sequence: 2,
+        result_type: "run.completed".into(),
+        data: json!({"type": "run.completed", "data": {}}),
+    };
+    assert!(!h.stores.runs.insert_event(late).await.unwrap());
+    assert!(reaper.reap_once().await.unwrap().is_empty());
+}
+
+/// Issue 15 finding 6: a run without a deadline is bounded by `limits.run_max_duration`:
+/// the reaper finalizes it `timeout` (queued or running), with one terminal item.
+#[tokio::test]
+async fn reaper_bounds_runs_without_a_deadline_by_the_deployment_maximum() {
+    let h = harness().await;
+    standard_setup(&h, json!({"timeout": 0})).await;
+    let event_id = h.ingest(Some("c1"), "forever").await;
+    let RouteOutcome::Dispatched { run_id, .. } = h
+        .router()
+        .route(&EventMessage::new(ws(), event_id))
+        .await
+        .unwrap()
+    else {
+        panic!()
+    };
+    assert!(h.stores.runs.claim_run(run_id, "w1").await.unwrap());
+    // Its worker is alive: only the maximum duration ends it.
+    let key = sb_common::session::run_lease_key(&run_id);
+    assert!(
+        h.sessions
+            .acquire_lease(&key, "w1", Duration::from_secs(60))
+            .await
+            .unwrap()
+    );
+    let options = Arc::new(OrchestratorOptions {
+        run_max_duration: Duration::from_millis(200),
+        ..h.options()
+    });
+    let sink = Arc::new(ResultSink::new(h.deps(), Arc::clone(&options)));
+    let reaper = Reaper::new(h.deps(), options, sink);
+    assert!(reaper.reap_once().await.unwrap().is_empty());
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert_eq!(reaper.reap_once().await.unwrap(), [run_id]);
+    let run = h.stores.runs.get_run(run_id).await.unwrap().unwrap();
+    assert_eq!(run.status, RunStatus::Timeout);
+    let rows = h.stores.runs.events_after(run_id, 0, 100).await.unwrap();
+    assert_eq!(rows.len(), 1);
+    assert_eq!(rows[0].result_type, "run.failed");
+    assert_eq!(rows[0].data["data"]["code"], "timeout");
     assert!(reaper.reap_once().await.unwrap().is_empty());
 }

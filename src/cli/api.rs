@@ -139,7 +139,7 @@ impl GatewayClient {
         Ok(value)
     }
 
-    fn request(&self, method: reqwest::Method, path: &str) -> reqwest::RequestBuilder {
+    pub(crate) fn request(&self, method: reqwest::Method, path: &str) -> reqwest::RequestBuilder {
         let mut req = self.http.request(method, format!("{}{path}", self.base));
         if let Some(auth) = &self.authorization {
             req = req.header(AUTHORIZATION, auth);

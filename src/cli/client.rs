@@ -11,16 +11,25 @@ use super::{ConfigArgs, Overrides};
 /// Gateway URL used when `--url` and `SWITCHBOARD_URL` are absent (the `dev` default address).
 pub const DEFAULT_GATEWAY_URL: &str = "http://127.0.0.1:8080";
 
-/// Where the client finds the gateway and its API key.
+/// Where the client finds the gateway and its API key. The flags are `global`: a command
+/// with subcommands accepts them before or after the subcommand (`models --url U list` and
+/// `models list --url U` are the same), and no subcommand may define a flag of these names.
 #[derive(Debug, Clone, Args)]
 pub struct GatewayClientArgs {
     /// Base URL of the gateway.
-    #[arg(long, env = "SWITCHBOARD_URL", default_value = DEFAULT_GATEWAY_URL, value_name = "URL")]
+    #[arg(
+        long,
+        global = true,
+        env = "SWITCHBOARD_URL",
+        default_value = DEFAULT_GATEWAY_URL,
+        value_name = "URL"
+    )]
     pub url: String,
     /// API key (`switchboard keys create` prints one). Prefer --api-key-file or the
     /// environment: command lines are visible to other users of the machine.
     #[arg(
         long,
+        global = true,
         env = "SWITCHBOARD_API_KEY",
         hide_env_values = true,
         value_name = "KEY"
@@ -28,7 +37,7 @@ pub struct GatewayClientArgs {
     pub api_key: Option<String>,
     /// File containing the API key (surrounding whitespace is ignored). Without a key,
     /// ./.switchboard/api-key (kept by `switchboard dev`) is read when it exists.
-    #[arg(long, value_name = "FILE", conflicts_with = "api_key")]
+    #[arg(long, global = true, value_name = "FILE", conflicts_with = "api_key")]
     pub api_key_file: Option<PathBuf>,
 }
 

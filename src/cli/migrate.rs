@@ -35,7 +35,10 @@ impl MigrateArgs {
 /// Runs `switchboard migrate`.
 pub async fn run(args: MigrateArgs) -> anyhow::Result<ExitCode> {
     let config = args.config.load_and_init_logging(args.overrides())?;
-    let applied = apply(&config).await?;
+    let progress = super::output::spinner("applying migrations");
+    let applied = apply(&config).await;
+    progress.finish_and_clear();
+    let applied = applied?;
     tracing::info!(applied, database = %config.database.url, "database is up to date");
     Ok(ExitCode::SUCCESS)
 }

@@ -14,7 +14,11 @@
 //! - [`client`]: `send` and `bench` (HTTP clients of a running gateway): their flags;
 //!   [`send`] and [`bench`] implement them on [`api`] (the gateway API client) and [`sse`]
 //!   (the event-stream parser).
-//! - [`resources`]: `models`, `tools`, `kb` (the resource registry, through the gateway).
+//! - [`resources`]: `models`, `tools`, `kb`, `schedules` (the resource registry and the
+//!   schedules, through the gateway).
+//! - [`ops`]: `runs list|show|tail`, `agents` (the operator's view of a gateway), on
+//!   [`output`] (tables, `--json`, colours, progress, names or ids).
+//! - [`service`]: `sessions`, `turns` (the service API of sessions and turns).
 //! - [`dlq`]: `dlq list|replay|purge` (the dead-letter queue of a cluster's bus).
 //! - [`db`]: database connection helpers shared by the commands above.
 
@@ -26,17 +30,22 @@ pub mod db;
 pub mod dlq;
 pub mod keys;
 pub mod migrate;
+pub mod ops;
+pub mod output;
 pub mod resources;
 pub mod roles;
 pub mod send;
+pub mod service;
 pub mod sse;
 
 use std::path::PathBuf;
 use std::process::ExitCode;
 
-use anyhow::Context as _;
 use clap::{Args, Parser, Subcommand};
-use sb_common::config::{ConfigLoader, OverrideValue, SwitchboardConfig};
+use sb_common::config::{
+    ConfigError, ConfigLoader, DEFAULT_CONFIG_FILE, ENV_PREFIX, ENV_SEPARATOR, OverrideValue,
+    SwitchboardConfig,
+};
 
 /// Switchboard agent host.
 ///
@@ -72,6 +81,16 @@ pub enum Command {
     Tools(resources::ToolsArgs),
     /// Create knowledge bases and upload documents (through a running gateway).
     Kb(resources::KbArgs),
+    /// Create, edit, pause, resume and delete schedules (through a running gateway).
+    Schedules(resources::SchedulesArgs),
+    /// List, inspect and follow runs live (through a running gateway).
+    Runs(ops::RunsArgs),
+    /// List, create and delete agents (through a running gateway).
+    Agents(ops::AgentsArgs),
+    /// Create, list and close sessions of the service API (through a running gateway).
+    Sessions(service::SessionsArgs),
+    /// Start, wait for, read and cancel turns of a session (through a running gateway).
+    Turns(service::TurnsArgs),
     /// Drive load against a running gateway; print throughput and latency percentiles.
     Bench(client::BenchArgs),
     /// Inspect, replay or purge the dead-letter queue of a cluster's message bus.
@@ -144,20 +163,90 @@ impl ConfigArgs {
     pub fn load(&self, extra: Overrides) -> anyhow::Result<SwitchboardConfig> {
         let mut overrides = extra;
         self.overrides(&mut overrides);
+        let flags: Vec<String> = overrides.0.iter().map(|(k, _)| k.clone()).collect();
         ConfigLoader::new()
             .file_opt(self.config.as_deref())
             .process_env()
             .overrides(overrides.0)
             .load()
-            .context("configuration")
+            .map_err(|error| {
+                let file = self
+                    .config
+                    .clone()
+                    .or_else(|| Some(PathBuf::from(DEFAULT_CONFIG_FILE)).filter(|p| p.is_file()));
+                let env: Vec<String> = std::env::vars_os()
+                    .filter_map(|(k, _)| k.into_string().ok())
+                    .collect();
+                anyhow::anyhow!(describe_config_error(&error, &env, &flags, file.as_deref()))
+            })
     }
 
     /// [`Self::load`], then installs logging from the loaded configuration.
     pub fn load_and_init_logging(&self, extra: Overrides) -> anyhow::Result<SwitchboardConfig> {
         let config = self.load(extra)?;
-        sb_common::telemetry::init(&config.telemetry).context("logging")?;
+        sb_common::telemetry::init(&config.telemetry)
+            .map_err(|e| anyhow::anyhow!("logging: {e:#}"))?;
         tracing::debug!(?config, "configuration loaded");
         Ok(config)
+    }
+}
+
+/// The message of a configuration error, printed once (the loader's error already holds
+/// its cause's text, so the cause is not chained again), naming where each offending value
+/// came from: the environment variable that set it (`SWITCHBOARD__GATEWAY__HTTP_ADDR`), the
+/// command-line flag, or the key of the configuration file.
+///
+/// `env` is the names of the process environment, `flags` the keys the command's flags set,
+/// `file` the configuration file read (if any).
+pub fn describe_config_error(
+    error: &ConfigError,
+    env: &[String],
+    flags: &[String],
+    file: Option<&std::path::Path>,
+) -> String {
+    let origin = |key: &str| -> Option<String> {
+        let var = format!(
+            "{ENV_PREFIX}{ENV_SEPARATOR}{}",
+            key.to_ascii_uppercase().replace('.', ENV_SEPARATOR)
+        );
+        let below = format!("{var}{ENV_SEPARATOR}");
+        let mut vars: Vec<&str> = env
+            .iter()
+            .map(String::as_str)
+            .filter(|v| v.eq_ignore_ascii_case(&var) || v.to_ascii_uppercase().starts_with(&below))
+            .collect();
+        vars.sort_unstable();
+        if flags.iter().any(|f| f == key) {
+            Some("set by a command-line flag".to_owned())
+        } else if !vars.is_empty() {
+            Some(format!("from environment variable {}", vars.join(", ")))
+        } else {
+            file.map(|f| format!("from key `{key}` of {}", f.display()))
+        }
+    };
+    match error {
+        ConfigError::Invalid(problems) => {
+            let lines: Vec<String> = problems
+                .iter()
+                .map(|p| match origin(&p.key) {
+                    Some(o) => format!("{p} ({o})"),
+                    None => p.to_string(),
+                })
+                .collect();
+            format!("invalid configuration: {}", lines.join("; "))
+        }
+        ConfigError::Load(inner) => {
+            let text = inner.to_string();
+            let key = text
+                .split_once("for key `")
+                .and_then(|(_, rest)| rest.split_once('`'))
+                .map(|(key, _)| key.to_owned());
+            match key.as_deref().and_then(origin) {
+                Some(o) => format!("invalid configuration: {text} ({o})"),
+                None => format!("invalid configuration: {text}"),
+            }
+        }
+        other => other.to_string(),
     }
 }
 
@@ -174,6 +263,11 @@ pub async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
         Command::Models(args) => resources::models(args).await,
         Command::Tools(args) => resources::tools(args).await,
         Command::Kb(args) => resources::kb(args).await,
+        Command::Schedules(args) => resources::schedules(args).await,
+        Command::Runs(args) => ops::runs(args).await,
+        Command::Agents(args) => ops::agents(args).await,
+        Command::Sessions(args) => service::sessions(args).await,
+        Command::Turns(args) => service::turns(args).await,
         Command::Bench(args) => client::bench(args).await,
         Command::Dlq(args) => dlq::run(args).await,
         Command::Runner(args) => roles::runner(args).await,
@@ -230,6 +324,51 @@ mod tests {
         let mut none = Overrides::default();
         ConfigArgs::default().overrides(&mut none);
         assert!(none.0.is_empty());
+    }
+
+    #[test]
+    fn config_errors_name_their_origin_once() {
+        let env = |vars: &[(&str, &str)]| {
+            ConfigLoader::new()
+                .without_file()
+                .env(vars.iter().map(|(k, v)| (k.to_string(), v.to_string())))
+                .load()
+                .unwrap_err()
+        };
+        let names = |vars: &[&str]| vars.iter().map(|v| v.to_string()).collect::<Vec<_>>();
+        let error = env(&[("SWITCHBOARD__GATEWAY__REQUEST_TIMEOUT", "-3")]);
+        let text = describe_config_error(
+            &error,
+            &names(&["PATH", "SWITCHBOARD__GATEWAY__REQUEST_TIMEOUT"]),
+            &[],
+            None,
+        );
+        assert!(
+            text.contains("gateway.request_timeout")
+                && text
+                    .ends_with("(from environment variable SWITCHBOARD__GATEWAY__REQUEST_TIMEOUT)"),
+            "{text}"
+        );
+        assert_eq!(
+            text.matches("expected a duration").count(),
+            1,
+            "once: {text}"
+        );
+
+        let error = env(&[
+            ("SWITCHBOARD__BUS__KIND", "amqp"),
+            ("SWITCHBOARD__BUS__URL", "x"),
+        ]);
+        let from_file = describe_config_error(&error, &[], &[], Some("sb.toml".as_ref()));
+        assert!(
+            from_file.contains("bus.url") && from_file.contains("from key `bus.url` of sb.toml"),
+            "{from_file}"
+        );
+        let from_flag = describe_config_error(&error, &[], &names(&["bus.url"]), None);
+        assert!(
+            from_flag.contains("set by a command-line flag"),
+            "{from_flag}"
+        );
     }
 
     #[test]

@@ -143,6 +143,12 @@ pub struct GatewayArgs {
     /// Ledger database URL (database.url).
     #[arg(long, value_name = "URL")]
     pub database_url: Option<String>,
+    /// Bootstrap workspace `default` at start, as `switchboard dev` does: an admin API key in
+    /// DIR/api-key (created when the file is missing or holds no valid key) and the default
+    /// agent (the echo runner, or the local agent on the `[dev]` model) when the workspace
+    /// has none. The compose cluster uses it so that its first `switchboard send` is answered.
+    #[arg(long, value_name = "DIR")]
+    pub bootstrap_dir: Option<PathBuf>,
 }
 
 impl GatewayArgs {
@@ -252,19 +258,21 @@ pub async fn dev(args: DevArgs) -> anyhow::Result<ExitCode> {
 /// Runs the gateway.
 pub async fn gateway(args: GatewayArgs) -> anyhow::Result<ExitCode> {
     let config = args.config.load_and_init_logging(args.overrides())?;
-    run_role(config, Roles::GATEWAY).await
+    let mut options = EmbeddedOptions::roles(Roles::GATEWAY);
+    options.bootstrap = args.bootstrap_dir.as_deref().map(Bootstrap::new);
+    run_role(config, options).await
 }
 
 /// Runs the orchestrator.
 pub async fn orchestrator(args: OrchestratorArgs) -> anyhow::Result<ExitCode> {
     let config = args.config.load_and_init_logging(args.overrides())?;
-    run_role(config, Roles::ORCHESTRATOR).await
+    run_role(config, EmbeddedOptions::roles(Roles::ORCHESTRATOR)).await
 }
 
 /// Runs a worker.
 pub async fn worker(args: WorkerArgs) -> anyhow::Result<ExitCode> {
     let config = args.config.load_and_init_logging(args.overrides())?;
-    run_role(config, Roles::WORKER).await
+    run_role(config, EmbeddedOptions::roles(Roles::WORKER)).await
 }
 
 /// `switchboard runner <NAME>` (hidden): serves a runner built into this binary on
@@ -299,16 +307,25 @@ pub async fn runner(args: RunnerArgs) -> anyhow::Result<ExitCode> {
 }
 
 /// One role in this process, on backends shared with the other processes.
-async fn run_role(config: SwitchboardConfig, roles: Roles) -> anyhow::Result<ExitCode> {
+async fn run_role(config: SwitchboardConfig, options: EmbeddedOptions) -> anyhow::Result<ExitCode> {
+    let roles = options.roles;
     require_shared_backends(&config, roles)?;
     for warning in unauthenticated_backends(&config) {
         tracing::warn!("{warning}");
     }
     let shutdown = Shutdown::new();
     shutdown.listen_for_signals()?;
-    let embedded = embedded::start_with(config, EmbeddedOptions::roles(roles), shutdown.clone())
+    let embedded = embedded::start_with(config, options, shutdown.clone())
         .await
         .with_context(|| format!("cannot start the {}", roles.names()))?;
+    if let Some(report) = embedded.bootstrap() {
+        tracing::info!(
+            api_key_file = %report.api_key_file.display(),
+            created = report.api_key_created,
+            default_agent = ?report.default_agent,
+            "workspace default bootstrapped"
+        );
+    }
     if let Some(url) = embedded.base_url() {
         tracing::info!(%url, "gateway ready");
     }

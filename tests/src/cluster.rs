@@ -31,7 +31,11 @@
 //! # Layout
 //! - [`Services`]: the service URLs (environment, local defaults) and the reachability check;
 //! - [`ClusterSpec`], [`TestCluster`]: the deployment and its processes;
-//! - [`child_processes`]: runner processes of a worker, for counting executions.
+//! - [`child_processes`]: runner processes of a worker, for counting executions;
+//! - failure injection: [`TestCluster::kill_process`], [`TestCluster::signal_process`]
+//!   (SIGSTOP / SIGCONT) and [`TestCluster::restart_process`] (same role, number, worker id
+//!   and gateway address), used by the chaos suite (`tests/chaos`), which also passes its own
+//!   services to [`TestCluster::spawn_on`].
 //!
 //! The suites talk to the gateways with the crate's [`Client`](crate::Client) (and its
 //! [`SseStream`](crate::SseStream)), the same client the embedded suites use.
@@ -71,6 +75,8 @@ pub const KEEP_LOGS_VAR: &str = "SB_TEST_KEEP_CLUSTER_LOGS";
 /// Log lines the harness waits for (written by `switchboard::embedded` / `cli::roles`).
 const STARTED_MARKER: &str = "switchboard started";
 const GATEWAY_READY_MARKER: &str = "gateway ready";
+/// Logged by an orchestrator or worker serving `/metrics` (`telemetry.metrics_listen`).
+const METRICS_READY_MARKER: &str = "metrics ready";
 
 type BoxError = Box<dyn std::error::Error + Send + Sync>;
 /// Harness result: failures carry a message (with the log tail of the process concerned).
@@ -208,11 +214,15 @@ impl Role {
 struct LogState {
     started: bool,
     gateway_url: Option<String>,
+    /// `http://127.0.0.1:<port>` of `/metrics` of a non-gateway process, once it serves them.
+    metrics_url: Option<String>,
 }
 
 /// One role process.
 struct RoleProcess {
     role: Role,
+    /// Its number among the processes of its role.
+    n: usize,
     /// `gateway-0`, `worker-1`, …
     name: String,
     child: Child,
@@ -471,13 +481,27 @@ impl TestCluster {
     /// Starts one more role process (not waited for; see [`Self::wait_started`]). Returns its
     /// index.
     fn start_process(&mut self, role: Role, n: usize) -> Result<usize> {
+        let process = self.spawn_role(role, n, None)?;
+        self.processes.push(process);
+        Ok(self.processes.len() - 1)
+    }
+
+    /// Spawns the `n`th process of `role`, a gateway on `http_addr` (default: port 0). Its
+    /// log is appended to, so a restarted process continues the log of its predecessor.
+    fn spawn_role(&self, role: Role, n: usize, http_addr: Option<&str>) -> Result<RoleProcess> {
         let name = format!("{}-{n}", role.command());
         let log_path = self.logs_dir().join(format!("{name}.log"));
-        let log = File::create(&log_path)?;
+        let log = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(&log_path)?;
         let mut args = vec![role.command().to_owned()];
         let mut worker_id = None;
         match role {
-            Role::Gateway => args.extend(["--http-addr".to_owned(), "127.0.0.1:0".to_owned()]),
+            Role::Gateway => args.extend([
+                "--http-addr".to_owned(),
+                http_addr.unwrap_or("127.0.0.1:0").to_owned(),
+            ]),
             Role::Worker => {
                 let id = self.worker_id(n);
                 args.extend(["--worker-id".to_owned(), id.clone()]);
@@ -497,16 +521,16 @@ impl TestCluster {
         std::thread::Builder::new()
             .name(format!("log-{name}"))
             .spawn(move || tee_log(stderr, log, &tee_state))?;
-        self.processes.push(RoleProcess {
+        Ok(RoleProcess {
             role,
+            n,
             name,
             child,
             log: log_path,
             state,
             worker_id,
             url: None,
-        });
-        Ok(self.processes.len() - 1)
+        })
     }
 
     /// Waits until process `index` has logged its start (and, for a gateway, its address).
@@ -707,6 +731,92 @@ impl TestCluster {
         Ok(())
     }
 
+    /// Names of every process (`gateway-0`, `orchestrator-1`, `worker-0`, …), in start order.
+    #[must_use]
+    pub fn process_names(&self) -> Vec<String> {
+        self.processes.iter().map(|p| p.name.clone()).collect()
+    }
+
+    /// Names of the processes of `role`.
+    #[must_use]
+    pub fn process_names_of(&self, role: Role) -> Vec<String> {
+        self.processes
+            .iter()
+            .filter(|p| p.role == role)
+            .map(|p| p.name.clone())
+            .collect()
+    }
+
+    /// Where process `name` serves `/metrics`: a gateway's API URL, or an orchestrator's or
+    /// worker's `telemetry.metrics_listen` once it logged it (set
+    /// `SWITCHBOARD__TELEMETRY__METRICS_LISTEN=127.0.0.1:0` in the spec for a free port each).
+    #[must_use]
+    pub fn metrics_url_of(&self, name: &str) -> Option<String> {
+        let process = self.processes.iter().find(|p| p.name == name)?;
+        if process.role == Role::Gateway {
+            return process.url.clone();
+        }
+        process.state.lock().ok()?.metrics_url.clone()
+    }
+
+    /// Process id of the process `name`.
+    #[must_use]
+    pub fn pid_of(&self, name: &str) -> Option<u32> {
+        self.processes
+            .iter()
+            .find(|p| p.name == name)
+            .map(|p| p.child.id())
+    }
+
+    /// Kills the process `name` with SIGKILL (a crash) and waits for it to be gone.
+    pub fn kill_process(&mut self, name: &str) -> Result<()> {
+        let process = self
+            .processes
+            .iter_mut()
+            .find(|p| p.name == name)
+            .ok_or_else(|| format!("no process {name}"))?;
+        process.child.kill()?;
+        process.child.wait()?;
+        Ok(())
+    }
+
+    /// Sends `signal` to the process `name` (e.g. SIGSTOP / SIGCONT to freeze and resume it).
+    pub fn signal_process(&self, name: &str, signal: Signal) -> Result<()> {
+        let process = self
+            .processes
+            .iter()
+            .find(|p| p.name == name)
+            .ok_or_else(|| format!("no process {name}"))?;
+        kill(process.pid(), signal)?;
+        Ok(())
+    }
+
+    /// Starts the process `name` again after it exited (see [`Self::kill_process`]), with the
+    /// same role, number, worker id and, for a gateway, the same address; waits until it has
+    /// started (and a gateway answers `/readyz`).
+    pub async fn restart_process(&mut self, name: &str) -> Result<()> {
+        let index = self
+            .processes
+            .iter()
+            .position(|p| p.name == name)
+            .ok_or_else(|| format!("no process {name}"))?;
+        if matches!(self.processes[index].child.try_wait(), Ok(None)) {
+            return Err(format!("{name} is still running").into());
+        }
+        let old = &self.processes[index];
+        let addr = old
+            .url
+            .as_deref()
+            .map(|url| url.trim_start_matches("http://").to_owned());
+        let process = self.spawn_role(old.role, old.n, addr.as_deref())?;
+        self.processes[index] = process;
+        self.wait_started(index, START_TIMEOUT).await?;
+        if let Some(url) = self.processes[index].url.clone() {
+            self.wait_ready(&url).await?;
+        }
+        Ok(())
+    }
+
     /// Process ids of the running workers, by worker id.
     #[must_use]
     pub fn worker_pids(&self) -> Vec<(String, u32)> {
@@ -893,13 +1003,19 @@ fn tee_log(stderr: std::process::ChildStderr, mut log: File, state: &Mutex<LogSt
         let Ok(line) = line else { break };
         let line = strip_ansi(&String::from_utf8_lossy(&line));
         let _ = writeln!(log, "{line}");
-        if line.contains(STARTED_MARKER) || line.contains(GATEWAY_READY_MARKER) {
+        if line.contains(STARTED_MARKER)
+            || line.contains(GATEWAY_READY_MARKER)
+            || line.contains(METRICS_READY_MARKER)
+        {
             if let Ok(mut state) = state.lock() {
                 if line.contains(STARTED_MARKER) {
                     state.started = true;
                 }
                 if line.contains(GATEWAY_READY_MARKER) {
                     state.gateway_url = http_url_in(&line);
+                }
+                if line.contains(METRICS_READY_MARKER) {
+                    state.metrics_url = http_url_in(&line);
                 }
             }
         }

@@ -27,8 +27,14 @@
 //!   and Postgres — driven with the same [`Client`].
 //! - [`script`]: scripted Host API runs (`sb-api-runner`) and their outcomes, with either
 //!   harness.
+//! - [`addressing`]: direct agents, `agent_id` and `deliver_at` on ingest, the event wait and
+//!   the conversation stream (issue 14 items 6-7), with either harness.
+//! - [`retention`]: result expiry and artifacts over HTTP (issue 14 items 4-5), with
+//!   either harness.
 
+pub mod addressing;
 pub mod cluster;
+pub mod retention;
 pub mod script;
 pub mod turns;
 
@@ -391,6 +397,12 @@ impl Client {
         &self.base
     }
 
+    /// The API key, if any (what a command-line client of the same workspace would use).
+    #[must_use]
+    pub fn key(&self) -> Option<&str> {
+        self.key.as_deref()
+    }
+
     fn request(&self, method: reqwest::Method, path: &str) -> reqwest::RequestBuilder {
         let builder = self.http.request(method, format!("{}{path}", self.base));
         match &self.key {
@@ -433,6 +445,11 @@ impl Client {
     /// `DELETE path`.
     pub async fn delete(&self, path: &str) -> ApiResponse {
         Self::send(self.request(reqwest::Method::DELETE, path)).await
+    }
+
+    /// `PATCH path` with a JSON body.
+    pub async fn patch(&self, path: &str, body: &Value) -> ApiResponse {
+        Self::send(self.request(reqwest::Method::PATCH, path).json(body)).await
     }
 
     /// `POST /v1/agents`.
@@ -485,7 +502,8 @@ impl Client {
     pub async fn wait_routed(&self, event_id: EventId) -> Value {
         wait_for(&format!("event {event_id} to be routed"), || async {
             let event = self.get_event(event_id).await;
-            (event["status"] != "received").then_some(event)
+            // `scheduled`: a delayed event not due yet.
+            (!matches!(event["status"].as_str(), Some("received" | "scheduled"))).then_some(event)
         })
         .await
     }
@@ -564,6 +582,18 @@ impl Client {
             StreamFrom::Start => self.request(reqwest::Method::GET, &path),
         };
         builder = builder.header("accept", "text/event-stream");
+        SseStream::open(builder).await
+    }
+
+    /// Opens an SSE `GET path` (e.g. `/v1/conversations/{id}/stream`), with `Last-Event-ID`
+    /// when given.
+    pub async fn open_stream(&self, path: &str, last_event_id: Option<&str>) -> SseStream {
+        let mut builder = self
+            .request(reqwest::Method::GET, path)
+            .header("accept", "text/event-stream");
+        if let Some(id) = last_event_id {
+            builder = builder.header("last-event-id", id);
+        }
         SseStream::open(builder).await
     }
 

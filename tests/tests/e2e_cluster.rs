@@ -648,7 +648,8 @@ async fn a_killed_worker_interrupts_its_run_and_the_other_worker_carries_on() {
 
     let run = c1.wait_run_terminal(run_id).await;
     assert_eq!(run["status"], "interrupted", "{run}");
-    // The run is marked interrupted first; its terminal item follows through the result sink.
+    // The terminal item is stored with the status (one commit); the result sink applies and
+    // delivers it.
     let items = wait_for_terminal_item(&c0, run_id).await;
     assert_dense_items(&items);
     let (terminal, before) = items.split_last().unwrap();
@@ -766,4 +767,114 @@ async fn a_conversation_id_of_255_characters_streams_live_and_ends_once() {
     )
     .await;
     assert_dense(&again, 0, true);
+}
+
+/// Deletes every Redis key of the cluster: what a Redis restart without persistence leaves
+/// (only this cluster's own key prefix; the shared Redis is never restarted).
+async fn empty_the_session_store(cluster: &TestCluster) {
+    use sb_common::session::redis::{RedisOptions, RedisSessionStore};
+    let options = RedisOptions::new(
+        cluster.services().redis_url.clone(),
+        cluster.config().sessions.key_prefix.clone(),
+    );
+    let store = RedisSessionStore::connect(&options).await.unwrap();
+    assert!(store.delete_all().await.unwrap() > 0, "the run had keys");
+}
+
+/// Issue 15 finding 3: the session store comes back empty while runs execute. Their workers
+/// re-establish the leases (and the sessions that validate runner callbacks): every run
+/// completes with a dense stream and one terminal item, none is cancelled.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_session_store_that_comes_back_empty_cancels_no_healthy_run() {
+    let spec = ClusterSpec::default()
+        .env("SWITCHBOARD__WORKER__HEARTBEAT_INTERVAL", "300ms")
+        .env("SWITCHBOARD__WORKER__LEASE_TTL", "1s")
+        .env("SWITCHBOARD__ORCHESTRATOR__LEASE_GRACE", "3s")
+        .env("SWITCHBOARD__ORCHESTRATOR__REAPER_INTERVAL", "500ms");
+    let cluster = cluster!(spec);
+    add_test_agent(&cluster, TEST_SHARED).await;
+    let client = cluster.client(0);
+    let mut runs = Vec::new();
+    for i in 0..4 {
+        // About 3 s each: many heartbeats and lease TTLs after the store is emptied.
+        let accepted = client
+            .post_event(&test_message(&format!("flush-{i}"), "slow 600"), None)
+            .await
+            .expect(202);
+        runs.push(
+            client
+                .run_of(accepted.str("event_id").parse().unwrap())
+                .await,
+        );
+    }
+    let deadline = Instant::now() + Duration::from_secs(30);
+    for run_id in &runs {
+        loop {
+            let run = client.get_run(*run_id).await;
+            if run["status"] == "running" && run["last_sequence"].as_i64().unwrap_or(0) >= 5 {
+                break;
+            }
+            assert!(Instant::now() < deadline, "run never got going: {run}");
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+    empty_the_session_store(&cluster).await;
+    for run_id in runs {
+        let run = client.wait_run_terminal(run_id).await;
+        assert_eq!(run["status"], "completed", "{run}");
+        let items = wait_for_terminal_item(&client, run_id).await;
+        assert_dense_items(&items);
+        assert_eq!(items.iter().filter(|i| i.is_terminal()).count(), 1);
+        assert_eq!(items.last().unwrap().result_type, "run.completed");
+    }
+}
+
+/// Issue 15 findings 3 and 6: a worker dies *and* the session store loses its keys, so the
+/// redelivered job finds no session (no proof of a crash) and is dropped. The run must not
+/// linger: the reaper sees it `running` without a lease for longer than the grace and
+/// finalizes it `interrupted`, with exactly one terminal item after the items it had.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_run_whose_worker_and_session_are_both_lost_is_reaped_interrupted() {
+    let spec = ClusterSpec::default()
+        .env("SWITCHBOARD__WORKER__HEARTBEAT_INTERVAL", "1s")
+        .env("SWITCHBOARD__WORKER__LEASE_TTL", "3s")
+        .env("SWITCHBOARD__ORCHESTRATOR__LEASE_GRACE", "2s")
+        .env("SWITCHBOARD__ORCHESTRATOR__REAPER_INTERVAL", "1s");
+    let mut cluster = cluster!(spec);
+    add_test_agent(&cluster, TEST_SHARED).await;
+    let client = cluster.client(0);
+    let accepted = client
+        .post_event(&test_message("lost", "slow 3000"), None)
+        .await
+        .expect(202);
+    let run_id = client
+        .run_of(accepted.str("event_id").parse().unwrap())
+        .await;
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let running = loop {
+        let run = client.get_run(run_id).await;
+        if run["status"] == "running" && run["last_sequence"].as_i64().unwrap_or(0) >= 20 {
+            break run;
+        }
+        assert!(Instant::now() < deadline, "run never got going: {run}");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    };
+    let victim = running["worker_id"].as_str().unwrap().to_owned();
+    cluster.kill_worker(&victim).unwrap();
+    empty_the_session_store(&cluster).await;
+
+    let run = client.wait_run_terminal(run_id).await;
+    assert_eq!(run["status"], "interrupted", "{run}");
+    let items = wait_for_terminal_item(&client, run_id).await;
+    assert_dense_items(&items);
+    let (terminal, before) = items.split_last().unwrap();
+    assert_eq!(terminal.result_type, "run.failed", "{terminal:?}");
+    assert_eq!(terminal.data["code"], "interrupted", "{terminal:?}");
+    assert!(before.iter().all(|i| !i.is_terminal()));
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    assert_eq!(
+        client.run_events(run_id, 0).await,
+        items,
+        "nothing appended later"
+    );
 }

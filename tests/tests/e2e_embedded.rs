@@ -391,6 +391,7 @@ async fn tied_agents_leave_the_event_unrouted_as_ambiguous() {
             delivery_policy: json!({}),
             budgets: json!({}),
             enabled: true,
+            routing: sb_store::AgentRouting::Scope,
         })
         .await
         .unwrap();
@@ -932,5 +933,43 @@ async fn an_interval_schedule_produces_runs_until_deleted() {
         .get(&format!("/v1/schedules/{schedule_id}"))
         .await
         .expect(404);
+    cluster.shutdown().await;
+}
+
+/// Issue 15 finding 6: a run without a deadline is bounded by `limits.run_max_duration`. The
+/// reaper finalizes it `timeout` with one terminal item and cancels it on its worker (whose
+/// own late `cancelled` terminal item is refused), so it neither lives forever nor ends twice.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_run_without_a_deadline_ends_at_the_deployment_maximum() {
+    let cluster = TestCluster::builder()
+        .config("limits.run_max_duration", "2s")
+        .config("orchestrator.reaper_interval", "200ms")
+        .start()
+        .await;
+    let client = cluster.client();
+    sb_tests::script::agent(
+        client,
+        "forever",
+        TEST_SHARED,
+        json!({"runner_config": {"timeout": 0}}),
+    )
+    .await;
+    let event = client.send_message("forever", "cancellable").await;
+    let run_id = client.run_of(event).await;
+    let run = client.wait_run_terminal(run_id).await;
+    assert_eq!(run["status"], "timeout", "{run}");
+    assert!(run["deadline_at"].is_null(), "{run}");
+    let frames = client
+        .stream_run(run_id, StreamFrom::Start)
+        .await
+        .until_terminal()
+        .await;
+    assert_eq!(frames.last().unwrap().event, "run.failed");
+    // The worker's own terminal item (cancelled) arrives later and is not stored.
+    tokio::time::sleep(std::time::Duration::from_secs(2)).await;
+    let items = client.run_events(run_id, 0).await;
+    assert_dense_with_one_terminal(run_id, &items);
+    assert_eq!(failure_code(&items).as_deref(), Some("timeout"));
+    assert_eq!(client.get_run(run_id).await["status"], "timeout");
     cluster.shutdown().await;
 }

@@ -13,8 +13,10 @@
 //!     ▼ claim queued → running ── lost ─▶ decide_claim_lost(status, session?)
 //!     │                                     ├─ terminal / no run / no session ▶ ack (drop)
 //!     │                                     └─ running + session ─▶ finalize `interrupted`
+//!     │                                        (item + status in one ledger commit, then published)
 //!     ▼ cancel flag set? deadline passed? runner missing? ─▶ terminal run.failed, seq 1
-//!     ▼ start on the RunnerHost; heartbeat renews the lease (lost ─▶ cancel the run)
+//!     ▼ start on the RunnerHost; heartbeat renews the lease (missing while the run is still
+//!     │ ours ─▶ re-established with the run's session; held by another ─▶ cancel the run)
 //!     ▼ publish every item (seq 1, 2, 3, …, exactly one terminal) to switchboard.results,
 //!     │ ready items pipelined in one confirmed batch, failures retried in order
 //!     ▼ terminal: end_session (steering.dropped audits) ─▶ release lease ─▶ ack
@@ -70,7 +72,10 @@ use sb_common::bus::{
 };
 use sb_common::config::{SwitchboardConfig, WorkerConfig};
 use sb_common::error::ShutdownError;
-use sb_common::session::{SessionError, SessionStore, cancel_flag_key};
+use sb_common::session::{
+    RUN_HANDED_OFF_TTL, SessionError, SessionStore, cancel_flag_key, run_handed_off_key,
+    run_lease_key,
+};
 use sb_common::shutdown::Shutdown;
 use sb_common::telemetry::{Registry, names};
 use sb_protocol::error::{Disposition, ErrorCode, HasErrorCode, run_failure};
@@ -78,8 +83,10 @@ use sb_protocol::host::AgentRunnerDescriptor;
 use sb_protocol::ids::RunId;
 use sb_protocol::manifest::RunnerId;
 use sb_protocol::messages::{ControlMessage, ResultBatch, ResultMessage, RunJob, decode, encode};
-use sb_protocol::result::{AgentRunResult, ResultLimits};
-use sb_store::{EventLog, RunLedger, RunOutcome, RunStatus, RunnerRow, StoreError, Stores, audit};
+use sb_protocol::result::{AgentRunResult, ResultLimits, ResultType};
+use sb_store::{
+    EventLog, Finalized, RunLedger, RunOutcome, RunStatus, RunnerRow, StoreError, Stores, audit,
+};
 use serde_json::{Value, json};
 use tokio::sync::{OwnedSemaphorePermit, Semaphore, watch};
 use tokio::task::JoinHandle;
@@ -114,13 +121,11 @@ const PUBLISH_RETRY_MAX: Duration = Duration::from_secs(5);
 /// Pause after a transient consume error before pulling again.
 const CONSUME_ERROR_PAUSE: Duration = Duration::from_millis(500);
 
-/// The session-store key of a run's worker lease (`<prefix>lease:<run_id>`; the store adds
-/// the `lease:` family prefix). Only workers use it (the reaper goes by run deadlines), so it
-/// lives here; the keys other roles share are in `sb_common::session` (e.g. the run's
-/// cancel flag, [`cancel_flag_key`]).
+/// The session-store key of a run's worker lease ([`run_lease_key`]: the reaper reads it
+/// too).
 #[must_use]
 pub fn lease_key(run_id: &RunId) -> String {
-    run_id.to_string()
+    run_lease_key(run_id)
 }
 
 /// Everything the worker talks to.
@@ -666,6 +671,17 @@ fn result_bodies(job: &RunJob, conversation: Option<String>, items: Vec<RunItem>
     out
 }
 
+/// The `status` label of a terminal item: `completed`, `cancelled` or `failed`.
+fn terminal_status(result: &AgentRunResult) -> &'static str {
+    match result.known_type() {
+        Some(ResultType::RunCompleted) => "completed",
+        _ if result.data.get("code").and_then(|c| c.as_str()) == Some(run_failure::CANCELLED) => {
+            "cancelled"
+        }
+        _ => "failed",
+    }
+}
+
 fn now_ms() -> i64 {
     SystemTime::now()
         .duration_since(UNIX_EPOCH)
@@ -713,6 +729,8 @@ impl std::fmt::Debug for Core {
 /// A run id reserved on this worker. Dropping it frees the reservation.
 struct Reservation {
     run_id: RunId,
+    /// When this worker took the job: the start of `sb_run_duration_seconds`.
+    claimed_at: std::time::Instant,
     active: ActiveRuns,
     cancel_tx: watch::Sender<Option<String>>,
     cancel_rx: watch::Receiver<Option<String>>,
@@ -758,6 +776,7 @@ impl Core {
         self.metrics.gauge_add(names::RUNS_ACTIVE, &[], 1.0);
         Some(Reservation {
             run_id,
+            claimed_at: std::time::Instant::now(),
             active: self.active.clone(),
             cancel_tx,
             cancel_rx,
@@ -931,47 +950,50 @@ impl Core {
                 tracing::warn!(status = ?status, "claim lost but the run is still queued; retrying later");
                 Settlement::Nack { requeue: true }
             }
-            ClaimLost::Interrupt => {
-                let last_sequence =
-                    record.map_or(0, |r| u64::try_from(r.last_sequence).unwrap_or(0));
-                self.finalize_interrupted(job, last_sequence).await
-            }
+            ClaimLost::Interrupt => self.finalize_interrupted(job).await,
         }
     }
 
     /// A redelivered job of a run that started on a worker that is gone: never re-executed,
-    /// finalized `interrupted` (retryable) instead. The ledger is finished here, not only by
-    /// the result sink, because the lost worker's last results may still be in flight and
-    /// could take the sequence number of our terminal item.
-    async fn finalize_interrupted(&self, job: &RunJob, last_sequence: u64) -> Settlement {
+    /// it ends `interrupted`. The terminal item and the status are stored in one ledger
+    /// commit ([`RunLedger::finalize_run`]) before the item is published: a stream reader
+    /// never sees the status without the item, and the item takes the first free sequence
+    /// even if the lost worker's last results are still in flight. The result sink applies
+    /// the published item's side effects and delivers it (it finds it stored as is).
+    async fn finalize_interrupted(&self, job: &RunJob) -> Settlement {
         let run_id = job.run_id;
         let message = "the worker executing the run was lost";
         let outcome =
             RunOutcome::with_error(RunStatus::Interrupted, run_failure::INTERRUPTED, message);
-        match self.ledger.finish_run(run_id, outcome).await {
-            Ok(true) => {}
-            Ok(false) => {
-                tracing::info!("run was finished concurrently; nothing to finalize");
+        let result = AgentRunResult::run_failed(
+            run_failure::INTERRUPTED,
+            message,
+            run_failure::default_retryable(run_failure::INTERRUPTED),
+        );
+        let sequence = match self
+            .ledger
+            .finalize_run(run_id, outcome, result.clone())
+            .await
+        {
+            Ok(Finalized::Ended { sequence }) => sequence,
+            Ok(other) => {
+                // Its own terminal item is stored (the reaper applies it) or it ended.
+                tracing::info!(?other, "run was finished concurrently; nothing to finalize");
                 return Settlement::Ack;
             }
             Err(error) => {
                 tracing::warn!(%error, "finalizing the interrupted run failed");
                 return settlement_for(error.code());
             }
-        }
+        };
         tracing::warn!(
-            last_sequence,
+            sequence,
             "run was interrupted by the loss of its worker; finalized as interrupted"
         );
         self.end_session(job).await;
-        let result = AgentRunResult::run_failed(
-            run_failure::INTERRUPTED,
-            message,
-            run_failure::default_retryable(run_failure::INTERRUPTED),
-        );
         let item = RunItem {
-            sequence: last_sequence + 1,
-            result: result.with_run_id(run_id).with_sequence(last_sequence + 1),
+            sequence,
+            result: result.with_run_id(run_id).with_sequence(sequence),
         };
         if self.publish_items(job, vec![item]).await {
             Settlement::Ack
@@ -1047,6 +1069,7 @@ impl Core {
         let _heartbeat = AbortOnDropHandle::new(tokio::spawn(
             heartbeat(
                 self.sessions.clone(),
+                self.ledger.clone(),
                 run_id,
                 self.id.clone(),
                 self.config.lease_ttl,
@@ -1108,6 +1131,7 @@ impl Core {
         reservation: &mut Reservation,
     ) -> Streamed {
         let mut cancel_open = true;
+        let mut first_published = false;
         loop {
             tokio::select! {
                 biased;
@@ -1133,11 +1157,26 @@ impl Core {
                             _ => break,
                         }
                     }
-                    let terminal = batch.last().is_some_and(RunItem::is_terminal);
+                    let terminal = batch
+                        .last()
+                        .filter(|item| item.is_terminal())
+                        .map(|item| terminal_status(&item.result));
                     if !self.publish_items(job, batch).await {
                         return Streamed::Forced;
                     }
-                    if terminal {
+                    if !first_published {
+                        first_published = true;
+                        if let Some(accepted) = job.accepted_at_ms {
+                            let seconds = (now_ms() - accepted).max(0) as f64 / 1000.0;
+                            self.metrics.observe(names::RUN_FIRST_RESULT_SECONDS, &[], seconds);
+                        }
+                    }
+                    if let Some(status) = terminal {
+                        self.metrics.observe(
+                            names::RUN_DURATION_SECONDS,
+                            &[("status", status)],
+                            reservation.claimed_at.elapsed().as_secs_f64(),
+                        );
                         return Streamed::Ended;
                     }
                 }
@@ -1225,6 +1264,19 @@ impl Core {
         if let Err(error) = self.sessions.del(&cancel_flag_key(&run_id)).await {
             tracing::debug!(%error, "removing the cancel flag failed");
         }
+        // The terminal item is published: the lease goes next, and the reaper must not take
+        // a lagging result sink for a lost worker.
+        if let Err(error) = self
+            .sessions
+            .set_ex(
+                &run_handed_off_key(&run_id),
+                self.id.as_bytes(),
+                RUN_HANDED_OFF_TTL,
+            )
+            .await
+        {
+            tracing::warn!(%error, "marking the run handed off failed");
+        }
     }
 
     /// Audits each steering item the run never pulled as a `steering.dropped` event-log row
@@ -1260,10 +1312,44 @@ impl Core {
     }
 }
 
-/// Renews the run lease every `interval`; when the lease is lost the run is cancelled (a
-/// worker that lost its lease must stop acting on the run).
+/// What a worker does when renewing its run lease failed with `LeaseLost`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum LostLease {
+    /// The lease is missing but the run is still ours (the session store came back empty):
+    /// take it again, and put the run's session back.
+    Reestablish,
+    /// Another holder has it, or the run is no longer ours: stop acting on the run.
+    Lost,
+}
+
+/// Decides a failed renewal from the lease's current holder and the run's ledger row
+/// (`status`, `worker_id`). A lease taken by another holder is lost whatever the ledger
+/// says; a missing one is ours again only while the ledger says we are running the run.
+#[must_use]
+pub fn decide_lost_lease(
+    current_holder: Option<&str>,
+    run: Option<(RunStatus, Option<&str>)>,
+    me: &str,
+) -> LostLease {
+    match current_holder {
+        Some(holder) if holder != me => LostLease::Lost,
+        Some(_) => LostLease::Reestablish,
+        None => match run {
+            Some((RunStatus::Running, Some(worker))) if worker == me => LostLease::Reestablish,
+            _ => LostLease::Lost,
+        },
+    }
+}
+
+/// Renews the run lease every `interval`. A renewal that finds the lease missing while the
+/// run is still ours ([`decide_lost_lease`]) re-establishes it, and the run's session with it
+/// (as read when the run started, kept alive by later heartbeats): a session store that
+/// restarted empty neither cancels a healthy run nor breaks its Host API calls. A lease held
+/// by another holder, or a run that is no longer ours, cancels the run (a worker that lost
+/// its lease must stop acting on the run).
 async fn heartbeat(
     sessions: Arc<dyn SessionStore>,
+    ledger: Arc<dyn RunLedger>,
     run_id: RunId,
     holder: String,
     ttl: Duration,
@@ -1271,25 +1357,110 @@ async fn heartbeat(
     cancel: watch::Sender<Option<String>>,
 ) {
     let key = lease_key(&run_id);
+    // Read off the run's path: what to put back if the store loses it.
+    let session = match sessions.get_session(&run_id).await {
+        Ok(session) => session,
+        Err(error) => {
+            tracing::debug!(%error, "reading the run session for the heartbeat failed");
+            None
+        }
+    };
+    let mut restored = false;
     let mut tick = tokio::time::interval_at(tokio::time::Instant::now() + interval, interval);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
         tick.tick().await;
         match sessions.renew_lease(&key, &holder, ttl).await {
-            Ok(()) => {}
-            Err(SessionError::LeaseLost { .. }) => {
-                tracing::warn!("run lease lost; cancelling the run");
-                cancel.send_if_modified(|current| {
-                    if current.is_none() {
-                        *current = Some("worker lease lost".to_owned());
-                        true
-                    } else {
-                        false
+            Ok(()) => {
+                if restored {
+                    // A restored session lives as long as its holder keeps renewing.
+                    if let Err(error) = sessions.touch_session(&run_id, ttl).await {
+                        tracing::debug!(%error, "extending the restored run session failed");
                     }
-                });
-                return;
+                }
+            }
+            Err(SessionError::LeaseLost { .. }) => {
+                match reestablish(&*sessions, &*ledger, run_id, &holder, ttl).await {
+                    Ok(true) => {
+                        tracing::warn!(
+                            "run lease was missing (session store emptied?); re-established"
+                        );
+                        restored |=
+                            restore_session(&*sessions, run_id, session.as_ref(), ttl).await;
+                    }
+                    Ok(false) => {
+                        tracing::warn!("run lease lost; cancelling the run");
+                        cancel.send_if_modified(|current| {
+                            if current.is_none() {
+                                *current = Some("worker lease lost".to_owned());
+                                true
+                            } else {
+                                false
+                            }
+                        });
+                        return;
+                    }
+                    Err(error) => {
+                        tracing::warn!(%error, "checking a lost run lease failed; will retry");
+                    }
+                }
             }
             Err(error) => tracing::warn!(%error, "renewing the run lease failed; will retry"),
+        }
+    }
+}
+
+/// Takes the run lease again after a renewal found it lost, if [`decide_lost_lease`] says
+/// the run is still ours. `Ok(true)` once the lease is ours again.
+async fn reestablish(
+    sessions: &dyn SessionStore,
+    ledger: &dyn RunLedger,
+    run_id: RunId,
+    holder: &str,
+    ttl: Duration,
+) -> Result<bool, String> {
+    let key = lease_key(&run_id);
+    let current = sessions
+        .lease_holder(&key)
+        .await
+        .map_err(|e| e.to_string())?;
+    let run = ledger.get_run(run_id).await.map_err(|e| e.to_string())?;
+    let facts = run.as_ref().map(|r| (r.status, r.worker_id.as_deref()));
+    match decide_lost_lease(current.as_deref(), facts, holder) {
+        LostLease::Lost => Ok(false),
+        // Atomic: fails if another holder took it in between.
+        LostLease::Reestablish => sessions
+            .acquire_lease(&key, holder, ttl)
+            .await
+            .map_err(|e| e.to_string()),
+    }
+}
+
+/// Puts the run's session back if the store lost it. `true` if it was put back.
+async fn restore_session(
+    sessions: &dyn SessionStore,
+    run_id: RunId,
+    session: Option<&Value>,
+    ttl: Duration,
+) -> bool {
+    let Some(session) = session else {
+        return false;
+    };
+    match sessions.get_session(&run_id).await {
+        Ok(Some(_)) => false,
+        Ok(None) => match sessions.put_session(&run_id, session, ttl).await {
+            Ok(()) => {
+                tracing::warn!("run session was missing; restored");
+                true
+            }
+            Err(error) => {
+                tracing::warn!(%error, "restoring the run session failed");
+                false
+            }
+        },
+        Err(error) => {
+            tracing::warn!(%error, "reading the run session failed");
+            false
         }
     }
 }
@@ -1533,5 +1704,34 @@ mod tests {
     fn keys() {
         let run = RunId::new();
         assert_eq!(lease_key(&run), run.to_string());
+    }
+
+    #[test]
+    fn a_missing_lease_is_reestablished_only_while_the_run_is_ours() {
+        let running = |w: &'static str| Some((RunStatus::Running, Some(w)));
+        // The store came back empty: the ledger says we run it.
+        assert_eq!(
+            decide_lost_lease(None, running("me"), "me"),
+            LostLease::Reestablish
+        );
+        // Another holder took it: lost, whatever the ledger says.
+        assert_eq!(
+            decide_lost_lease(Some("other"), running("me"), "me"),
+            LostLease::Lost
+        );
+        assert_eq!(
+            decide_lost_lease(Some("me"), running("me"), "me"),
+            LostLease::Reestablish
+        );
+        // Missing, and the run is no longer ours (finalized by the reaper, claimed elsewhere).
+        assert_eq!(
+            decide_lost_lease(None, Some((RunStatus::Interrupted, Some("me"))), "me"),
+            LostLease::Lost
+        );
+        assert_eq!(
+            decide_lost_lease(None, running("other"), "me"),
+            LostLease::Lost
+        );
+        assert_eq!(decide_lost_lease(None, None, "me"), LostLease::Lost);
     }
 }

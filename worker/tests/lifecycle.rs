@@ -91,6 +91,54 @@ async fn losing_the_lease_cancels_the_run() {
     h.stop().await;
 }
 
+/// Issue 15 finding 3: the session store restarts empty (no persistence) while a run is
+/// executing. Its worker re-establishes the lease and the run's session and the run completes
+/// instead of being cancelled as "lease lost".
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_session_store_that_comes_back_empty_neither_cancels_the_run_nor_loses_its_session() {
+    let mut h = Harness::start(|_, _| {}).await;
+    // 300 deltas 5 ms apart: about 1.5 s, many heartbeats (100 ms) and lease TTLs (500 ms).
+    let job = h.prepare_run(SCRIPTED, "slow 300").await;
+    let session = h.sessions.get_session(&job.run_id).await.unwrap().unwrap();
+    h.publish_job(&job).await;
+    assert_eq!(h.next_result().await.sequence, 1);
+    let key = lease_key(&job.run_id);
+    let worker_id = h.worker().id().to_owned();
+    // The store loses every key of the run: its lease and its session.
+    assert!(h.sessions.release_lease(&key, &worker_id).await.unwrap());
+    assert!(h.sessions.end_session(&job.run_id).await.unwrap().is_some());
+    let sessions = h.sessions.clone();
+    let run_id = job.run_id;
+    let mut restored = None;
+    for _ in 0..50 {
+        if let Some(value) = sessions.get_session(&run_id).await.unwrap() {
+            restored = Some(value);
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert_eq!(
+        restored,
+        Some(session),
+        "the worker put the run's session back"
+    );
+    assert_eq!(
+        h.sessions.lease_holder(&key).await.unwrap().as_deref(),
+        Some(worker_id.as_str()),
+        "the worker took its lease again"
+    );
+    let results = h.results_until_terminal().await;
+    let last = results.last().unwrap();
+    assert_eq!(
+        last.result.known_type(),
+        Some(ResultType::RunCompleted),
+        "{:?}",
+        last.result
+    );
+    h.jobs_settled().await;
+    h.stop().await;
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn shutdown_lets_in_flight_runs_finish_within_the_drain_timeout() {
     let mut h = Harness::start(|_, _| {}).await;

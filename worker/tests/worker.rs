@@ -221,6 +221,16 @@ async fn a_redelivered_job_of_a_started_run_is_finalized_interrupted() {
     let run = h.stores.runs.get_run(run_id).await.unwrap().unwrap();
     assert_eq!(run.status, RunStatus::Interrupted);
     assert_eq!(run.error_code.as_deref(), Some("interrupted"));
+    // Issue 15 finding 4: the terminal item is in the ledger with the status (no result sink
+    // runs here), exactly as published, so a stream reader that sees `interrupted` finds it.
+    let stored = h.stores.runs.events_after(run_id, 0, 10).await.unwrap();
+    assert_eq!(stored.len(), 1, "{stored:?}");
+    assert_eq!(stored[0].sequence, 1);
+    assert_eq!(
+        stored[0].data,
+        serde_json::to_value(&terminal.result).unwrap(),
+        "the sink finds the published item stored as is"
+    );
     h.jobs_settled().await;
     assert!(
         h.sessions.get_session(&run_id).await.unwrap().is_none(),

@@ -38,6 +38,7 @@ use serde_json::{Map, Value};
 
 /// One typed content block. See the module docs for the table of types.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[serde(tag = "type", rename_all = "snake_case", deny_unknown_fields)]
 pub enum ContentElement {
     /// Body text of a user or assistant message.
@@ -108,6 +109,7 @@ impl ContentElement {
 /// assert!(serde_json::from_str::<ContentElement>(r#"{"type": "image"}"#).is_err());
 /// ```
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[serde(try_from = "RawImageContent")]
 pub struct ImageContent {
     /// An `http(s)` or `data:` URL.

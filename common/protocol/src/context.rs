@@ -93,6 +93,7 @@ pub struct AgentTrigger {
 /// A reference to a stored raw event payload, so large platform payloads never travel in
 /// `event.data`.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct RawEventRef {
     /// How to resolve `ref_id`, e.g. `artifact` (an artifact id) or `event_log`.
     pub ref_type: String,
@@ -163,6 +164,7 @@ pub struct ConversationContext {
 
 /// Who caused the event.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct ActorContext {
     /// E.g. `user`, `system`.
     pub actor_type: String,
@@ -179,6 +181,7 @@ pub struct ActorContext {
 
 /// What the event is about.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct SubjectContext {
     /// E.g. `message`, `group`, `schedule`.
     pub subject_type: String,
@@ -206,6 +209,7 @@ pub struct AgentInput {
 
 /// Delivery capabilities of the surface the reply goes to (PROTOCOL_V1 §5.7).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct DeliveryContext {
     /// E.g. `api`, `webui`, `telegram`.
     pub surface: String,
@@ -363,6 +367,7 @@ pub struct AgentRuntimeContext {
 
 /// A host-owned state scope (PROTOCOL_V1 §5.10, §7.2 `state.updated.scope`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[serde(rename_all = "snake_case")]
 pub enum StateScope {
     /// Per conversation (and thread).

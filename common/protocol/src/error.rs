@@ -48,6 +48,7 @@ use serde_json::{Map, Value};
 /// assert_eq!("rate_limited".parse::<ErrorCode>().unwrap(), ErrorCode::RateLimited);
 /// ```
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[serde(rename_all = "snake_case")]
 pub enum ErrorCode {
     /// The request or message is malformed: bad parameters, bad cursor, schema violation.

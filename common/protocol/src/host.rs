@@ -110,6 +110,7 @@ impl AgentEventEnvelope {
 /// For models, tools and knowledge bases, `None` means "no *extra* grants" — never
 /// "everything". For skills, `None` means every visible skill.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[serde(default, deny_unknown_fields)]
 pub struct ResourcePolicy {
     /// Extra model ids.
@@ -147,6 +148,7 @@ fn default_state_scopes() -> Vec<StateScope> {
 
 /// Host-owned state access of an Agent.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[serde(default, deny_unknown_fields)]
 pub struct StatePolicy {
     /// State API and `state.updated` are allowed at all.
@@ -181,6 +183,7 @@ impl StatePolicy {
 /// What happens when an event arrives for a conversation that already has an active run
 /// that cannot absorb it as steering (SPEC §7).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[serde(rename_all = "snake_case")]
 pub enum ConcurrencyPolicy {
     /// Start another run alongside (seed behaviour).
@@ -196,6 +199,7 @@ pub enum ConcurrencyPolicy {
 
 /// How replies are delivered for an Agent.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[serde(default, deny_unknown_fields)]
 pub struct DeliveryPolicy {
     /// Deliver `message.delta` progressively where the surface supports it.
@@ -311,6 +315,7 @@ pub enum ScopeSpecificity {
 /// Where an Agent applies within its workspace. Every set field must match the event; an
 /// empty scope applies to the whole workspace.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[serde(default, deny_unknown_fields)]
 pub struct AgentScope {
     /// Only events of this bot.

@@ -157,6 +157,10 @@ pub struct RunJob {
     /// Absolute deadline, epoch milliseconds; `None` = no deadline.
     #[serde(default)]
     pub deadline_at_ms: Option<i64>,
+    /// When the triggering event was accepted, epoch milliseconds (for the
+    /// ingest-to-first-result histogram); absent in jobs of older orchestrators.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub accepted_at_ms: Option<i64>,
 }
 
 impl RunJob {
@@ -181,6 +185,7 @@ impl RunJob {
             pool: pool.into(),
             context,
             deadline_at_ms,
+            accepted_at_ms: None,
         }
     }
 }

@@ -26,6 +26,7 @@ fn message_item() -> String {
 
 /// One transcript row.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct TranscriptItem {
     /// Transcript id.
     pub transcript_id: String,

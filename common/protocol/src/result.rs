@@ -206,6 +206,7 @@ impl FromStr for ResultType {
 /// empty and not written back. Host-side constructors leave it empty too; set it with
 /// [`with_run_id`](Self::with_run_id).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct AgentRunResult {
     /// The run.
     #[serde(default, skip_serializing_if = "String::is_empty")]

@@ -686,8 +686,48 @@ enum Judged {
     Retry(String),
 }
 
+/// The header carrying the publish time in epoch milliseconds, read at consume time for
+/// `sb_queue_lag_seconds`. The name is that of RabbitMQ's own `rabbitmq_message_timestamp`
+/// plugin, so a broker with the plugin enabled and our publishers agree on it (the AMQP
+/// `timestamp` property has only whole seconds).
+const PUBLISHED_AT_HEADER: &str = "timestamp_in_ms";
+
 fn properties(options: PublishOptions) -> BasicProperties {
-    BasicProperties::default().with_delivery_mode(if options.persistent { 2 } else { 1 })
+    let mut headers = FieldTable::default();
+    headers.insert(
+        PUBLISHED_AT_HEADER.into(),
+        AMQPValue::LongLongInt(epoch_ms()),
+    );
+    BasicProperties::default()
+        .with_delivery_mode(if options.persistent { 2 } else { 1 })
+        .with_headers(headers)
+}
+
+fn epoch_ms() -> i64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| i64::try_from(d.as_millis()).unwrap_or(i64::MAX))
+}
+
+/// Records the time from publish to consume of one delivery (clock skew between hosts can
+/// make it negative: clamped to zero).
+fn observe_queue_lag(queue: &str, properties: &BasicProperties) {
+    let published =
+        properties
+            .headers()
+            .as_ref()
+            .and_then(|h| match h.inner().get(PUBLISHED_AT_HEADER) {
+                Some(AMQPValue::LongLongInt(ms)) => Some(*ms),
+                _ => None,
+            });
+    if let Some(ms) = published {
+        let lag = (epoch_ms() - ms).max(0) as f64 / 1000.0;
+        crate::telemetry::Registry::global().observe(
+            crate::telemetry::names::QUEUE_LAG_SECONDS,
+            &[("queue", queue)],
+            lag,
+        );
+    }
 }
 
 impl AmqpBus {
@@ -1012,6 +1052,7 @@ async fn run_consumer(
                 item = consumer.next() => match item {
                     Some(Ok(delivery)) => {
                         // A send error means the subscription is being dropped: `cancel` follows.
+                        observe_queue_lag(&queue, &delivery.properties);
                         let _ = tx.send(Ok(convert(delivery, inner.options.operation_timeout)));
                     }
                     Some(Err(error)) => tracing::debug!(%error, queue, "consumer error"),

@@ -27,7 +27,16 @@
 //!
 //! # Keys shared between roles
 //! Some keys are written by one role and read by another, so their names are part of the
-//! contract between roles and are built only by the functions here: [`cancel_flag_key`].
+//! contract between roles and are built only by the functions here: [`cancel_flag_key`],
+//! [`run_lease_key`].
+//!
+//! # A store that comes back empty
+//! The Redis backend may run without persistence: a restart loses every key. Holders of
+//! what was lost re-establish it rather than give up: a worker whose run lease is *missing*
+//! (not taken by another holder) while the ledger still says the run is its own takes the
+//! lease again and puts the run's session back (see `sb_worker::service`); only a lease held
+//! by someone else means lost. Runs whose holder is gone have no lease for longer than the
+//! orchestrator's `lease_grace` and are finalized `interrupted` by its reaper.
 
 use std::time::Duration;
 
@@ -60,6 +69,31 @@ pub fn cancel_flag_key(run_id: &RunId) -> String {
     format!("cancel:{run_id}")
 }
 
+/// The plain key (`<prefix>lease:<run_id>`; the store adds the family prefix) of a run's
+/// worker lease.
+///
+/// Cross-role contract: the worker executing a run holds it (holder = its worker id) from
+/// before its claim until the run's end, renewing it every heartbeat; the orchestrator's
+/// reaper reads it ([`SessionStore::lease_holder`]) to find runs whose worker is gone.
+#[must_use]
+pub fn run_lease_key(run_id: &RunId) -> String {
+    run_id.to_string()
+}
+
+/// The plain key of a run's hand-off marker: set by its worker (value: the worker id) once
+/// the run's terminal item is published, for [`RUN_HANDED_OFF_TTL`], just before the worker
+/// releases the lease. From then on the run's end is the result sink's to apply, and a sink
+/// can lag (an orchestrator that died, whose shards another one takes over): the reaper does
+/// not count a run without a lease as lost while its marker exists.
+#[must_use]
+pub fn run_handed_off_key(run_id: &RunId) -> String {
+    format!("handed-off:{run_id}")
+}
+
+/// How long a run's hand-off marker lives ([`run_handed_off_key`]): far longer than an
+/// orchestrator failover; past it, a run the sink never ended is reaped `interrupted`.
+pub const RUN_HANDED_OFF_TTL: Duration = Duration::from_secs(600);
+
 /// Shared, expiring state of active runs.
 ///
 /// # Contract
@@ -91,8 +125,12 @@ pub fn cancel_flag_key(run_id: &RunId) -> String {
 /// [`acquire_lease`](Self::acquire_lease) succeeds if the lease is free, expired, or already
 /// held by the same holder (then its TTL is reset); [`renew_lease`](Self::renew_lease) resets
 /// the TTL only for the current holder and otherwise fails with [`SessionError::LeaseLost`]
-/// (someone else holds it, or it expired — a holder that sees `LeaseLost` must stop acting on
-/// the resource); [`release_lease`](Self::release_lease) frees it only for the current holder.
+/// (someone else holds it, or it is missing: expired, or lost with the store's data). A holder
+/// that sees `LeaseLost` must stop acting on the resource, unless
+/// [`lease_holder`](Self::lease_holder) shows the lease free and the holder can prove by
+/// other means that the resource is still its own: then it takes the lease again with
+/// `acquire_lease` (see "A store that comes back empty" in the module docs);
+/// [`release_lease`](Self::release_lease) frees it only for the current holder.
 /// All three are atomic compare-and-set operations.
 ///
 /// **Counters.** [`counter_incr`](Self::counter_incr) adds atomically and returns the new

@@ -8,6 +8,57 @@ use serde_json::Value;
 
 use crate::error::Result;
 
+/// How an agent is reached (issue 14 item 6).
+///
+/// - `scope` (the default): a candidate of scope resolution (SPEC §5): the most specific
+///   matching agent handles an event that names no agent; two at the same level conflict.
+/// - `direct`: reached only when a request names it (`agent_id` on `POST /v1/events`, or the
+///   turns of a session created for it). Scope resolution never picks it and the conflict
+///   rule ignores it, so any number of direct agents sit beside one scope-routed agent.
+///
+/// An event that names an agent goes to that agent whatever its routing.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+#[serde(rename_all = "snake_case")]
+pub enum AgentRouting {
+    /// Chosen by scope resolution (and reachable directly as well).
+    #[default]
+    Scope,
+    /// Reachable only directly.
+    Direct,
+}
+
+impl AgentRouting {
+    /// The stored / wire form: `scope` or `direct`.
+    #[must_use]
+    pub const fn as_str(self) -> &'static str {
+        match self {
+            Self::Scope => "scope",
+            Self::Direct => "direct",
+        }
+    }
+}
+
+impl std::str::FromStr for AgentRouting {
+    type Err = crate::error::StoreError;
+
+    fn from_str(s: &str) -> Result<Self> {
+        match s {
+            "scope" => Ok(Self::Scope),
+            "direct" => Ok(Self::Direct),
+            other => Err(crate::error::StoreError::Corrupt(format!(
+                "unknown agent routing: {other}"
+            ))),
+        }
+    }
+}
+
+impl std::fmt::Display for AgentRouting {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
 /// An agent to create. JSON policies are stored as given; the shapes belong to
 /// `sb_protocol` and the gateway validates them.
 #[derive(Debug, Clone, PartialEq)]
@@ -41,6 +92,8 @@ pub struct NewAgent {
     pub budgets: Value,
     /// Whether the resolver considers it.
     pub enabled: bool,
+    /// How it is reached: by scope resolution (default) or only directly.
+    pub routing: AgentRouting,
 }
 
 /// A stored agent.
@@ -86,6 +139,9 @@ pub struct AgentRow {
     pub budgets: Value,
     /// Enabled.
     pub enabled: bool,
+    /// How it is reached.
+    #[serde(default)]
+    pub routing: AgentRouting,
     /// Creation time.
     pub created_at: DateTime<Utc>,
     /// Last update.
@@ -158,6 +214,7 @@ pub trait RunnerRegistry: Send + Sync + 'static {
 /// What an API key may do (SPEC §14). The gateway decides which routes need which role;
 /// the store only keeps the role with the key.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[serde(rename_all = "snake_case")]
 pub enum ApiKeyRole {
     /// What an application needs: send events, read runs, turns, sessions, conversations and

@@ -17,6 +17,7 @@ pub const MAX_ARTIFACT_READ_BYTES: u64 = 10 * 1024 * 1024;
 
 /// Who may see an artifact besides the run that created it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[serde(rename_all = "snake_case")]
 pub enum ArtifactScope {
     /// Any run of the workspace.

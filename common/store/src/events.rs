@@ -10,7 +10,7 @@ use std::time::Duration;
 use async_trait::async_trait;
 use chrono::{DateTime, Utc};
 use sb_protocol::host::AgentEventEnvelope;
-use sb_protocol::ids::{EventId, RunId, WorkspaceId};
+use sb_protocol::ids::{AgentId, EventId, RunId, WorkspaceId};
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
@@ -22,8 +22,35 @@ pub const MAX_INPUT_SUMMARY_CHARS: usize = 1000;
 /// Longest idempotency key, in characters.
 pub const MAX_IDEMPOTENCY_KEY_CHARS: usize = 128;
 
+/// Key of [`EventTarget`] in the metadata of an event envelope.
+pub const TARGET_METADATA_KEY: &str = "target";
+/// Key of the requested delivery time (RFC 3339, UTC) in the metadata of a delayed event's
+/// envelope and row.
+pub const DELIVER_AT_METADATA_KEY: &str = "deliver_at";
+
+/// What an event addressed to one agent (`agent_id` on `POST /v1/events`) carries in
+/// `metadata.target`, set by the gateway after checking the agent (ingest never lets a
+/// client set envelope metadata): the orchestrator routes the event to `agent_id` whatever
+/// the scopes say (`sb_orchestrator::bindings::resolve_target`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct EventTarget {
+    /// The agent named by the request.
+    pub agent_id: AgentId,
+}
+
+impl EventTarget {
+    /// The target in an envelope's metadata, if any (a malformed one counts as none).
+    #[must_use]
+    pub fn from_metadata(metadata: &serde_json::Map<String, Value>) -> Option<Self> {
+        metadata
+            .get(TARGET_METADATA_KEY)
+            .and_then(|v| serde_json::from_value(v.clone()).ok())
+    }
+}
+
 /// Where an event stands in routing (SPEC §9).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[serde(rename_all = "snake_case")]
 pub enum EventStatus {
     /// Written by ingest; not yet routed.
@@ -538,6 +565,9 @@ pub trait Outbox: Send + Sync + 'static {
 
     /// Gives leased rows back so any relay can claim them again at once (publish failed).
     async fn release(&self, ids: &[i64]) -> Result<()>;
+
+    /// How many rows are not yet published (leased or not): the `sb_outbox_pending` gauge.
+    async fn pending(&self) -> Result<u64>;
 
     /// Deletes up to `batch` rows published before `before`. Returns how many.
     async fn delete_published_before(&self, before: DateTime<Utc>, batch: u64) -> Result<u64>;

@@ -61,29 +61,30 @@ pub mod turns;
 pub mod testing;
 
 pub use agents::{
-    AgentRow, AgentStore, ApiKeyRecord, ApiKeyRole, AuthenticatedKey, NewAgent, NewApiKey,
-    RunnerRegistry, RunnerRow, Tenancy, UnknownApiKeyRole,
+    AgentRouting, AgentRow, AgentStore, ApiKeyRecord, ApiKeyRole, AuthenticatedKey, NewAgent,
+    NewApiKey, RunnerRegistry, RunnerRow, Tenancy, UnknownApiKeyRole,
 };
 pub use artifacts::{
     ArtifactContent, ArtifactRead, ArtifactRecord, ArtifactScope, ArtifactStore, NewArtifact,
 };
 pub use error::{Result, StoreError};
 pub use events::{
-    EventLog, EventQuery, EventRecord, EventRouting, EventStatus, EventStatusUpdate, NewEvent,
-    NewOutboxMessage, Outbox, OutboxMessage,
+    DELIVER_AT_METADATA_KEY, EventLog, EventQuery, EventRecord, EventRouting, EventStatus,
+    EventStatusUpdate, EventTarget, NewEvent, NewOutboxMessage, Outbox, OutboxMessage,
+    TARGET_METADATA_KEY,
 };
 pub use page::{Page, ThreadFilter};
 pub use resources::{
-    KbDocumentRecord, KbHit, KbSearch, KnowledgeBaseRecord, ModelKind, ModelRecord, NewKbDocument,
-    NewModel, NewTool, ResourceRegistry, ToolRecord,
+    DocumentEdit, KbDocumentRecord, KbHit, KbSearch, KnowledgeBaseRecord, ModelKind, ModelRecord,
+    NewKbDocument, NewModel, NewTool, ResourceRegistry, ToolRecord,
 };
 pub use runs::{
-    CancelOutcome, NewRun, NewRunEvent, RunEventRecord, RunFilter, RunLedger, RunOutcome,
-    RunRecord, RunStatus,
+    CancelOutcome, Finalized, NewRun, NewRunEvent, RunEventRecord, RunFilter, RunLedger,
+    RunOutcome, RunRecord, RunStatus,
 };
 pub use schedules::{
-    NewSchedule, ScheduleFiring, ScheduleKind, ScheduleRecord, ScheduleSpec, ScheduleStore,
-    ScheduledEvent,
+    NewSchedule, ScheduleEdit, ScheduleFiring, ScheduleKind, ScheduleRecord, ScheduleSpec,
+    ScheduleStore, ScheduledEvent,
 };
 pub use sql::{DEFAULT_MAX_ARTIFACT_BYTES, SqlStore, SqlStoreOptions, StoreLimits};
 pub use state::{BlobStorage, StateEntry, StateStore, StateWrite};

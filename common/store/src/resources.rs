@@ -25,6 +25,7 @@ pub const MAX_FILTER_DOCUMENTS: usize = 100;
 
 /// Kind of a model.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[serde(rename_all = "snake_case")]
 pub enum ModelKind {
     /// Chat completions (`invoke`, `stream`).
@@ -192,8 +193,20 @@ pub struct KbDocumentRecord {
     pub chunks: u64,
     /// Artifact the text was read from, if any.
     pub artifact_id: Option<String>,
+    /// Metadata object (`{}` when none).
+    pub metadata: Value,
     /// Creation time.
     pub created_at: DateTime<Utc>,
+}
+
+/// The editable fields of a stored document (its text is not: delete the document and add
+/// the new text, so chunks and hash always describe one text).
+#[derive(Debug, Clone, PartialEq)]
+pub struct DocumentEdit {
+    /// Title (≤ 255 chars).
+    pub title: String,
+    /// Metadata object (`null` or `{}` for none).
+    pub metadata: Value,
 }
 
 /// A full-text query of one knowledge base.
@@ -298,7 +311,15 @@ pub fn chunk_text(text: &str, max_chars: usize) -> Vec<String> {
 /// Models, tools and knowledge bases of a workspace.
 ///
 /// # Contract
-/// - Names are unique per workspace and kind of resource: a duplicate is `conflict`.
+/// - Names are unique per workspace and kind of resource: a duplicate is `conflict`, on
+///   create and on update alike.
+/// - Updates replace every editable field and keep the id and creation time; the checks of
+///   create apply unchanged. An id missing from the workspace is `not_found`.
+/// - Deletes answer whether the resource existed in the workspace. Deleting a knowledge base
+///   deletes its documents and their chunks in one transaction; deleting a document deletes
+///   its chunks with it, so no search ever returns a chunk of a deleted document. Whether an
+///   agent still refers to the resource is the caller's rule (the gateway refuses), not the
+///   store's.
 /// - Reads are scoped by workspace: an id of another workspace is `not_found` (or absent
 ///   from a batch answer), never visible.
 /// - Batch lookups (`*_by_ids`, `tools_by_names`) answer only the rows that exist, in no
@@ -332,6 +353,8 @@ pub trait ResourceRegistry: Send + Sync + 'static {
     /// `not_found` if it does not exist in that workspace, `conflict` if another model has
     /// the new name. The id and creation time stay.
     async fn update_model(&self, model_id: Uuid, model: NewModel) -> Result<ModelRecord>;
+    /// Deletes model `model_id`; `true` if it existed in the workspace.
+    async fn delete_model(&self, workspace_id: &WorkspaceId, model_id: Uuid) -> Result<bool>;
     /// One model.
     async fn get_model(&self, workspace_id: &WorkspaceId, model_id: Uuid) -> Result<ModelRecord>;
     /// All models of a workspace, by name.
@@ -345,6 +368,11 @@ pub trait ResourceRegistry: Send + Sync + 'static {
 
     /// Registers a tool.
     async fn create_tool(&self, tool: NewTool) -> Result<ToolRecord>;
+    /// Replaces every registered field of tool `tool_id` of `tool.workspace_id` (name, kind,
+    /// description, parameters, config): `not_found`, `conflict` on a taken name.
+    async fn update_tool(&self, tool_id: Uuid, tool: NewTool) -> Result<ToolRecord>;
+    /// Deletes tool `tool_id`; `true` if it existed in the workspace.
+    async fn delete_tool(&self, workspace_id: &WorkspaceId, tool_id: Uuid) -> Result<bool>;
     /// One tool by name.
     async fn get_tool(&self, workspace_id: &WorkspaceId, name: &str) -> Result<ToolRecord>;
     /// All tools of a workspace, by name.
@@ -363,6 +391,17 @@ pub trait ResourceRegistry: Send + Sync + 'static {
         name: &str,
         description: Option<String>,
     ) -> Result<KnowledgeBaseRecord>;
+    /// Replaces the name and description of knowledge base `kb_id`: `not_found`,
+    /// `conflict` on a taken name.
+    async fn update_kb(
+        &self,
+        workspace_id: &WorkspaceId,
+        kb_id: Uuid,
+        name: &str,
+        description: Option<String>,
+    ) -> Result<KnowledgeBaseRecord>;
+    /// Deletes knowledge base `kb_id` with its documents and chunks; `true` if it existed.
+    async fn delete_kb(&self, workspace_id: &WorkspaceId, kb_id: Uuid) -> Result<bool>;
     /// One knowledge base.
     async fn get_kb(&self, workspace_id: &WorkspaceId, kb_id: Uuid) -> Result<KnowledgeBaseRecord>;
     /// All knowledge bases of a workspace, by name.
@@ -375,6 +414,29 @@ pub trait ResourceRegistry: Send + Sync + 'static {
     ) -> Result<Vec<KnowledgeBaseRecord>>;
     /// Adds a document: chunks ([`chunk_text`], [`CHUNK_CHARS`]) and indexes it.
     async fn add_document(&self, doc: NewKbDocument) -> Result<KbDocumentRecord>;
+    /// The documents of knowledge base `kb_id`, oldest first (`not_found` for an unknown
+    /// knowledge base).
+    async fn list_documents(
+        &self,
+        workspace_id: &WorkspaceId,
+        kb_id: Uuid,
+    ) -> Result<Vec<KbDocumentRecord>>;
+    /// Replaces the title and metadata of document `document_id` of `kb_id`: `not_found`
+    /// when either is not in the workspace.
+    async fn update_document(
+        &self,
+        workspace_id: &WorkspaceId,
+        kb_id: Uuid,
+        document_id: Uuid,
+        edit: DocumentEdit,
+    ) -> Result<KbDocumentRecord>;
+    /// Deletes document `document_id` of `kb_id` with its chunks; `true` if it existed.
+    async fn delete_document(
+        &self,
+        workspace_id: &WorkspaceId,
+        kb_id: Uuid,
+        document_id: Uuid,
+    ) -> Result<bool>;
     /// Full-text search of one knowledge base.
     async fn search_kb(&self, search: KbSearch) -> Result<Vec<KbHit>>;
 }

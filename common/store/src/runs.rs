@@ -5,6 +5,7 @@ use std::str::FromStr;
 use async_trait::async_trait;
 use chrono::{DateTime, Utc};
 use sb_protocol::ids::{AgentId, EventId, RunId, WorkspaceId};
+use sb_protocol::result::AgentRunResult;
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
@@ -22,6 +23,7 @@ pub const MAX_RUN_EVENTS_BATCH: u64 = 1000;
 ///    └────────────────finish (reaper, cancel before start)──────────▲
 /// ```
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[serde(rename_all = "snake_case")]
 pub enum RunStatus {
     /// Created, job published, no worker has claimed it yet.
@@ -218,6 +220,25 @@ pub enum CancelOutcome {
     AlreadyFinished(RunStatus),
 }
 
+/// What [`RunLedger::finalize_run`] did.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Finalized {
+    /// This call stored the terminal item at `sequence` and ended the run, in one commit.
+    Ended {
+        /// The sequence the terminal item got.
+        sequence: u64,
+    },
+    /// The run's ledger already holds a terminal item (at `sequence`); nothing was written.
+    /// The run may still look active: its terminal item was stored but not yet applied (the
+    /// caller applies it, so the run ends with the item it already has).
+    TerminalStored {
+        /// The sequence of the stored terminal item.
+        sequence: u64,
+    },
+    /// The run already ended with this status; nothing was written.
+    AlreadyEnded(RunStatus),
+}
+
 /// Filters of [`RunLedger::list_runs`].
 #[derive(Debug, Clone, PartialEq)]
 pub struct RunFilter {
@@ -288,6 +309,13 @@ pub struct RunEventRecord {
 /// - **Result sequences** are assigned by the worker: 1, 2, 3, … per run. The ledger stores
 ///   each `(run_id, sequence)` once (the first write wins; a duplicate is reported as not
 ///   new so side effects are applied once) and keeps `last_sequence` = the highest stored.
+/// - **One terminal item per run.** A second terminal item (`run.completed` / `run.failed`)
+///   of a run, at whatever sequence, is not stored and is reported as not new, like a
+///   duplicate.
+/// - **Terminal item before terminal status.** A run whose status is terminal because of a
+///   result item has that item in the ledger (`insert_event(s)` first, then `finish_run`;
+///   or [`finalize_run`](Self::finalize_run), both in one commit). Host-made ends (the
+///   reaper, a lost worker, recovery, an unrouted event's queued run) use `finalize_run`.
 /// - **Reading after a sequence** returns items with `sequence > after`, ascending:
 ///
 ///   ```text
@@ -340,16 +368,36 @@ pub trait RunLedger: Send + Sync + 'static {
     /// `invalid_argument` if `outcome.status` is not terminal.
     async fn finish_run(&self, id: RunId, outcome: RunOutcome) -> Result<bool>;
 
+    /// Ends an active run with a host-made terminal item (the reaper's `timeout`, a lost
+    /// worker's `interrupted`, …) in **one transaction**: `terminal` is stored at the first
+    /// free sequence after the run's last (with that `run_id` and `sequence`) and the run
+    /// moves to `outcome.status`. A reader that sees the terminal status therefore always
+    /// finds the terminal item in the ledger.
+    ///
+    /// Nothing is written when the run already has a terminal item
+    /// ([`Finalized::TerminalStored`]) or already ended ([`Finalized::AlreadyEnded`]), so
+    /// among concurrent finalizers (and the run's own terminal item arriving meanwhile)
+    /// exactly one terminal item is stored. `not_found` if there is no such run;
+    /// `invalid_argument` if `outcome.status` or `terminal` is not terminal.
+    async fn finalize_run(
+        &self,
+        id: RunId,
+        outcome: RunOutcome,
+        terminal: AgentRunResult,
+    ) -> Result<Finalized>;
+
     /// Records the intent to cancel (first request wins, its reason is kept). `not_found` if
     /// there is no such run.
     async fn request_cancel(&self, id: RunId, reason: Option<String>) -> Result<CancelOutcome>;
 
-    /// Stores one result item. `true` if it was new. `not_found` if the run does not exist;
-    /// `invalid_argument` if `sequence < 1`.
+    /// Stores one result item. `true` if it was new. An item after the run's stored terminal
+    /// item is not stored (`false`): nothing follows a run's end. `not_found` if the run does
+    /// not exist; `invalid_argument` if `sequence < 1`.
     async fn insert_event(&self, event: NewRunEvent) -> Result<bool>;
 
     /// Stores many result items (of any runs) in one transaction. Returns, per input item
-    /// and in input order, whether it was new (a duplicate within the batch is new once).
+    /// and in input order, whether it was new (a duplicate within the batch is new once;
+    /// an item after its run's stored terminal item is not stored, as in `insert_event`).
     async fn insert_events(&self, events: Vec<NewRunEvent>) -> Result<Vec<bool>>;
 
     /// Result items with `sequence > after_sequence`, ascending, at most `limit` (clamped to
@@ -363,6 +411,14 @@ pub trait RunLedger: Send + Sync + 'static {
 
     /// Active runs whose deadline is before `now`, earliest deadline first.
     async fn runs_past_deadline(&self, now: DateTime<Utc>, limit: u64) -> Result<Vec<RunRecord>>;
+
+    /// Active runs without a deadline created before `created_before`, oldest first: the
+    /// reaper bounds them by the deployment's `limits.run_max_duration`.
+    async fn runs_without_deadline_created_before(
+        &self,
+        created_before: DateTime<Utc>,
+        limit: u64,
+    ) -> Result<Vec<RunRecord>>;
 
     /// Active runs of a conversation, oldest first (steering and concurrency policies).
     async fn active_runs_for_conversation(

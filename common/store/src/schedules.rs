@@ -39,6 +39,7 @@ pub const MIN_INTERVAL: Duration = Duration::from_secs(1);
 
 /// How a schedule's spec is read.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[serde(rename_all = "snake_case")]
 pub enum ScheduleKind {
     /// A fixed period (humantime).
@@ -237,6 +238,56 @@ pub struct NewSchedule {
     pub enabled: bool,
 }
 
+/// The new state of an edited schedule ([`ScheduleStore::update`]): every editable field,
+/// as the caller merged it. `enabled: false` pauses, `true` resumes.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ScheduleEdit {
+    /// Label.
+    pub name: Option<String>,
+    /// Kind.
+    pub kind: ScheduleKind,
+    /// Spec.
+    pub spec: String,
+    /// The event to ingest ([`ScheduledEvent`] as JSON).
+    pub event: Value,
+    /// Whether it fires.
+    pub enabled: bool,
+}
+
+/// The `next_fire_at` of `current` after `edit` at `now` (the rule of
+/// [`ScheduleStore::update`]):
+///
+/// | edit | next fire time |
+/// | --- | --- |
+/// | paused (`enabled: false`) | `None`: a paused schedule has no next firing |
+/// | resumed, or its kind or spec changed | [`ScheduleSpec::first_fire`] of *now*: the periods missed while paused are not caught up |
+/// | otherwise (name or event only) | unchanged |
+///
+/// A `once` schedule that has fired cannot be resumed with the same instant
+/// (`invalid_argument`): it would fire a second time for the same moment.
+pub fn next_fire_after_edit(
+    current: &ScheduleRecord,
+    edit: &ScheduleEdit,
+    now: DateTime<Utc>,
+) -> Result<Option<DateTime<Utc>>> {
+    let spec = ScheduleSpec::parse(edit.kind, &edit.spec)?;
+    if !edit.enabled {
+        return Ok(None);
+    }
+    let timing_changed = edit.kind != current.kind || edit.spec != current.spec;
+    if current.enabled && !timing_changed {
+        return Ok(current.next_fire_at);
+    }
+    if edit.kind == ScheduleKind::Once && !timing_changed && current.last_fired_at.is_some() {
+        return Err(StoreError::invalid(
+            "invalid `enabled`: this once schedule has fired; give it a new `spec` to fire again",
+        ));
+    }
+    spec.first_fire(now)
+        .map(Some)
+        .ok_or_else(|| StoreError::invalid("invalid `spec`: it never fires"))
+}
+
 /// A stored schedule.
 #[derive(Debug, Clone, PartialEq)]
 pub struct ScheduleRecord {
@@ -324,6 +375,18 @@ pub trait ScheduleStore: Send + Sync + 'static {
         cursor: Option<String>,
         limit: Option<i64>,
     ) -> Result<Page<ScheduleRecord>>;
+
+    /// Replaces the editable fields of a schedule ([`ScheduleEdit`]) and sets its next fire
+    /// time by [`next_fire_after_edit`]; `None` if it does not exist in this workspace. The
+    /// write is a compare-and-set on the row read, so a firing that commits meanwhile is
+    /// never undone: the edit is computed again from the fired row. A pending firing of the
+    /// old fire time loses its own compare-and-set, so a paused schedule does not fire.
+    async fn update(
+        &self,
+        workspace_id: &WorkspaceId,
+        id: Uuid,
+        edit: ScheduleEdit,
+    ) -> Result<Option<ScheduleRecord>>;
 
     /// Deletes a schedule; `true` if it existed. A firing that already committed stays
     /// (its event is ingested); none follows.
@@ -452,6 +515,89 @@ mod tests {
                 "{kind} {s}: {error:?}"
             );
         }
+    }
+
+    fn record(kind: ScheduleKind, spec: &str) -> ScheduleRecord {
+        let t = at("2026-01-01T10:00:00Z");
+        ScheduleRecord {
+            id: Uuid::now_v7(),
+            workspace_id: WorkspaceId::default_workspace(),
+            name: None,
+            kind,
+            spec: spec.into(),
+            event: Value::Null,
+            next_fire_at: Some(at("2026-01-01T10:15:00Z")),
+            last_fired_at: None,
+            enabled: true,
+            created_at: t,
+            updated_at: t,
+        }
+    }
+
+    fn edit_of(r: &ScheduleRecord) -> ScheduleEdit {
+        ScheduleEdit {
+            name: r.name.clone(),
+            kind: r.kind,
+            spec: r.spec.clone(),
+            event: r.event.clone(),
+            enabled: r.enabled,
+        }
+    }
+
+    #[test]
+    fn pausing_clears_and_resuming_recomputes_from_now() {
+        let now = at("2026-01-01T12:07:00Z");
+        let running = record(ScheduleKind::Interval, "15m");
+        let mut pause = edit_of(&running);
+        pause.enabled = false;
+        assert_eq!(next_fire_after_edit(&running, &pause, now).unwrap(), None);
+
+        let paused = ScheduleRecord {
+            enabled: false,
+            next_fire_at: None,
+            ..running.clone()
+        };
+        let mut resume = edit_of(&paused);
+        resume.enabled = true;
+        // Not the missed 10:15 grid: one period after now.
+        assert_eq!(
+            next_fire_after_edit(&paused, &resume, now).unwrap(),
+            Some(at("2026-01-01T12:22:00Z"))
+        );
+        // A rename keeps the next fire time; a new spec recomputes it.
+        let mut rename = edit_of(&running);
+        rename.name = Some("renamed".into());
+        assert_eq!(
+            next_fire_after_edit(&running, &rename, now).unwrap(),
+            running.next_fire_at
+        );
+        let mut respec = edit_of(&running);
+        respec.spec = "1h".into();
+        assert_eq!(
+            next_fire_after_edit(&running, &respec, now).unwrap(),
+            Some(at("2026-01-01T13:07:00Z"))
+        );
+        respec.spec = "soon".into();
+        assert!(next_fire_after_edit(&running, &respec, now).is_err());
+    }
+
+    #[test]
+    fn a_fired_once_schedule_resumes_only_with_a_new_instant() {
+        let now = at("2026-01-01T12:00:00Z");
+        let fired = ScheduleRecord {
+            enabled: false,
+            next_fire_at: None,
+            last_fired_at: Some(at("2026-01-01T11:00:00Z")),
+            ..record(ScheduleKind::Once, "2026-01-01T11:00:00Z")
+        };
+        let mut resume = edit_of(&fired);
+        resume.enabled = true;
+        assert!(next_fire_after_edit(&fired, &resume, now).is_err());
+        resume.spec = "2026-01-02T08:00:00Z".into();
+        assert_eq!(
+            next_fire_after_edit(&fired, &resume, now).unwrap(),
+            Some(at("2026-01-02T08:00:00Z"))
+        );
     }
 
     #[test]

@@ -157,6 +157,9 @@ macro_rules! store_suite {
             run_claim_race_has_exactly_one_winner,
             run_terminal_states_are_final,
             run_finish_race_has_exactly_one_winner,
+            run_finalize_stores_the_item_with_the_status,
+            run_finalize_races_the_runs_own_terminal_item,
+            run_items_after_the_terminal_item_are_not_stored,
             run_request_cancel,
             run_events_are_idempotent_and_ordered,
             run_insert_events_batch_reports_new_rows,
@@ -1410,6 +1413,286 @@ pub mod suite {
         let stored = db.stores.runs.get_run(run.id).await.unwrap().unwrap();
         assert_eq!(stored.status, winners[0]);
         assert_eq!(stored.error_code.as_deref(), Some(winners[0].as_str()));
+    }
+
+    fn terminal_event(run_id: RunId, sequence: i64, result_type: &str) -> NewRunEvent {
+        NewRunEvent {
+            run_id,
+            sequence,
+            result_type: result_type.to_owned(),
+            data: json!({"type": result_type, "data": {}}),
+        }
+    }
+
+    fn is_terminal_type(result_type: &str) -> bool {
+        matches!(result_type, "run.completed" | "run.failed")
+    }
+
+    /// `finalize_run` stores the host-made terminal item and the terminal status in one
+    /// commit; it writes nothing for a run that already has a terminal item or already ended;
+    /// a second terminal item is never stored, at whatever sequence (issue 15, findings 4, 6).
+    pub async fn run_finalize_stores_the_item_with_the_status(db: &TestDb) {
+        use sb_protocol::result::AgentRunResult;
+        let interrupted =
+            || RunOutcome::with_error(RunStatus::Interrupted, "interrupted", "worker lost");
+        let item = || AgentRunResult::run_failed("interrupted", "worker lost", true);
+
+        let run = create_run(db, None).await;
+        assert!(db.stores.runs.claim_run(run.id, "w1").await.unwrap());
+        db.stores
+            .runs
+            .insert_event(run_event(run.id, 1, "a"))
+            .await
+            .unwrap();
+        assert_eq!(
+            db.stores
+                .runs
+                .finalize_run(run.id, interrupted(), item())
+                .await
+                .unwrap(),
+            Finalized::Ended { sequence: 2 }
+        );
+        let stored = db.stores.runs.get_run(run.id).await.unwrap().unwrap();
+        assert_eq!(stored.status, RunStatus::Interrupted);
+        assert_eq!(stored.error_code.as_deref(), Some("interrupted"));
+        assert_eq!(stored.last_sequence, 2);
+        assert!(stored.ended_at.is_some());
+        let items = db.stores.runs.events_after(run.id, 1, 10).await.unwrap();
+        assert_eq!(items.len(), 1);
+        assert_eq!(items[0].sequence, 2);
+        assert_eq!(items[0].result_type, "run.failed");
+        assert_eq!(items[0].data["sequence"], json!(2));
+        assert_eq!(items[0].data["run_id"], json!(run.id.to_string()));
+        assert_eq!(items[0].data["data"]["code"], json!("interrupted"));
+        assert_eq!(
+            db.stores
+                .runs
+                .finalize_run(run.id, interrupted(), item())
+                .await
+                .unwrap(),
+            Finalized::AlreadyEnded(RunStatus::Interrupted)
+        );
+        assert_eq!(
+            db.stores
+                .runs
+                .events_after(run.id, 0, 10)
+                .await
+                .unwrap()
+                .len(),
+            2,
+            "nothing written for an ended run"
+        );
+
+        // The run's own terminal item is stored but not applied yet: it is kept, not doubled.
+        let own = create_run(db, None).await;
+        assert!(db.stores.runs.claim_run(own.id, "w1").await.unwrap());
+        assert!(
+            db.stores
+                .runs
+                .insert_event(terminal_event(own.id, 1, "run.completed"))
+                .await
+                .unwrap()
+        );
+        assert_eq!(
+            db.stores
+                .runs
+                .finalize_run(own.id, interrupted(), item())
+                .await
+                .unwrap(),
+            Finalized::TerminalStored { sequence: 1 }
+        );
+        assert_eq!(
+            db.stores
+                .runs
+                .get_run(own.id)
+                .await
+                .unwrap()
+                .unwrap()
+                .status,
+            RunStatus::Running
+        );
+        // A second terminal item, alone or in a batch, is "not new" and not stored; nor is
+        // anything after the terminal item.
+        assert!(
+            !db.stores
+                .runs
+                .insert_event(terminal_event(own.id, 2, "run.failed"))
+                .await
+                .unwrap()
+        );
+        assert_eq!(
+            db.stores
+                .runs
+                .insert_events(vec![
+                    run_event(own.id, 2, "late"),
+                    terminal_event(own.id, 3, "run.failed"),
+                ])
+                .await
+                .unwrap(),
+            vec![false, false]
+        );
+        let items = db.stores.runs.events_after(own.id, 0, 10).await.unwrap();
+        assert_eq!(
+            items.iter().map(|e| e.sequence).collect::<Vec<_>>(),
+            vec![1]
+        );
+
+        // A queued run can be finalized too (the reaper's deployment maximum).
+        let queued = create_run(db, None).await;
+        let timeout = RunOutcome::with_error(RunStatus::Timeout, "timeout", "too long");
+        assert_eq!(
+            db.stores
+                .runs
+                .finalize_run(
+                    queued.id,
+                    timeout.clone(),
+                    AgentRunResult::run_failed("timeout", "too long", true)
+                )
+                .await
+                .unwrap(),
+            Finalized::Ended { sequence: 1 }
+        );
+
+        assert_code(
+            db.stores
+                .runs
+                .finalize_run(RunId::new(), timeout.clone(), item())
+                .await,
+            ErrorCode::NotFound,
+        );
+        let delta = AgentRunResult {
+            result_type: "message.delta".into(),
+            ..item()
+        };
+        assert_code(
+            db.stores.runs.finalize_run(own.id, timeout, delta).await,
+            ErrorCode::InvalidArgument,
+        );
+    }
+
+    /// A finalizer (the reaper) racing the run's own last items (the worker finishing at the
+    /// same moment): exactly one terminal item is stored, and a terminal status always comes
+    /// with it.
+    /// A worker that resumes after the host ended its run (stopped past its lease, then
+    /// continued) publishes items after the host's terminal item: none is stored, singly or
+    /// in a batch, and items up to the terminal one still are.
+    pub async fn run_items_after_the_terminal_item_are_not_stored(db: &TestDb) {
+        use sb_protocol::result::AgentRunResult;
+        let run = create_run(db, None).await;
+        assert!(db.stores.runs.claim_run(run.id, "w1").await.unwrap());
+        db.stores
+            .runs
+            .insert_event(run_event(run.id, 1, "a"))
+            .await
+            .unwrap();
+        db.stores
+            .runs
+            .finalize_run(
+                run.id,
+                RunOutcome::with_error(RunStatus::Interrupted, "interrupted", "lease lost"),
+                AgentRunResult::run_failed("interrupted", "lease lost", true),
+            )
+            .await
+            .unwrap();
+        // The worker's own items 2.. arrive late: 2 collides with the host's terminal item,
+        // 3 and 4 come after it.
+        let inserted = db
+            .stores
+            .runs
+            .insert_events(vec![
+                run_event(run.id, 2, "b"),
+                run_event(run.id, 3, "c"),
+                terminal_event(run.id, 4, "run.completed"),
+            ])
+            .await
+            .unwrap();
+        assert_eq!(inserted, vec![false, false, false]);
+        assert!(
+            !db.stores
+                .runs
+                .insert_event(run_event(run.id, 5, "d"))
+                .await
+                .unwrap()
+        );
+        let items = db.stores.runs.events_after(run.id, 0, 100).await.unwrap();
+        let types: Vec<&str> = items.iter().map(|e| e.result_type.as_str()).collect();
+        assert_eq!(types, ["message.delta", "run.failed"], "{items:?}");
+        let stored = db.stores.runs.get_run(run.id).await.unwrap().unwrap();
+        assert_eq!(stored.last_sequence, 2);
+
+        // Another run in the same batch is unaffected.
+        let other = create_run(db, None).await;
+        let inserted = db
+            .stores
+            .runs
+            .insert_events(vec![run_event(run.id, 6, "e"), run_event(other.id, 1, "x")])
+            .await
+            .unwrap();
+        assert_eq!(inserted, vec![false, true]);
+    }
+
+    pub async fn run_finalize_races_the_runs_own_terminal_item(db: &TestDb) {
+        use sb_protocol::result::AgentRunResult;
+        for _ in 0..8 {
+            let run = create_run(db, None).await;
+            assert!(db.stores.runs.claim_run(run.id, "w1").await.unwrap());
+            db.stores
+                .runs
+                .insert_event(run_event(run.id, 1, "a"))
+                .await
+                .unwrap();
+            let stores = db.stores.clone();
+            let reaper = tokio::spawn(async move {
+                stores
+                    .runs
+                    .finalize_run(
+                        run.id,
+                        RunOutcome::with_error(RunStatus::Timeout, "timeout", "late"),
+                        AgentRunResult::run_failed("timeout", "late", true),
+                    )
+                    .await
+                    .unwrap()
+            });
+            let stores = db.stores.clone();
+            let worker = tokio::spawn(async move {
+                stores
+                    .runs
+                    .insert_events(vec![
+                        run_event(run.id, 2, "b"),
+                        terminal_event(run.id, 3, "run.completed"),
+                    ])
+                    .await
+                    .unwrap()
+            });
+            let finalized = reaper.await.unwrap();
+            let inserted = worker.await.unwrap();
+            let items = db.stores.runs.events_after(run.id, 0, 100).await.unwrap();
+            let terminals: Vec<_> = items
+                .iter()
+                .filter(|e| is_terminal_type(&e.result_type))
+                .collect();
+            assert_eq!(terminals.len(), 1, "{finalized:?} {inserted:?} {items:?}");
+            let status = db
+                .stores
+                .runs
+                .get_run(run.id)
+                .await
+                .unwrap()
+                .unwrap()
+                .status;
+            match finalized {
+                Finalized::Ended { sequence } => {
+                    assert_eq!(terminals[0].sequence, i64::try_from(sequence).unwrap());
+                    assert_eq!(status, RunStatus::Timeout);
+                }
+                Finalized::TerminalStored { sequence } => {
+                    assert_eq!(sequence, 3);
+                    assert_eq!(inserted, vec![true, true]);
+                    assert_eq!(status, RunStatus::Running);
+                }
+                Finalized::AlreadyEnded(status) => panic!("unexpected end: {status}"),
+            }
+        }
     }
 
     /// The first cancel request is recorded; later ones report what they found.
@@ -2927,6 +3210,7 @@ pub mod suite {
             delivery_policy: json!({"concurrency": "parallel"}),
             budgets: json!({"max_tool_calls": 1, "max_model_output_chars": 0}),
             enabled: true,
+            routing: crate::AgentRouting::Scope,
         }
     }
 
@@ -2946,8 +3230,11 @@ pub mod suite {
         disabled.enabled = false;
         // No overrides at all: stored (and read back) as an empty object.
         disabled.budgets = Value::Null;
+        disabled.routing = crate::AgentRouting::Direct;
         let b = db.stores.agents.create(disabled).await.unwrap();
         assert_eq!(b.budgets, json!({}));
+        assert_eq!(a.routing, crate::AgentRouting::Scope);
+        assert_eq!(b.routing, crate::AgentRouting::Direct, "routing is stored");
         assert_code(
             db.stores.agents.create(agent("alpha", ws())).await,
             ErrorCode::Conflict,
@@ -2984,9 +3271,11 @@ pub mod suite {
         changed.enabled = false;
         changed.delivery_policy = json!({"concurrency": "reject"});
         changed.budgets = json!({"max_model_calls": 3});
+        changed.routing = crate::AgentRouting::Direct;
         changed.created_at = Utc::now() + TimeDelta::days(1); // ignored
         let updated = db.stores.agents.update(changed).await.unwrap();
         assert_eq!(updated.name, "alpha-2");
+        assert_eq!(updated.routing, crate::AgentRouting::Direct);
         assert_eq!(updated.budgets, json!({"max_model_calls": 3}));
         assert_eq!(updated.bot_id, None);
         assert_eq!(updated.channel.as_deref(), Some("web"));

@@ -120,6 +120,7 @@ pub struct TranscriptRecord {
 
 /// Reading direction of a history page.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[serde(rename_all = "snake_case")]
 pub enum Direction {
     /// Newest first, continuing towards older items.

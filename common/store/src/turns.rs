@@ -162,4 +162,14 @@ pub trait TurnStore: Send + Sync + 'static {
 
     /// The turn with this id (= run id), if any.
     async fn get_turn(&self, run_id: RunId) -> Result<Option<TurnRecord>>;
+
+    /// Retention: deletes up to `batch` turn identities of sessions closed before
+    /// `closed_before` and returns how many. Sessions that are not closed keep theirs; the
+    /// session rows stay (their history is the transcript's, with its own retention). After
+    /// it, the turn id no longer answers and the key may start a new turn.
+    async fn delete_closed_identities(
+        &self,
+        closed_before: DateTime<Utc>,
+        batch: u64,
+    ) -> Result<u64>;
 }

@@ -11,6 +11,13 @@
 //!   resolver refuses to decide (SPEC §5), so it is refused here with `409 conflict`. The
 //!   rule is the resolver's own [`sb_orchestrator::bindings::conflicts`].
 //!
+//! # Routing
+//!
+//! `routing` is `scope` (the default: scope resolution may pick the agent) or `direct`: the
+//! agent is reached only when a request names it (`agent_id` on `POST /v1/events`, or a
+//! session created for it). A direct agent is never a scope candidate, so it conflicts with
+//! no agent: any number of them sit beside one workspace-wide agent.
+//!
 //! # Budgets
 //!
 //! `budgets` holds per-run budget overrides (SPEC §8): any of `max_model_calls`,
@@ -35,13 +42,13 @@ use sb_protocol::host::{
 };
 use sb_protocol::ids::AgentId;
 use sb_protocol::manifest::RunnerId;
-use sb_store::agents::{AgentRow, NewAgent};
+use sb_store::agents::{AgentRouting, AgentRow, NewAgent};
 use serde::{Deserialize, Serialize};
 use serde_json::{Map, Value, json};
 
-use super::{Items, epoch, parse_id};
+use super::{ListPage, PageQuery, epoch, page_by_key, parse_id};
 use crate::auth::Caller;
-use crate::error::{ApiError, ApiJson, ApiPath, ApiResult};
+use crate::error::{ApiError, ApiJson, ApiPath, ApiQuery, ApiResult};
 use crate::normalize::MAX_TYPE_LEN;
 use crate::state::AppState;
 
@@ -59,7 +66,7 @@ fn yes() -> bool {
 }
 
 /// Body of `POST /v1/agents`.
-#[derive(Debug, Deserialize)]
+#[derive(Debug, Deserialize, utoipa::ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct CreateAgent {
     /// Unique within the workspace.
@@ -80,6 +87,7 @@ pub struct CreateAgent {
     pub scope: AgentScope,
     /// Predicates on the event (see the resolver docs).
     #[serde(default)]
+    #[schema(value_type = Vec<Object>)]
     pub filters: Vec<EventFilter>,
     /// Resource grants.
     #[serde(default)]
@@ -98,10 +106,14 @@ pub struct CreateAgent {
     /// Whether the resolver considers it (default `true`).
     #[serde(default = "yes")]
     pub enabled: bool,
+    /// `scope` (default: scope resolution may pick it) or `direct` (reached only when a
+    /// request names it).
+    #[serde(default)]
+    pub routing: AgentRouting,
 }
 
 /// An agent as the API shows it.
-#[derive(Debug, Serialize)]
+#[derive(Debug, Serialize, utoipa::ToSchema)]
 pub struct AgentView {
     /// Id.
     pub agent_id: AgentId,
@@ -129,6 +141,8 @@ pub struct AgentView {
     pub budgets: Value,
     /// Enabled.
     pub enabled: bool,
+    /// `scope` or `direct`.
+    pub routing: AgentRouting,
     /// Epoch seconds.
     pub created_at: i64,
     /// Epoch seconds.
@@ -151,6 +165,7 @@ impl From<AgentRow> for AgentView {
             delivery_policy: r.delivery_policy,
             budgets: r.budgets,
             enabled: r.enabled,
+            routing: r.routing,
             created_at: epoch(r.created_at),
             updated_at: epoch(r.updated_at),
         }
@@ -158,17 +173,41 @@ impl From<AgentRow> for AgentView {
 }
 
 /// `GET /v1/agents`: every agent of the workspace, by name.
+#[utoipa::path(
+    get,
+    path = "/v1/agents",
+    tag = "agents",
+    params(PageQuery),
+    responses(
+        (status = 200, description = "The workspace's agents, by name", body = ListPage<AgentView>),
+    )
+)]
 pub async fn list_agents(
     State(state): State<AppState>,
     caller: Caller,
-) -> ApiResult<ApiJson<Items<AgentView>>> {
+    ApiQuery(q): ApiQuery<PageQuery>,
+) -> ApiResult<ApiJson<ListPage<AgentView>>> {
     let rows = state.stores().agents.list(&caller.workspace_id).await?;
-    Ok(ApiJson(Items {
-        items: rows.into_iter().map(AgentView::from).collect(),
-    }))
+    let items: Vec<AgentView> = rows.into_iter().map(AgentView::from).collect();
+    Ok(ApiJson(page_by_key(
+        items,
+        |a| (a.name.clone(), a.agent_id),
+        q.cursor.as_deref(),
+        state.page_limit(q.limit),
+    )?))
 }
 
 /// `GET /v1/agents/{id}`.
+#[utoipa::path(
+    get,
+    path = "/v1/agents/{id}",
+    tag = "agents",
+    params(("id" = String, Path, description = "Agent id")),
+    responses(
+        (status = 200, description = "The agent", body = AgentView),
+        (status = 404, description = "no such agent in the caller's workspace", body = crate::error::ErrorBody<'static>),
+    )
+)]
 pub async fn get_agent(
     State(state): State<AppState>,
     caller: Caller,
@@ -187,6 +226,16 @@ pub async fn get_agent(
 }
 
 /// `DELETE /v1/agents/{id}`: `204`, or `404` if there is no such agent.
+#[utoipa::path(
+    delete,
+    path = "/v1/agents/{id}",
+    tag = "agents",
+    params(("id" = String, Path, description = "Agent id")),
+    responses(
+        (status = 204, description = "Deleted"),
+        (status = 404, description = "no such agent in the caller's workspace", body = crate::error::ErrorBody<'static>),
+    )
+)]
 pub async fn delete_agent(
     State(state): State<AppState>,
     caller: Caller,
@@ -206,6 +255,18 @@ pub async fn delete_agent(
 }
 
 /// `POST /v1/agents`: `201` with the agent.
+#[utoipa::path(
+    post,
+    path = "/v1/agents",
+    tag = "agents",
+    request_body = CreateAgent,
+    responses(
+        (status = 201, description = "The new agent", body = AgentView),
+        (status = 400, description = "`invalid_argument`: a malformed body, path or query", body = crate::error::ErrorBody<'static>),
+        (status = 422, description = "`invalid_argument`: well-formed, but names something that cannot be used", body = crate::error::ErrorBody<'static>),
+        (status = 409, description = "`conflict`: its scope is ambiguous with another agent's", body = crate::error::ErrorBody<'static>),
+    )
+)]
 pub async fn create_agent(
     State(state): State<AppState>,
     caller: Caller,
@@ -227,6 +288,7 @@ pub async fn create_agent(
         delivery_policy: checked.delivery_policy,
         budgets: Value::Object(body.budgets),
         enabled: body.enabled,
+        routing: body.routing,
     };
     let row = state.stores().agents.create(new).await?;
     tracing::info!(agent_id = %row.id, runner_id = %row.runner_id, "agent created");
@@ -236,6 +298,20 @@ pub async fn create_agent(
 /// `PATCH /v1/agents/{id}`: the body holds the fields to change (same names and rules as
 /// `POST`); the merged agent is validated again as a whole, conflict check included (against
 /// the other agents).
+#[utoipa::path(
+    patch,
+    path = "/v1/agents/{id}",
+    tag = "agents",
+    params(("id" = String, Path, description = "Agent id")),
+    request_body(content = Object, description = "Fields of `CreateAgent` to change"),
+    responses(
+        (status = 200, description = "The changed agent", body = AgentView),
+        (status = 400, description = "`invalid_argument`: a malformed body, path or query", body = crate::error::ErrorBody<'static>),
+        (status = 404, description = "no such agent in the caller's workspace", body = crate::error::ErrorBody<'static>),
+        (status = 422, description = "`invalid_argument`: well-formed, but names something that cannot be used", body = crate::error::ErrorBody<'static>),
+        (status = 409, description = "`conflict`: the change makes its scope ambiguous", body = crate::error::ErrorBody<'static>),
+    )
+)]
 pub async fn update_agent(
     State(state): State<AppState>,
     caller: Caller,
@@ -284,6 +360,7 @@ pub async fn update_agent(
         delivery_policy: checked.delivery_policy,
         budgets: Value::Object(body.budgets),
         enabled: body.enabled,
+        routing: body.routing,
         ..row
     };
     let row = state.stores().agents.update(updated).await?;
@@ -336,7 +413,8 @@ async fn check(
         enabled: body.enabled,
         metadata: Map::new(),
     };
-    if config.enabled {
+    let config = AgentCandidate::new(config, body.filters.clone()).with_routing(body.routing);
+    if config.config.enabled && config.routing == AgentRouting::Scope {
         for row in state
             .stores()
             .agents
@@ -354,15 +432,16 @@ async fn check(
             if existing.filters.is_err() {
                 continue;
             }
-            if conflicts(&config, &existing.config) {
+            if conflicts(&config, &existing) {
                 return Err(ApiError::new(
                     ErrorCode::Conflict,
                     format!(
                         "agent {:?} ({}) already handles an overlapping event type at the same scope \
-                         specificity ({:?}); events would be ambiguous: narrow the scope or disable one",
+                         specificity ({:?}); events would be ambiguous: narrow the scope, disable one, or \
+                         create this one with `\"routing\": \"direct\"` (reached only by `agent_id` or a session)",
                         row.name,
                         row.id,
-                        config.scope.specificity()
+                        config.config.scope.specificity()
                     ),
                 ));
             }

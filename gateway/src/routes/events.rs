@@ -1,15 +1,51 @@
-//! `POST /v1/events` (ingest) and `GET /v1/events/{id}`.
+//! `POST /v1/events` (ingest), `GET /v1/events/{id}` and `GET /v1/events/{id}/wait`.
+//!
+//! # Addressing an agent
+//!
+//! `agent_id` names the agent that handles the event, whatever the scopes say (issue 14
+//! item 6): it must be an agent of the caller's workspace, enabled and subscribed to the
+//! event type, else the ingest is refused with `400 invalid_argument` before anything is
+//! stored. The envelope then carries `metadata.target {agent_id}` ([`EventTarget`]) and the
+//! orchestrator routes it to that agent (`binding.target_unavailable` if the agent was
+//! disabled or deleted before the event was routed). A `direct` agent (see
+//! `routes::agents`) is reachable only this way or through a session.
+//!
+//! # Delayed delivery
+//!
+//! `deliver_at` (SPEC §10.1) is an RFC 3339 time or epoch seconds ([`parse_deliver_at`]).
+//! In the future, the event is stored now (durably, with its idempotency key) as
+//! `scheduled`, and its outbox row is available only from that time: the outbox relay
+//! announces it then (within one `gateway.outbox_poll_interval`) and it is routed like any
+//! other. Absent, or not in the future, means now. More than
+//! `limits.deliver_at_max_delay` ahead is refused ([`delivery_time`]). The requested time
+//! is kept as `metadata.deliver_at` (RFC 3339, UTC), so it is part of the request's
+//! fingerprint, and a delayed ingest cannot be `?stream=true` (nothing would stream yet).
+//!
+//! # Routing is asynchronous; `run_id` and the wait
+//!
+//! Routing happens in an orchestrator (cluster mode) or in the embedded process's own
+//! orchestrator loop, after the outbox relay has announced the event: in **both** modes
+//! the `202` is answered once the event is durable, before it is routed. The answer
+//! carries `run_id` only when the run is already known at that moment (a replay of an
+//! event routed since); `GET /v1/events/{id}/wait?timeout_ms=` long-polls until the event
+//! is routed (`dispatched`, `claimed`, `unrouted` or `rejected`) and answers the event
+//! with its `run_id` / `claimed_by_run_id` and `reason`, or its current state at the
+//! timeout (`scheduled` and parked events are still unrouted then).
 
 use axum::extract::State;
 use axum::http::{HeaderMap, HeaderName, HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
-use chrono::Utc;
+use std::time::Duration;
+
+use chrono::{DateTime, SecondsFormat, Utc};
 use sb_common::telemetry::{Registry, names};
 use sb_orchestrator::scheduler::event_announcement;
-use sb_protocol::ids::EventId;
-use sb_store::events::{EventRecord, EventStatus, NewEvent};
+use sb_protocol::ids::{AgentId, EventId, RunId};
+use sb_store::events::{
+    DELIVER_AT_METADATA_KEY, EventRecord, EventStatus, EventTarget, NewEvent, TARGET_METADATA_KEY,
+};
 use serde::{Deserialize, Serialize};
-use serde_json::Value;
+use serde_json::{Map, Value};
 
 use super::{epoch, parse_id};
 use crate::auth::Caller;
@@ -26,7 +62,8 @@ pub const IDEMPOTENT_REPLAYED: HeaderName = HeaderName::from_static("idempotent-
 pub const EVENT_ID_HEADER: HeaderName = HeaderName::from_static("x-event-id");
 
 /// Query of `POST /v1/events`.
-#[derive(Debug, Default, Deserialize)]
+#[derive(Debug, Default, Deserialize, utoipa::IntoParams)]
+#[into_params(parameter_in = Query)]
 #[serde(deny_unknown_fields)]
 pub struct IngestQuery {
     /// Answer with the SSE stream of the run that handles the event.
@@ -35,15 +72,163 @@ pub struct IngestQuery {
 }
 
 /// `202` body of an ingest.
-#[derive(Debug, Serialize)]
+#[derive(Debug, Serialize, utoipa::ToSchema)]
 pub struct IngestResponse {
     /// The host event id.
     pub event_id: EventId,
-    /// Routing status at the time of the answer (`received` for a new event).
+    /// Routing status at the time of the answer (`received` for a new event, `scheduled`
+    /// for a delayed one).
     pub status: EventStatus,
+    /// The run handling the event, when it is already known (a replay of a routed event):
+    /// routing is asynchronous, `GET /v1/events/{id}/wait` gives it otherwise.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub run_id: Option<RunId>,
+    /// When a delayed event is routed, epoch seconds (absent: now).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub deliver_at: Option<i64>,
+}
+
+/// What an ingest request asks besides the event itself: the agent it names and when it is
+/// to be delivered, as parsed from the body ([`Addressing::parse`], pure).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Addressing {
+    /// The named agent.
+    pub target: Option<AgentId>,
+    /// The requested delivery time (possibly in the past: then it means now).
+    pub deliver_at: Option<DateTime<Utc>>,
+}
+
+impl Addressing {
+    /// Parses `agent_id` and `deliver_at` of a body (`400` messages name the field).
+    pub fn parse(body: &IngestRequest) -> ApiResult<Self> {
+        let target = match &body.agent_id {
+            Some(id) => Some(
+                id.parse::<AgentId>()
+                    .map_err(|_| ApiError::invalid(format!("invalid `agent_id`: no agent {id}")))?,
+            ),
+            None => None,
+        };
+        let deliver_at = match &body.deliver_at {
+            None | Some(Value::Null) => None,
+            Some(value) => Some(
+                parse_deliver_at(value)
+                    .map_err(|e| ApiError::invalid(format!("invalid `deliver_at`: {e}")))?,
+            ),
+        };
+        Ok(Self { target, deliver_at })
+    }
+
+    /// Records the addressing in an envelope's metadata (`target`, `deliver_at`), where the
+    /// orchestrator reads the target and the request fingerprint covers both.
+    pub fn apply(&self, metadata: &mut Map<String, Value>) {
+        if let Some(agent_id) = self.target {
+            if let Ok(value) = serde_json::to_value(EventTarget { agent_id }) {
+                metadata.insert(TARGET_METADATA_KEY.to_owned(), value);
+            }
+        }
+        if let Some(at) = self.deliver_at {
+            metadata.insert(
+                DELIVER_AT_METADATA_KEY.to_owned(),
+                Value::String(at.to_rfc3339_opts(SecondsFormat::Millis, true)),
+            );
+        }
+    }
+}
+
+/// Parses a `deliver_at`: an RFC 3339 string (any offset; `2026-01-01T09:00:00Z`) or epoch
+/// seconds (a non-negative number, fractions kept to the millisecond). Anything else is
+/// refused with what was expected.
+pub fn parse_deliver_at(value: &Value) -> Result<DateTime<Utc>, String> {
+    const EXPECTED: &str = "expected an RFC 3339 time (e.g. 2026-01-01T09:00:00Z) or epoch seconds";
+    match value {
+        Value::String(text) => DateTime::parse_from_rfc3339(text)
+            .map(|t| t.with_timezone(&Utc))
+            .map_err(|e| format!("{text:?} is not an RFC 3339 time ({e}); {EXPECTED}")),
+        Value::Number(n) => {
+            let secs = n
+                .as_f64()
+                .filter(|s| s.is_finite() && *s >= 0.0)
+                .ok_or_else(|| format!("{n} is not a non-negative number; {EXPECTED}"))?;
+            // Whole milliseconds; any representable time is far below i64::MAX ms.
+            #[allow(clippy::cast_possible_truncation)]
+            let millis = (secs * 1000.0).round() as i64;
+            DateTime::<Utc>::from_timestamp_millis(millis)
+                .ok_or_else(|| format!("{n} is out of range; {EXPECTED}"))
+        }
+        other => Err(format!("got {other}; {EXPECTED}")),
+    }
+}
+
+/// When a requested delivery happens: `Ok(None)` for now (absent, or not after `now`),
+/// `Ok(Some(at))` for a future time at most `max_delay` ahead, `400` beyond.
+pub fn delivery_time(
+    requested: Option<DateTime<Utc>>,
+    now: DateTime<Utc>,
+    max_delay: Duration,
+) -> ApiResult<Option<DateTime<Utc>>> {
+    let Some(at) = requested.filter(|at| *at > now) else {
+        return Ok(None);
+    };
+    let limit = chrono::TimeDelta::from_std(max_delay).unwrap_or(chrono::TimeDelta::MAX);
+    if at - now > limit {
+        return Err(ApiError::invalid(format!(
+            "invalid `deliver_at`: {} is more than {} in the future (limits.deliver_at_max_delay)",
+            at.to_rfc3339_opts(SecondsFormat::Secs, true),
+            format_args!("{}s", max_delay.as_secs())
+        )));
+    }
+    Ok(Some(at))
+}
+
+/// Checks the agent an ingest names: of the caller's workspace (another workspace's agent
+/// looks like none), enabled, and subscribed to `event_type`.
+pub(crate) async fn check_target(
+    state: &AppState,
+    caller: &Caller,
+    agent_id: AgentId,
+    event_type: &str,
+) -> ApiResult<()> {
+    let agent = state
+        .stores()
+        .agents
+        .get(&caller.workspace_id, agent_id)
+        .await?
+        .ok_or_else(|| ApiError::invalid(format!("invalid `agent_id`: no agent {agent_id}")))?;
+    if !agent.enabled {
+        return Err(ApiError::invalid(format!(
+            "invalid `agent_id`: agent {agent_id} is disabled"
+        )));
+    }
+    let handles = match &agent.event_types {
+        Value::Null => event_type == sb_protocol::host::event_types::MESSAGE_RECEIVED,
+        Value::Array(types) => types.iter().any(|t| t.as_str() == Some(event_type)),
+        _ => false,
+    };
+    if !handles {
+        return Err(ApiError::invalid(format!(
+            "invalid `agent_id`: agent {agent_id} does not handle event type {event_type:?} \
+             (its event_types: {})",
+            agent.event_types
+        )));
+    }
+    Ok(())
 }
 
 /// `POST /v1/events`: validate, normalize, store with its outbox row, answer `202`.
+#[utoipa::path(
+    post,
+    path = "/v1/events",
+    tag = "events",
+    params(IngestQuery, ("Idempotency-Key" = Option<String>, Header, description = "1-128 characters of `[A-Za-z0-9-_.:]`; the same key with the same body answers the first event, with another body `409`")),
+    request_body = IngestRequest,
+    responses(
+        (status = 202, description = "Accepted: the event is durable and will be routed", body = IngestResponse),
+        (status = 200, description = "With `stream=true`: the run's result stream (SSE, `x-event-id` header)", body = String, content_type = "text/event-stream"),
+        (status = 400, description = "`invalid_argument`: a malformed body, path or query", body = crate::error::ErrorBody<'static>),
+        (status = 409, description = "`conflict`: the idempotency key was used with another body", body = crate::error::ErrorBody<'static>),
+        (status = 413, description = "`payload_too_large`: the body is over the limit", body = crate::error::ErrorBody<'static>),
+    )
+)]
 pub async fn ingest(
     State(state): State<AppState>,
     caller: Caller,
@@ -59,6 +244,22 @@ pub async fn ingest(
         })?),
         None => None,
     };
+    let addressing = Addressing::parse(&body)?;
+    let now = Utc::now();
+    let delayed = delivery_time(
+        addressing.deliver_at,
+        now,
+        state.options().deliver_at_max_delay,
+    )?;
+    if delayed.is_some() && query.stream {
+        return Err(ApiError::invalid(
+            "invalid `deliver_at`: a delayed event cannot be answered with `?stream=true`; \
+             stream its run once it is routed (GET /v1/events/{id}/wait gives the run id)",
+        ));
+    }
+    if let Some(agent_id) = addressing.target {
+        check_target(&state, &caller, agent_id, &body.event_type).await?;
+    }
     // A streamed answer needs one of the key's stream slots: taken before anything is
     // stored, so a refused request (`429`) ingests nothing.
     let slot = if query.stream {
@@ -73,23 +274,28 @@ pub async fn ingest(
         state.options().normalize,
     );
     let mut new_artifact_id = || uuid::Uuid::new_v4().to_string();
-    let normalized = normalize(
+    let mut normalized = normalize(
         body,
         NormalizeContext {
             workspace_id: caller.workspace_id.clone(),
             event_id: EventId::new(),
-            now: Utc::now().timestamp(),
+            now: now.timestamp(),
             idempotency_header: header_key,
             limits: state.options().normalize,
             new_artifact_id: &mut new_artifact_id,
         },
     )
     .map_err(|e| ApiError::from_coded(&e))?;
+    addressing.apply(&mut normalized.envelope.metadata);
 
-    let outbox = event_announcement(state.topology(), &normalized.envelope);
+    let mut outbox = event_announcement(state.topology(), &normalized.envelope);
     let mut new_event = to_new_event(&normalized)?;
     if new_event.idempotency_key.is_some() {
         new_event.request_hash = fingerprint;
+    }
+    if let Some(at) = delayed {
+        new_event.status = EventStatus::Scheduled;
+        outbox.available_at = Some(at);
     }
 
     let (record, created) = state
@@ -126,6 +332,8 @@ pub async fn ingest(
             ApiJson(IngestResponse {
                 event_id: record.id,
                 status: record.status,
+                run_id: record.run_id,
+                deliver_at: deliver_at_of(&record.metadata).map(|t| t.timestamp()),
             }),
         )
             .into_response()
@@ -150,6 +358,7 @@ pub(crate) fn request_fingerprint(
     header_key: Option<&str>,
     limits: crate::normalize::NormalizeLimits,
 ) -> Option<String> {
+    let addressing = Addressing::parse(body).ok()?;
     let mut counter = 0_u64;
     let mut fixed_artifact_id = || {
         counter += 1;
@@ -167,7 +376,9 @@ pub(crate) fn request_fingerprint(
         },
     )
     .ok()?;
-    let bytes = serde_json::to_vec(&normalized.envelope).ok()?;
+    let mut envelope = normalized.envelope;
+    addressing.apply(&mut envelope.metadata);
+    let bytes = serde_json::to_vec(&envelope).ok()?;
     Some(fingerprint_bytes(&bytes))
 }
 
@@ -187,7 +398,7 @@ fn to_new_event(n: &Normalized) -> ApiResult<NewEvent> {
 }
 
 /// `GET /v1/events/{id}` body.
-#[derive(Debug, Serialize)]
+#[derive(Debug, Serialize, utoipa::ToSchema)]
 pub struct EventView {
     /// Host event id.
     pub event_id: EventId,
@@ -199,6 +410,10 @@ pub struct EventView {
     pub run_id: Option<String>,
     /// The active run that absorbed the event as steering input (`claimed`).
     pub claimed_by_run_id: Option<String>,
+    /// The agent the ingest named (`agent_id`), if any.
+    pub agent_id: Option<AgentId>,
+    /// The requested delivery time of a delayed event, epoch seconds.
+    pub deliver_at: Option<i64>,
     /// Event type.
     pub event_type: String,
     /// Source.
@@ -241,6 +456,12 @@ impl From<EventRecord> for EventView {
             reason: r.reason,
             run_id: r.run_id.map(|id| id.to_string()),
             claimed_by_run_id: r.claimed_by_run_id.map(|id| id.to_string()),
+            agent_id: r
+                .metadata
+                .as_object()
+                .and_then(EventTarget::from_metadata)
+                .map(|t| t.agent_id),
+            deliver_at: deliver_at_of(&r.metadata).map(|t| t.timestamp()),
             event_type: r.event_type,
             source: r.source,
             event_time: r.event_time.map(epoch),
@@ -262,6 +483,16 @@ impl From<EventRecord> for EventView {
 }
 
 /// `GET /v1/events/{id}`.
+#[utoipa::path(
+    get,
+    path = "/v1/events/{id}",
+    tag = "events",
+    params(("id" = String, Path, description = "Event id")),
+    responses(
+        (status = 200, description = "The event with its routing status", body = EventView),
+        (status = 404, description = "no such event in the caller's workspace", body = crate::error::ErrorBody<'static>),
+    )
+)]
 pub async fn get_event(
     State(state): State<AppState>,
     caller: Caller,
@@ -271,5 +502,234 @@ pub async fn get_event(
     match state.stores().events.get(event_id).await? {
         Some(record) if record.workspace_id == caller.workspace_id => Ok(ApiJson(record.into())),
         _ => Err(ApiError::not_found(format!("event {id} not found"))),
+    }
+}
+
+/// The requested delivery time kept in an event's metadata, if any.
+fn deliver_at_of(metadata: &Value) -> Option<DateTime<Utc>> {
+    metadata
+        .get(DELIVER_AT_METADATA_KEY)
+        .and_then(Value::as_str)
+        .and_then(|t| DateTime::parse_from_rfc3339(t).ok())
+        .map(|t| t.with_timezone(&Utc))
+}
+
+/// Longest `GET /v1/events/{id}/wait`, whatever `timeout_ms` asks.
+pub const MAX_WAIT: Duration = Duration::from_secs(60);
+/// `GET /v1/events/{id}/wait` without `timeout_ms`.
+pub const DEFAULT_WAIT: Duration = Duration::from_secs(30);
+/// How often a waiting request reads the event's routing state again.
+const WAIT_POLL: Duration = Duration::from_millis(20);
+
+/// Query of `GET /v1/events/{id}/wait`.
+#[derive(Debug, Default, Deserialize, utoipa::IntoParams)]
+#[into_params(parameter_in = Query)]
+#[serde(deny_unknown_fields)]
+pub struct WaitQuery {
+    /// How long to wait for the event to be routed, in milliseconds (default 30 000, at
+    /// most 60 000).
+    pub timeout_ms: Option<u64>,
+}
+
+/// Whether routing is done with an event in `status`: it started a run, was absorbed by one,
+/// or will start none. `received` (not routed yet, or parked by an `enqueue` policy) and
+/// `scheduled` (not due yet) are still waiting.
+#[must_use]
+pub fn is_routed(status: EventStatus) -> bool {
+    !matches!(status, EventStatus::Received | EventStatus::Scheduled)
+}
+
+/// `GET /v1/events/{id}/wait`: the event once routed (see [`is_routed`]), or as it stands
+/// at the timeout. Only reads. Holds one of the key's stream slots while it waits, as a
+/// long-lived request.
+#[utoipa::path(
+    get,
+    path = "/v1/events/{id}/wait",
+    tag = "events",
+    params(("id" = String, Path, description = "Event id"), WaitQuery),
+    responses(
+        (status = 200, description = "The event once routed, or as it is at the timeout", body = EventView),
+        (status = 404, description = "no such event in the caller's workspace", body = crate::error::ErrorBody<'static>),
+    )
+)]
+pub async fn wait_event(
+    State(state): State<AppState>,
+    caller: Caller,
+    ApiPath(id): ApiPath<String>,
+    ApiQuery(q): ApiQuery<WaitQuery>,
+) -> ApiResult<ApiJson<EventView>> {
+    let event_id: EventId = parse_id("event", &id)?;
+    let not_found = || ApiError::not_found(format!("event {id} not found"));
+    let events = &state.stores().events;
+    let routing = events.routing(event_id).await?.ok_or_else(not_found)?;
+    if routing.workspace_id != caller.workspace_id {
+        return Err(not_found());
+    }
+    let _slot = state.key_limits().open_stream(caller.key_id)?;
+    let timeout = q
+        .timeout_ms
+        .map_or(DEFAULT_WAIT, Duration::from_millis)
+        .min(MAX_WAIT);
+    let deadline = tokio::time::Instant::now() + timeout;
+    let shutdown = state.shutdown().token();
+    let mut status = routing.status;
+    loop {
+        let now = tokio::time::Instant::now();
+        if is_routed(status) || now >= deadline || shutdown.is_cancelled() {
+            let record = events.get(event_id).await?.ok_or_else(not_found)?;
+            return Ok(ApiJson(record.into()));
+        }
+        tokio::select! {
+            () = tokio::time::sleep(WAIT_POLL.min(deadline - now)) => {}
+            () = shutdown.cancelled() => {}
+        }
+        status = events
+            .routing(event_id)
+            .await?
+            .ok_or_else(not_found)?
+            .status;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use chrono::TimeZone as _;
+    use serde_json::json;
+
+    #[test]
+    fn deliver_at_reads_rfc3339_and_epoch_seconds() {
+        let at = Utc.with_ymd_and_hms(2026, 1, 1, 9, 0, 0).unwrap();
+        assert_eq!(parse_deliver_at(&json!("2026-01-01T09:00:00Z")), Ok(at));
+        assert_eq!(
+            parse_deliver_at(&json!("2026-01-01T10:00:00+01:00")),
+            Ok(at)
+        );
+        assert_eq!(parse_deliver_at(&json!(at.timestamp())), Ok(at));
+        assert_eq!(
+            parse_deliver_at(&json!(1.5)).unwrap().timestamp_millis(),
+            1500
+        );
+        for bad in [
+            json!("tomorrow"),
+            json!("2026-01-01 09:00"),
+            json!(-1),
+            json!(true),
+            json!({"at": 1}),
+            json!(1e300),
+        ] {
+            let err = parse_deliver_at(&bad).unwrap_err();
+            assert!(err.contains("RFC 3339"), "{bad}: {err}");
+        }
+    }
+
+    #[test]
+    fn delivery_is_now_unless_in_the_future_and_bounded() {
+        let now = Utc.with_ymd_and_hms(2026, 1, 1, 0, 0, 0).unwrap();
+        let max = Duration::from_secs(3600);
+        assert_eq!(delivery_time(None, now, max).unwrap(), None);
+        let past = now - chrono::TimeDelta::seconds(5);
+        assert_eq!(delivery_time(Some(past), now, max).unwrap(), None);
+        assert_eq!(
+            delivery_time(Some(now), now, max).unwrap(),
+            None,
+            "now is not later"
+        );
+        let soon = now + chrono::TimeDelta::seconds(2);
+        assert_eq!(delivery_time(Some(soon), now, max).unwrap(), Some(soon));
+        let edge = now + chrono::TimeDelta::seconds(3600);
+        assert_eq!(delivery_time(Some(edge), now, max).unwrap(), Some(edge));
+        let err = delivery_time(Some(edge + chrono::TimeDelta::seconds(1)), now, max).unwrap_err();
+        assert_eq!(err.code(), sb_protocol::error::ErrorCode::InvalidArgument);
+        assert!(
+            err.message().contains("deliver_at_max_delay"),
+            "{}",
+            err.message()
+        );
+    }
+
+    fn body(extra: Value) -> IngestRequest {
+        let mut v =
+            json!({"event_type": "message.received", "source": "api", "input": {"text": "hi"}});
+        for (k, val) in extra.as_object().unwrap() {
+            v[k] = val.clone();
+        }
+        serde_json::from_value(v).unwrap()
+    }
+
+    #[test]
+    fn addressing_is_parsed_recorded_and_fingerprinted() {
+        let agent = AgentId::new();
+        let a = Addressing::parse(&body(json!({
+            "agent_id": agent.to_string(),
+            "deliver_at": "2026-01-01T09:00:00.250Z",
+        })))
+        .unwrap();
+        assert_eq!(a.target, Some(agent));
+        let mut metadata = Map::new();
+        a.apply(&mut metadata);
+        assert_eq!(metadata["target"], json!({"agent_id": agent.to_string()}));
+        assert_eq!(metadata["deliver_at"], "2026-01-01T09:00:00.250Z");
+        assert_eq!(
+            EventTarget::from_metadata(&metadata).map(|t| t.agent_id),
+            Some(agent)
+        );
+        assert_eq!(
+            deliver_at_of(&Value::Object(metadata))
+                .unwrap()
+                .timestamp_millis()
+                % 1000,
+            250
+        );
+        assert_eq!(
+            Addressing::parse(&body(json!({}))).unwrap(),
+            Addressing::default()
+        );
+        assert_eq!(
+            Addressing::parse(&body(json!({"deliver_at": null}))).unwrap(),
+            Addressing::default()
+        );
+        let err = Addressing::parse(&body(json!({"agent_id": "nope"}))).unwrap_err();
+        assert!(err.message().contains("`agent_id`"), "{}", err.message());
+        let err = Addressing::parse(&body(json!({"deliver_at": "soon"}))).unwrap_err();
+        assert!(err.message().contains("`deliver_at`"), "{}", err.message());
+
+        // The same event to another agent, or at another time, is another request.
+        let fp = |extra: Value| {
+            request_fingerprint(
+                &body(extra),
+                sb_protocol::ids::WorkspaceId::default_workspace(),
+                Some("k"),
+                crate::normalize::NormalizeLimits::default(),
+            )
+            .unwrap()
+        };
+        let plain = fp(json!({}));
+        let to_agent = fp(json!({"agent_id": agent.to_string()}));
+        assert_ne!(plain, to_agent);
+        assert_eq!(to_agent, fp(json!({"agent_id": agent.to_string()})));
+        assert_ne!(
+            fp(json!({"deliver_at": 100})),
+            fp(json!({"deliver_at": 200}))
+        );
+        assert_eq!(
+            fp(json!({"deliver_at": 100})),
+            fp(json!({"deliver_at": "1970-01-01T00:01:40Z"})),
+            "one time, two spellings"
+        );
+    }
+
+    #[test]
+    fn routed_statuses() {
+        assert!(!is_routed(EventStatus::Received));
+        assert!(!is_routed(EventStatus::Scheduled));
+        for s in [
+            EventStatus::Dispatched,
+            EventStatus::Claimed,
+            EventStatus::Unrouted,
+            EventStatus::Rejected,
+        ] {
+            assert!(is_routed(s), "{s}");
+        }
     }
 }

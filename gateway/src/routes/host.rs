@@ -54,7 +54,7 @@ use crate::error::{ApiError, ApiJson, ApiPath, ApiResult};
 use crate::state::AppState;
 
 /// Body of `POST /v1/host/{action}`.
-#[derive(Debug, Deserialize)]
+#[derive(Debug, Deserialize, utoipa::ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct HostCall {
     /// The run the call is made for; the bearer token must be this run's.
@@ -65,7 +65,7 @@ pub struct HostCall {
 }
 
 /// A successful answer.
-#[derive(Debug, Serialize)]
+#[derive(Debug, Serialize, utoipa::ToSchema)]
 pub struct HostAnswer {
     /// What the action returned (the `data` of an `api_result` on the stdio wire).
     pub data: Value,
@@ -115,6 +115,17 @@ fn authenticate(snapshot: &AuthorizationSnapshot, token: &str) -> Result<CallerI
 const NO_SESSION_DIGEST: &str = "0000000000000000000000000000000000000000000000000000000000000000";
 
 /// `POST /v1/host/{action}`.
+#[utoipa::path(
+    post,
+    path = "/v1/host/{action}",
+    tag = "host",
+    params(("action" = String, Path, description = "Host API action, e.g. `model.generate`")),
+    request_body = HostCall,
+    responses(
+        (status = 200, description = "The action's answer", body = HostAnswer),
+        (status = 400, description = "Refused by the Host API pipeline (runner error shape: `retryable`, `details`)", body = crate::error::ErrorBody<'static>),
+    )
+)]
 pub async fn call(
     State(state): State<AppState>,
     action: Result<ApiPath<String>, ApiError>,

@@ -19,13 +19,13 @@ use sb_store::{ApiKeyRecord, ApiKeyRole};
 use serde::{Deserialize, Serialize};
 use uuid::Uuid;
 
-use super::{Items, epoch, parse_id};
+use super::{ListPage, PageQuery, epoch, page_by_key, parse_id};
 use crate::auth::{Caller, announce_revocation};
-use crate::error::{ApiError, ApiJson, ApiPath, ApiResult};
+use crate::error::{ApiError, ApiJson, ApiPath, ApiQuery, ApiResult};
 use crate::state::AppState;
 
 /// Body of `POST /v1/keys`.
-#[derive(Debug, Deserialize)]
+#[derive(Debug, Deserialize, utoipa::ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct CreateKey {
     /// Label, to tell keys apart in listings (at most 255 characters).
@@ -36,7 +36,7 @@ pub struct CreateKey {
 }
 
 /// A key as listed (no secret, no hash).
-#[derive(Debug, Serialize)]
+#[derive(Debug, Serialize, utoipa::ToSchema)]
 pub struct KeyView {
     /// Key id (`DELETE /v1/keys/{key_id}`).
     pub key_id: Uuid,
@@ -70,7 +70,7 @@ impl KeyView {
 }
 
 /// `201` body of `POST /v1/keys`: the key, shown this once.
-#[derive(Debug, Serialize)]
+#[derive(Debug, Serialize, utoipa::ToSchema)]
 pub struct CreatedKey {
     /// The secret (`Authorization: Bearer <key>`). Not stored; not shown again.
     pub key: String,
@@ -80,24 +80,48 @@ pub struct CreatedKey {
 }
 
 /// `GET /v1/keys`: the workspace's keys, revoked ones included, oldest first.
+#[utoipa::path(
+    get,
+    path = "/v1/keys",
+    tag = "keys",
+    params(PageQuery),
+    responses(
+        (status = 200, description = "The workspace's keys, revoked ones included, oldest first", body = ListPage<KeyView>),
+    )
+)]
 pub async fn list_keys(
     State(state): State<AppState>,
     caller: Caller,
-) -> ApiResult<ApiJson<Items<KeyView>>> {
+    ApiQuery(q): ApiQuery<PageQuery>,
+) -> ApiResult<ApiJson<ListPage<KeyView>>> {
     let keys = state
         .stores()
         .tenancy
         .list_api_keys(&caller.workspace_id)
         .await?;
-    Ok(ApiJson(Items {
-        items: keys
-            .into_iter()
-            .map(|record| KeyView::new(record, &caller))
-            .collect(),
-    }))
+    let items: Vec<KeyView> = keys
+        .into_iter()
+        .map(|record| KeyView::new(record, &caller))
+        .collect();
+    Ok(ApiJson(page_by_key(
+        items,
+        |k| (k.created_at, k.key_id),
+        q.cursor.as_deref(),
+        state.page_limit(q.limit),
+    )?))
 }
 
 /// `POST /v1/keys`: `201` with the new key's secret.
+#[utoipa::path(
+    post,
+    path = "/v1/keys",
+    tag = "keys",
+    request_body = CreateKey,
+    responses(
+        (status = 201, description = "The new key with its secret (shown only once)", body = CreatedKey),
+        (status = 400, description = "`invalid_argument`: a malformed body, path or query", body = crate::error::ErrorBody<'static>),
+    )
+)]
 pub async fn create_key(
     State(state): State<AppState>,
     caller: Caller,
@@ -133,6 +157,16 @@ pub async fn create_key(
 /// `DELETE /v1/keys/{id}`: `204` once the key is revoked and every gateway told; `404` for
 /// a key that is not the workspace's; `503` when the revocation is recorded but could not be
 /// announced (see the module docs). Revoking a revoked key announces again and answers `204`.
+#[utoipa::path(
+    delete,
+    path = "/v1/keys/{id}",
+    tag = "keys",
+    params(("id" = String, Path, description = "Key id")),
+    responses(
+        (status = 204, description = "Revoked"),
+        (status = 404, description = "no such key in the caller's workspace", body = crate::error::ErrorBody<'static>),
+    )
+)]
 pub async fn revoke_key(
     State(state): State<AppState>,
     caller: Caller,

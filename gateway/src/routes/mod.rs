@@ -1,6 +1,7 @@
 //! Handlers, one file per resource. Shared helpers for views live here.
 
 pub mod agents;
+pub mod artifacts;
 pub mod conversations;
 pub mod events;
 pub mod health;
@@ -16,27 +17,74 @@ pub mod turns;
 use std::str::FromStr;
 
 use chrono::{DateTime, Utc};
-use serde::Serialize;
+use serde::de::DeserializeOwned;
+use serde::{Deserialize, Serialize};
 
 use crate::error::ApiError;
 
 /// A page of a list endpoint: `{items, next_cursor, has_more}`. `next_cursor` is opaque and
 /// set only when `has_more`.
-#[derive(Debug, Serialize)]
+#[derive(Debug, Serialize, utoipa::ToSchema)]
 pub struct ListPage<T> {
     /// The items.
     pub items: Vec<T>,
-    /// Pass as `cursor` (or `after_sequence` for run events) to get the next page.
+    /// Pass as `cursor` to get the next page.
     pub next_cursor: Option<String>,
     /// More items exist past this page.
     pub has_more: bool,
 }
 
-/// A list without paging: `{items}`.
-#[derive(Debug, Serialize)]
-pub struct Items<T> {
-    /// The items.
-    pub items: Vec<T>,
+/// The paging query every list endpoint takes: `?limit=&cursor=`.
+#[derive(Debug, Default, Deserialize, utoipa::IntoParams)]
+#[into_params(parameter_in = Query)]
+#[serde(deny_unknown_fields)]
+pub struct PageQuery {
+    /// Continue after this cursor (the `next_cursor` of the previous page).
+    pub cursor: Option<String>,
+    /// Page size (default `limits.page_size_default`), clamped to [1, `limits.page_size_max`].
+    pub limit: Option<u64>,
+}
+
+/// Pages a list the store reads whole: a workspace's registry (agents, keys, models, tools,
+/// knowledge bases, documents, runners), which an administrator configures and so stays
+/// small. It pages exactly like the store-paged lists: ordered by a unique `key`, `cursor` is
+/// the key of the last item of the previous page (JSON, opaque to clients), so an item that
+/// exists on both reads is neither repeated nor skipped when others are added or removed in
+/// between.
+pub(crate) fn page_by_key<T, K>(
+    mut items: Vec<T>,
+    key: impl Fn(&T) -> K,
+    cursor: Option<&str>,
+    limit: u64,
+) -> Result<ListPage<T>, ApiError>
+where
+    K: Ord + Serialize + DeserializeOwned,
+{
+    items.sort_by_key(&key);
+    let start = match cursor {
+        Some(cursor) => {
+            let after: K = serde_json::from_str(cursor).map_err(|_| {
+                ApiError::invalid("invalid `cursor`: pass a `next_cursor` back as is")
+            })?;
+            items.partition_point(|item| key(item) <= after)
+        }
+        None => 0,
+    };
+    let limit = usize::try_from(limit).unwrap_or(usize::MAX);
+    let mut items = items.split_off(start.min(items.len()));
+    let has_more = items.len() > limit;
+    items.truncate(limit);
+    let next_cursor = match items.last() {
+        Some(last) if has_more => {
+            Some(serde_json::to_string(&key(last)).map_err(ApiError::internal)?)
+        }
+        _ => None,
+    };
+    Ok(ListPage {
+        items,
+        next_cursor,
+        has_more,
+    })
 }
 
 /// Timestamps on the wire are epoch seconds (DESIGN-NOTES, Time).

@@ -5,13 +5,13 @@ use axum::extract::State;
 use serde::Serialize;
 use serde_json::Value;
 
-use super::{Items, epoch};
+use super::{ListPage, PageQuery, epoch, page_by_key};
 use crate::auth::Caller;
-use crate::error::{ApiJson, ApiResult};
+use crate::error::{ApiJson, ApiQuery, ApiResult};
 use crate::state::AppState;
 
 /// A registered runner.
-#[derive(Debug, Serialize)]
+#[derive(Debug, Serialize, utoipa::ToSchema)]
 pub struct RunnerView {
     /// `plugin:<author>/<plugin>/<runner>`.
     pub runner_id: String,
@@ -28,22 +28,36 @@ pub struct RunnerView {
 }
 
 /// `GET /v1/runners`, by id.
+#[utoipa::path(
+    get,
+    path = "/v1/runners",
+    tag = "runners",
+    params(PageQuery),
+    responses(
+        (status = 200, description = "Registered runners, by id", body = ListPage<RunnerView>),
+    )
+)]
 pub async fn list_runners(
     State(state): State<AppState>,
     _caller: Caller,
-) -> ApiResult<ApiJson<Items<RunnerView>>> {
+    ApiQuery(q): ApiQuery<PageQuery>,
+) -> ApiResult<ApiJson<ListPage<RunnerView>>> {
     let rows = state.stores().runners.list().await?;
-    Ok(ApiJson(Items {
-        items: rows
-            .into_iter()
-            .map(|r| RunnerView {
-                runner_id: r.id,
-                plugin_id: r.plugin_id,
-                pool: r.pool,
-                version: r.version,
-                descriptor: r.descriptor,
-                seen_at: epoch(r.seen_at),
-            })
-            .collect(),
-    }))
+    let items: Vec<RunnerView> = rows
+        .into_iter()
+        .map(|r| RunnerView {
+            runner_id: r.id,
+            plugin_id: r.plugin_id,
+            pool: r.pool,
+            version: r.version,
+            descriptor: r.descriptor,
+            seen_at: epoch(r.seen_at),
+        })
+        .collect();
+    Ok(ApiJson(page_by_key(
+        items,
+        |r| r.runner_id.clone(),
+        q.cursor.as_deref(),
+        state.page_limit(q.limit),
+    )?))
 }

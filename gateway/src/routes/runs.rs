@@ -28,7 +28,7 @@ use crate::state::AppState;
 use crate::stream::{record_to_result, run_stream};
 
 /// A run as the API shows it.
-#[derive(Debug, Serialize)]
+#[derive(Debug, Serialize, utoipa::ToSchema)]
 pub struct RunView {
     /// Run id.
     pub run_id: RunId,
@@ -75,7 +75,7 @@ pub struct RunView {
 }
 
 /// Why a run did not complete.
-#[derive(Debug, Serialize)]
+#[derive(Debug, Serialize, utoipa::ToSchema)]
 pub struct RunErrorView {
     /// Failure code (`runner.crashed`, `timeout`, …).
     pub code: Option<String>,
@@ -125,6 +125,16 @@ pub(crate) async fn load_run(state: &AppState, caller: &Caller, id: &str) -> Api
 }
 
 /// `GET /v1/runs/{id}`.
+#[utoipa::path(
+    get,
+    path = "/v1/runs/{id}",
+    tag = "runs",
+    params(("id" = String, Path, description = "Run id")),
+    responses(
+        (status = 200, description = "The run", body = RunView),
+        (status = 404, description = "no such run in the caller's workspace", body = crate::error::ErrorBody<'static>),
+    )
+)]
 pub async fn get_run(
     State(state): State<AppState>,
     caller: Caller,
@@ -134,7 +144,8 @@ pub async fn get_run(
 }
 
 /// Query of `GET /v1/runs`.
-#[derive(Debug, Default, Deserialize)]
+#[derive(Debug, Default, Deserialize, utoipa::IntoParams)]
+#[into_params(parameter_in = Query)]
 #[serde(deny_unknown_fields)]
 pub struct ListRunsQuery {
     /// Only this conversation.
@@ -152,6 +163,16 @@ pub struct ListRunsQuery {
 }
 
 /// `GET /v1/runs`: newest first.
+#[utoipa::path(
+    get,
+    path = "/v1/runs",
+    tag = "runs",
+    params(ListRunsQuery),
+    responses(
+        (status = 200, description = "Runs, newest first", body = ListPage<RunView>),
+        (status = 400, description = "`invalid_argument`: a malformed body, path or query", body = crate::error::ErrorBody<'static>),
+    )
+)]
 pub async fn list_runs(
     State(state): State<AppState>,
     caller: Caller,
@@ -189,27 +210,72 @@ pub async fn list_runs(
 }
 
 /// Query of `GET /v1/runs/{id}/events`.
-#[derive(Debug, Default, Deserialize)]
+#[derive(Debug, Default, Deserialize, utoipa::IntoParams)]
+#[into_params(parameter_in = Query)]
 #[serde(deny_unknown_fields)]
 pub struct RunEventsQuery {
     /// Only items with a greater sequence (default 0: from the start).
     #[serde(default)]
     pub after_sequence: u64,
+    /// Continue after this cursor (the `next_cursor` of the previous page: the sequence of
+    /// its last item); instead of `after_sequence`, so this list pages like every other.
+    pub cursor: Option<String>,
     /// Page size, clamped to [1, 100].
     pub limit: Option<u64>,
 }
 
+/// `GET /v1/runs/{id}/events` body: a page of result items (`items`, `next_cursor`,
+/// `has_more`), and what retention took.
+#[derive(Debug, Serialize, utoipa::ToSchema)]
+pub struct RunEventsPage {
+    /// The page.
+    #[serde(flatten)]
+    pub page: ListPage<AgentRunResult>,
+    /// Retention deleted the run's items (`retention.run_results` after it ended).
+    pub expired: bool,
+    /// Items after `after_sequence` existed and are gone (retention): the page does not
+    /// continue where the caller left off. Read the run instead; it is never re-run.
+    pub gap: bool,
+}
+
+/// Whether retention took items of `run` that a read after `after` should have returned:
+/// its items were deleted, and the read did not start right after `after` (`first` is the
+/// first sequence read) although the run had more. Pure.
+pub(crate) fn retention_gap(run: &RunRecord, after: i64, first: Option<i64>) -> bool {
+    run.events_expired_at.is_some()
+        && match first {
+            Some(first) => first > after + 1,
+            None => run.last_sequence > after,
+        }
+}
+
 /// `GET /v1/runs/{id}/events`: result items after a sequence, ascending. `next_cursor` is
 /// the sequence to pass as `after_sequence` for the next page (set when `has_more`).
+#[utoipa::path(
+    get,
+    path = "/v1/runs/{id}/events",
+    tag = "runs",
+    params(("id" = String, Path, description = "Run id"), RunEventsQuery),
+    responses(
+        (status = 200, description = "Result items after a sequence, ascending", body = ListPage<AgentRunResult>),
+        (status = 404, description = "no such run in the caller's workspace", body = crate::error::ErrorBody<'static>),
+    )
+)]
 pub async fn run_events(
     State(state): State<AppState>,
     caller: Caller,
     ApiPath(id): ApiPath<String>,
     ApiQuery(q): ApiQuery<RunEventsQuery>,
-) -> ApiResult<ApiJson<ListPage<AgentRunResult>>> {
+) -> ApiResult<ApiJson<RunEventsPage>> {
     let run = load_run(&state, &caller, &id).await?;
     let limit = state.page_limit(q.limit);
-    let after = i64::try_from(q.after_sequence)
+    let after_sequence = match q.cursor.as_deref() {
+        Some(cursor) => cursor
+            .parse::<u64>()
+            .map_err(|_| ApiError::invalid("invalid `cursor`: pass a `next_cursor` back as is"))?,
+        None => q.after_sequence,
+    };
+    let after = i64::try_from(after_sequence)
         .map_err(|_| ApiError::invalid("`after_sequence` is too large"))?;
     // One extra row tells whether there is more.
     let mut records = state
@@ -219,21 +285,27 @@ pub async fn run_events(
         .await?;
     let has_more = records.len() as u64 > limit;
     records.truncate(usize::try_from(limit).unwrap_or(usize::MAX));
+    let gap = retention_gap(&run, after, records.first().map(|r| r.sequence));
     let items: Vec<AgentRunResult> = records.iter().map(record_to_result).collect();
     let next_cursor = if has_more {
         items.last().and_then(|r| r.sequence).map(|s| s.to_string())
     } else {
         None
     };
-    Ok(ApiJson(ListPage {
-        items,
-        next_cursor,
-        has_more,
+    Ok(ApiJson(RunEventsPage {
+        page: ListPage {
+            items,
+            next_cursor,
+            has_more,
+        },
+        expired: run.events_expired_at.is_some(),
+        gap,
     }))
 }
 
 /// Query of `GET /v1/runs/{id}/stream`.
-#[derive(Debug, Default, Deserialize)]
+#[derive(Debug, Default, Deserialize, utoipa::IntoParams)]
+#[into_params(parameter_in = Query)]
 #[serde(deny_unknown_fields)]
 pub struct StreamQuery {
     /// Start after this sequence (default 0).
@@ -244,6 +316,16 @@ pub struct StreamQuery {
 /// `GET /v1/runs/{id}/stream`: SSE of the run's results after `after_sequence` or the
 /// `Last-Event-ID` header (whichever is further: a reconnecting `EventSource` repeats the
 /// original URL and adds the header).
+#[utoipa::path(
+    get,
+    path = "/v1/runs/{id}/stream",
+    tag = "runs",
+    params(("id" = String, Path, description = "Run id"), StreamQuery, ("Last-Event-ID" = Option<String>, Header, description = "Resume after this sequence (wins over `after_sequence`)")),
+    responses(
+        (status = 200, description = "Server-sent events: one `AgentRunResult` per frame, closed after the terminal item", body = String, content_type = "text/event-stream"),
+        (status = 404, description = "no such run in the caller's workspace", body = crate::error::ErrorBody<'static>),
+    )
+)]
 pub async fn stream_run(
     State(state): State<AppState>,
     caller: Caller,
@@ -270,7 +352,7 @@ pub async fn stream_run(
 }
 
 /// Body of `POST /v1/runs/{id}/cancel` (optional).
-#[derive(Debug, Default, Deserialize)]
+#[derive(Debug, Default, Deserialize, utoipa::ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct CancelRequest {
     /// Why (kept with the run, passed to the runner). Default `cancelled via api`.
@@ -279,7 +361,7 @@ pub struct CancelRequest {
 }
 
 /// Answer of a cancel request.
-#[derive(Debug, Serialize)]
+#[derive(Debug, Serialize, utoipa::ToSchema)]
 pub struct CancelResponse {
     /// The run.
     pub run_id: RunId,
@@ -301,6 +383,18 @@ const CANCEL_FLAG_SLACK: Duration = Duration::from_secs(3600);
 /// request wins), sets the session-store cancel flag (read by a worker before it starts the
 /// run), then publishes `cancel.<run_id>` on `switchboard.control` for the worker holding it.
 /// `202` when the run was active, `200 {cancelled: false}` when it had already ended.
+#[utoipa::path(
+    post,
+    path = "/v1/runs/{id}/cancel",
+    tag = "runs",
+    params(("id" = String, Path, description = "Run id")),
+    request_body = Option<CancelRequest>,
+    responses(
+        (status = 202, description = "Cancellation requested", body = CancelResponse),
+        (status = 200, description = "The run had already ended; nothing changed", body = CancelResponse),
+        (status = 404, description = "no such run in the caller's workspace", body = crate::error::ErrorBody<'static>),
+    )
+)]
 pub async fn cancel_run(
     State(state): State<AppState>,
     caller: Caller,

@@ -1,4 +1,11 @@
-//! `POST/GET /v1/schedules`, `GET/DELETE /v1/schedules/{id}` (SPEC §10.1).
+//! `POST/GET /v1/schedules`, `GET/PATCH/DELETE /v1/schedules/{id}` (SPEC §10.1).
+//!
+//! `PATCH` edits a schedule: its body holds the fields to change (`name`, `kind`, `spec`,
+//! `event`, `enabled`), merged over the current ones and validated as a create body.
+//! `{"enabled": false}` pauses (no firing while paused, `next_fire_at` is `null`);
+//! `{"enabled": true}` resumes, with the next fire time computed from now, so the periods
+//! missed while paused are not caught up ([`sb_store::schedules::next_fire_after_edit`]).
+//! A `once` schedule that has fired resumes only with a new `spec`.
 //!
 //! A schedule's `event` is validated and normalized exactly as a `POST /v1/events` body
 //! ([`crate::normalize`]) when the schedule is created; the orchestrator's scheduler
@@ -12,9 +19,9 @@ use axum::http::StatusCode;
 use axum::response::IntoResponse;
 use chrono::Utc;
 use sb_protocol::ids::EventId;
-use sb_store::{NewSchedule, ScheduleKind, ScheduleRecord, ScheduledEvent};
+use sb_store::{NewSchedule, ScheduleEdit, ScheduleKind, ScheduleRecord, ScheduledEvent};
 use serde::{Deserialize, Serialize};
-use serde_json::Value;
+use serde_json::{Map, Value};
 use uuid::Uuid;
 
 use super::{ListPage, epoch, parse_id};
@@ -24,7 +31,7 @@ use crate::normalize::{IngestRequest, NormalizeContext, normalize};
 use crate::state::AppState;
 
 /// Body of `POST /v1/schedules`.
-#[derive(Debug, Deserialize)]
+#[derive(Debug, Deserialize, utoipa::ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct CreateSchedule {
     /// Optional label.
@@ -47,7 +54,7 @@ fn enabled_by_default() -> bool {
 }
 
 /// A schedule on the wire.
-#[derive(Debug, Serialize)]
+#[derive(Debug, Serialize, utoipa::ToSchema)]
 pub struct ScheduleView {
     /// Host-generated id.
     pub schedule_id: Uuid,
@@ -95,7 +102,11 @@ impl From<ScheduleRecord> for ScheduleView {
 
 /// Validates a schedule's `event` as `POST /v1/events` validates a body, naming the field
 /// as `event.<field>`, and returns the template every firing copies.
-fn scheduled_event(state: &AppState, caller: &Caller, event: Value) -> ApiResult<ScheduledEvent> {
+async fn scheduled_event(
+    state: &AppState,
+    caller: &Caller,
+    event: Value,
+) -> ApiResult<ScheduledEvent> {
     if !event.is_object() {
         return Err(ApiError::invalid("invalid `event`: expected an object"));
     }
@@ -111,8 +122,20 @@ fn scheduled_event(state: &AppState, caller: &Caller, event: Value) -> ApiResult
             "invalid `event.event_time`: every firing is stamped with its own time",
         ));
     }
+    if request.deliver_at.is_some() {
+        return Err(ApiError::invalid(
+            "invalid `event.deliver_at`: the schedule says when its events are delivered",
+        ));
+    }
+    // A schedule may address an agent like an ingest does (checked now, applied to every
+    // firing).
+    let addressing = super::events::Addressing::parse(&request)
+        .map_err(|e| ApiError::invalid(e.message().replacen("invalid `", "invalid `event.", 1)))?;
+    if let Some(agent_id) = addressing.target {
+        super::events::check_target(state, caller, agent_id, &request.event_type).await?;
+    }
     let mut new_artifact_id = || Uuid::new_v4().to_string();
-    let normalized = normalize(
+    let mut normalized = normalize(
         request,
         NormalizeContext {
             workspace_id: caller.workspace_id.clone(),
@@ -125,6 +148,7 @@ fn scheduled_event(state: &AppState, caller: &Caller, event: Value) -> ApiResult
         },
     )
     .map_err(|e| ApiError::invalid(format!("invalid `event.{}`: {}", e.field, e.reason)))?;
+    addressing.apply(&mut normalized.envelope.metadata);
     Ok(ScheduledEvent {
         request: event,
         envelope: normalized.envelope,
@@ -132,19 +156,32 @@ fn scheduled_event(state: &AppState, caller: &Caller, event: Value) -> ApiResult
     })
 }
 
+fn parse_kind(kind: &str) -> ApiResult<ScheduleKind> {
+    kind.parse().map_err(|_| {
+        ApiError::invalid(format!(
+            "invalid `kind` {kind:?}: expected interval, cron or once"
+        ))
+    })
+}
+
 /// `POST /v1/schedules`: `201` with the schedule and its first fire time.
+#[utoipa::path(
+    post,
+    path = "/v1/schedules",
+    tag = "schedules",
+    request_body = CreateSchedule,
+    responses(
+        (status = 201, description = "The new schedule", body = ScheduleView),
+        (status = 400, description = "`invalid_argument`: a malformed body, path or query", body = crate::error::ErrorBody<'static>),
+    )
+)]
 pub async fn create_schedule(
     State(state): State<AppState>,
     caller: Caller,
     ApiJson(body): ApiJson<CreateSchedule>,
 ) -> ApiResult<impl IntoResponse> {
-    let kind: ScheduleKind = body.kind.parse().map_err(|_| {
-        ApiError::invalid(format!(
-            "invalid `kind` {:?}: expected interval, cron or once",
-            body.kind
-        ))
-    })?;
-    let template = scheduled_event(&state, &caller, body.event)?;
+    let kind = parse_kind(&body.kind)?;
+    let template = scheduled_event(&state, &caller, body.event).await?;
     let new = NewSchedule {
         workspace_id: caller.workspace_id,
         name: body.name,
@@ -159,7 +196,8 @@ pub async fn create_schedule(
 }
 
 /// Query of `GET /v1/schedules`.
-#[derive(Debug, Default, Deserialize)]
+#[derive(Debug, Default, Deserialize, utoipa::IntoParams)]
+#[into_params(parameter_in = Query)]
 #[serde(deny_unknown_fields)]
 pub struct ListSchedulesQuery {
     /// Continue after this cursor.
@@ -169,6 +207,15 @@ pub struct ListSchedulesQuery {
 }
 
 /// `GET /v1/schedules`: the workspace's schedules, oldest first.
+#[utoipa::path(
+    get,
+    path = "/v1/schedules",
+    tag = "schedules",
+    params(ListSchedulesQuery),
+    responses(
+        (status = 200, description = "The workspace's schedules, oldest first", body = ListPage<ScheduleView>),
+    )
+)]
 pub async fn list_schedules(
     State(state): State<AppState>,
     caller: Caller,
@@ -188,6 +235,16 @@ pub async fn list_schedules(
 }
 
 /// `GET /v1/schedules/{id}`.
+#[utoipa::path(
+    get,
+    path = "/v1/schedules/{id}",
+    tag = "schedules",
+    params(("id" = String, Path, description = "Schedule id")),
+    responses(
+        (status = 200, description = "The schedule", body = ScheduleView),
+        (status = 404, description = "no such schedule in the caller's workspace", body = crate::error::ErrorBody<'static>),
+    )
+)]
 pub async fn get_schedule(
     State(state): State<AppState>,
     caller: Caller,
@@ -205,7 +262,70 @@ pub async fn get_schedule(
     }
 }
 
+/// `PATCH /v1/schedules/{id}`: edit, pause or resume (see the module docs); the updated
+/// schedule.
+#[utoipa::path(
+    patch,
+    path = "/v1/schedules/{id}",
+    tag = "schedules",
+    params(("id" = String, Path, description = "Schedule id")),
+    request_body(content = Object, description = "Fields of `CreateSchedule` to change"),
+    responses(
+        (status = 200, description = "The changed schedule", body = ScheduleView),
+        (status = 400, description = "`invalid_argument`: a malformed body, path or query", body = crate::error::ErrorBody<'static>),
+        (status = 404, description = "no such schedule in the caller's workspace", body = crate::error::ErrorBody<'static>),
+    )
+)]
+pub async fn update_schedule(
+    State(state): State<AppState>,
+    caller: Caller,
+    ApiPath(id): ApiPath<String>,
+    ApiJson(patch): ApiJson<Map<String, Value>>,
+) -> ApiResult<ApiJson<ScheduleView>> {
+    let schedule_id: Uuid = parse_id("schedule", &id)?;
+    let schedules = &state.stores().schedules;
+    let missing = || ApiError::not_found(format!("schedule {id} not found"));
+    let current = schedules
+        .get(&caller.workspace_id, schedule_id)
+        .await?
+        .ok_or_else(missing)?;
+    let view = ScheduleView::from(current);
+    let mut body = Map::new();
+    body.insert("name".into(), view.name.into());
+    body.insert("kind".into(), view.kind.as_str().into());
+    body.insert("spec".into(), view.spec.into());
+    body.insert("event".into(), view.event);
+    body.insert("enabled".into(), view.enabled.into());
+    body.extend(patch);
+    let body: CreateSchedule = super::resources::from_body(&Value::Object(body))?;
+    let kind = parse_kind(&body.kind)?;
+    let template = scheduled_event(&state, &caller, body.event).await?;
+    let edit = ScheduleEdit {
+        name: body.name,
+        kind,
+        spec: body.spec,
+        event: serde_json::to_value(template).map_err(ApiError::internal)?,
+        enabled: body.enabled,
+    };
+    let record = schedules
+        .update(&caller.workspace_id, schedule_id, edit)
+        .await?
+        .ok_or_else(missing)?;
+    tracing::info!(%schedule_id, enabled = record.enabled, "schedule updated");
+    Ok(ApiJson(record.into()))
+}
+
 /// `DELETE /v1/schedules/{id}`: `204`; the schedule fires no more.
+#[utoipa::path(
+    delete,
+    path = "/v1/schedules/{id}",
+    tag = "schedules",
+    params(("id" = String, Path, description = "Schedule id")),
+    responses(
+        (status = 204, description = "Deleted"),
+        (status = 404, description = "no such schedule in the caller's workspace", body = crate::error::ErrorBody<'static>),
+    )
+)]
 pub async fn delete_schedule(
     State(state): State<AppState>,
     caller: Caller,

@@ -24,7 +24,7 @@ use crate::error::{ApiError, ApiJson, ApiPath, ApiQuery, ApiResult};
 use crate::state::AppState;
 
 /// Body of `POST /v1/sessions`.
-#[derive(Debug, Deserialize)]
+#[derive(Debug, Deserialize, utoipa::ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct CreateSessionRequest {
     /// The agent of every turn (enabled, of the caller's workspace).
@@ -35,7 +35,7 @@ pub struct CreateSessionRequest {
 }
 
 /// A session on the wire.
-#[derive(Debug, Serialize)]
+#[derive(Debug, Serialize, utoipa::ToSchema)]
 pub struct SessionView {
     /// Session id.
     pub session_id: Uuid,
@@ -90,6 +90,17 @@ pub(crate) async fn load_session(
 }
 
 /// `POST /v1/sessions`: `201` with the session.
+#[utoipa::path(
+    post,
+    path = "/v1/sessions",
+    tag = "sessions",
+    request_body = CreateSessionRequest,
+    responses(
+        (status = 201, description = "The new session", body = SessionView),
+        (status = 400, description = "`invalid_argument`: a malformed body, path or query", body = crate::error::ErrorBody<'static>),
+        (status = 404, description = "no such agent in the caller's workspace", body = crate::error::ErrorBody<'static>),
+    )
+)]
 pub async fn create_session(
     State(state): State<AppState>,
     caller: Caller,
@@ -129,7 +140,8 @@ pub async fn create_session(
 }
 
 /// Query of `GET /v1/sessions`.
-#[derive(Debug, Default, Deserialize)]
+#[derive(Debug, Default, Deserialize, utoipa::IntoParams)]
+#[into_params(parameter_in = Query)]
 #[serde(deny_unknown_fields)]
 pub struct ListSessionsQuery {
     /// Continue after this cursor.
@@ -139,6 +151,16 @@ pub struct ListSessionsQuery {
 }
 
 /// `GET /v1/sessions`: the caller's workspace's sessions, oldest first.
+#[utoipa::path(
+    get,
+    path = "/v1/sessions",
+    tag = "sessions",
+    params(ListSessionsQuery),
+    responses(
+        (status = 200, description = "The workspace's sessions, oldest first", body = ListPage<SessionView>),
+        (status = 400, description = "`invalid_argument`: a malformed body, path or query", body = crate::error::ErrorBody<'static>),
+    )
+)]
 pub async fn list_sessions(
     State(state): State<AppState>,
     caller: Caller,
@@ -158,6 +180,16 @@ pub async fn list_sessions(
 }
 
 /// `GET /v1/sessions/{id}`.
+#[utoipa::path(
+    get,
+    path = "/v1/sessions/{id}",
+    tag = "sessions",
+    params(("id" = String, Path, description = "Session id")),
+    responses(
+        (status = 200, description = "The session", body = SessionView),
+        (status = 404, description = "no such session in the caller's workspace", body = crate::error::ErrorBody<'static>),
+    )
+)]
 pub async fn get_session(
     State(state): State<AppState>,
     caller: Caller,
@@ -167,6 +199,16 @@ pub async fn get_session(
 }
 
 /// `DELETE /v1/sessions/{id}`: closes the session (idempotent) and answers it.
+#[utoipa::path(
+    delete,
+    path = "/v1/sessions/{id}",
+    tag = "sessions",
+    params(("id" = String, Path, description = "Session id")),
+    responses(
+        (status = 200, description = "The closed session (closing again changes nothing)", body = SessionView),
+        (status = 404, description = "no such session in the caller's workspace", body = crate::error::ErrorBody<'static>),
+    )
+)]
 pub async fn close_session(
     State(state): State<AppState>,
     caller: Caller,
@@ -184,7 +226,8 @@ pub async fn close_session(
 }
 
 /// Query of `GET /v1/sessions/{id}/history`.
-#[derive(Debug, Default, Deserialize)]
+#[derive(Debug, Default, Deserialize, utoipa::IntoParams)]
+#[into_params(parameter_in = Query)]
 #[serde(deny_unknown_fields)]
 pub struct HistoryQuery {
     /// Continue from this cursor.
@@ -199,6 +242,16 @@ pub struct HistoryQuery {
 /// `GET /v1/sessions/{id}/history`: the user and assistant messages of the session's
 /// transcript, paged like the transcript (a page covers `limit` transcript items; the
 /// others, such as tool calls, are left out of it, so a page can hold fewer).
+#[utoipa::path(
+    get,
+    path = "/v1/sessions/{id}/history",
+    tag = "sessions",
+    params(("id" = String, Path, description = "Session id"), HistoryQuery),
+    responses(
+        (status = 200, description = "User and assistant messages", body = ListPage<TranscriptItem>),
+        (status = 404, description = "no such session in the caller's workspace", body = crate::error::ErrorBody<'static>),
+    )
+)]
 pub async fn history(
     State(state): State<AppState>,
     caller: Caller,

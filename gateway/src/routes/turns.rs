@@ -27,7 +27,11 @@
 //! `result {text, content, usage}` (the final assistant message: the last
 //! `message.completed`, or the message of `run.completed`), a failed or cancelled one
 //! `failure {code, message}`, never both. A run that timed out is `failed` with code
-//! `timeout`, one interrupted by a crash `failed` with code `interrupted`.
+//! `timeout`, one interrupted by a crash `failed` with code `interrupted`. Once retention
+//! deleted its result (`retention.run_results` after the end) a turn says `expired: true`,
+//! and a completed one has `failure {code: "result_expired"}` in place of its result; its
+//! events page says `gap: true` for what is gone. Nothing re-runs it: a retry with its key
+//! still answers this turn.
 
 use std::time::Duration;
 
@@ -62,11 +66,14 @@ pub const MAX_WAIT: Duration = Duration::from_secs(60);
 pub const DEFAULT_WAIT: Duration = Duration::from_secs(30);
 /// How often a waiting request reads the turn again.
 const WAIT_POLL: Duration = Duration::from_millis(50);
+/// The failure code of a completed turn whose result retention deleted (seed 004's
+/// `AGENT_RESULT_EXPIRED`).
+pub const RESULT_EXPIRED: &str = "result_expired";
 /// Most result items read to find a turn's final message.
 const MAX_RESULT_SCAN: u64 = 1000;
 
 /// Body of `POST /v1/sessions/{id}/turns`.
-#[derive(Debug, Deserialize)]
+#[derive(Debug, Deserialize, utoipa::ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct StartTurnRequest {
     /// 1–128 chars of `[A-Za-z0-9-_.:]`, fixed for one request and its retries.
@@ -79,7 +86,7 @@ pub struct StartTurnRequest {
 }
 
 /// `202` receipt of a turn.
-#[derive(Debug, Serialize)]
+#[derive(Debug, Serialize, utoipa::ToSchema)]
 pub struct TurnReceipt {
     /// The session.
     pub session_id: Uuid,
@@ -90,7 +97,7 @@ pub struct TurnReceipt {
 }
 
 /// Where a turn stands.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, utoipa::ToSchema)]
 #[serde(rename_all = "snake_case")]
 pub enum TurnStatus {
     /// Accepted; its run has not started.
@@ -114,7 +121,7 @@ impl TurnStatus {
 }
 
 /// The result of a completed turn.
-#[derive(Debug, Serialize)]
+#[derive(Debug, Serialize, utoipa::ToSchema)]
 pub struct TurnResult {
     /// The final assistant text.
     pub text: String,
@@ -125,7 +132,7 @@ pub struct TurnResult {
 }
 
 /// Why a turn failed (or was cancelled).
-#[derive(Debug, Serialize)]
+#[derive(Debug, Serialize, utoipa::ToSchema)]
 pub struct TurnFailure {
     /// Stable code (`cancelled`, `timeout`, `interrupted`, `unrouted`, a runner's code …).
     pub code: String,
@@ -134,7 +141,7 @@ pub struct TurnFailure {
 }
 
 /// A turn snapshot.
-#[derive(Debug, Serialize)]
+#[derive(Debug, Serialize, utoipa::ToSchema)]
 pub struct TurnSnapshot {
     /// The session.
     pub session_id: Uuid,
@@ -154,9 +161,26 @@ pub struct TurnSnapshot {
     pub created_at: i64,
     /// End time, epoch seconds.
     pub ended_at: Option<i64>,
+    /// Retention deleted the turn's result and events (`retention.run_results` after it
+    /// ended): a completed turn then has no `result` but `failure {code: "result_expired"}`;
+    /// the turn is never re-run.
+    pub expired: bool,
 }
 
 /// `POST /v1/sessions/{id}/turns`: `202` receipt once the request identity is durable.
+#[utoipa::path(
+    post,
+    path = "/v1/sessions/{id}/turns",
+    tag = "turns",
+    params(("id" = String, Path, description = "Session id")),
+    request_body = StartTurnRequest,
+    responses(
+        (status = 202, description = "The durable receipt; the same key and request answer the same turn", body = TurnReceipt),
+        (status = 400, description = "`invalid_argument`: a malformed body, path or query", body = crate::error::ErrorBody<'static>),
+        (status = 404, description = "no such session in the caller's workspace", body = crate::error::ErrorBody<'static>),
+        (status = 409, description = "`conflict`: the key was used with another request, or the session is closed", body = crate::error::ErrorBody<'static>),
+    )
+)]
 pub async fn start_turn(
     State(state): State<AppState>,
     caller: Caller,
@@ -275,6 +299,7 @@ async fn snapshot(
         last_sequence: 0,
         created_at: epoch(turn.created_at),
         ended_at: None,
+        expired: false,
     };
     let Some(run) = run else {
         // No run yet: queued, unless routing refused the event.
@@ -300,6 +325,7 @@ async fn snapshot(
     };
     snapshot.last_sequence = run.last_sequence;
     snapshot.ended_at = run.ended_at.map(epoch);
+    snapshot.expired = run.events_expired_at.is_some();
     snapshot.status = match run.status {
         RunStatus::Queued => TurnStatus::Queued,
         RunStatus::Running => TurnStatus::Running,
@@ -308,6 +334,13 @@ async fn snapshot(
         RunStatus::Failed | RunStatus::Timeout | RunStatus::Interrupted => TurnStatus::Failed,
     };
     match snapshot.status {
+        // The result went with the items: say so rather than answer an empty result.
+        TurnStatus::Completed if snapshot.expired => {
+            snapshot.failure = Some(TurnFailure {
+                code: RESULT_EXPIRED.to_owned(),
+                message: "the turn completed, and its result was deleted by retention".to_owned(),
+            });
+        }
         TurnStatus::Completed if with_result => {
             snapshot.result = Some(final_result(state, &run).await?);
         }
@@ -391,6 +424,16 @@ fn content_text(content: &Value) -> String {
 }
 
 /// `GET /v1/turns/{id}`.
+#[utoipa::path(
+    get,
+    path = "/v1/turns/{id}",
+    tag = "turns",
+    params(("id" = String, Path, description = "Turn id")),
+    responses(
+        (status = 200, description = "The turn's snapshot", body = TurnSnapshot),
+        (status = 404, description = "no such turn in the caller's workspace", body = crate::error::ErrorBody<'static>),
+    )
+)]
 pub async fn get_turn(
     State(state): State<AppState>,
     caller: Caller,
@@ -401,7 +444,8 @@ pub async fn get_turn(
 }
 
 /// Query of `GET /v1/turns/{id}/wait`.
-#[derive(Debug, Default, Deserialize)]
+#[derive(Debug, Default, Deserialize, utoipa::IntoParams)]
+#[into_params(parameter_in = Query)]
 #[serde(deny_unknown_fields)]
 pub struct WaitQuery {
     /// How long to wait for a terminal snapshot, in milliseconds (default 30 000, at most
@@ -412,6 +456,16 @@ pub struct WaitQuery {
 /// `GET /v1/turns/{id}/wait`: the snapshot once terminal, or the current one at the
 /// timeout. Only reads: it never resubmits. Holds one of the key's stream slots while it
 /// waits, as a long-lived request.
+#[utoipa::path(
+    get,
+    path = "/v1/turns/{id}/wait",
+    tag = "turns",
+    params(("id" = String, Path, description = "Turn id"), WaitQuery),
+    responses(
+        (status = 200, description = "The terminal snapshot, or the current one at the timeout", body = TurnSnapshot),
+        (status = 404, description = "no such turn in the caller's workspace", body = crate::error::ErrorBody<'static>),
+    )
+)]
 pub async fn wait_turn(
     State(state): State<AppState>,
     caller: Caller,
@@ -444,7 +498,8 @@ pub async fn wait_turn(
 }
 
 /// Query of `GET /v1/turns/{id}/events`.
-#[derive(Debug, Default, Deserialize)]
+#[derive(Debug, Default, Deserialize, utoipa::IntoParams)]
+#[into_params(parameter_in = Query)]
 #[serde(deny_unknown_fields)]
 pub struct TurnEventsQuery {
     /// Only events with a greater sequence (default 0: from the start).
@@ -455,7 +510,7 @@ pub struct TurnEventsQuery {
 }
 
 /// One event of a turn.
-#[derive(Debug, Serialize)]
+#[derive(Debug, Serialize, utoipa::ToSchema)]
 pub struct TurnEvent {
     /// The session.
     pub session_id: Uuid,
@@ -476,7 +531,7 @@ pub struct TurnEvent {
 }
 
 /// `GET /v1/turns/{id}/events` body.
-#[derive(Debug, Serialize)]
+#[derive(Debug, Serialize, utoipa::ToSchema)]
 pub struct TurnEventsPage {
     /// The events after `after_sequence`, ascending.
     pub events: Vec<TurnEvent>,
@@ -489,6 +544,16 @@ pub struct TurnEventsPage {
 }
 
 /// `GET /v1/turns/{id}/events?after_sequence=N&limit=`.
+#[utoipa::path(
+    get,
+    path = "/v1/turns/{id}/events",
+    tag = "turns",
+    params(("id" = String, Path, description = "Turn id"), TurnEventsQuery),
+    responses(
+        (status = 200, description = "Events after a sequence", body = TurnEventsPage),
+        (status = 404, description = "no such turn in the caller's workspace", body = crate::error::ErrorBody<'static>),
+    )
+)]
 pub async fn turn_events(
     State(state): State<AppState>,
     caller: Caller,
@@ -511,12 +576,9 @@ pub async fn turn_events(
         }
         None => Vec::new(),
     };
-    let expired = run.as_ref().is_some_and(|r| r.events_expired_at.is_some());
-    let gap = expired
-        && match records.first() {
-            Some(first) => first.sequence > after + 1,
-            None => run.as_ref().is_some_and(|r| r.last_sequence > after),
-        };
+    let gap = run.as_ref().is_some_and(|run| {
+        super::runs::retention_gap(run, after, records.first().map(|r| r.sequence))
+    });
     let next_sequence = records.last().map_or(after, |r| r.sequence);
     let events = records
         .into_iter()
@@ -546,7 +608,7 @@ pub async fn turn_events(
 }
 
 /// `POST /v1/turns/{id}/cancel` body.
-#[derive(Debug, Serialize)]
+#[derive(Debug, Serialize, utoipa::ToSchema)]
 pub struct TurnCancelResponse {
     /// `true` when an active turn was asked to stop (by this or an earlier request);
     /// `false` when it had already ended (its result is never rewritten).
@@ -558,6 +620,16 @@ pub struct TurnCancelResponse {
 /// `POST /v1/turns/{id}/cancel`. A turn whose run does not exist yet is cancelled as
 /// soon as the run is created (the intent is recorded on the run then; until that,
 /// `cancelled: false` with a `queued` snapshot tells the caller to ask again).
+#[utoipa::path(
+    post,
+    path = "/v1/turns/{id}/cancel",
+    tag = "turns",
+    params(("id" = String, Path, description = "Turn id")),
+    responses(
+        (status = 200, description = "Whether this call cancelled the turn, and its snapshot", body = TurnCancelResponse),
+        (status = 404, description = "no such turn in the caller's workspace", body = crate::error::ErrorBody<'static>),
+    )
+)]
 pub async fn cancel_turn(
     State(state): State<AppState>,
     caller: Caller,

@@ -50,6 +50,7 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 use futures::Stream;
 use nix::sys::signal::Signal;
 use sb_common::config::SandboxConfig;
+use sb_common::telemetry::{Registry, names};
 use sb_protocol::context::AgentRunContext;
 use sb_protocol::error::{AgentApiError, ErrorCode, run_failure};
 use sb_protocol::ids::{RunId, WorkspaceId};
@@ -644,6 +645,11 @@ impl RunnerHost {
         };
         lock(&inner.actors).insert(generation, actor_ref.clone());
         lock(&inner.pids).insert(generation, process.pid());
+        Registry::global().gauge_add(
+            names::RUNNER_PROCESSES,
+            &[("mode", inner.spec.mode.as_str())],
+            1.0,
+        );
         tracing::info!(runner_id = %inner.spec.runner_id, %workspace_id, pid = process.pid(), uid = process.user().uid.as_raw(), mode = ?inner.spec.mode, "runner process started");
 
         let caller = Arc::new(CallerIdentity::for_connection(
@@ -683,6 +689,11 @@ impl RunnerHost {
         let inner = &self.inner;
         lock(&inner.actors).remove(&report.generation);
         lock(&inner.pids).remove(&report.generation);
+        Registry::global().gauge_add(
+            names::RUNNER_PROCESSES,
+            &[("mode", inner.spec.mode.as_str())],
+            -1.0,
+        );
         if inner.spec.mode != ExecutionMode::Shared {
             return;
         }
@@ -708,6 +719,8 @@ impl RunnerHost {
             slot.failures + 1
         };
         let delay = backoff_delay(&inner.config, slot.failures);
+        // The next run of the workspace starts a new process once the delay has passed.
+        Registry::global().inc(names::RUNNER_RESTARTS_TOTAL, &[("reason", "crashed")]);
         tracing::warn!(runner_id = %inner.spec.runner_id, workspace_id = %report.workspace_id, failures = slot.failures, restart_in_ms = delay.as_millis() as u64, "shared runner process exited unexpectedly");
         if current || matches!(slot.state, SlotState::Empty) {
             slot.state = SlotState::Backoff {

@@ -53,6 +53,17 @@ pub enum ExecutionMode {
     PerRun,
 }
 
+impl ExecutionMode {
+    /// The manifest text (`shared`, `per_run`), also the `mode` label of the metrics.
+    #[must_use]
+    pub const fn as_str(self) -> &'static str {
+        match self {
+            Self::Shared => "shared",
+            Self::PerRun => "per_run",
+        }
+    }
+}
+
 /// Lifecycle phase of a process connection. See the module docs.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Phase {

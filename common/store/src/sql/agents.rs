@@ -46,6 +46,7 @@ fn agent_row(m: agent::Model) -> Result<AgentRow> {
         delivery_policy: m.delivery_policy,
         budgets: m.budgets,
         enabled: m.enabled,
+        routing: m.routing.parse()?,
         created_at: m.created_at,
         updated_at: m.updated_at,
     })
@@ -133,6 +134,7 @@ impl AgentStore for SqlStore {
             delivery_policy: Set(new.delivery_policy),
             budgets: Set(budgets_column(new.budgets)?),
             enabled: Set(new.enabled),
+            routing: Set(new.routing.as_str().to_owned()),
             created_at: Set(now),
             updated_at: Set(now),
         };
@@ -201,6 +203,7 @@ impl AgentStore for SqlStore {
         active.delivery_policy = Set(row.delivery_policy);
         active.budgets = Set(budgets_column(row.budgets)?);
         active.enabled = Set(row.enabled);
+        active.routing = Set(row.routing.as_str().to_owned());
         active.updated_at = Set(now());
         let model = active.update(self.writer()).await.map_err(|e| match e {
             sea_orm::DbErr::RecordNotUpdated => StoreError::not_found(format!("agent {}", row.id)),

@@ -8,8 +8,8 @@ use sb_protocol::ids::{EventId, RunId};
 use sea_orm::sea_query::{Expr, LockBehavior, LockType, OnConflict, Query};
 use sea_orm::{
     ActiveModelTrait, ActiveValue::NotSet, ColumnTrait, Condition, ConnectionTrait,
-    DatabaseTransaction, DbBackend, EntityTrait, IntoActiveModel, QueryFilter, QueryOrder,
-    QuerySelect, Set,
+    DatabaseTransaction, DbBackend, EntityTrait, IntoActiveModel, PaginatorTrait, QueryFilter,
+    QueryOrder, QuerySelect, Set,
 };
 use serde_json::Value;
 
@@ -579,6 +579,13 @@ impl Outbox for SqlStore {
             .await?;
         rows.sort_by_key(|m| m.id);
         Ok(rows.into_iter().map(outbox_message).collect())
+    }
+
+    async fn pending(&self) -> Result<u64> {
+        Ok(outbox::Entity::find()
+            .filter(outbox::Column::PublishedAt.is_null())
+            .count(&self.db)
+            .await?)
     }
 
     async fn mark_published(&self, ids: &[i64]) -> Result<()> {

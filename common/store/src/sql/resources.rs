@@ -5,7 +5,7 @@ use async_trait::async_trait;
 use sb_protocol::ids::WorkspaceId;
 use sea_orm::{
     ActiveModelTrait, ActiveValue::NotSet, ColumnTrait, EntityTrait, FromQueryResult,
-    IntoActiveModel, PaginatorTrait, QueryFilter, QueryOrder, Set,
+    IntoActiveModel, PaginatorTrait, QueryFilter, QueryOrder, QuerySelect, Set,
 };
 use serde_json::Value;
 use sha2::{Digest, Sha256};
@@ -14,13 +14,14 @@ use uuid::Uuid;
 use super::entity::{kb_chunk, kb_document, knowledge_base, model, tool};
 use super::kb_search;
 use super::{
-    ID_LEN, IN_CHUNK, SqlStore, check_len_opt, check_required, metadata_in, now, workspace,
+    ID_LEN, IN_CHUNK, SqlStore, check_len_opt, check_required, metadata_in, metadata_out, now,
+    workspace,
 };
 use crate::error::{Result, StoreError, is_foreign_key_violation, is_unique_violation};
 use crate::resources::{
-    CHUNK_CHARS, KbDocumentRecord, KbHit, KbSearch, KnowledgeBaseRecord, MAX_DOCUMENT_BYTES,
-    MAX_FILTER_DOCUMENTS, MAX_KB_TOP_K, ModelKind, ModelRecord, NewKbDocument, NewModel, NewTool,
-    ResourceRegistry, ToolRecord, chunk_text,
+    CHUNK_CHARS, DocumentEdit, KbDocumentRecord, KbHit, KbSearch, KnowledgeBaseRecord,
+    MAX_DOCUMENT_BYTES, MAX_FILTER_DOCUMENTS, MAX_KB_TOP_K, ModelKind, ModelRecord, NewKbDocument,
+    NewModel, NewTool, ResourceRegistry, ToolRecord, chunk_text,
 };
 
 fn model_record(m: model::Model) -> Result<ModelRecord> {
@@ -64,6 +65,20 @@ fn kb_record(m: knowledge_base::Model) -> Result<KnowledgeBaseRecord> {
         description: m.description,
         created_at: m.created_at,
     })
+}
+
+fn document_record(m: kb_document::Model, chunks: u64) -> KbDocumentRecord {
+    KbDocumentRecord {
+        document_id: m.id,
+        kb_id: m.kb_id,
+        title: m.name,
+        size_bytes: m.size_bytes,
+        sha256: m.sha256,
+        chunks,
+        artifact_id: m.artifact_id,
+        metadata: metadata_out(m.metadata),
+        created_at: m.created_at,
+    }
 }
 
 fn duplicate(kind: &str, name: &str) -> impl FnOnce(sea_orm::DbErr) -> StoreError {
@@ -110,6 +125,42 @@ impl SqlStore {
             return Err(StoreError::not_found(format!("knowledge base {kb_id}")));
         }
         Ok(())
+    }
+}
+
+/// The checks of a tool registration, shared by create and update.
+fn check_tool(t: &NewTool) -> Result<()> {
+    check_required("name", &t.name, ID_LEN)?;
+    check_required("kind", &t.kind, 32)?;
+    if !matches!(t.parameters, Value::Object(_)) {
+        return Err(StoreError::invalid(
+            "parameters must be a JSON schema object",
+        ));
+    }
+    Ok(())
+}
+
+impl SqlStore {
+    /// Chunk counts of the documents of `kb_id` (all of them when `document_id` is `None`).
+    async fn chunk_counts(
+        &self,
+        kb_id: Uuid,
+        document_id: Option<Uuid>,
+    ) -> Result<std::collections::HashMap<Uuid, u64>> {
+        let mut select = kb_chunk::Entity::find()
+            .select_only()
+            .column(kb_chunk::Column::DocumentId)
+            .column_as(kb_chunk::Column::Seq.count(), "n")
+            .filter(kb_chunk::Column::KbId.eq(kb_id))
+            .group_by(kb_chunk::Column::DocumentId);
+        if let Some(id) = document_id {
+            select = select.filter(kb_chunk::Column::DocumentId.eq(id));
+        }
+        let rows: Vec<(Uuid, i64)> = select.into_tuple().all(&self.db).await?;
+        Ok(rows
+            .into_iter()
+            .map(|(id, n)| (id, u64::try_from(n).unwrap_or(0)))
+            .collect())
     }
 }
 
@@ -191,6 +242,15 @@ impl ResourceRegistry for SqlStore {
         model_record(row)
     }
 
+    async fn delete_model(&self, workspace_id: &WorkspaceId, model_id: Uuid) -> Result<bool> {
+        let res = model::Entity::delete_many()
+            .filter(model::Column::Id.eq(model_id))
+            .filter(model::Column::WorkspaceId.eq(workspace_id.as_str()))
+            .exec(self.writer())
+            .await?;
+        Ok(res.rows_affected > 0)
+    }
+
     async fn get_model(&self, workspace_id: &WorkspaceId, model_id: Uuid) -> Result<ModelRecord> {
         let row = model::Entity::find_by_id(model_id)
             .filter(model::Column::WorkspaceId.eq(workspace_id.as_str()))
@@ -231,13 +291,7 @@ impl ResourceRegistry for SqlStore {
     }
 
     async fn create_tool(&self, t: NewTool) -> Result<ToolRecord> {
-        check_required("name", &t.name, ID_LEN)?;
-        check_required("kind", &t.kind, 32)?;
-        if !matches!(t.parameters, Value::Object(_)) {
-            return Err(StoreError::invalid(
-                "parameters must be a JSON schema object",
-            ));
-        }
+        check_tool(&t)?;
         let config = object_or_empty("config", t.config)?;
         let at = now();
         let row = tool::ActiveModel {
@@ -257,6 +311,38 @@ impl ResourceRegistry for SqlStore {
             .await
             .map_err(duplicate("tool", &t.name))?;
         tool_record(tool)
+    }
+
+    async fn update_tool(&self, tool_id: Uuid, t: NewTool) -> Result<ToolRecord> {
+        check_tool(&t)?;
+        let config = object_or_empty("config", t.config)?;
+        let missing = || StoreError::not_found(format!("tool {tool_id}"));
+        let existing = tool::Entity::find_by_id(tool_id)
+            .filter(tool::Column::WorkspaceId.eq(t.workspace_id.as_str()))
+            .one(&self.db)
+            .await?
+            .ok_or_else(missing)?;
+        let mut active = existing.into_active_model();
+        active.name = Set(t.name.clone());
+        active.kind = Set(t.kind);
+        active.description = Set(t.description);
+        active.parameters = Set(t.parameters);
+        active.config = Set(config);
+        active.updated_at = Set(now());
+        let row = active.update(self.writer()).await.map_err(|e| match e {
+            sea_orm::DbErr::RecordNotUpdated => missing(),
+            e => duplicate("tool", &t.name)(e),
+        })?;
+        tool_record(row)
+    }
+
+    async fn delete_tool(&self, workspace_id: &WorkspaceId, tool_id: Uuid) -> Result<bool> {
+        let res = tool::Entity::delete_many()
+            .filter(tool::Column::Id.eq(tool_id))
+            .filter(tool::Column::WorkspaceId.eq(workspace_id.as_str()))
+            .exec(self.writer())
+            .await?;
+        Ok(res.rows_affected > 0)
     }
 
     async fn get_tool(&self, workspace_id: &WorkspaceId, name: &str) -> Result<ToolRecord> {
@@ -321,6 +407,54 @@ impl ResourceRegistry for SqlStore {
             .await
             .map_err(duplicate("knowledge base", name))?;
         kb_record(kb)
+    }
+
+    async fn update_kb(
+        &self,
+        workspace_id: &WorkspaceId,
+        kb_id: Uuid,
+        name: &str,
+        description: Option<String>,
+    ) -> Result<KnowledgeBaseRecord> {
+        check_required("name", name, ID_LEN)?;
+        let missing = || StoreError::not_found(format!("knowledge base {kb_id}"));
+        let existing = knowledge_base::Entity::find_by_id(kb_id)
+            .filter(knowledge_base::Column::WorkspaceId.eq(workspace_id.as_str()))
+            .one(&self.db)
+            .await?
+            .ok_or_else(missing)?;
+        let mut active = existing.into_active_model();
+        active.name = Set(name.to_owned());
+        active.description = Set(description);
+        active.updated_at = Set(now());
+        let row = active.update(self.writer()).await.map_err(|e| match e {
+            sea_orm::DbErr::RecordNotUpdated => missing(),
+            e => duplicate("knowledge base", name)(e),
+        })?;
+        kb_record(row)
+    }
+
+    async fn delete_kb(&self, workspace_id: &WorkspaceId, kb_id: Uuid) -> Result<bool> {
+        let txn = self.write_txn().await?;
+        // Chunks and documents first and explicitly (not only by the foreign keys' cascade),
+        // so the FTS index triggers see every chunk row go on both backends.
+        kb_chunk::Entity::delete_many()
+            .filter(kb_chunk::Column::KbId.eq(kb_id))
+            .filter(kb_chunk::Column::WorkspaceId.eq(workspace_id.as_str()))
+            .exec(&txn)
+            .await?;
+        kb_document::Entity::delete_many()
+            .filter(kb_document::Column::KbId.eq(kb_id))
+            .filter(kb_document::Column::WorkspaceId.eq(workspace_id.as_str()))
+            .exec(&txn)
+            .await?;
+        let res = knowledge_base::Entity::delete_many()
+            .filter(knowledge_base::Column::Id.eq(kb_id))
+            .filter(knowledge_base::Column::WorkspaceId.eq(workspace_id.as_str()))
+            .exec(&txn)
+            .await?;
+        txn.commit().await?;
+        Ok(res.rows_affected > 0)
     }
 
     async fn get_kb(&self, workspace_id: &WorkspaceId, kb_id: Uuid) -> Result<KnowledgeBaseRecord> {
@@ -394,7 +528,7 @@ impl ResourceRegistry for SqlStore {
             artifact_id: Set(doc.artifact_id.clone()),
             status: Set("ready".to_owned()),
             error: Set(None),
-            metadata: Set(metadata),
+            metadata: Set(metadata.clone()),
             created_at: Set(at),
             updated_at: Set(at),
         };
@@ -441,8 +575,87 @@ impl ResourceRegistry for SqlStore {
             sha256,
             chunks: n,
             artifact_id: doc.artifact_id,
+            metadata: metadata_out(metadata),
             created_at: at,
         })
+    }
+
+    async fn list_documents(
+        &self,
+        workspace_id: &WorkspaceId,
+        kb_id: Uuid,
+    ) -> Result<Vec<KbDocumentRecord>> {
+        self.kb_exists(workspace_id, kb_id).await?;
+        let counts = self.chunk_counts(kb_id, None).await?;
+        let rows = kb_document::Entity::find()
+            .filter(kb_document::Column::KbId.eq(kb_id))
+            .filter(kb_document::Column::WorkspaceId.eq(workspace_id.as_str()))
+            .order_by_asc(kb_document::Column::Id)
+            .all(&self.db)
+            .await?;
+        Ok(rows
+            .into_iter()
+            .map(|m| {
+                let n = counts.get(&m.id).copied().unwrap_or(0);
+                document_record(m, n)
+            })
+            .collect())
+    }
+
+    async fn update_document(
+        &self,
+        workspace_id: &WorkspaceId,
+        kb_id: Uuid,
+        document_id: Uuid,
+        edit: DocumentEdit,
+    ) -> Result<KbDocumentRecord> {
+        check_required("title", &edit.title, ID_LEN)?;
+        let metadata = metadata_in("metadata", edit.metadata)?;
+        let missing = || StoreError::not_found(format!("document {document_id}"));
+        let existing = kb_document::Entity::find_by_id(document_id)
+            .filter(kb_document::Column::KbId.eq(kb_id))
+            .filter(kb_document::Column::WorkspaceId.eq(workspace_id.as_str()))
+            .one(&self.db)
+            .await?
+            .ok_or_else(missing)?;
+        let mut active = existing.into_active_model();
+        active.name = Set(edit.title);
+        active.metadata = Set(metadata);
+        active.updated_at = Set(now());
+        let row = active.update(self.writer()).await.map_err(|e| match e {
+            sea_orm::DbErr::RecordNotUpdated => missing(),
+            e => e.into(),
+        })?;
+        let chunks = self
+            .chunk_counts(kb_id, Some(document_id))
+            .await?
+            .get(&document_id)
+            .copied()
+            .unwrap_or(0);
+        Ok(document_record(row, chunks))
+    }
+
+    async fn delete_document(
+        &self,
+        workspace_id: &WorkspaceId,
+        kb_id: Uuid,
+        document_id: Uuid,
+    ) -> Result<bool> {
+        let txn = self.write_txn().await?;
+        kb_chunk::Entity::delete_many()
+            .filter(kb_chunk::Column::DocumentId.eq(document_id))
+            .filter(kb_chunk::Column::KbId.eq(kb_id))
+            .filter(kb_chunk::Column::WorkspaceId.eq(workspace_id.as_str()))
+            .exec(&txn)
+            .await?;
+        let res = kb_document::Entity::delete_many()
+            .filter(kb_document::Column::Id.eq(document_id))
+            .filter(kb_document::Column::KbId.eq(kb_id))
+            .filter(kb_document::Column::WorkspaceId.eq(workspace_id.as_str()))
+            .exec(&txn)
+            .await?;
+        txn.commit().await?;
+        Ok(res.rows_affected > 0)
     }
 
     async fn search_kb(&self, search: KbSearch) -> Result<Vec<KbHit>> {

@@ -5,6 +5,7 @@ use std::collections::{HashMap, HashSet};
 use async_trait::async_trait;
 use chrono::{DateTime, Utc};
 use sb_protocol::ids::{AgentId, EventId, RunId, WorkspaceId};
+use sb_protocol::result::{AgentRunResult, ResultType};
 use sea_orm::sea_query::{Expr, OnConflict};
 use sea_orm::{
     ActiveValue::Set, ColumnTrait, Condition, ConnectionTrait, EntityTrait, QueryFilter,
@@ -22,8 +23,8 @@ use crate::page::{
     encode_time_id,
 };
 use crate::runs::{
-    CancelOutcome, MAX_RUN_EVENTS_BATCH, NewRun, NewRunEvent, RunEventRecord, RunFilter, RunLedger,
-    RunOutcome, RunRecord, RunStatus,
+    CancelOutcome, Finalized, MAX_RUN_EVENTS_BATCH, NewRun, NewRunEvent, RunEventRecord, RunFilter,
+    RunLedger, RunOutcome, RunRecord, RunStatus,
 };
 use crate::transcript::Direction;
 
@@ -114,10 +115,82 @@ fn run_event_model(event: NewRunEvent, now: DateTime<Utc>) -> run_event::ActiveM
     }
 }
 
-fn on_conflict_sequence() -> OnConflict {
-    OnConflict::columns([run_event::Column::RunId, run_event::Column::Sequence])
-        .do_nothing()
-        .to_owned()
+/// A result item already stored under its `(run_id, sequence)`, or a second terminal item of
+/// its run (the partial unique index of migration `m20250601_000016`), is skipped: both are
+/// "not new" to the caller. No conflict target, so either unique index counts.
+fn on_conflict_skip() -> OnConflict {
+    OnConflict::new().do_nothing().to_owned()
+}
+
+/// The result types of terminal items (the partial unique index covers exactly these).
+fn terminal_types() -> [&'static str; 2] {
+    [
+        ResultType::RunCompleted.as_str(),
+        ResultType::RunFailed.as_str(),
+    ]
+}
+
+/// The sequence of the run's terminal item, if its ledger holds one.
+async fn terminal_sequence<C: ConnectionTrait>(db: &C, run_id: Uuid) -> Result<Option<u64>> {
+    let row = run_event::Entity::find()
+        .filter(run_event::Column::RunId.eq(run_id))
+        .filter(run_event::Column::ResultType.is_in(terminal_types()))
+        .one(db)
+        .await?;
+    Ok(row.map(|m| u64::try_from(m.sequence).unwrap_or_default()))
+}
+
+/// Removes from `events` every item whose run already holds a terminal item at a lower
+/// sequence: nothing follows a run's end in its ledger. It happens when the host ended the run
+/// (the reaper's `interrupted`, a recovery) while its worker was still streaming — a worker
+/// stopped past its lease and resumed, a partition — and the worker's late items arrive. One
+/// indexed lookup per run of the batch (the partial unique index of terminal items).
+async fn drop_after_terminal<C: ConnectionTrait>(
+    db: &C,
+    events: Vec<NewRunEvent>,
+) -> Result<Vec<NewRunEvent>> {
+    let mut ends: HashMap<Uuid, Option<u64>> = HashMap::new();
+    for event in &events {
+        let run_id = event.run_id.into_uuid();
+        if let std::collections::hash_map::Entry::Vacant(slot) = ends.entry(run_id) {
+            slot.insert(terminal_sequence(db, run_id).await?);
+        }
+    }
+    Ok(events
+        .into_iter()
+        .filter(
+            |e| match ends.get(&e.run_id.into_uuid()).copied().flatten() {
+                Some(end) => u64::try_from(e.sequence).unwrap_or_default() <= end,
+                None => true,
+            },
+        )
+        .collect())
+}
+
+/// The status update of `finish_run` / `finalize_run` (filtered to active runs by the caller).
+fn finish_update(outcome: RunOutcome) -> sea_orm::UpdateMany<run::Entity> {
+    let mut update = run::Entity::update_many()
+        .col_expr(run::Column::Status, Expr::value(outcome.status.as_str()))
+        .col_expr(run::Column::ErrorCode, Expr::value(outcome.error_code))
+        .col_expr(
+            run::Column::ErrorMessage,
+            Expr::value(outcome.error_message),
+        )
+        .col_expr(run::Column::EndedAt, Expr::value(now()));
+    if let Some(usage) = outcome.usage {
+        update = update.col_expr(run::Column::Usage, Expr::value(usage));
+    }
+    update
+}
+
+fn check_outcome(outcome: &RunOutcome) -> Result<()> {
+    if !outcome.status.is_terminal() {
+        return Err(StoreError::invalid(format!(
+            "{} is not a terminal run status",
+            outcome.status
+        )));
+    }
+    check_len_opt("error_code", outcome.error_code.as_deref(), 64)
 }
 
 fn run_missing(err: sea_orm::DbErr, what: &str) -> StoreError {
@@ -284,30 +357,88 @@ impl RunLedger for SqlStore {
     }
 
     async fn finish_run(&self, id: RunId, outcome: RunOutcome) -> Result<bool> {
-        if !outcome.status.is_terminal() {
-            return Err(StoreError::invalid(format!(
-                "{} is not a terminal run status",
-                outcome.status
-            )));
-        }
-        check_len_opt("error_code", outcome.error_code.as_deref(), 64)?;
-        let mut update = run::Entity::update_many()
-            .col_expr(run::Column::Status, Expr::value(outcome.status.as_str()))
-            .col_expr(run::Column::ErrorCode, Expr::value(outcome.error_code))
-            .col_expr(
-                run::Column::ErrorMessage,
-                Expr::value(outcome.error_message),
-            )
-            .col_expr(run::Column::EndedAt, Expr::value(now()));
-        if let Some(usage) = outcome.usage {
-            update = update.col_expr(run::Column::Usage, Expr::value(usage));
-        }
-        let res = update
+        check_outcome(&outcome)?;
+        let res = finish_update(outcome)
             .filter(run::Column::Id.eq(id.into_uuid()))
             .filter(run::Column::Status.is_in(active()))
             .exec(self.writer())
             .await?;
         Ok(res.rows_affected == 1)
+    }
+
+    async fn finalize_run(
+        &self,
+        id: RunId,
+        outcome: RunOutcome,
+        terminal: AgentRunResult,
+    ) -> Result<Finalized> {
+        check_outcome(&outcome)?;
+        let target = outcome.status;
+        if !terminal.is_terminal() {
+            return Err(StoreError::invalid(format!(
+                "{} is not a terminal result item",
+                terminal.result_type
+            )));
+        }
+        let uuid = id.into_uuid();
+        // Rows are written in the order `insert_events` writes them (the item, then the run
+        // row), so a concurrent sink batch of the same run waits on us or we on it, never
+        // both. Dropping the transaction without commit rolls it back.
+        let txn = self.write_txn().await?;
+        let run = run::Entity::find_by_id(uuid)
+            .one(&txn)
+            .await?
+            .ok_or_else(|| StoreError::not_found(format!("run {id}")))?;
+        let status: RunStatus = run.status.parse()?;
+        if status.is_terminal() {
+            return Ok(Finalized::AlreadyEnded(status));
+        }
+        if let Some(sequence) = terminal_sequence(&txn, uuid).await? {
+            return Ok(Finalized::TerminalStored { sequence });
+        }
+        let mut sequence = run.last_sequence.max(0) + 1;
+        let created_at = now();
+        loop {
+            let item = terminal
+                .clone()
+                .with_run_id(id)
+                .with_sequence(u64::try_from(sequence).unwrap_or_default());
+            let row = NewRunEvent {
+                run_id: id,
+                sequence,
+                result_type: item.result_type.clone(),
+                data: serde_json::to_value(&item).unwrap_or_default(),
+            };
+            let inserted = run_event::Entity::insert(run_event_model(row, created_at))
+                .on_conflict(on_conflict_skip())
+                .exec_without_returning(&txn)
+                .await?;
+            if inserted == 1 {
+                break;
+            }
+            // Taken meanwhile: by the run's own terminal item, or by an item still in flight
+            // when the run was read (then the next sequence is tried).
+            if let Some(existing) = terminal_sequence(&txn, uuid).await? {
+                return Ok(Finalized::TerminalStored { sequence: existing });
+            }
+            sequence += 1;
+        }
+        bump_last_sequence(&txn, uuid, sequence).await?;
+        let res = finish_update(outcome)
+            .filter(run::Column::Id.eq(uuid))
+            .filter(run::Column::Status.is_in(active()))
+            .exec(&txn)
+            .await?;
+        if res.rows_affected != 1 {
+            // Ended meanwhile without an item of ours (e.g. an unrouted queued run).
+            drop(txn);
+            let status = self.get_run(id).await?.map_or(target, |r| r.status);
+            return Ok(Finalized::AlreadyEnded(status));
+        }
+        txn.commit().await?;
+        Ok(Finalized::Ended {
+            sequence: u64::try_from(sequence).unwrap_or_default(),
+        })
     }
 
     async fn request_cancel(&self, id: RunId, reason: Option<String>) -> Result<CancelOutcome> {
@@ -337,8 +468,12 @@ impl RunLedger for SqlStore {
         validate_run_event(&event)?;
         let (run_id, sequence) = (event.run_id, event.sequence);
         let txn = self.write_txn().await?;
+        let Some(event) = drop_after_terminal(&txn, vec![event]).await?.pop() else {
+            txn.commit().await?;
+            return Ok(false);
+        };
         let inserted = run_event::Entity::insert(run_event_model(event, now()))
-            .on_conflict(on_conflict_sequence())
+            .on_conflict(on_conflict_skip())
             .exec_without_returning(&txn)
             .await
             .map_err(|e| run_missing(e, &format!("run {run_id}")))?;
@@ -362,6 +497,7 @@ impl RunLedger for SqlStore {
             .collect();
         let now = now();
         let txn = self.write_txn().await?;
+        let events = drop_after_terminal(&txn, events).await?;
         let mut new_keys: HashSet<(Uuid, i64)> = HashSet::new();
         let mut events = events.into_iter().peekable();
         while events.peek().is_some() {
@@ -371,7 +507,7 @@ impl RunLedger for SqlStore {
                 .map(|e| run_event_model(e, now))
                 .collect();
             let rows = run_event::Entity::insert_many(chunk)
-                .on_conflict(on_conflict_sequence())
+                .on_conflict(on_conflict_skip())
                 .exec_with_returning(&txn)
                 .await
                 .map_err(|e| run_missing(e, "run of a result item"))?;
@@ -412,6 +548,22 @@ impl RunLedger for SqlStore {
             .filter(run::Column::DeadlineAt.is_not_null())
             .filter(run::Column::DeadlineAt.lt(now))
             .order_by_asc(run::Column::DeadlineAt)
+            .limit(limit.clamp(1, MAX_RUN_EVENTS_BATCH))
+            .all(&self.db)
+            .await?;
+        records(rows)
+    }
+
+    async fn runs_without_deadline_created_before(
+        &self,
+        created_before: DateTime<Utc>,
+        limit: u64,
+    ) -> Result<Vec<RunRecord>> {
+        let rows = run::Entity::find()
+            .filter(run::Column::Status.is_in(active()))
+            .filter(run::Column::DeadlineAt.is_null())
+            .filter(run::Column::CreatedAt.lt(created_before))
+            .order_by_asc(run::Column::CreatedAt)
             .limit(limit.clamp(1, MAX_RUN_EVENTS_BATCH))
             .all(&self.db)
             .await?;

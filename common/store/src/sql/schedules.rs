@@ -15,7 +15,14 @@ use crate::events::EventRecord;
 use crate::page::{
     CursorKind, DEFAULT_PAGE_LIMIT, MAX_PAGE_LIMIT, Page, clamp_limit, decode_key, encode_key,
 };
-use crate::schedules::{NewSchedule, ScheduleFiring, ScheduleRecord, ScheduleSpec, ScheduleStore};
+use crate::schedules::{
+    NewSchedule, ScheduleEdit, ScheduleFiring, ScheduleRecord, ScheduleSpec, ScheduleStore,
+    next_fire_after_edit,
+};
+
+/// Attempts of [`ScheduleStore::update`]'s compare-and-set before it reports a conflict
+/// (each lost attempt means a firing or another edit committed in between).
+const UPDATE_ATTEMPTS: usize = 5;
 
 /// Largest [`ScheduleStore::due`] read.
 const MAX_DUE: u64 = 1000;
@@ -107,6 +114,51 @@ impl ScheduleStore for SqlStore {
             .map(schedule_record)
             .collect::<Result<Vec<_>>>()?;
         Ok(Page::from_overfetch(records, limit, schedule_cursor))
+    }
+
+    async fn update(
+        &self,
+        workspace_id: &WorkspaceId,
+        id: Uuid,
+        edit: ScheduleEdit,
+    ) -> Result<Option<ScheduleRecord>> {
+        check_len_opt("name", edit.name.as_deref(), ID_LEN)?;
+        if !edit.event.is_object() {
+            return Err(StoreError::invalid("`event` must be a JSON object"));
+        }
+        for _ in 0..UPDATE_ATTEMPTS {
+            let Some(current) = self.get(workspace_id, id).await? else {
+                return Ok(None);
+            };
+            let next_fire_at = next_fire_after_edit(&current, &edit, now())?;
+            let updated = schedule::Entity::update_many()
+                .col_expr(schedule::Column::Name, Expr::value(edit.name.clone()))
+                .col_expr(schedule::Column::Kind, Expr::value(edit.kind.as_str()))
+                .col_expr(schedule::Column::Spec, Expr::value(edit.spec.clone()))
+                .col_expr(schedule::Column::Event, Expr::value(edit.event.clone()))
+                .col_expr(schedule::Column::Enabled, Expr::value(edit.enabled))
+                .col_expr(
+                    schedule::Column::NextFireAt,
+                    Expr::value(next_fire_at.map(micros)),
+                )
+                .col_expr(schedule::Column::UpdatedAt, Expr::value(now()))
+                .filter(schedule::Column::Id.eq(id))
+                .filter(schedule::Column::WorkspaceId.eq(workspace_id.as_str()))
+                // The compare-and-set: the row is still the one the edit was computed from.
+                .filter(schedule::Column::UpdatedAt.eq(current.updated_at))
+                .filter(match current.next_fire_at {
+                    Some(at) => schedule::Column::NextFireAt.eq(at),
+                    None => schedule::Column::NextFireAt.is_null(),
+                })
+                .exec(self.writer())
+                .await?;
+            if updated.rows_affected > 0 {
+                return self.get(workspace_id, id).await;
+            }
+        }
+        Err(StoreError::Conflict(format!(
+            "schedule {id} changed during the edit; try again"
+        )))
     }
 
     async fn delete(&self, workspace_id: &WorkspaceId, id: Uuid) -> Result<bool> {

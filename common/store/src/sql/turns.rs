@@ -1,8 +1,9 @@
 //! [`TurnStore`] on SQL.
 
 use async_trait::async_trait;
+use chrono::{DateTime, Utc};
 use sb_protocol::ids::{AgentId, EventId, RunId, WorkspaceId};
-use sea_orm::sea_query::{Expr, OnConflict};
+use sea_orm::sea_query::{Expr, ExprTrait as _, OnConflict, Query};
 use sea_orm::{ColumnTrait, EntityTrait, QueryFilter, QueryOrder, QuerySelect, Set};
 use uuid::Uuid;
 
@@ -210,5 +211,33 @@ impl TurnStore for SqlStore {
             .await?
             .unique_row()
             .map(turn_record))
+    }
+
+    async fn delete_closed_identities(
+        &self,
+        closed_before: DateTime<Utc>,
+        batch: u64,
+    ) -> Result<u64> {
+        // The turn id is unique (`ux_turn_idempotency_run`), so a batch is a list of them.
+        let victims = Query::select()
+            .column((turn_idempotency::Entity, turn_idempotency::Column::RunId))
+            .from(turn_idempotency::Entity)
+            .inner_join(
+                turn_session::Entity,
+                Expr::col((turn_session::Entity, turn_session::Column::Id)).equals((
+                    turn_idempotency::Entity,
+                    turn_idempotency::Column::SessionId,
+                )),
+            )
+            .and_where(
+                Expr::col((turn_session::Entity, turn_session::Column::ClosedAt)).lt(closed_before),
+            )
+            .limit(Ord::max(batch, 1))
+            .to_owned();
+        let res = turn_idempotency::Entity::delete_many()
+            .filter(turn_idempotency::Column::RunId.in_subquery(victims))
+            .exec(self.writer())
+            .await?;
+        Ok(res.rows_affected)
     }
 }

@@ -32,6 +32,7 @@ pub struct Model {
     #[sea_orm(column_type = "JsonBinary")]
     pub budgets: Json,
     pub enabled: bool,
+    pub routing: String,
     pub created_at: DateTimeUtc,
     pub updated_at: DateTimeUtc,
 }
