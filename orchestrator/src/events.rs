@@ -810,12 +810,30 @@ impl EventRouter {
         ))
     }
 
+    /// Routes a consumed event message. While another consumer holds the event's route lock,
+    /// waits here (polling, up to `route_lock_ttl`) instead of requeueing at once: every
+    /// requeue counts against the queue's delivery limit, and the lock of a consumer that
+    /// died mid-route outlives a few quick retries — the event would be dead-lettered, never
+    /// routed (found by the chaos suite's `kill_orchestrator`).
     async fn handle(&self, delivery: &Delivery) -> Result<RouteOutcome> {
         let message: EventMessage = messages::decode(&delivery.body)?;
         let span = tracing::info_span!("route", event_id = %message.event_id);
-        self.route(&message).instrument(span).await
+        let give_up = tokio::time::Instant::now() + self.options.route_lock_ttl;
+        loop {
+            match self.route(&message).instrument(span.clone()).await {
+                Err(OrchestratorError::RouteInProgress(_))
+                    if tokio::time::Instant::now() < give_up =>
+                {
+                    tokio::time::sleep(ROUTE_LOCK_POLL).await;
+                }
+                outcome => return outcome,
+            }
+        }
     }
 }
+
+/// How often a consumer waiting for another's route lock tries again (see `handle`).
+const ROUTE_LOCK_POLL: std::time::Duration = std::time::Duration::from_millis(200);
 
 /// A fresh remote Host API token: 32 random bytes (256 bits), base64url without padding.
 ///

@@ -221,10 +221,10 @@ pub async fn replay(
     args: &ReplayArgs,
     out: &mut impl Write,
 ) -> anyhow::Result<ExitCode> {
-    let report = dead_letters
-        .replay(queue, &args.options())
-        .await
-        .map_err(|e| failed(queue, e))?;
+    let progress = super::output::spinner(format!("replaying the dead letters of {}", queue.name));
+    let report = dead_letters.replay(queue, &args.options()).await;
+    progress.finish_and_clear();
+    let report = report.map_err(|e| failed(queue, e))?;
     write_report(out, queue, args, &report).context("cannot write the report")?;
     let nothing_matched = args.id.is_some() && report.replayed == 0 && report.left_in_place() == 0;
     Ok(if report.is_complete() && !nothing_matched {

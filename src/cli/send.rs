@@ -54,8 +54,14 @@ pub async fn run(args: SendArgs, api_key: Option<String>) -> anyhow::Result<Exit
 
     let mut printer = ReplyPrinter::default();
     let mut stdout = std::io::stdout();
+    // Until the first item: routing and the runner's start can take a while.
+    let mut waiting = Some(super::output::spinner("waiting for the reply"));
     let outcome = loop {
-        match follower.next().await {
+        let next = follower.next().await;
+        if let Some(spinner) = waiting.take() {
+            spinner.finish_and_clear();
+        }
+        match next {
             Ok(Some(item)) => {
                 write_out(&mut stdout, &printer.on_result(&item))?;
                 if item.result_type == "run.failed" {
