@@ -514,10 +514,6 @@ fn deliver_at_of(metadata: &Value) -> Option<DateTime<Utc>> {
         .map(|t| t.with_timezone(&Utc))
 }
 
-/// Longest `GET /v1/events/{id}/wait`, whatever `timeout_ms` asks.
-pub const MAX_WAIT: Duration = Duration::from_secs(60);
-/// `GET /v1/events/{id}/wait` without `timeout_ms`.
-pub const DEFAULT_WAIT: Duration = Duration::from_secs(30);
 /// How often a waiting request reads the event's routing state again.
 const WAIT_POLL: Duration = Duration::from_millis(20);
 
@@ -566,29 +562,28 @@ pub async fn wait_event(
         return Err(not_found());
     }
     let _slot = state.key_limits().open_stream(caller.key_id)?;
-    let timeout = q
-        .timeout_ms
-        .map_or(DEFAULT_WAIT, Duration::from_millis)
-        .min(MAX_WAIT);
-    let deadline = tokio::time::Instant::now() + timeout;
-    let shutdown = state.shutdown().token();
-    let mut status = routing.status;
-    loop {
-        let now = tokio::time::Instant::now();
-        if is_routed(status) || now >= deadline || shutdown.is_cancelled() {
-            let record = events.get(event_id).await?.ok_or_else(not_found)?;
-            return Ok(ApiJson(record.into()));
+    let mut status = Some(routing.status);
+    let record = super::long_poll(&state, q.timeout_ms, WAIT_POLL, |last| {
+        let known = status.take();
+        async move {
+            let status = match known {
+                Some(status) => status,
+                None => {
+                    events
+                        .routing(event_id)
+                        .await?
+                        .ok_or_else(not_found)?
+                        .status
+                }
+            };
+            if !is_routed(status) && !last {
+                return Ok(None);
+            }
+            Ok(Some(events.get(event_id).await?.ok_or_else(not_found)?))
         }
-        tokio::select! {
-            () = tokio::time::sleep(WAIT_POLL.min(deadline - now)) => {}
-            () = shutdown.cancelled() => {}
-        }
-        status = events
-            .routing(event_id)
-            .await?
-            .ok_or_else(not_found)?
-            .status;
-    }
+    })
+    .await?;
+    Ok(ApiJson(record.into()))
 }
 
 #[cfg(test)]

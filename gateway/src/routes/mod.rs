@@ -98,3 +98,41 @@ pub(crate) fn parse_id<T: FromStr>(what: &str, id: &str) -> Result<T, ApiError> 
     id.parse()
         .map_err(|_| ApiError::not_found(format!("{what} {id} not found")))
 }
+
+/// Longest long-poll (`GET /v1/events/{id}/wait`, `GET /v1/turns/{id}/wait`), whatever
+/// `timeout_ms` asks.
+pub const MAX_WAIT: std::time::Duration = std::time::Duration::from_secs(60);
+/// A long-poll without `timeout_ms`.
+pub const DEFAULT_WAIT: std::time::Duration = std::time::Duration::from_secs(30);
+
+/// The one long-poll loop of the wait endpoints: calls `probe(last)` every `poll` until it
+/// answers `Some`; `last` is `true` once `timeout_ms` (default [`DEFAULT_WAIT`], at most
+/// [`MAX_WAIT`]) has passed or the gateway is shutting down, and then `probe` must answer
+/// with the current state. Only reads; the caller holds the stream slot.
+pub(crate) async fn long_poll<T, F, Fut>(
+    state: &crate::state::AppState,
+    timeout_ms: Option<u64>,
+    poll: std::time::Duration,
+    mut probe: F,
+) -> Result<T, ApiError>
+where
+    F: FnMut(bool) -> Fut,
+    Fut: std::future::Future<Output = Result<Option<T>, ApiError>>,
+{
+    let timeout = timeout_ms
+        .map_or(DEFAULT_WAIT, std::time::Duration::from_millis)
+        .min(MAX_WAIT);
+    let deadline = tokio::time::Instant::now() + timeout;
+    let shutdown = state.shutdown().token();
+    loop {
+        let now = tokio::time::Instant::now();
+        let last = now >= deadline || shutdown.is_cancelled();
+        if let Some(answer) = probe(last).await? {
+            return Ok(answer);
+        }
+        tokio::select! {
+            () = tokio::time::sleep(poll.min(deadline - now)) => {}
+            () = shutdown.cancelled() => {}
+        }
+    }
+}

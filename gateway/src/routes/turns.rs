@@ -60,10 +60,6 @@ use crate::error::{ApiError, ApiJson, ApiPath, ApiQuery, ApiResult};
 use crate::normalize::{IngestRequest, NormalizeContext, normalize};
 use crate::state::AppState;
 
-/// Longest `GET /v1/turns/{id}/wait`, whatever `timeout_ms` asks.
-pub const MAX_WAIT: Duration = Duration::from_secs(60);
-/// `GET /v1/turns/{id}/wait` without `timeout_ms`.
-pub const DEFAULT_WAIT: Duration = Duration::from_secs(30);
 /// How often a waiting request reads the turn again.
 const WAIT_POLL: Duration = Duration::from_millis(50);
 /// The failure code of a completed turn whose result retention deleted (seed 004's
@@ -474,27 +470,19 @@ pub async fn wait_turn(
 ) -> ApiResult<ApiJson<TurnSnapshot>> {
     let turn = load_turn(&state, &caller, &id).await?;
     let _slot = state.key_limits().open_stream(caller.key_id)?;
-    let timeout = q
-        .timeout_ms
-        .map_or(DEFAULT_WAIT, Duration::from_millis)
-        .min(MAX_WAIT);
-    let deadline = tokio::time::Instant::now() + timeout;
-    let shutdown = state.shutdown().token();
-    loop {
-        let current = snapshot(&state, &turn, false).await?;
-        let now = tokio::time::Instant::now();
-        if current.status.is_terminal() || now >= deadline || shutdown.is_cancelled() {
-            return Ok(ApiJson(if current.status == TurnStatus::Completed {
-                snapshot(&state, &turn, true).await?
-            } else {
-                current
-            }));
-        }
-        tokio::select! {
-            () = tokio::time::sleep(WAIT_POLL.min(deadline - now)) => {}
-            () = shutdown.cancelled() => {}
-        }
-    }
+    let (state, turn) = (&state, &turn);
+    let answer = super::long_poll(state, q.timeout_ms, WAIT_POLL, |last| async move {
+        let current = snapshot(state, turn, false).await?;
+        Ok(if current.status == TurnStatus::Completed {
+            Some(snapshot(state, turn, true).await?)
+        } else if current.status.is_terminal() || last {
+            Some(current)
+        } else {
+            None
+        })
+    })
+    .await?;
+    Ok(ApiJson(answer))
 }
 
 /// Query of `GET /v1/turns/{id}/events`.
