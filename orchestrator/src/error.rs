@@ -64,6 +64,21 @@ pub enum OrchestratorError {
     Deferred,
 }
 
+impl OrchestratorError {
+    /// Whether this failure means the ledger or the session store is unreachable right now
+    /// (a connection failure, a restart in progress): retrying the same work later succeeds,
+    /// and nothing else can succeed meanwhile. The result sink waits in place on these
+    /// instead of requeueing (which would spend the message's delivery limit).
+    #[must_use]
+    pub fn is_backend_outage(&self) -> bool {
+        match self {
+            Self::Store(e) => e.is_transient(),
+            Self::Session(e) => matches!(e, SessionError::Unavailable(_)),
+            _ => false,
+        }
+    }
+}
+
 impl HasErrorCode for OrchestratorError {
     fn code(&self) -> ErrorCode {
         match self {

@@ -815,16 +815,29 @@ impl EventRouter {
     /// requeue counts against the queue's delivery limit, and the lock of a consumer that
     /// died mid-route outlives a few quick retries — the event would be dead-lettered, never
     /// routed (found by the chaos suite's `kill_orchestrator`).
-    async fn handle(&self, delivery: &Delivery) -> Result<RouteOutcome> {
+    ///
+    /// For the same reason it waits in place, with the retry backoff and until shutdown,
+    /// while the ledger or the session store is unreachable
+    /// ([`OrchestratorError::is_backend_outage`]): a database restart outlasts the quick
+    /// retries of the delivery limit.
+    async fn handle(&self, delivery: &Delivery, shutdown: &Shutdown) -> Result<RouteOutcome> {
         let message: EventMessage = messages::decode(&delivery.body)?;
         let span = tracing::info_span!("route", event_id = %message.event_id);
         let give_up = tokio::time::Instant::now() + self.options.route_lock_ttl;
+        let mut outages = 0u32;
         loop {
             match self.route(&message).instrument(span.clone()).await {
                 Err(OrchestratorError::RouteInProgress(_))
                     if tokio::time::Instant::now() < give_up =>
                 {
                     tokio::time::sleep(ROUTE_LOCK_POLL).await;
+                }
+                Err(error) if error.is_backend_outage() && !shutdown.is_shutting_down() => {
+                    tracing::warn!(%error, event_id = %message.event_id, attempt = outages, "backend unreachable; retrying the event in place");
+                    if !pause(self.options.retry_delay(outages), shutdown).await {
+                        return Err(error);
+                    }
+                    outages = outages.saturating_add(1);
                 }
                 outcome => return outcome,
             }
@@ -897,7 +910,7 @@ pub async fn run_shard(router: Arc<EventRouter>, shard: u32, shutdown: Shutdown)
             };
             match delivery {
                 Ok(delivery) => {
-                    let outcome = router.handle(&delivery).await.map(|_| ());
+                    let outcome = router.handle(&delivery, &shutdown).await.map(|_| ());
                     settle(delivery, &outcome, &queue.name, &options, &shutdown).await;
                 }
                 Err(error) => {

@@ -30,7 +30,10 @@
 //! and its side effects and live delivery are due (all idempotent). A second terminal item of
 //! a run is refused by the ledger and never applied. Host-made ends (reaper, recovery) go
 //! through [`ResultSink::finalize`]. When an item fails transiently, it and every later item of the batch are requeued,
-//! so a run's items are still applied in sequence order. A delivery the bus refuses for good
+//! so a run's items are still applied in sequence order; when it failed because the ledger
+//! or the session store is unreachable, they are retried in place instead, until the
+//! backend is back (see [`ResultSink::process_batch`]), so an outage never spends their
+//! delivery limit. A delivery the bus refuses for good
 //! (a non-retryable [`BusError`](sb_common::bus::BusError), e.g. an invalid routing key) is
 //! dropped and counted, not requeued: the items are in the ledger, and requeueing would stall
 //! the shard and keep the run from finishing.
@@ -359,12 +362,68 @@ impl ResultSink {
     }
 
     /// Persists, applies and delivers one batch of result deliveries, then settles them.
+    ///
+    /// While the ledger or the session store is unreachable, the deliveries that failed on
+    /// it (and those deferred behind them) are retried **in place**, with the orchestrator's
+    /// retry backoff, until they succeed or shutdown begins: requeueing them would spend the
+    /// results queue's delivery limit in seconds and dead-letter a run's items during an
+    /// outage longer than that, leaving the run without its terminal item. Holding them keeps
+    /// the shard waiting, which is all it could do anyway (every later item needs the same
+    /// backends), and keeps each run's items in order.
     pub(crate) async fn process_batch(
         &self,
         deliveries: Vec<Delivery>,
         queue: &str,
         shutdown: &Shutdown,
     ) {
+        let mut pending = deliveries;
+        let mut attempt = 0u32;
+        loop {
+            let waiting = self.process_once(pending, queue, shutdown).await;
+            if waiting.is_empty() {
+                return;
+            }
+            Registry::global().add(
+                names::BUS_CONSUMED_TOTAL,
+                &[("queue", queue), ("disposition", "retry_in_place")],
+                waiting.len() as u64,
+            );
+            tracing::warn!(
+                queue,
+                deliveries = waiting.len(),
+                attempt,
+                "ledger or session store unreachable; retrying the results in place"
+            );
+            if !pause(self.options.retry_delay(attempt), shutdown).await {
+                // Shutting down: hand them back to the broker for another consumer.
+                for delivery in waiting {
+                    if let Err(error) = delivery.nack(true).await {
+                        tracing::warn!(%error, queue, "could not requeue a delivery at shutdown");
+                    }
+                }
+                return;
+            }
+            attempt = attempt.saturating_add(1);
+            // Their items may have been stored by the failed attempt: apply them as
+            // redelivered (side effects again, all idempotent).
+            pending = waiting
+                .into_iter()
+                .map(|mut delivery| {
+                    delivery.redelivered = true;
+                    delivery
+                })
+                .collect();
+        }
+    }
+
+    /// One attempt of [`Self::process_batch`]: settles every delivery except those that
+    /// failed on an unreachable backend (and those deferred behind them), which it returns.
+    async fn process_once(
+        &self,
+        deliveries: Vec<Delivery>,
+        queue: &str,
+        shutdown: &Shutdown,
+    ) -> Vec<Delivery> {
         let options = &self.options;
         let mut kept: Vec<Delivery> = Vec::with_capacity(deliveries.len());
         let mut items: Vec<Item> = Vec::with_capacity(deliveries.len());
@@ -384,7 +443,7 @@ impl ResultSink {
             }
         }
         if items.is_empty() {
-            return;
+            return Vec::new();
         }
 
         // 2. One ledger call for the whole batch.
@@ -473,8 +532,19 @@ impl ResultSink {
                 (_, Ok(_)) => Ok(()),
             });
         }
+        // An unreachable ledger or session store: what failed on it waits in place.
+        let outage = settled
+            .iter()
+            .any(|o| matches!(o, Some(Err(e)) if e.is_backend_outage()));
+        let mut waiting = Vec::new();
         for (delivery, outcome) in kept.into_iter().zip(settled) {
             match outcome.unwrap_or(Ok(())) {
+                Err(e)
+                    if outage
+                        && (e.is_backend_outage() || matches!(e, OrchestratorError::Deferred)) =>
+                {
+                    waiting.push(delivery);
+                }
                 Err(OrchestratorError::Deferred) => {
                     if let Err(error) = delivery.nack(true).await {
                         tracing::warn!(%error, queue, "could not requeue a deferred delivery");
@@ -483,6 +553,7 @@ impl ResultSink {
                 other => settle(delivery, &other, queue, options, shutdown).await,
             }
         }
+        waiting
     }
 
     /// Publishes the deliveries of the items at `unsent` (indices into `items`, ascending;

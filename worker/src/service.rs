@@ -115,9 +115,10 @@ const CONTROL_PREFETCH: u16 = 64;
 const CANCEL_SETTLE: Duration = Duration::from_secs(2);
 /// After forcing the last runs, how long their tasks get to nack and release their leases.
 const FORCE_SETTLE: Duration = Duration::from_secs(5);
-/// First and largest delay between attempts to publish results while the bus fails.
-const PUBLISH_RETRY_INITIAL: Duration = Duration::from_millis(50);
-const PUBLISH_RETRY_MAX: Duration = Duration::from_secs(5);
+/// First and largest delay between attempts while the bus (publishing results) or the ledger
+/// (claiming a run) fails.
+const RETRY_INITIAL: Duration = Duration::from_millis(50);
+const RETRY_MAX: Duration = Duration::from_secs(5);
 /// Pause after a transient consume error before pulling again.
 const CONSUME_ERROR_PAUSE: Duration = Duration::from_millis(500);
 
@@ -908,12 +909,28 @@ impl Core {
 
     async fn with_lease(&self, job: &RunJob, reservation: &mut Reservation) -> Settlement {
         let run_id = job.run_id;
-        match self.ledger.claim_run(run_id, &self.id).await {
-            Ok(true) => {}
-            Ok(false) => return self.on_claim_lost(job).await,
-            Err(error) => {
-                tracing::warn!(%error, "claiming the run failed");
-                return settlement_for(error.code());
+        // While the ledger is unreachable the claim is retried here, holding the job: a
+        // requeue per failure would spend the runs queue's delivery limit within seconds and
+        // dead-letter the job of a run that then stays `queued` (found by the chaos suite's
+        // `restart_postgres`).
+        let mut delay = RETRY_INITIAL;
+        loop {
+            match self.ledger.claim_run(run_id, &self.id).await {
+                Ok(true) => break,
+                Ok(false) => return self.on_claim_lost(job).await,
+                Err(error) if error.is_transient() => {
+                    tracing::warn!(%error, retry_in_ms = delay.as_millis() as u64, "claiming the run failed; the ledger is unreachable, retrying");
+                    tokio::select! {
+                        biased;
+                        () = self.stop.cancelled() => return settlement_for(error.code()),
+                        () = tokio::time::sleep(delay) => {}
+                    }
+                    delay = (delay * 2).min(RETRY_MAX);
+                }
+                Err(error) => {
+                    tracing::warn!(%error, "claiming the run failed");
+                    return settlement_for(error.code());
+                }
             }
         }
         tracing::debug!("run claimed");
@@ -1202,7 +1219,7 @@ impl Core {
             .into_iter()
             .map(|body| Outgoing::new(exchange.clone(), routing_key.clone(), body))
             .collect();
-        let mut delay = PUBLISH_RETRY_INITIAL;
+        let mut delay = RETRY_INITIAL;
         loop {
             let count = pending.len();
             let outcome = if count == 1 {
@@ -1243,7 +1260,7 @@ impl Core {
                         () = self.force.cancelled() => return false,
                         () = tokio::time::sleep(delay) => {}
                     }
-                    delay = (delay * 2).min(PUBLISH_RETRY_MAX);
+                    delay = (delay * 2).min(RETRY_MAX);
                 }
             }
         }

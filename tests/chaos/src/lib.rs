@@ -88,15 +88,6 @@ impl Profile {
                 .map_err(|_| format!("SWITCHBOARD_CHAOS_RATE={rate}"))?;
         }
         let faults = match var("SWITCHBOARD_CHAOS_SCENARIOS") {
-            // The short profile (the one `scripts/test` runs) leaves out `restart_postgres`:
-            // a result message whose ledger write fails is requeued, and an outage longer than
-            // the results queue's delivery limit of quick retries dead-letters it, leaving its
-            // run without a terminal item (seen once in five short runs; open, see README
-            // "Chaos"). The full profile keeps it.
-            None if name == "short" => Fault::ALL
-                .into_iter()
-                .filter(|f| *f != Fault::RestartPostgres)
-                .collect(),
             None => Fault::ALL.to_vec(),
             Some(list) => list
                 .split(',')

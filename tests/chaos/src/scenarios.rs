@@ -24,7 +24,7 @@
 //! | `stop_worker` | SIGSTOP of worker 0, held past its lease TTL + grace | SIGCONT |
 //! | `restart_redis` | Redis stopped (no persistence: it comes back empty) | started again |
 //! | `restart_rabbitmq` | RabbitMQ stopped | started again on its data |
-//! | `restart_postgres` | Postgres fast shutdown | started again |
+//! | `restart_postgres` | Postgres fast shutdown, down for 12 s | started again |
 //! | `poison` | a third of the load on 255-character conversation ids; NUL in a body (must be `400`), NUL in runner output, a run past `limits.run_items_max` | — |
 //!
 //! `must_complete` scenarios cannot interrupt a run, so there every run must end
@@ -56,6 +56,8 @@ pub const LEASE_GRACE: Duration = Duration::from_secs(2);
 pub const REAPER_INTERVAL: Duration = Duration::from_secs(1);
 /// `limits.run_items_max` of the cluster (the poison scenario runs past it).
 pub const RUN_ITEMS_MAX: u64 = 500;
+/// How long `restart_postgres` keeps the database down: past the delivery limit's retries.
+const POSTGRES_OUTAGE: Duration = Duration::from_secs(12);
 /// Longest time a fault's injection and healing may take.
 const HEAL_TIMEOUT: Duration = Duration::from_secs(150);
 /// Longest wait for a probe to complete after an injection.
@@ -356,7 +358,19 @@ async fn inject_and_heal(ctx: &mut Context<'_>, fault: Fault) -> Result<(), Stri
                 Fault::RestartRabbitMq => Service::RabbitMq,
                 _ => Service::Postgres,
             };
-            ctx.services.restart(service).await.map_err(e)?;
+            // Postgres stays down longer than the results and events queues' quick retries
+            // (`bus.delivery_limit` returns, ≈ 3 s of backoff): a consumer that requeued on
+            // a ledger failure would dead-letter what it holds (the sink once left a run
+            // without its terminal item that way).
+            let outage = if service == Service::Postgres {
+                POSTGRES_OUTAGE
+            } else {
+                Duration::ZERO
+            };
+            ctx.services
+                .restart_after(service, outage)
+                .await
+                .map_err(e)?;
         }
     }
     Ok(())

@@ -231,7 +231,13 @@ impl OwnServices {
     /// Stops `service` the orderly way and starts it again on the same port (and data, for
     /// Postgres and RabbitMQ; Redis comes back empty). Returns when it accepts connections.
     pub async fn restart(&mut self, service: Service) -> Result<()> {
+        self.restart_after(service, Duration::ZERO).await
+    }
+
+    /// [`Self::restart`], with `service` kept down for `outage` before it starts again.
+    pub async fn restart_after(&mut self, service: Service, outage: Duration) -> Result<()> {
         self.stop(service);
+        tokio::time::sleep(outage).await;
         self.spawn(service)?;
         self.wait_ready(service).await
     }

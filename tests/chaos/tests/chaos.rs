@@ -66,6 +66,10 @@ async fn chaos() {
         &secs(scenarios::REAPER_INTERVAL),
     )
     .env("SWITCHBOARD__ORCHESTRATOR__DEFAULT_RUN_TIMEOUT", "120s")
+    // A short wait for a pooled connection: a database outage then surfaces as errors during
+    // the outage (as on a loaded machine or a dead host) instead of being hidden by the
+    // pool's wait, so `restart_postgres` exercises every consumer's error path.
+    .env("SWITCHBOARD__DATABASE__CONNECT_TIMEOUT", "1s")
     .env("SWITCHBOARD__ORCHESTRATOR__MEMBERSHIP_HEARTBEAT", "1s")
     .env("SWITCHBOARD__ORCHESTRATOR__MEMBERSHIP_TTL", "3s")
     .env(
