@@ -742,6 +742,13 @@ async fn start_roles(
                         source,
                     },
                 })?;
+            if agent.change != Change::Unchanged {
+                if let Err(error) =
+                    sb_common::session::announce_routing_change(deps.sessions.as_ref()).await
+                {
+                    tracing::warn!(%error, "could not announce the default agent to the routing caches");
+                }
+            }
             report.default_agent = agent.agent_id.filter(|_| agent.change == Change::Created);
             report.agent = Some(agent);
         }

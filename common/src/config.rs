@@ -447,6 +447,12 @@ pub struct OrchestratorConfig {
     /// This orchestrator's id in the member registry. Unset: unique per process start.
     /// Two running orchestrators must never share an id.
     pub member_id: Option<String>,
+    /// Longest the orchestrator routes with a cached read of a workspace's agents or a
+    /// runner's descriptor. Changes through the API and worker registrations reach every
+    /// orchestrator at once (they announce a new routing epoch); this bounds only changes
+    /// made directly in the database. `0s` turns the cache off.
+    #[serde(with = "humantime_serde")]
+    pub route_cache_max_age: Duration,
 }
 
 impl Default for OrchestratorConfig {
@@ -464,6 +470,8 @@ impl Default for OrchestratorConfig {
             membership_heartbeat: Duration::from_secs(2),
             membership_ttl: Duration::from_secs(6),
             member_id: None,
+            // Routing reads agents and runners on every event; they change rarely.
+            route_cache_max_age: Duration::from_secs(30),
         }
     }
 }

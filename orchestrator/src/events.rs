@@ -59,14 +59,14 @@ use std::time::Duration;
 use chrono::Utc;
 use sb_common::bus::topology::control_routing_key;
 use sb_common::bus::{ConsumeOptions, Delivery, PublishOptions};
-use sb_common::session::{PushOutcome, cancel_flag_key};
+use sb_common::session::{PushOutcome, cancel_flag_key, routing_epoch};
 use sb_common::shutdown::Shutdown;
 use sb_common::telemetry::{Registry, names};
 use sb_protocol::context::StateScope;
 use sb_protocol::host::{
     AgentBinding, AgentEventEnvelope, AgentRunnerDescriptor, ConcurrencyPolicy,
 };
-use sb_protocol::ids::RunId;
+use sb_protocol::ids::{RunId, WorkspaceId};
 use sb_protocol::messages::{self, ControlMessage, EventMessage};
 use sb_store::{
     CancelOutcome, EventRecord, EventStatus, EventStatusUpdate, EventTarget, NewRun, RunStatus,
@@ -83,6 +83,7 @@ use crate::conversations::Conversations;
 use crate::error::{OrchestratorError, Result};
 use crate::journal;
 use crate::plan::{self, Dispatch, Plan, PrepareInputs, RunnerLookup, UnroutedReason};
+use crate::route_cache::RouteCache;
 use crate::service::{OrchestratorDeps, OrchestratorOptions, pause, settle};
 use crate::state_keys::{StateKeyParts, scope_key};
 use crate::steering::{self, ActiveRun};
@@ -132,6 +133,8 @@ pub struct EventRouter {
     deps: OrchestratorDeps,
     options: Arc<OrchestratorOptions>,
     conversations: Conversations,
+    /// The workspace's agents and the runners' descriptors, as last read.
+    cache: RouteCache,
 }
 
 /// How a run is started for an event of a conversation.
@@ -150,10 +153,12 @@ impl EventRouter {
     #[must_use]
     pub fn new(deps: OrchestratorDeps, options: Arc<OrchestratorOptions>) -> Self {
         let conversations = deps.conversations(&options);
+        let cache = RouteCache::new(options.route_cache_max_age);
         Self {
             deps,
             options,
             conversations,
+            cache,
         }
     }
 
@@ -205,17 +210,15 @@ impl EventRouter {
         }
 
         let envelope = decode_envelope(&record)?;
-        let rows = stores.agents.list_enabled(&envelope.workspace_id).await?;
-        let candidates: Vec<AgentCandidate> = rows
-            .iter()
-            .filter_map(|row| match AgentCandidate::from_row(row) {
-                Ok(c) => Some(c),
-                Err(error) => {
-                    tracing::warn!(%error, "agent skipped by the resolver");
-                    None
-                }
-            })
-            .collect();
+        // Read before the lookups, so a change committed meanwhile is seen next time.
+        let epoch = if self.cache.is_enabled() {
+            routing_epoch(self.deps.sessions.as_ref()).await?
+        } else {
+            None
+        };
+        let candidates = self
+            .candidates(&envelope.workspace_id, epoch.as_deref())
+            .await?;
         // A turn's event goes to its session's agent, an addressed event to the agent it
         // names, whatever the scopes say.
         let target = TurnTag::from_metadata(&envelope.metadata)
@@ -223,7 +226,9 @@ impl EventRouter {
             .or_else(|| EventTarget::from_metadata(&envelope.metadata).map(|t| t.agent_id));
         let resolution = bindings::resolve_event(&envelope, &candidates, target.as_ref());
         let lookup = match &resolution {
-            bindings::Resolution::Matched(binding) => Some(self.lookup_runner(binding).await?),
+            bindings::Resolution::Matched(binding) => {
+                Some(self.lookup_runner(binding, epoch.as_deref()).await?)
+            }
             _ => None,
         };
         let plan = plan::plan(resolution, |_| lookup.unwrap_or(RunnerLookup::Missing));
@@ -563,7 +568,49 @@ impl EventRouter {
         Ok(())
     }
 
-    async fn lookup_runner(&self, binding: &AgentBinding) -> Result<RunnerLookup> {
+    /// The workspace's enabled agents as resolver candidates (an agent whose row does not
+    /// parse is skipped, with a warning), from the cache when it holds them under `epoch`.
+    async fn candidates(
+        &self,
+        workspace: &WorkspaceId,
+        epoch: Option<&[u8]>,
+    ) -> Result<Arc<[AgentCandidate]>> {
+        if let Some(cached) = self.cache.agents(workspace, epoch) {
+            return Ok(cached);
+        }
+        let rows = self.deps.stores.agents.list_enabled(workspace).await?;
+        let candidates: Arc<[AgentCandidate]> = rows
+            .iter()
+            .filter_map(|row| match AgentCandidate::from_row(row) {
+                Ok(c) => Some(c),
+                Err(error) => {
+                    tracing::warn!(%error, "agent skipped by the resolver");
+                    None
+                }
+            })
+            .collect();
+        self.cache
+            .put_agents(workspace, epoch, Arc::clone(&candidates));
+        Ok(candidates)
+    }
+
+    /// The registry's entry of the binding's runner, from the cache when it holds it under
+    /// `epoch`.
+    async fn lookup_runner(
+        &self,
+        binding: &AgentBinding,
+        epoch: Option<&[u8]>,
+    ) -> Result<RunnerLookup> {
+        let runner_id = binding.runner_id.to_string();
+        if let Some(cached) = self.cache.runner(&runner_id, epoch) {
+            return Ok(cached);
+        }
+        let lookup = self.read_runner(binding).await?;
+        self.cache.put_runner(&runner_id, epoch, lookup.clone());
+        Ok(lookup)
+    }
+
+    async fn read_runner(&self, binding: &AgentBinding) -> Result<RunnerLookup> {
         let Some(row) = self
             .deps
             .stores

@@ -60,6 +60,7 @@ pub mod journal;
 pub mod plan;
 pub mod reaper;
 pub mod retention;
+pub mod route_cache;
 pub mod scheduler;
 pub mod service;
 pub mod shards;

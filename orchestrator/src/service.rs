@@ -146,6 +146,11 @@ pub struct OrchestratorOptions {
     /// one event is never both claimed and dispatched. A holder that dies releases the event
     /// after this long.
     pub route_lock_ttl: Duration,
+    /// Longest an entry of the routing cache (a workspace's agents, a runner's descriptor)
+    /// is used; changes made through the API are seen at once (the routing epoch, see
+    /// [`crate::route_cache`]), this bounds only changes made behind its back. Zero: no
+    /// cache.
+    pub route_cache_max_age: Duration,
     /// Lower bound of the TTL of a conversation's active-run index (it is reset on every
     /// run added, to at least that run's session TTL).
     pub conversation_index_ttl: Duration,
@@ -193,6 +198,7 @@ impl Default for OrchestratorOptions {
             steering_queue_cap: sb_common::session::STEERING_CAP,
             // Routing takes milliseconds; a holder stuck this long is presumed dead.
             route_lock_ttl: Duration::from_secs(30),
+            route_cache_max_age: Duration::from_secs(30),
             // As long as the longest default session (a run without a deadline).
             conversation_index_ttl: Duration::from_secs(24 * 3600),
             // Two missed heartbeats are tolerated before a member is presumed dead.
@@ -223,6 +229,7 @@ impl OrchestratorOptions {
             steering_queue_cap: usize::try_from(config.limits.steering_queue_items.get())
                 .unwrap_or(sb_common::session::STEERING_CAP),
             run_max_duration: config.limits.run_max_duration,
+            route_cache_max_age: config.orchestrator.route_cache_max_age,
             ..Self::default()
         }
     }

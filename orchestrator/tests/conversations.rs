@@ -6,6 +6,7 @@
 //! backends (`MemoryBus`, `MemorySessionStore`, in-memory SQLite) always run; a RabbitMQ /
 //! Redis / Postgres instantiation only needs another constructor returning [`Backends`].
 
+use sb_common::session::announce_routing_change;
 use std::future::Future;
 use std::num::NonZeroU32;
 use std::sync::Arc;
@@ -263,6 +264,10 @@ impl Harness {
             })
             .await
             .unwrap();
+        // As a worker's registration does: routing caches reload.
+        announce_routing_change(self.b.sessions.as_ref())
+            .await
+            .unwrap();
     }
 
     /// One agent for `runner` handling the whole workspace with `concurrency`.
@@ -288,6 +293,10 @@ impl Harness {
                 enabled: true,
                 routing: sb_store::AgentRouting::Scope,
             })
+            .await
+            .unwrap();
+        // As the gateway's agent routes do: routing caches reload.
+        announce_routing_change(self.b.sessions.as_ref())
             .await
             .unwrap();
     }

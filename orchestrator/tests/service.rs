@@ -1,6 +1,7 @@
 //! Service tests of the orchestrator on the embedded backends: `MemoryBus`,
 //! `MemorySessionStore` and an in-memory SQLite `SqlStore`.
 
+use sb_common::session::announce_routing_change;
 use std::future::Future;
 use std::num::NonZeroU32;
 use std::sync::Arc;
@@ -126,6 +127,10 @@ impl Harness {
             })
             .await
             .unwrap();
+        // As a worker's registration does: routing caches reload.
+        announce_routing_change(self.sessions.as_ref())
+            .await
+            .unwrap();
     }
 
     async fn create_agent(
@@ -136,7 +141,8 @@ impl Harness {
         runner_config: Value,
         state_policy: Value,
     ) -> AgentRow {
-        self.stores
+        let row = self
+            .stores
             .agents
             .create(NewAgent {
                 id: None,
@@ -156,7 +162,12 @@ impl Harness {
                 routing: sb_store::AgentRouting::Scope,
             })
             .await
-            .unwrap()
+            .unwrap();
+        // As the gateway's agent routes do: routing caches reload.
+        announce_routing_change(self.sessions.as_ref())
+            .await
+            .unwrap();
+        row
     }
 
     /// Appends a `message.received` event (as the gateway would) and returns its id.
@@ -556,6 +567,7 @@ async fn the_run_snapshot_carries_the_agents_budgets() {
     let mut agent = standard_setup(&h, json!({})).await;
     agent.budgets = json!({"max_tool_calls": 1, "max_model_output_chars": 0});
     h.stores.agents.update(agent).await.unwrap();
+    announce_routing_change(h.sessions.as_ref()).await.unwrap();
 
     let event_id = h.ingest(Some("conv-b"), "hello").await;
     let RouteOutcome::Dispatched { run_id, .. } = router

@@ -73,8 +73,8 @@ use sb_common::bus::{
 use sb_common::config::{SwitchboardConfig, WorkerConfig};
 use sb_common::error::ShutdownError;
 use sb_common::session::{
-    RUN_HANDED_OFF_TTL, SessionError, SessionStore, cancel_flag_key, run_handed_off_key,
-    run_lease_key,
+    RUN_HANDED_OFF_TTL, SessionError, SessionStore, announce_routing_change, cancel_flag_key,
+    run_handed_off_key, run_lease_key,
 };
 use sb_common::shutdown::Shutdown;
 use sb_common::telemetry::{Registry, names};
@@ -388,6 +388,9 @@ async fn start(
     }
     if hosts.is_empty() {
         tracing::warn!(dirs = ?dirs, pools = ?config.pools, "no runner to host: every job will fail with runner.error");
+    } else if let Err(error) = announce_routing_change(deps.sessions.as_ref()).await {
+        // The registrations are committed; routing caches see them within their max age.
+        tracing::warn!(%error, "could not announce the runner registrations to the routing caches");
     }
 
     declare_topology(deps.bus.as_ref(), deps.topology.options())

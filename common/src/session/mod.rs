@@ -28,7 +28,7 @@
 //! # Keys shared between roles
 //! Some keys are written by one role and read by another, so their names are part of the
 //! contract between roles and are built only by the functions here: [`cancel_flag_key`],
-//! [`run_lease_key`].
+//! [`run_lease_key`], [`ROUTING_EPOCH_KEY`].
 //!
 //! # A store that comes back empty
 //! The Redis backend may run without persistence: a restart loses every key. Holders of
@@ -67,6 +67,37 @@ pub const STEERING_CAP: usize = 100;
 #[must_use]
 pub fn cancel_flag_key(run_id: &RunId) -> String {
     format!("cancel:{run_id}")
+}
+
+/// The plain key (`<prefix>kv:routing-epoch`) of the routing epoch: an opaque value replaced
+/// after every committed change of what routing reads (agents and their bindings, registered
+/// runners).
+///
+/// Cross-role contract: whoever changes agents or runners (the gateway's agent routes, a
+/// worker registering its runners, the bootstrap of the default agent) calls
+/// [`announce_routing_change`] *after* the change is committed; an orchestrator caching what
+/// it read for routing reads the epoch ([`routing_epoch`]) before each routing and reloads
+/// when it differs from the one its cache was filled under. A store that comes back empty
+/// has no epoch, which differs from every announced one, so caches reload then too.
+pub const ROUTING_EPOCH_KEY: &str = "routing-epoch";
+
+/// How long an announced routing epoch is kept; one that expired reads as absent, which
+/// makes every cache reload once.
+pub const ROUTING_EPOCH_TTL: Duration = Duration::from_secs(30 * 24 * 3600);
+
+/// Replaces the routing epoch (see [`ROUTING_EPOCH_KEY`]): call it after a change of agents
+/// or runners is committed, never before.
+pub async fn announce_routing_change(sessions: &dyn SessionStore) -> Result<()> {
+    let epoch = uuid::Uuid::new_v4().simple().to_string();
+    sessions
+        .set_ex(ROUTING_EPOCH_KEY, epoch.as_bytes(), ROUTING_EPOCH_TTL)
+        .await
+}
+
+/// The current routing epoch (see [`ROUTING_EPOCH_KEY`]); `None` when none was announced
+/// since the store started.
+pub async fn routing_epoch(sessions: &dyn SessionStore) -> Result<Option<Vec<u8>>> {
+    sessions.get(ROUTING_EPOCH_KEY).await
 }
 
 /// The plain key (`<prefix>lease:<run_id>`; the store adds the family prefix) of a run's

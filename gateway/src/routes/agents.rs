@@ -248,6 +248,7 @@ pub async fn delete_agent(
         .delete(&caller.workspace_id, agent_id)
         .await?
     {
+        announce_routing_change(&state).await;
         Ok(StatusCode::NO_CONTENT)
     } else {
         Err(ApiError::not_found(format!("agent {id} not found")))
@@ -292,6 +293,7 @@ pub async fn create_agent(
     };
     let row = state.stores().agents.create(new).await?;
     tracing::info!(agent_id = %row.id, runner_id = %row.runner_id, "agent created");
+    announce_routing_change(&state).await;
     Ok((StatusCode::CREATED, ApiJson(AgentView::from(row))))
 }
 
@@ -365,7 +367,18 @@ pub async fn update_agent(
     };
     let row = state.stores().agents.update(updated).await?;
     tracing::info!(agent_id = %row.id, "agent updated");
+    announce_routing_change(&state).await;
     Ok(ApiJson(row.into()))
+}
+
+/// Tells every orchestrator's routing cache that agents changed (after the commit). The
+/// change is committed whatever happens here: if the session store cannot take the new epoch,
+/// the caches see it within their `route_cache_max_age`, and the request still succeeds.
+async fn announce_routing_change(state: &AppState) {
+    if let Err(error) = sb_common::session::announce_routing_change(state.sessions().as_ref()).await
+    {
+        tracing::warn!(%error, "could not announce the agent change to the routing caches; they pick it up within orchestrator.route_cache_max_age");
+    }
 }
 
 /// The stored forms of a checked agent body.

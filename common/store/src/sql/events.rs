@@ -317,8 +317,11 @@ impl EventLog for SqlStore {
             Some(Value::Object(map)) => Some(map),
             Some(_) => return Err(StoreError::invalid("metadata_merge must be a JSON object")),
         };
-        if self.backend() == DbBackend::Sqlite
-            && merge
+        // One statement where the backend can merge in place: every Postgres update (jsonb
+        // `-` and `||`), and SQLite's unless a key cannot be a JSON path label. Routing
+        // writes this once per event, so it is on every run's path.
+        if self.backend() == DbBackend::Postgres
+            || merge
                 .as_ref()
                 .is_none_or(|m| m.keys().all(|k| sqlite_path_label(k).is_some()))
         {
@@ -488,31 +491,12 @@ impl SqlStore {
             );
         }
         if let Some(merge) = merge.filter(|m| !m.is_empty()) {
-            // coalesce(metadata, '{}') → json_remove(…, removed keys) → json_set(…, key,
-            // json(value), …) → NULL when empty (the stored form of `{}`).
-            let mut sql = String::from(r#"coalesce("metadata", '{}')"#);
-            let mut values: Vec<sea_orm::Value> = Vec::new();
-            let (removed, set): (Vec<_>, Vec<_>) =
-                merge.into_iter().partition(|(_, v)| v.is_null());
-            if !removed.is_empty() {
-                sql = format!("json_remove({sql}{})", ", ?".repeat(removed.len()));
-                values.extend(
-                    removed
-                        .iter()
-                        .filter_map(|(k, _)| sqlite_path_label(k))
-                        .map(Into::into),
-                );
-            }
-            if !set.is_empty() {
-                sql = format!("json_set({sql}{})", ", ?, json(?)".repeat(set.len()));
-                for (k, v) in &set {
-                    values.push(sqlite_path_label(k).unwrap_or_default().into());
-                    values.push(v.to_string().into());
-                }
-            }
             statement = statement.col_expr(
                 event_log::Column::Metadata,
-                Expr::cust_with_values(format!("nullif({sql}, '{{}}')"), values),
+                match self.backend() {
+                    DbBackend::Postgres => postgres_metadata_merge(merge),
+                    _ => sqlite_metadata_merge(merge),
+                },
             );
         }
         let model = statement
@@ -523,6 +507,55 @@ impl SqlStore {
             .ok_or_else(|| StoreError::not_found(format!("event {id}")))?;
         event_record(model)
     }
+}
+
+/// `metadata` merged with `merge` on Postgres: `coalesce(metadata, '{}')`, minus the keys
+/// merged as `null`, `||` the others (top-level keys, right wins), `NULL` when empty (the
+/// stored form of `{}`).
+fn postgres_metadata_merge(
+    merge: serde_json::Map<String, Value>,
+) -> sea_orm::sea_query::SimpleExpr {
+    let (removed, set): (Vec<_>, Vec<_>) = merge.into_iter().partition(|(_, v)| v.is_null());
+    let mut sql = String::from(r#"coalesce("metadata", '{}'::jsonb)"#);
+    let mut values: Vec<sea_orm::Value> = Vec::new();
+    // sea-query's Postgres placeholders are `$n`, numbered within this expression.
+    for (key, _) in removed {
+        values.push(key.into());
+        sql = format!("({sql} - (${})::text)", values.len());
+    }
+    if !set.is_empty() {
+        sql = format!("({sql} || (${})::jsonb)", values.len() + 1);
+        let object: serde_json::Map<String, Value> = set.into_iter().collect();
+        values.push(Value::Object(object).to_string().into());
+    }
+    Expr::cust_with_values(format!("nullif({sql}, '{{}}'::jsonb)"), values)
+}
+
+/// `metadata` merged with `merge` on SQLite (every key has a path label, see
+/// [`sqlite_path_label`]).
+fn sqlite_metadata_merge(merge: serde_json::Map<String, Value>) -> sea_orm::sea_query::SimpleExpr {
+    // coalesce(metadata, '{}') → json_remove(…, removed keys) → json_set(…, key,
+    // json(value), …) → NULL when empty (the stored form of `{}`).
+    let mut sql = String::from(r#"coalesce("metadata", '{}')"#);
+    let mut values: Vec<sea_orm::Value> = Vec::new();
+    let (removed, set): (Vec<_>, Vec<_>) = merge.into_iter().partition(|(_, v)| v.is_null());
+    if !removed.is_empty() {
+        sql = format!("json_remove({sql}{})", ", ?".repeat(removed.len()));
+        values.extend(
+            removed
+                .iter()
+                .filter_map(|(k, _)| sqlite_path_label(k))
+                .map(Into::into),
+        );
+    }
+    if !set.is_empty() {
+        sql = format!("json_set({sql}{})", ", ?, json(?)".repeat(set.len()));
+        for (k, v) in &set {
+            values.push(sqlite_path_label(k).unwrap_or_default().into());
+            values.push(v.to_string().into());
+        }
+    }
+    Expr::cust_with_values(format!("nullif({sql}, '{{}}')"), values)
 }
 
 /// The SQLite JSON path of a top-level object key (`$."key"`), or `None` for a key that a
