@@ -108,6 +108,15 @@ async fn assert_recovers(
     bus.publish(&ex, "live", "live-after".into(), PublishOptions::default())
         .await
         .expect("exclusive queue is back");
+    // Best-effort publishing (its own channel) is back as well.
+    bus.publish(
+        &ex,
+        "live",
+        "best-effort-after".into(),
+        PublishOptions::best_effort(),
+    )
+    .await
+    .expect("best-effort publish after recovery");
     assert!(
         held.ack().await.is_err(),
         "a delivery of the lost connection cannot be acked"
@@ -128,6 +137,12 @@ async fn assert_recovers(
         .expect("live consumer resumed")
         .unwrap();
     assert_eq!(&d.body[..], b"live-after");
+    d.ack().await.unwrap();
+    let d = tokio::time::timeout(Duration::from_secs(15), live.next())
+        .await
+        .expect("best-effort message after recovery")
+        .unwrap();
+    assert_eq!(&d.body[..], b"best-effort-after");
     d.ack().await.unwrap();
     bus.ping().await.unwrap();
 }

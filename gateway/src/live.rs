@@ -114,11 +114,14 @@ impl Watch {
         self.receiver.recv().await
     }
 
-    /// Discards the items already received, without waiting. `false` if the hub stopped.
-    pub fn drain(&mut self) -> bool {
+    /// Appends the items already received to `into`, without waiting. Items were skipped
+    /// (lag) before the ones appended last: what `into` held before the lag is dropped, so
+    /// it always ends with items received without a gap. `false` if the hub stopped.
+    pub fn drain_into(&mut self, into: &mut Vec<Arc<DeliveryMessage>>) -> bool {
         loop {
             match self.receiver.try_recv() {
-                Ok(_) | Err(broadcast::error::TryRecvError::Lagged(_)) => {}
+                Ok(message) => into.push(message),
+                Err(broadcast::error::TryRecvError::Lagged(_)) => into.clear(),
                 Err(broadcast::error::TryRecvError::Empty) => return true,
                 Err(broadcast::error::TryRecvError::Closed) => return false,
             }

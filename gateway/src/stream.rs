@@ -41,11 +41,15 @@
 //! `POST /v1/events?stream=true` first has to learn which run handles the event. It registers
 //! for live items of the event's whole conversation ([`LiveHub::watch_conversation`]) and
 //! then reads the event's routing state; while it is not routed yet, every live item of the
-//! conversation (the new run's first item comes right after the routing) makes it read the
-//! state again, and so does a timer that starts at a millisecond and backs off (it usually
-//! finds the route before the run's first item exists, and it covers unrouted or rejected
-//! events, which produce no item). The conversation registration then serves as step 1 for the run's stream: it was
-//! in place before anything of the run was persisted.
+//! conversation makes it read the state again. The event is marked dispatched before its
+//! run's job is published, so the read woken by the run's first item finds the route: one
+//! read at once and one on that item is the usual cost. A sparse timer
+//! ([`route_poll_delay`]) covers what produces no live item (unrouted, rejected, scheduled
+//! events) and live items lost with a broker connection. The conversation registration then
+//! serves as step 1 for the run's stream: it was in place before anything of the run was
+//! persisted. And when the run's item of sequence 1 itself arrived through it, step 2 is
+//! skipped: every later item of the run is published after that one, so live items and the
+//! ledger (for gaps, step 3) cover the rest, and the first item goes out without a ledger read.
 
 use std::convert::Infallible;
 use std::sync::Arc;
@@ -55,6 +59,7 @@ use axum::response::sse::{Event, KeepAlive, Sse};
 use futures::Stream;
 use sb_protocol::error::ErrorCode;
 use sb_protocol::ids::{EventId, RunId, WorkspaceId};
+use sb_protocol::messages::DeliveryMessage;
 use sb_protocol::result::AgentRunResult;
 use sb_store::events::{EventLog, EventStatus};
 use sb_store::runs::{RunEventRecord, RunLedger, RunRecord};
@@ -80,9 +85,10 @@ pub struct StreamOptions {
     /// How long `POST /v1/events?stream=true` waits for the event to be routed.
     pub route_wait: Duration,
     /// First interval of the timer that re-reads an event's routing state while
-    /// `?stream=true` waits (doubled after each tick, up to `route_poll_max`). The live items
-    /// of the conversation wake the wait as well; the timer finds the route before the
-    /// run's first item exists, and covers events that produce no item (unrouted, rejected).
+    /// `?stream=true` waits (doubled after each tick, up to `route_poll_max`; see
+    /// [`route_poll_delay`]). The live items of the conversation wake the wait and find a
+    /// dispatched event's route; the timer covers events that produce no item (unrouted,
+    /// rejected, scheduled) and live items lost with a broker connection.
     pub route_poll_min: Duration,
     /// Longest interval of that timer.
     pub route_poll_max: Duration,
@@ -97,10 +103,14 @@ impl Default for StreamOptions {
             ledger_poll: Duration::from_secs(5),
             page_size: 500,
             route_wait: Duration::from_secs(30),
-            // An idle host routes in a few milliseconds.
-            route_poll_min: Duration::from_millis(1),
-            // Bounds the reads of a slow route; live items wake the wait anyway.
-            route_poll_max: Duration::from_millis(250),
+            // The run's first live item finds a dispatched route (an idle host streams it
+            // within milliseconds), so the timer only has to report events that produce no
+            // item: unrouted or rejected within a tenth of a second of being routed, without
+            // reading the event log several times for every run that streams.
+            route_poll_min: Duration::from_millis(100),
+            // Bounds how late a route whose live items were lost is found, at about one read
+            // a second while a route is slow.
+            route_poll_max: Duration::from_secs(1),
             buffer: 64,
         }
     }
@@ -248,16 +258,16 @@ pub fn event_stream(
         }
         .await;
         match outcome {
-            Ok(Some((run_id, after, watch))) => {
+            Ok(Some(route)) => {
                 let mut pump = Pump {
                     ctx: &ctx,
-                    run_id,
-                    last: after,
+                    run_id: route.run_id,
+                    last: route.after,
                     tx: &tx,
                     terminal: false,
                     hole_since: None,
                 };
-                let outcome = pump_run_with(&mut pump, Some(watch)).await;
+                let outcome = pump_run_with(&mut pump, Some((route.watch, route.head))).await;
                 if let Err(end) = outcome {
                     send_end(&tx, end).await;
                 }
@@ -389,6 +399,26 @@ impl Pump<'_> {
         }
     }
 
+    /// Step 3 for one live item: drops it if already sent, sends it if it continues `last`,
+    /// and reads the ledger for the items in between if it is further ahead. `false` if it
+    /// was dropped (another run's item, or already sent): no progress.
+    async fn on_live(&mut self, message: &DeliveryMessage) -> Result<bool, End> {
+        if message.run_id != self.run_id || message.sequence <= self.last {
+            return Ok(false);
+        }
+        if message.sequence == self.last + 1 {
+            let result = message
+                .result
+                .clone()
+                .with_run_id(message.run_id)
+                .with_sequence(message.sequence);
+            self.send(&result).await?;
+        } else {
+            self.catch_up().await?;
+        }
+        Ok(true)
+    }
+
     /// Reads the run's status, then the ledger. A run that ended while its terminal item is
     /// not in the ledger (after the status was read, so after the item would have been
     /// stored) has lost its results to retention: say so and stop. Returns the run as read.
@@ -440,25 +470,43 @@ async fn pump_run(p: &mut Pump<'_>) -> Result<(), End> {
     pump_run_with(p, None).await
 }
 
-/// [`pump_run`] with step 1 already done by the caller (a watch bound before anything of the
-/// run was persisted), if `bound` is given.
-async fn pump_run_with(p: &mut Pump<'_>, bound: Option<Watch>) -> Result<(), End> {
+/// [`pump_run`] with step 1 already done by the caller, if `bound` is given: a watch bound
+/// before anything of the run was persisted, and items it already received, in order and
+/// without a gap. When these include the run's item after `last`, step 2 is skipped: every
+/// later item of the run was published after that one, so it reaches the watch as well.
+async fn pump_run_with(
+    p: &mut Pump<'_>,
+    bound: Option<(Watch, Vec<Arc<DeliveryMessage>>)>,
+) -> Result<(), End> {
     // 1. Bind first.
-    let mut watch = match bound {
-        Some(watch) => watch,
-        None => p.ctx.live.watch(p.run_id).await?,
+    let (mut watch, head) = match bound {
+        Some(bound) => bound,
+        None => (p.ctx.live.watch(p.run_id).await?, Vec::new()),
     };
-    // 2. Then the ledger.
-    let run = p.catch_up_checked().await?;
-    if p.terminal {
-        return Ok(());
-    }
-    if let Some(run) = run {
-        if !watch.covers(
-            run.id,
-            run.workspace_id.as_str(),
-            run.conversation_id.as_deref(),
-        ) {
+    let continues_live = head
+        .iter()
+        .any(|m| m.run_id == p.run_id && m.sequence == p.last + 1);
+    if continues_live {
+        for message in &head {
+            p.on_live(message).await?;
+            if p.terminal {
+                return Ok(());
+            }
+        }
+    } else {
+        // 2. Then the ledger.
+        let run = p.catch_up_checked().await?;
+        if p.terminal {
+            return Ok(());
+        }
+        let uncovered = run.is_some_and(|run| {
+            !watch.covers(
+                run.id,
+                run.workspace_id.as_str(),
+                run.conversation_id.as_deref(),
+            )
+        });
+        if uncovered {
             // The run's items are not routed to the watched conversation (cannot happen
             // while runs keep their event's conversation): bind the run itself, then read the
             // ledger again.
@@ -481,17 +529,8 @@ async fn pump_run_with(p: &mut Pump<'_>, bound: Option<Watch>) -> Result<(), End
             () = p.tx.closed() => return Err(End::Quiet),
             item = watch.recv(), if live => match item {
                 Ok(message) => {
-                    if message.run_id != p.run_id {
-                        continue; // another run of a watched conversation
-                    }
-                    if message.sequence <= p.last {
-                        continue; // already sent (from the ledger)
-                    }
-                    if message.sequence == p.last + 1 {
-                        let result = message.result.clone().with_run_id(message.run_id).with_sequence(message.sequence);
-                        p.send(&result).await?;
-                    } else {
-                        p.catch_up().await?;
+                    if !p.on_live(&message).await? {
+                        continue;
                     }
                 }
                 Err(broadcast::error::RecvError::Lagged(skipped)) => {
@@ -514,23 +553,42 @@ async fn pump_run_with(p: &mut Pump<'_>, bound: Option<Watch>) -> Result<(), End
     }
 }
 
+/// The wait before the timer of `POST /v1/events?stream=true` reads the event's routing
+/// state again, after `ticks` earlier timer reads: `route_poll_min`, doubled per tick, at
+/// most `route_poll_max`. Live items of the conversation trigger reads of their own.
+#[must_use]
+pub fn route_poll_delay(options: &StreamOptions, ticks: u32) -> Duration {
+    options
+        .route_poll_min
+        .saturating_mul(2u32.saturating_pow(ticks))
+        .min(options.route_poll_max)
+}
+
+/// Where the stream of a `?stream=true` event goes once the event is routed.
+struct Route {
+    /// The run handling the event.
+    run_id: RunId,
+    /// The sequence to stream after.
+    after: u64,
+    /// The conversation's registration, bound before the run existed.
+    watch: Watch,
+    /// The items the watch received in its last wake-up, in order (see [`pump_run_with`]).
+    head: Vec<Arc<DeliveryMessage>>,
+}
+
 /// Waits until the event is routed, woken by the live items of the event's conversation
-/// (`watch`) and, as a safety net, by a backed-off timer. Returns the run to stream, the
-/// sequence to start after and `watch`, or `Ok(None)` when the client left.
+/// (`watch`) and, as a safety net, by a sparse timer ([`route_poll_delay`]). Returns the run
+/// to stream, or `Ok(None)` when the client left.
 async fn wait_for_route(
     ctx: &StreamContext,
     event_id: EventId,
     tx: &mpsc::Sender<Event>,
     mut watch: Watch,
-) -> Result<Option<(RunId, u64, Watch)>, End> {
+) -> Result<Option<Route>, End> {
     let deadline = tokio::time::Instant::now() + ctx.options.route_wait;
-    // The timer finds the route while the run is still starting (a route takes a few
-    // milliseconds when idle), so its first item goes out as soon as it is delivered; it is
-    // also the safety net for what the live items do not signal (unrouted and rejected
-    // events produce none). Backed off to bound the reads of a slow route: the wake-ups by
-    // the conversation's live items cover the rest.
-    let mut delay = ctx.options.route_poll_min;
+    let mut ticks = 0;
     let mut live = true;
+    let mut head = Vec::new();
     loop {
         let Some(event) = ctx.events.routing(event_id).await? else {
             return Err(End::Error {
@@ -548,7 +606,12 @@ async fn wait_for_route(
         match event.status {
             EventStatus::Dispatched => {
                 if let Some(run_id) = event.run_id {
-                    return Ok(Some((run_id, 0, watch)));
+                    return Ok(Some(Route {
+                        run_id,
+                        after: 0,
+                        watch,
+                        head,
+                    }));
                 }
             }
             EventStatus::Claimed => {
@@ -560,7 +623,12 @@ async fn wait_for_route(
                         .get_run(run_id)
                         .await?
                         .map_or(0, |r| u64::try_from(r.last_sequence).unwrap_or(0));
-                    return Ok(Some((run_id, after, watch)));
+                    return Ok(Some(Route {
+                        run_id,
+                        after,
+                        watch,
+                        head,
+                    }));
                 }
             }
             EventStatus::Unrouted => {
@@ -610,11 +678,19 @@ async fn wait_for_route(
             () = tx.closed() => return Ok(None),
             item = watch.recv(), if live => {
                 // Something happened in the conversation: look again, once for everything
-                // that arrived meanwhile.
-                live = !matches!(item, Err(broadcast::error::RecvError::Closed)) && watch.drain();
+                // that arrived meanwhile (kept: it may be the run's first item).
+                head.clear();
+                live = match item {
+                    Ok(message) => {
+                        head.push(message);
+                        true
+                    }
+                    Err(broadcast::error::RecvError::Lagged(_)) => true,
+                    Err(broadcast::error::RecvError::Closed) => false,
+                } && watch.drain_into(&mut head);
             }
-            () = tokio::time::sleep(delay.min(deadline - now)) => {
-                delay = (delay * 2).min(ctx.options.route_poll_max);
+            () = tokio::time::sleep(route_poll_delay(&ctx.options, ticks).min(deadline - now)) => {
+                ticks = ticks.saturating_add(1);
             }
         }
     }
@@ -622,7 +698,23 @@ async fn wait_for_route(
 
 #[cfg(test)]
 mod tests {
-    use super::dense_prefix;
+    use std::time::Duration;
+
+    use super::{StreamOptions, dense_prefix, route_poll_delay};
+
+    #[test]
+    fn the_route_timer_starts_late_and_backs_off_to_a_read_a_second() {
+        let options = StreamOptions::default();
+        let schedule: Vec<u64> = (0..7)
+            .map(|ticks| {
+                u64::try_from(route_poll_delay(&options, ticks).as_millis()).unwrap_or(u64::MAX)
+            })
+            .collect();
+        // After the read at once: reads at 100, 300, 700, 1500, 2500, … ms.
+        assert_eq!(schedule, [100, 200, 400, 800, 1000, 1000, 1000]);
+        // No overflow far out.
+        assert_eq!(route_poll_delay(&options, u32::MAX), Duration::from_secs(1));
+    }
 
     #[test]
     fn only_what_continues_the_last_sequence_without_a_hole_is_sendable() {

@@ -1300,6 +1300,82 @@ async fn ingest_with_stream_is_woken_by_the_conversations_live_items() {
     assert_eq!(rest, [2]);
 }
 
+/// The run's first item, received by the conversation's registration while the stream waits
+/// for the route, is streamed from that delivery: the route read it triggers is the only
+/// read, no ledger read follows (the item is deliberately left out of the ledger here, and
+/// the ledger polls are an hour away, so only the hand-off can send it).
+#[tokio::test]
+async fn ingest_with_stream_sends_the_first_live_item_that_found_the_route() {
+    let mut options = GatewayOptions::default();
+    options.stream.ledger_poll = Duration::from_secs(3600);
+    options.stream.route_poll_min = Duration::from_secs(3600);
+    options.stream.route_poll_max = Duration::from_secs(3600);
+    options.stream.route_wait = Duration::from_secs(7200);
+    let h = harness_with(options).await;
+    let response = h
+        .send(h.post_json("/v1/events?stream=true", &message("hi")))
+        .await;
+    let event_id: EventId = response.headers()["x-event-id"]
+        .to_str()
+        .unwrap()
+        .parse()
+        .unwrap();
+    let mut sse = SseReader::new(response);
+    tokio::time::sleep(Duration::from_millis(50)).await;
+
+    let (run, _) = h
+        .stores
+        .runs
+        .create_run(NewRun {
+            id: None,
+            workspace_id: WorkspaceId::default_workspace(),
+            event_id,
+            agent_id: None,
+            runner_id: "plugin:acme/echo/default".into(),
+            pool: "default".into(),
+            conversation_id: Some("c1".into()),
+            thread_id: None,
+            bot_id: None,
+            deadline_at: None,
+            attempt: 1,
+        })
+        .await
+        .unwrap();
+    h.stores
+        .events
+        .update_status(
+            event_id,
+            EventStatusUpdate {
+                run_id: Some(run.id),
+                ..EventStatusUpdate::status(EventStatus::Dispatched)
+            },
+        )
+        .await
+        .unwrap();
+    h.deliver(run.id, 1, AgentRunResult::delta("live")).await;
+    let first = tokio::time::timeout(Duration::from_secs(10), sse.next())
+        .await
+        .expect("the live item that found the route is sent")
+        .unwrap();
+    assert_eq!(first.data["sequence"], 1);
+    assert!(
+        first.data.to_string().contains("\"live\""),
+        "{}",
+        first.data
+    );
+
+    // Later items go on live; a gap is filled from the ledger as usual.
+    h.store_result(run.id, 2, AgentRunResult::delta("two"))
+        .await;
+    h.store_result(run.id, 3, AgentRunResult::run_completed())
+        .await;
+    h.deliver(run.id, 3, AgentRunResult::run_completed()).await;
+    let rest = tokio::time::timeout(Duration::from_secs(10), sse.sequences_until_end())
+        .await
+        .expect("live items");
+    assert_eq!(rest, [2, 3]);
+}
+
 #[tokio::test]
 async fn ingest_with_stream_reports_unrouted_events() {
     let h = harness().await;

@@ -5,6 +5,11 @@
 //! - a **publish channel** in confirm mode: every publish is persistent (delivery mode 2) unless
 //!   asked otherwise, `mandatory` by default, and awaited until the broker's ack; a batch
 //!   sends every message and then awaits every confirm (one round trip for the batch);
+//! - a **best-effort channel** without confirm mode for the messages that are neither
+//!   mandatory nor persistent (live deliveries, cancel broadcasts; see "Best effort" on
+//!   [`Bus`]): a publish there returns once written, and the broker sends nothing back. A
+//!   broker error on it (RabbitMQ closes the channel on a `404` for a missing exchange)
+//!   surfaces on a later publish, which reopens the channel and sends again;
 //! - a **topology channel** for declarations, (un)bindings and deletions, used one operation
 //!   at a time so a channel error (RabbitMQ closes a channel on `404`/`406`) is attributed to
 //!   the operation that caused it; the channel is reopened after such an error;
@@ -162,6 +167,8 @@ struct Link {
     generation: u64,
     connection: Connection,
     publish: tokio::sync::Mutex<Channel>,
+    /// Without confirm mode: for unconfirmed messages ([`PublishOptions::confirmed`]).
+    best_effort: tokio::sync::Mutex<Channel>,
     topology: tokio::sync::Mutex<Channel>,
 }
 
@@ -310,11 +317,13 @@ impl Link {
             .with_reactor(tokio_reactor_trait::Tokio::current());
         let connection = Connection::connect(&options.url, properties).await?;
         let publish = Self::publish_channel(&connection).await?;
+        let best_effort = connection.create_channel().await?;
         let topology = connection.create_channel().await?;
         Ok(Self {
             generation,
             connection,
             publish: tokio::sync::Mutex::new(publish),
+            best_effort: tokio::sync::Mutex::new(best_effort),
             topology: tokio::sync::Mutex::new(topology),
         })
     }
@@ -336,6 +345,27 @@ impl Link {
             *channel = Self::publish_channel(&self.connection).await?;
         }
         Ok(channel.clone())
+    }
+
+    /// The best-effort channel, reopened if a channel error closed it.
+    async fn best_effort_publisher(&self) -> std::result::Result<Channel, lapin::Error> {
+        let mut channel = self.best_effort.lock().await;
+        if !channel.status().connected() {
+            *channel = self.connection.create_channel().await?;
+        }
+        Ok(channel.clone())
+    }
+
+    /// The channel for messages published with `options`.
+    async fn publisher_for(
+        &self,
+        options: PublishOptions,
+    ) -> std::result::Result<Channel, lapin::Error> {
+        if options.confirmed() {
+            self.publisher().await
+        } else {
+            self.best_effort_publisher().await
+        }
     }
 
     /// Runs one operation on the topology channel (serialized; the channel is reopened first
@@ -530,16 +560,18 @@ impl Inner {
         }
     }
 
-    /// One publish attempt on `link`: send, then await the confirm.
+    /// One publish attempt on `link`: send, then await the confirm (unless `options` asks
+    /// for none: then the broker's silence is taken as an ack).
     async fn publish_on(
         link: &Link,
         exchange: &str,
         routing_key: &str,
         body: &[u8],
-        mandatory: bool,
+        options: PublishOptions,
         properties: &BasicProperties,
     ) -> std::result::Result<Confirmation, lapin::Error> {
-        let channel = link.publisher().await?;
+        let channel = link.publisher_for(options).await?;
+        let mandatory = options.mandatory;
         let confirm = channel
             .basic_publish(
                 exchange,
@@ -552,7 +584,11 @@ impl Inner {
                 properties.clone(),
             )
             .await?;
-        confirm.await
+        if options.confirmed() {
+            confirm.await
+        } else {
+            Ok(Confirmation::Ack(None))
+        }
     }
 
     /// Publishes with retries; see [`Bus::publish`].
@@ -563,14 +599,8 @@ impl Inner {
         body: &[u8],
         options: PublishOptions,
     ) -> Result<()> {
-        self.publish_with_properties(
-            exchange,
-            routing_key,
-            body,
-            options.mandatory,
-            &properties(options),
-        )
-        .await
+        self.publish_with_properties(exchange, routing_key, body, options, &properties(options))
+            .await
     }
 
     /// [`publish`](Self::publish) with explicit message properties (a replayed dead letter
@@ -580,7 +610,7 @@ impl Inner {
         exchange: &str,
         routing_key: &str,
         body: &[u8],
-        mandatory: bool,
+        options: PublishOptions,
         properties: &BasicProperties,
     ) -> Result<()> {
         check_name(exchange)?;
@@ -589,7 +619,7 @@ impl Inner {
         loop {
             let link = self.link(Some(deadline)).await?;
             let outcome =
-                Self::publish_on(&link, exchange, routing_key, body, mandatory, properties).await;
+                Self::publish_on(&link, exchange, routing_key, body, options, properties).await;
             match self.judge(&link, exchange, routing_key, outcome).await {
                 Judged::Done(result) => return result,
                 Judged::Retry(reason) => {
@@ -1257,12 +1287,19 @@ impl Bus for AmqpBus {
                 }));
             }
         };
-        // Send everything, then await every confirm: one round trip for the batch.
-        let channel = link.publisher().await;
+        // Send everything, then await every confirm: one round trip for the batch. Unconfirmed
+        // messages go on the best-effort channel and are done once sent.
+        let confirm_channel = link.publisher().await;
+        let best_effort_channel = link.best_effort_publisher().await;
         let mut pending = Vec::with_capacity(total);
         for message in &messages {
+            let channel = if message.options.confirmed() {
+                &confirm_channel
+            } else {
+                &best_effort_channel
+            };
             let sent = match (
-                &channel,
+                channel,
                 check_name(&message.exchange).and(check_key(&message.routing_key)),
             ) {
                 (_, Err(invalid)) => Err(Err(invalid)),
@@ -1281,15 +1318,17 @@ impl Bus for AmqpBus {
                     .await
                     .map_err(Ok),
             };
-            pending.push(sent);
+            pending.push((sent, message.options.confirmed()));
         }
-        let confirms = futures::future::join_all(pending.into_iter().map(|sent| async move {
-            match sent {
-                Ok(confirm) => Ok(confirm.await),
-                Err(e) => Err(e),
-            }
-        }))
-        .await;
+        let confirms =
+            futures::future::join_all(pending.into_iter().map(|(sent, confirmed)| async move {
+                match sent {
+                    Ok(confirm) if confirmed => Ok(confirm.await),
+                    Ok(_) => Ok(Ok(Confirmation::Ack(None))),
+                    Err(e) => Err(e),
+                }
+            }))
+            .await;
         let mut failed = Vec::new();
         for (index, (message, confirm)) in messages.iter().zip(confirms).enumerate() {
             let outcome = match confirm {
@@ -1481,7 +1520,8 @@ impl DeadLetters for AmqpBus {
                     &exchange,
                     &routing_key,
                     &message.delivery.data,
-                    true,
+                    // Mandatory and confirmed; the properties are the dead letter's.
+                    PublishOptions::default(),
                     &properties,
                 )
                 .await;

@@ -339,7 +339,11 @@ impl State {
         death: Option<Death>,
     ) -> Result<()> {
         check_key(routing_key)?;
-        let targets = self.route(exchange, routing_key)?;
+        let targets = match self.route(exchange, routing_key) {
+            // Unconfirmed: dropped, as RabbitMQ does (see "Best effort" on `Bus`).
+            Err(BusError::NotFound(_)) if !options.confirmed() => return Ok(()),
+            routed => routed?,
+        };
         if targets.is_empty() && options.mandatory {
             return Err(BusError::Unroutable {
                 exchange: exchange.to_owned(),

@@ -69,8 +69,19 @@ pub type Result<T, E = BusError> = std::result::Result<T, E>;
 /// message but pipelines the confirmations (everything is sent, then every confirm is awaited),
 /// so a batch costs about one round trip instead of one per message.
 ///
+/// **Best effort.** A message that is neither mandatory nor persistent
+/// ([`PublishOptions::best_effort`], see [`PublishOptions::confirmed`]) is one its publisher
+/// may lose (live deliveries, cancel broadcasts: the ledger and the session store hold the
+/// truth), so it is not confirmed: `Ok` means it was handed to the broker connection (RabbitMQ:
+/// written on a channel without publisher confirms), and it costs no round trip. It can be
+/// lost with the connection, and one sent to an exchange that does not exist is dropped
+/// (`Ok`, not [`BusError::NotFound`]); RabbitMQ then closes the channel, which the bus reopens
+/// (best-effort messages sent in between are dropped as well). A malformed name or key is
+/// still refused, and a call while the connection is down still waits for the next one.
+///
 /// **Ordering.** Messages published by one caller, one after the other (each `publish` awaited
-/// before the next, or in one batch), reach a queue in that order. A queue delivers in queue
+/// before the next, or in one batch), reach a queue in that order, among confirmed messages
+/// and among best-effort ones (RabbitMQ sends the two kinds on separate channels). A queue delivers in queue
 /// order. Deliveries returned because their subscription was dropped go back to their original
 /// position, ahead of younger messages, so a takeover continues in queue order. A message
 /// nacked with `requeue = true` (or dropped unsettled) is delivered again but may come *after*
@@ -369,13 +380,23 @@ impl Default for PublishOptions {
 }
 
 impl PublishOptions {
-    /// Options for best-effort fan-out: not mandatory, not persisted (live deliveries, cancel
-    /// broadcasts: the ledger and the session store are the source of truth for those).
+    /// Options for best-effort fan-out: not mandatory, not persisted, not confirmed (live
+    /// deliveries, cancel broadcasts: the ledger and the session store are the source of truth
+    /// for those).
     pub fn best_effort() -> Self {
         Self {
             mandatory: false,
             persistent: false,
         }
+    }
+
+    /// Whether the publish waits for the broker's confirm: unless the message is neither
+    /// mandatory nor persistent. Such a message is already one whose loss its publisher
+    /// accepts (when nothing is bound, when the broker restarts); a confirm would only add
+    /// "it reached the broker", at a round trip per publish (see "Best effort" on [`Bus`]).
+    #[must_use]
+    pub fn confirmed(self) -> bool {
+        self.mandatory || self.persistent
     }
 }
 

@@ -187,6 +187,7 @@ macro_rules! bus_suite {
                 fanout_reaches_every_bound_queue,
                 unroutable_mandatory_message_fails,
                 publish_to_missing_exchange_fails,
+                best_effort_publishes_keep_order_and_never_wedge,
                 batch_publish_confirms_every_message,
                 batch_publish_reports_failed_indices,
                 bind_and_unbind_on_a_live_exclusive_queue,

@@ -40,6 +40,7 @@ use std::time::Duration;
 use chrono::{DateTime, SecondsFormat, Utc};
 use sb_common::telemetry::{Registry, names};
 use sb_orchestrator::scheduler::event_announcement;
+use sb_protocol::host::AgentEventEnvelope;
 use sb_protocol::ids::{AgentId, EventId, RunId};
 use sb_store::events::{
     DELIVER_AT_METADATA_KEY, EventRecord, EventStatus, EventTarget, NewEvent, TARGET_METADATA_KEY,
@@ -267,13 +268,13 @@ pub async fn ingest(
     } else {
         None
     };
-    let fingerprint = request_fingerprint(
-        &body,
-        caller.workspace_id.clone(),
-        header_key,
-        state.options().normalize,
-    );
-    let mut new_artifact_id = || uuid::Uuid::new_v4().to_string();
+    let event_time = body.event_time;
+    let mut generated = Vec::new();
+    let mut new_artifact_id = || {
+        let id = uuid::Uuid::new_v4().to_string();
+        generated.push(id.clone());
+        id
+    };
     let mut normalized = normalize(
         body,
         NormalizeContext {
@@ -291,7 +292,8 @@ pub async fn ingest(
     let mut outbox = event_announcement(state.topology(), &normalized.envelope);
     let mut new_event = to_new_event(&normalized)?;
     if new_event.idempotency_key.is_some() {
-        new_event.request_hash = fingerprint;
+        new_event.request_hash =
+            request_fingerprint(&mut normalized.envelope, event_time, &generated);
     }
     if let Some(at) = delayed {
         new_event.status = EventStatus::Scheduled;
@@ -348,38 +350,45 @@ pub async fn ingest(
 
 /// The fingerprint of an ingest request, stored with its idempotency key: sha256 hex of the
 /// envelope [`normalize`] makes of it with the impure inputs fixed (a nil event id, time 0,
-/// attachment ids numbered from 0). Two requests that normalize alike (same fields, any key
+/// attachment ids numbered from 1). Two requests that normalize alike (same fields, any key
 /// order or whitespace, the same defaults) have the same fingerprint; any difference in what
-/// would be stored gives another one. `None` when the body does not normalize (it is refused
-/// anyway).
+/// would be stored gives another one.
+///
+/// Computed from the envelope the request was normalized into (`envelope`, with its
+/// addressing applied and nothing else added), by putting the fixed inputs in place of the
+/// impure ones for the time of the hash: the event id; `event_time` unless the request set
+/// it (`request_event_time`); the attachment ids normalization generated (`generated`, in
+/// order), which become `fingerprint-1`, `fingerprint-2`, …. That is the envelope a second
+/// normalization with those inputs would make (what earlier versions did), so stored
+/// fingerprints keep matching. `envelope` is left as it was. `None` if it cannot be
+/// serialized.
 pub(crate) fn request_fingerprint(
-    body: &IngestRequest,
-    workspace_id: sb_protocol::ids::WorkspaceId,
-    header_key: Option<&str>,
-    limits: crate::normalize::NormalizeLimits,
+    envelope: &mut AgentEventEnvelope,
+    request_event_time: Option<i64>,
+    generated: &[String],
 ) -> Option<String> {
-    let addressing = Addressing::parse(body).ok()?;
-    let mut counter = 0_u64;
-    let mut fixed_artifact_id = || {
-        counter += 1;
-        format!("fingerprint-{counter}")
-    };
-    let normalized = normalize(
-        body.clone(),
-        NormalizeContext {
-            workspace_id,
-            event_id: EventId::from_uuid(uuid::Uuid::nil()),
-            now: 0,
-            idempotency_header: header_key,
-            limits,
-            new_artifact_id: &mut fixed_artifact_id,
-        },
-    )
-    .ok()?;
-    let mut envelope = normalized.envelope;
-    addressing.apply(&mut envelope.metadata);
-    let bytes = serde_json::to_vec(&envelope).ok()?;
-    Some(fingerprint_bytes(&bytes))
+    let event_id = std::mem::replace(
+        &mut envelope.event_id,
+        EventId::from_uuid(uuid::Uuid::nil()),
+    );
+    let event_time = envelope.event_time.replace(request_event_time.unwrap_or(0));
+    let mut swapped = Vec::new();
+    for (index, attachment) in envelope.input.attachments.iter_mut().enumerate() {
+        if let Some(number) = generated
+            .iter()
+            .position(|id| *id == attachment.artifact_id)
+        {
+            let fixed = format!("fingerprint-{}", number + 1);
+            swapped.push((index, std::mem::replace(&mut attachment.artifact_id, fixed)));
+        }
+    }
+    let bytes = serde_json::to_vec(&*envelope);
+    envelope.event_id = event_id;
+    envelope.event_time = event_time;
+    for (index, id) in swapped {
+        envelope.input.attachments[index].artifact_id = id;
+    }
+    bytes.ok().map(|bytes| fingerprint_bytes(&bytes))
 }
 
 /// sha256 hex of `bytes`: the form of every stored request fingerprint.
@@ -652,6 +661,110 @@ mod tests {
         serde_json::from_value(v).unwrap()
     }
 
+    /// The fingerprint as ingest computes it: normalized with a fresh event id, the clock at
+    /// `now` and random attachment ids, addressing applied, then [`request_fingerprint`].
+    fn ingest_fingerprint(body: &IngestRequest, header: Option<&str>, now: i64) -> String {
+        let mut generated = Vec::new();
+        let mut new_artifact_id = || {
+            let id = uuid::Uuid::new_v4().to_string();
+            generated.push(id.clone());
+            id
+        };
+        let mut normalized = normalize(
+            body.clone(),
+            NormalizeContext {
+                workspace_id: sb_protocol::ids::WorkspaceId::default_workspace(),
+                event_id: EventId::new(),
+                now,
+                idempotency_header: header,
+                limits: crate::normalize::NormalizeLimits::default(),
+                new_artifact_id: &mut new_artifact_id,
+            },
+        )
+        .unwrap();
+        Addressing::parse(body)
+            .unwrap()
+            .apply(&mut normalized.envelope.metadata);
+        let before = normalized.envelope.clone();
+        let fingerprint =
+            request_fingerprint(&mut normalized.envelope, body.event_time, &generated).unwrap();
+        assert_eq!(
+            normalized.envelope, before,
+            "the envelope is left as it was"
+        );
+        fingerprint
+    }
+
+    /// The definition stored fingerprints were made with (earlier versions normalized the
+    /// request a second time with the impure inputs fixed).
+    fn stored_fingerprint(body: &IngestRequest, header: Option<&str>) -> String {
+        let mut counter = 0_u64;
+        let mut fixed_artifact_id = || {
+            counter += 1;
+            format!("fingerprint-{counter}")
+        };
+        let mut envelope = normalize(
+            body.clone(),
+            NormalizeContext {
+                workspace_id: sb_protocol::ids::WorkspaceId::default_workspace(),
+                event_id: EventId::from_uuid(uuid::Uuid::nil()),
+                now: 0,
+                idempotency_header: header,
+                limits: crate::normalize::NormalizeLimits::default(),
+                new_artifact_id: &mut fixed_artifact_id,
+            },
+        )
+        .unwrap()
+        .envelope;
+        Addressing::parse(body)
+            .unwrap()
+            .apply(&mut envelope.metadata);
+        fingerprint_bytes(&serde_json::to_vec(&envelope).unwrap())
+    }
+
+    #[test]
+    fn fingerprints_from_the_normalized_envelope_match_the_stored_ones() {
+        let agent = AgentId::new();
+        let attachment = |id: Option<&str>| {
+            let mut a = json!({"artifact_type": "image", "mime_type": "image/png"});
+            if let Some(id) = id {
+                a["artifact_id"] = json!(id);
+            }
+            a
+        };
+        for (extra, header) in [
+            (json!({}), Some("k")),
+            (json!({"event_id": "client-1"}), None),
+            (json!({"event_time": 1_650_000_000}), Some("k")),
+            (json!({"event_time": 0, "conversation_id": "c1"}), Some("k")),
+            (
+                json!({"agent_id": agent.to_string(), "deliver_at": 100, "data": {"a": 1}}),
+                Some("k"),
+            ),
+            (
+                json!({"input": {"text": "see", "attachments": [
+                    attachment(None), attachment(Some("mine")), attachment(None),
+                ]}}),
+                Some("k"),
+            ),
+        ] {
+            let request = body(extra.clone());
+            let expected = stored_fingerprint(&request, header);
+            for now in [0, 1_700_000_000] {
+                assert_eq!(
+                    ingest_fingerprint(&request, header, now),
+                    expected,
+                    "{extra} at {now}"
+                );
+            }
+        }
+        // A client time equal to the clock is still the client's.
+        assert_ne!(
+            ingest_fingerprint(&body(json!({"event_time": 5})), Some("k"), 5),
+            ingest_fingerprint(&body(json!({})), Some("k"), 5)
+        );
+    }
+
     #[test]
     fn addressing_is_parsed_recorded_and_fingerprinted() {
         let agent = AgentId::new();
@@ -690,15 +803,7 @@ mod tests {
         assert!(err.message().contains("`deliver_at`"), "{}", err.message());
 
         // The same event to another agent, or at another time, is another request.
-        let fp = |extra: Value| {
-            request_fingerprint(
-                &body(extra),
-                sb_protocol::ids::WorkspaceId::default_workspace(),
-                Some("k"),
-                crate::normalize::NormalizeLimits::default(),
-            )
-            .unwrap()
-        };
+        let fp = |extra: Value| ingest_fingerprint(&body(extra), Some("k"), 1_700_000_000);
         let plain = fp(json!({}));
         let to_agent = fp(json!({"agent_id": agent.to_string()}));
         assert_ne!(plain, to_agent);

@@ -198,9 +198,12 @@ pub async fn start_turn(
     }))
     .map_err(|e| ApiError::invalid(format!("invalid turn: {e}")))?;
     let limits = state.options().normalize;
-    let fingerprint = request_fingerprint(&request, caller.workspace_id.clone(), None, limits)
-        .ok_or_else(|| ApiError::invalid("invalid turn"))?;
-    let mut new_artifact_id = || Uuid::new_v4().to_string();
+    let mut generated = Vec::new();
+    let mut new_artifact_id = || {
+        let id = Uuid::new_v4().to_string();
+        generated.push(id.clone());
+        id
+    };
     let mut normalized = normalize(
         request,
         NormalizeContext {
@@ -213,6 +216,9 @@ pub async fn start_turn(
         },
     )
     .map_err(|e| ApiError::from_coded(&e))?;
+    // Before the turn's tag: the fingerprint covers what the client asked for.
+    let fingerprint = request_fingerprint(&mut normalized.envelope, None, &generated)
+        .ok_or_else(|| ApiError::invalid("invalid turn"))?;
     let tag = TurnTag {
         session_id: session.id,
         turn_id: RunId::new(),
