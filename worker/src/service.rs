@@ -8,8 +8,9 @@
 //!  delivery ─decode─▶ RunJob ──(bad body: dead-letter via ErrorCode::disposition)
 //!     │
 //!     ▼ reserve run_id on this worker ── already active here ──────────────▶ ack (duplicate)
-//!     ▼ acquire lease:<run_id> ── held by a live worker (kept after waiting
-//!     │                            one lease TTL for it to lapse) ──────────▶ ack (duplicate)
+//!     ▼ begin_run: acquire lease:<run_id>, read the cancel flag (one round trip)
+//!     │   └─ held by a live worker (kept after waiting one lease TTL for it
+//!     │      to lapse) ───────────────────────────────────────────────────▶ ack (duplicate)
 //!     ▼ claim queued → running ── lost ─▶ decide_claim_lost(status, session?)
 //!     │                                     ├─ terminal / no run / no session ▶ ack (drop)
 //!     │                                     └─ running + session ─▶ finalize `interrupted`
@@ -73,7 +74,7 @@ use sb_common::bus::{
 use sb_common::config::{SwitchboardConfig, WorkerConfig};
 use sb_common::error::ShutdownError;
 use sb_common::session::{
-    RUN_HANDED_OFF_TTL, SessionError, SessionStore, cancel_flag_key, run_handed_off_key,
+    RUN_HANDED_OFF_TTL, RunBegin, SessionError, SessionStore, cancel_flag_key, run_handed_off_key,
     run_lease_key,
 };
 use sb_common::shutdown::Shutdown;
@@ -682,6 +683,16 @@ fn terminal_status(result: &AgentRunResult) -> &'static str {
     }
 }
 
+/// The cancel reason a run's cancel flag carries (its value; empty: a generic one).
+fn cancel_reason(flag: &[u8]) -> String {
+    let reason = String::from_utf8_lossy(flag).trim().to_owned();
+    if reason.is_empty() {
+        "cancelled before the run started".to_owned()
+    } else {
+        reason
+    }
+}
+
 fn now_ms() -> i64 {
     SystemTime::now()
         .duration_since(UNIX_EPOCH)
@@ -745,7 +756,10 @@ impl Drop for Reservation {
 
 /// Outcome of waiting for a run's lease.
 enum LeaseWait {
-    Acquired,
+    /// The lease is ours; the cancel reason if the run's cancel flag was set when we took it.
+    Acquired {
+        cancel_flag: Option<String>,
+    },
     HeldBy(String),
     Stopped,
     Failed(SessionError),
@@ -845,8 +859,8 @@ impl Core {
             tracing::info!("duplicate delivery of a run active on this worker; dropped");
             return Settlement::Ack;
         };
-        match self.take_lease(run_id).await {
-            LeaseWait::Acquired => {}
+        let cancel_flag = match self.take_lease(run_id).await {
+            LeaseWait::Acquired { cancel_flag } => cancel_flag,
             LeaseWait::HeldBy(holder) => {
                 tracing::info!(%holder, "run is held by another live worker; duplicate job dropped");
                 return Settlement::Ack;
@@ -856,8 +870,8 @@ impl Core {
                 tracing::warn!(%error, "cannot take the run lease");
                 return settlement_for(error.code());
             }
-        }
-        let settlement = self.with_lease(job, &mut reservation).await;
+        };
+        let settlement = self.with_lease(job, &mut reservation, cancel_flag).await;
         match self
             .sessions
             .release_lease(&lease_key(&run_id), &self.id)
@@ -870,27 +884,27 @@ impl Core {
         settlement
     }
 
-    /// Takes the run lease. If another holder has it, waits up to one lease TTL (plus a
-    /// heartbeat) for it to lapse: a worker that crashed a moment ago still holds its lease
-    /// when the broker redelivers its job, while a live holder keeps renewing it.
+    /// Takes the run lease, reading the run's cancel flag with it
+    /// ([`SessionStore::begin_run`], one round trip). The flag is read after the run was
+    /// reserved here, so a cancel set later still reaches the run: its cancel message follows
+    /// the flag and finds the reservation. If another holder has the lease, waits up to one
+    /// lease TTL (plus a heartbeat) for it to lapse: a worker that crashed a moment ago still
+    /// holds its lease when the broker redelivers its job, while a live holder keeps renewing
+    /// it.
     async fn take_lease(&self, run_id: RunId) -> LeaseWait {
-        let key = lease_key(&run_id);
         let ttl = self.config.lease_ttl;
         let give_up = tokio::time::Instant::now() + ttl + self.config.heartbeat_interval;
         let mut logged = false;
         loop {
-            match self.sessions.acquire_lease(&key, &self.id, ttl).await {
-                Ok(true) => return LeaseWait::Acquired,
-                Ok(false) => {}
+            let holder = match self.sessions.begin_run(&run_id, &self.id, ttl).await {
+                Ok(RunBegin::Leased { cancel_flag }) => {
+                    return LeaseWait::Acquired {
+                        cancel_flag: cancel_flag.as_deref().map(cancel_reason),
+                    };
+                }
+                Ok(RunBegin::HeldBy(holder)) => holder,
                 Err(error) => return LeaseWait::Failed(error),
-            }
-            let holder = self
-                .sessions
-                .lease_holder(&key)
-                .await
-                .ok()
-                .flatten()
-                .unwrap_or_default();
+            };
             if tokio::time::Instant::now() >= give_up {
                 return LeaseWait::HeldBy(holder);
             }
@@ -906,7 +920,12 @@ impl Core {
         }
     }
 
-    async fn with_lease(&self, job: &RunJob, reservation: &mut Reservation) -> Settlement {
+    async fn with_lease(
+        &self,
+        job: &RunJob,
+        reservation: &mut Reservation,
+        cancel_flag: Option<String>,
+    ) -> Settlement {
         let run_id = job.run_id;
         match self.ledger.claim_run(run_id, &self.id).await {
             Ok(true) => {}
@@ -917,7 +936,7 @@ impl Core {
             }
         }
         tracing::debug!("run claimed");
-        self.execute(job, reservation).await
+        self.execute(job, reservation, cancel_flag).await
     }
 
     async fn on_claim_lost(&self, job: &RunJob) -> Settlement {
@@ -1003,15 +1022,18 @@ impl Core {
         }
     }
 
-    /// The run is claimed and its cancel key bound: execute it and publish its results.
-    async fn execute(&self, job: &RunJob, reservation: &mut Reservation) -> Settlement {
+    /// The run is claimed: execute it and publish its results. `cancel_flag`: the reason
+    /// the run's cancel flag gave when its lease was taken.
+    async fn execute(
+        &self,
+        job: &RunJob,
+        reservation: &mut Reservation,
+        cancel_flag: Option<String>,
+    ) -> Settlement {
         let run_id = job.run_id;
         let host = self.hosts.get(&job.runner_id);
         let requested = reservation.cancel_rx.borrow_and_update().clone();
-        let cancel_reason = match requested {
-            Some(reason) => Some(reason),
-            None => self.cancel_flag(run_id).await,
-        };
+        let cancel_reason = requested.or(cancel_flag);
         let pre = decide_pre_start(cancel_reason, job.deadline_at_ms, now_ms(), host.is_some());
         let host = match (pre, host) {
             (None, Some(host)) => host,
@@ -1100,26 +1122,6 @@ impl Core {
             Settlement::Ack
         } else {
             Settlement::Nack { requeue: true }
-        }
-    }
-
-    /// The cancel flag in the session store (its value is the reason).
-    async fn cancel_flag(&self, run_id: RunId) -> Option<String> {
-        match self.sessions.get(&cancel_flag_key(&run_id)).await {
-            Ok(Some(bytes)) => {
-                let reason = String::from_utf8_lossy(&bytes).trim().to_owned();
-                Some(if reason.is_empty() {
-                    "cancelled before the run started".to_owned()
-                } else {
-                    reason
-                })
-            }
-            Ok(None) => None,
-            Err(error) => {
-                // The cancel message still reaches the run once it is bound.
-                tracing::warn!(%error, "reading the cancel flag failed");
-                None
-            }
         }
     }
 
@@ -1685,6 +1687,12 @@ mod tests {
         let failed = PreStart::Cancelled(String::new()).result(&runner, "default");
         assert_eq!(failed.data["code"], "cancelled");
         assert_eq!(failed.data["retryable"], false);
+    }
+
+    #[test]
+    fn cancel_flag_reasons() {
+        assert_eq!(cancel_reason(b" user asked \n"), "user asked");
+        assert_eq!(cancel_reason(b""), "cancelled before the run started");
     }
 
     #[test]

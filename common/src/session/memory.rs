@@ -15,7 +15,8 @@ use serde_json::Value as Json;
 use tokio::time::Instant;
 
 use super::{
-    EndedSession, Keys, PullMode, PushOutcome, Result, SessionError, SessionStore, check_ttl,
+    EndedSession, Keys, PullMode, PushOutcome, Result, RunBegin, SessionError, SessionStore,
+    cancel_flag_key, check_ttl, run_lease_key,
 };
 
 /// Writes between two sweeps of expired entries.
@@ -119,6 +120,46 @@ impl Inner {
     fn remove(&mut self, key: &str) -> Option<Value> {
         let _ = self.live(key)?;
         self.entries.remove(key).map(|e| e.value)
+    }
+
+    /// `acquire_lease` on the full key `k` (`key` names it in errors).
+    fn acquire(&mut self, k: &str, key: &str, holder: &str, ttl: Duration) -> Result<bool> {
+        match self.live(k) {
+            Some(Entry {
+                value: Value::Text(current),
+                expires_at,
+            }) => {
+                if current != holder {
+                    return Ok(false);
+                }
+                *expires_at = Some(deadline(ttl));
+            }
+            Some(_) => return Err(wrong_type(key)),
+            None => self.put(
+                k.to_owned(),
+                Value::Text(holder.to_owned()),
+                Some(deadline(ttl)),
+            ),
+        }
+        Ok(true)
+    }
+
+    /// `lease_holder` on the full key `k`.
+    fn holder(&mut self, k: &str, key: &str) -> Result<Option<String>> {
+        match self.live(k).map(|e| &e.value) {
+            None => Ok(None),
+            Some(Value::Text(holder)) => Ok(Some(holder.clone())),
+            Some(_) => Err(wrong_type(key)),
+        }
+    }
+
+    /// `get` on the full key `k`.
+    fn bytes(&mut self, k: &str, key: &str) -> Result<Option<Vec<u8>>> {
+        match self.live(k).map(|e| &e.value) {
+            None => Ok(None),
+            Some(Value::Bytes(v)) => Ok(Some(v.clone())),
+            Some(_) => Err(wrong_type(key)),
+        }
     }
 
     fn int(&mut self, key: &str) -> Result<i64> {
@@ -273,22 +314,7 @@ impl SessionStore for MemorySessionStore {
 
     async fn acquire_lease(&self, key: &str, holder: &str, ttl: Duration) -> Result<bool> {
         check_ttl(ttl)?;
-        let k = self.keys.lease(key);
-        let mut inner = self.lock();
-        match inner.live(&k) {
-            Some(Entry {
-                value: Value::Text(current),
-                expires_at,
-            }) => {
-                if current != holder {
-                    return Ok(false);
-                }
-                *expires_at = Some(deadline(ttl));
-            }
-            Some(_) => return Err(wrong_type(key)),
-            None => inner.put(k, Value::Text(holder.to_owned()), Some(deadline(ttl))),
-        }
-        Ok(true)
+        self.lock().acquire(&self.keys.lease(key), key, holder, ttl)
     }
 
     async fn renew_lease(&self, key: &str, holder: &str, ttl: Duration) -> Result<()> {
@@ -319,12 +345,22 @@ impl SessionStore for MemorySessionStore {
     }
 
     async fn lease_holder(&self, key: &str) -> Result<Option<String>> {
-        let k = self.keys.lease(key);
-        match self.lock().live(&k).map(|e| &e.value) {
-            None => Ok(None),
-            Some(Value::Text(holder)) => Ok(Some(holder.clone())),
-            Some(_) => Err(wrong_type(key)),
+        self.lock().holder(&self.keys.lease(key), key)
+    }
+
+    async fn begin_run(&self, run_id: &RunId, holder: &str, ttl: Duration) -> Result<RunBegin> {
+        check_ttl(ttl)?;
+        let key = run_lease_key(run_id);
+        let k = self.keys.lease(&key);
+        let mut inner = self.lock();
+        if !inner.acquire(&k, &key, holder, ttl)? {
+            let current = inner.holder(&k, &key)?.unwrap_or_default();
+            return Ok(RunBegin::HeldBy(current));
         }
+        let flag = cancel_flag_key(run_id);
+        Ok(RunBegin::Leased {
+            cancel_flag: inner.bytes(&self.keys.kv(&flag), &flag)?,
+        })
     }
 
     async fn counter_incr(&self, key: &str, by: i64, ttl: Option<Duration>) -> Result<i64> {
@@ -405,11 +441,7 @@ impl SessionStore for MemorySessionStore {
     }
 
     async fn get(&self, key: &str) -> Result<Option<Vec<u8>>> {
-        match self.lock().live(&self.keys.kv(key)).map(|e| &e.value) {
-            None => Ok(None),
-            Some(Value::Bytes(v)) => Ok(Some(v.clone())),
-            Some(_) => Err(wrong_type(key)),
-        }
+        self.lock().bytes(&self.keys.kv(key), key)
     }
 
     async fn del(&self, key: &str) -> Result<bool> {

@@ -5,8 +5,8 @@
 //! [`SessionStore`]; the conformance suite in `crate::testing::session` checks it against each.
 //!
 //! # Layout
-//! - this file: the [`SessionStore`] trait and its contract, [`EndedSession`], [`PullMode`],
-//!   [`PushOutcome`] and [`SessionError`].
+//! - this file: the [`SessionStore`] trait and its contract, [`EndedSession`], [`RunBegin`],
+//!   [`PullMode`], [`PushOutcome`] and [`SessionError`].
 //! - [`memory`]: [`memory::MemorySessionStore`] with TTLs on `tokio::time` (pausable in tests).
 //! - `redis`: `RedisSessionStore` on one auto-reconnecting `ConnectionManager`, Lua scripts
 //!   where the contract says atomic (feature `redis`).
@@ -17,11 +17,11 @@
 //! ```text
 //! <prefix>session:<run_id>    run session (JSON)            put/get/touch/end_session
 //! <prefix>steering:<run_id>   steering list (JSON items)    steering_*; dies with the session
-//! <prefix>lease:<key>         lease holder                  *_lease
+//! <prefix>lease:<key>         lease holder                  *_lease, begin_run
 //! <prefix>counter:<key>       integer                       counter_*
 //! <prefix>counter:<key>:x     "exhausted" marker            counter_try_add
 //! <prefix>rate:<key>          fixed-window hit count        rate_limit_hit
-//! <prefix>kv:<key>            bytes                         set_ex/set_nx_ex/get/del
+//! <prefix>kv:<key>            bytes                         set_ex/set_nx_ex/get/del, begin_run
 //! <prefix>set:<key>           set of strings                set_*
 //! ```
 //!
@@ -61,9 +61,9 @@ pub const STEERING_CAP: usize = 100;
 /// Cross-role contract: whoever cancels a run — the gateway's `POST /v1/runs/{id}/cancel`,
 /// the orchestrator's `interrupt` concurrency policy — sets it with
 /// [`set_ex`](SessionStore::set_ex), the cancel reason as UTF-8 value, *before* publishing
-/// `cancel.<run_id>` on the control exchange. The worker reads it before it starts the run,
-/// so a cancel published while no worker had bound the run's control key yet is still seen;
-/// it deletes the flag when the run ends.
+/// `cancel.<run_id>` on the control exchange. The worker reads it when it takes the run's
+/// lease ([`SessionStore::begin_run`]), before it starts the run, so a cancel published while
+/// no worker followed the run yet is still seen; it deletes the flag when the run ends.
 #[must_use]
 pub fn cancel_flag_key(run_id: &RunId) -> String {
     format!("cancel:{run_id}")
@@ -133,6 +133,12 @@ pub const RUN_HANDED_OFF_TTL: Duration = Duration::from_secs(600);
 /// [`release_lease`](Self::release_lease) frees it only for the current holder.
 /// All three are atomic compare-and-set operations.
 ///
+/// **A run's execution** (compound steps of the worker, each one round trip on Redis):
+/// [`begin_run`](Self::begin_run) takes the run lease ([`run_lease_key`]) exactly as
+/// `acquire_lease` does and, only if it is the caller's now, reads the run's cancel flag
+/// ([`cancel_flag_key`]) in the same atomic step; if another holder has the lease it changes
+/// nothing and names that holder.
+///
 /// **Counters.** [`counter_incr`](Self::counter_incr) adds atomically and returns the new
 /// value; a missing counter starts at zero; the TTL is set when the counter has none (so a
 /// window started by the first increment is not extended by later ones).
@@ -187,6 +193,28 @@ pub trait SessionStore: Send + Sync + 'static {
 
     /// Current holder of the lease, if any.
     async fn lease_holder(&self, key: &str) -> Result<Option<String>>;
+
+    /// Starts `holder`'s execution of a run: takes the run lease for `ttl` and reads what the
+    /// worker checks before starting the run (see the contract).
+    ///
+    /// The Redis and memory backends do this in one atomic step (one round trip): the reads
+    /// see the store as it is at the moment the lease is taken. This provided body makes the
+    /// calls one after another (each atomic on its own, which is all a worker relies on), for
+    /// stores that implement only the primitives.
+    async fn begin_run(&self, run_id: &RunId, holder: &str, ttl: Duration) -> Result<RunBegin> {
+        let key = run_lease_key(run_id);
+        loop {
+            if self.acquire_lease(&key, holder, ttl).await? {
+                return Ok(RunBegin::Leased {
+                    cancel_flag: self.get(&cancel_flag_key(run_id)).await?,
+                });
+            }
+            // A lease that lapsed between the two calls is free: try again.
+            if let Some(current) = self.lease_holder(&key).await? {
+                return Ok(RunBegin::HeldBy(current));
+            }
+        }
+    }
 
     /// Adds `by` to the counter and returns the new value; sets `ttl` if the counter has none.
     async fn counter_incr(&self, key: &str, by: i64, ttl: Option<Duration>) -> Result<i64>;
@@ -243,6 +271,18 @@ pub struct EndedSession {
     pub session: Value,
     /// Steering items never pulled, oldest first (to audit as `steering.dropped`).
     pub steering: Vec<Value>,
+}
+
+/// What [`SessionStore::begin_run`] found.
+#[derive(Clone, Debug, PartialEq)]
+pub enum RunBegin {
+    /// The run lease is the caller's now (taken, or already its own and its TTL reset).
+    Leased {
+        /// The raw value of the run's cancel flag (the cancel reason), if it is set.
+        cancel_flag: Option<Vec<u8>>,
+    },
+    /// Another holder has the lease (its id); nothing was changed or read.
+    HeldBy(String),
 }
 
 /// How many steering items one pull takes (PROTOCOL_V1 `steering_pull` modes).

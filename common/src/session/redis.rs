@@ -18,8 +18,8 @@ use sb_protocol::ids::RunId;
 use serde_json::Value;
 
 use super::{
-    EndedSession, Keys, PullMode, PushOutcome, Result, SessionError, SessionStore, check_ttl,
-    decode_json, ttl_millis,
+    EndedSession, Keys, PullMode, PushOutcome, Result, RunBegin, SessionError, SessionStore,
+    cancel_flag_key, check_ttl, decode_json, run_lease_key, ttl_millis,
 };
 
 /// Connection options of [`RedisSessionStore`]; the config layer maps its Redis section onto
@@ -94,6 +94,7 @@ struct Scripts {
     acquire_lease: Script,
     renew_lease: Script,
     release_lease: Script,
+    begin_run: Script,
     incr_with_ttl: Script,
     try_add: Script,
     set_add: Script,
@@ -173,6 +174,20 @@ fn scripts() -> &'static Scripts {
               return 1
             end
             return 0
+            ",
+        ),
+        // KEYS: lease, cancel flag. ARGV: holder, ttl ms. The lease part is acquire_lease's.
+        // Returns {0, holder} if another holder has the lease, else {1, flag or nil}.
+        begin_run: Script::new(
+            r"
+            local cur = redis.call('GET', KEYS[1])
+            if cur and cur ~= ARGV[1] then return {0, cur} end
+            if cur then
+              redis.call('PEXPIRE', KEYS[1], ARGV[2])
+            else
+              redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[2])
+            end
+            return {1, redis.call('GET', KEYS[2])}
             ",
         ),
         // KEYS: counter. ARGV: by, ttl ms (0 = none). The TTL is only set when missing.
@@ -499,6 +514,25 @@ impl SessionStore for RedisSessionStore {
 
     async fn lease_holder(&self, key: &str) -> Result<Option<String>> {
         self.conn().get(self.keys.lease(key)).await.map_err(map_err)
+    }
+
+    async fn begin_run(&self, run_id: &RunId, holder: &str, ttl: Duration) -> Result<RunBegin> {
+        check_ttl(ttl)?;
+        let (leased, value): (i64, Option<Vec<u8>>) = self
+            .scripts
+            .begin_run
+            .key(self.keys.lease(&run_lease_key(run_id)))
+            .key(self.keys.kv(&cancel_flag_key(run_id)))
+            .arg(holder)
+            .arg(ttl_millis(ttl))
+            .invoke_async(&mut self.conn())
+            .await
+            .map_err(map_err)?;
+        Ok(if leased == 1 {
+            RunBegin::Leased { cancel_flag: value }
+        } else {
+            RunBegin::HeldBy(String::from_utf8_lossy(&value.unwrap_or_default()).into_owned())
+        })
     }
 
     async fn counter_incr(&self, key: &str, by: i64, ttl: Option<Duration>) -> Result<i64> {

@@ -238,6 +238,8 @@ macro_rules! session_suite {
                 lease_acquire_renew_release,
                 lease_expiry_lets_another_holder_steal,
                 lease_acquire_race_has_one_winner,
+                begin_run_takes_the_lease_and_reads_the_cancel_flag,
+                begin_run_race_has_one_winner,
                 steering_cap_and_fifo,
                 steering_pull_modes,
                 steering_concurrent_pushes_respect_cap,

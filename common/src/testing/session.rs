@@ -12,7 +12,10 @@ use sb_protocol::ids::RunId;
 use serde_json::json;
 
 use super::SessionFixture;
-use crate::session::{PullMode, PushOutcome, STEERING_CAP, SessionError, SessionStore};
+use crate::session::{
+    PullMode, PushOutcome, RunBegin, STEERING_CAP, SessionError, SessionStore, cancel_flag_key,
+    run_lease_key,
+};
 
 /// A TTL that expires during a test. Generous, so a loaded CI machine (the whole workspace's
 /// tests in parallel on two cores) still makes the calls that must happen before it expires.
@@ -224,6 +227,70 @@ pub async fn lease_acquire_race_has_one_winner(fx: &SessionFixture) {
     })
     .await;
     assert_eq!(results.iter().filter(|won| **won).count(), 1);
+}
+
+/// `begin_run` takes the run lease like `acquire_lease` (exclusive, re-entrant, with a TTL)
+/// and reads the cancel flag only for the holder; another holder is named, nothing is read.
+pub async fn begin_run_takes_the_lease_and_reads_the_cancel_flag(fx: &SessionFixture) {
+    let s = &fx.store;
+    let run = RunId::new();
+    let lease = run_lease_key(&run);
+    let leased = |flag: Option<&[u8]>| RunBegin::Leased {
+        cancel_flag: flag.map(<[u8]>::to_vec),
+    };
+    assert_eq!(s.begin_run(&run, "w1", LONG).await.unwrap(), leased(None));
+    assert_eq!(s.lease_holder(&lease).await.unwrap().as_deref(), Some("w1"));
+    s.set_ex(&cancel_flag_key(&run), b"user", LONG)
+        .await
+        .unwrap();
+    assert_eq!(
+        s.begin_run(&run, "w2", LONG).await.unwrap(),
+        RunBegin::HeldBy("w1".into())
+    );
+    assert_eq!(
+        s.begin_run(&run, "w1", SHORT).await.unwrap(),
+        leased(Some(b"user")),
+        "re-entrant for the holder, with the flag"
+    );
+    s.renew_lease(&lease, "w1", SHORT).await.unwrap();
+    tokio::time::sleep(PAST_SHORT).await;
+    assert_eq!(
+        s.begin_run(&run, "w2", LONG).await.unwrap(),
+        leased(Some(b"user")),
+        "the TTL given to begin_run lapsed"
+    );
+    assert!(matches!(
+        s.renew_lease(&lease, "w1", LONG).await,
+        Err(SessionError::LeaseLost { .. })
+    ));
+    assert!(s.release_lease(&lease, "w2").await.unwrap());
+    assert!(matches!(
+        s.begin_run(&run, "w", Duration::ZERO).await,
+        Err(SessionError::InvalidArgument(_))
+    ));
+}
+
+/// Concurrent `begin_run` calls: exactly one takes the lease, the others name it.
+pub async fn begin_run_race_has_one_winner(fx: &SessionFixture) {
+    let run = RunId::new();
+    let results = concurrently(&fx.store, 30, move |s, i| async move {
+        (
+            format!("w{i}"),
+            s.begin_run(&run, &format!("w{i}"), LONG).await.unwrap(),
+        )
+    })
+    .await;
+    let winners: Vec<&String> = results
+        .iter()
+        .filter(|(_, begin)| matches!(begin, RunBegin::Leased { .. }))
+        .map(|(holder, _)| holder)
+        .collect();
+    assert_eq!(winners.len(), 1);
+    for (_, begin) in &results {
+        if let RunBegin::HeldBy(holder) = begin {
+            assert_eq!(holder, winners[0]);
+        }
+    }
 }
 
 /// The steering list holds at most `cap` items and returns them in push order.
