@@ -20,7 +20,8 @@
 //!     │ ours ─▶ re-established with the run's session; held by another ─▶ cancel the run)
 //!     ▼ publish every item (seq 1, 2, 3, …, exactly one terminal) to switchboard.results,
 //!     │ ready items pipelined in one confirmed batch, failures retried in order
-//!     ▼ terminal: end_session (steering.dropped audits) ─▶ release lease ─▶ ack
+//!     ▼ terminal: end_run: end the session, drop the cancel flag, mark the run handed off,
+//!     │ release the lease (one round trip) ─▶ steering.dropped audits ─▶ ack
 //! ```
 //!
 //! # Cancel messages
@@ -73,10 +74,7 @@ use sb_common::bus::{
 };
 use sb_common::config::{SwitchboardConfig, WorkerConfig};
 use sb_common::error::ShutdownError;
-use sb_common::session::{
-    RUN_HANDED_OFF_TTL, RunBegin, SessionError, SessionStore, cancel_flag_key, run_handed_off_key,
-    run_lease_key,
-};
+use sb_common::session::{RUN_HANDED_OFF_TTL, RunBegin, SessionError, SessionStore, run_lease_key};
 use sb_common::shutdown::Shutdown;
 use sb_common::telemetry::{Registry, names};
 use sb_protocol::error::{Disposition, ErrorCode, HasErrorCode, run_failure};
@@ -745,6 +743,9 @@ struct Reservation {
     active: ActiveRuns,
     cancel_tx: watch::Sender<Option<String>>,
     cancel_rx: watch::Receiver<Option<String>>,
+    /// Set once [`Core::end_run`] released the run lease with the session's end, so that
+    /// `process` does not release it a second time (one round trip fewer per run).
+    lease_released: bool,
 }
 
 impl Drop for Reservation {
@@ -794,6 +795,7 @@ impl Core {
             active: self.active.clone(),
             cancel_tx,
             cancel_rx,
+            lease_released: false,
         })
     }
 
@@ -872,14 +874,16 @@ impl Core {
             }
         };
         let settlement = self.with_lease(job, &mut reservation, cancel_flag).await;
-        match self
-            .sessions
-            .release_lease(&lease_key(&run_id), &self.id)
-            .await
-        {
-            Ok(_) => {}
-            // It expires on its own; a redelivery meanwhile waits for that.
-            Err(error) => tracing::warn!(%error, "releasing the run lease failed"),
+        if !reservation.lease_released {
+            match self
+                .sessions
+                .release_lease(&lease_key(&run_id), &self.id)
+                .await
+            {
+                Ok(_) => {}
+                // It expires on its own; a redelivery meanwhile waits for that.
+                Err(error) => tracing::warn!(%error, "releasing the run lease failed"),
+            }
         }
         settlement
     }
@@ -929,7 +933,7 @@ impl Core {
         let run_id = job.run_id;
         match self.ledger.claim_run(run_id, &self.id).await {
             Ok(true) => {}
-            Ok(false) => return self.on_claim_lost(job).await,
+            Ok(false) => return self.on_claim_lost(job, reservation).await,
             Err(error) => {
                 tracing::warn!(%error, "claiming the run failed");
                 return settlement_for(error.code());
@@ -939,7 +943,7 @@ impl Core {
         self.execute(job, reservation, cancel_flag).await
     }
 
-    async fn on_claim_lost(&self, job: &RunJob) -> Settlement {
+    async fn on_claim_lost(&self, job: &RunJob, reservation: &mut Reservation) -> Settlement {
         let run_id = job.run_id;
         let record = match self.ledger.get_run(run_id).await {
             Ok(record) => record,
@@ -969,7 +973,7 @@ impl Core {
                 tracing::warn!(status = ?status, "claim lost but the run is still queued; retrying later");
                 Settlement::Nack { requeue: true }
             }
-            ClaimLost::Interrupt => self.finalize_interrupted(job).await,
+            ClaimLost::Interrupt => self.finalize_interrupted(job, reservation).await,
         }
     }
 
@@ -978,8 +982,14 @@ impl Core {
     /// commit ([`RunLedger::finalize_run`]) before the item is published: a stream reader
     /// never sees the status without the item, and the item takes the first free sequence
     /// even if the lost worker's last results are still in flight. The result sink applies
-    /// the published item's side effects and delivers it (it finds it stored as is).
-    async fn finalize_interrupted(&self, job: &RunJob) -> Settlement {
+    /// the published item's side effects and delivers it (it finds it stored as is). The run
+    /// ends (session, lease) before the item is published: the ledger already says how it
+    /// ended, so the lease protects nothing any more.
+    async fn finalize_interrupted(
+        &self,
+        job: &RunJob,
+        reservation: &mut Reservation,
+    ) -> Settlement {
         let run_id = job.run_id;
         let message = "the worker executing the run was lost";
         let outcome =
@@ -1009,7 +1019,7 @@ impl Core {
             sequence,
             "run was interrupted by the loss of its worker; finalized as interrupted"
         );
-        self.end_session(job).await;
+        self.end_run(job, reservation).await;
         let item = RunItem {
             sequence,
             result: result.with_run_id(run_id).with_sequence(sequence),
@@ -1047,6 +1057,7 @@ impl Core {
                 return self
                     .finish(
                         job,
+                        reservation,
                         vec![RunItem {
                             sequence: 1,
                             result,
@@ -1079,6 +1090,7 @@ impl Core {
                 return self
                     .finish(
                         job,
+                        reservation,
                         vec![RunItem {
                             sequence: 1,
                             result,
@@ -1088,7 +1100,7 @@ impl Core {
             }
         };
         tracing::debug!("run started");
-        let _heartbeat = AbortOnDropHandle::new(tokio::spawn(
+        let heartbeat = AbortOnDropHandle::new(tokio::spawn(
             heartbeat(
                 self.sessions.clone(),
                 self.ledger.clone(),
@@ -1100,9 +1112,14 @@ impl Core {
             )
             .in_current_span(),
         ));
-        match self.stream(job, &mut handle, reservation).await {
+        let streamed = self.stream(job, &mut handle, reservation).await;
+        // Stopped (not only told to stop) before the lease is released: a renewal racing the
+        // release would find the lease missing and could take it back for an ended run.
+        heartbeat.abort();
+        let _ = heartbeat.await;
+        match streamed {
             Streamed::Ended => {
-                self.end_session(job).await;
+                self.end_run(job, reservation).await;
                 Settlement::Ack
             }
             Streamed::Forced => {
@@ -1115,10 +1132,15 @@ impl Core {
     }
 
     /// Publishes a run's items (ending with its terminal item) without a runner, then ends the
-    /// session.
-    async fn finish(&self, job: &RunJob, items: Vec<RunItem>) -> Settlement {
+    /// run.
+    async fn finish(
+        &self,
+        job: &RunJob,
+        reservation: &mut Reservation,
+        items: Vec<RunItem>,
+    ) -> Settlement {
         if self.publish_items(job, items).await {
-            self.end_session(job).await;
+            self.end_run(job, reservation).await;
             Settlement::Ack
         } else {
             Settlement::Nack { requeue: true }
@@ -1251,33 +1273,28 @@ impl Core {
         }
     }
 
-    /// Ends the run's session atomically (later Host API calls see `not_found`) and audits
-    /// the steering items the run never pulled.
-    async fn end_session(&self, job: &RunJob) {
-        let run_id = job.run_id;
-        match self.sessions.end_session(&run_id).await {
-            Ok(Some(ended)) => self.audit_dropped_steering(job, &ended.steering).await,
-            Ok(None) => tracing::debug!("run session was already gone"),
-            // It expires on its own; until then late Host API calls still pass the gate's
-            // session check but the runner host refuses calls for ended runs.
-            Err(error) => tracing::warn!(%error, "ending the run session failed"),
-        }
-        // The flag has done its job; drop it rather than wait for its TTL.
-        if let Err(error) = self.sessions.del(&cancel_flag_key(&run_id)).await {
-            tracing::debug!(%error, "removing the cancel flag failed");
-        }
-        // The terminal item is published: the lease goes next, and the reaper must not take
-        // a lagging result sink for a lost worker.
-        if let Err(error) = self
+    /// Ends the run in the session store in one round trip ([`SessionStore::end_run`]): the
+    /// session ends atomically (later Host API calls see `not_found`), the cancel flag has done
+    /// its job, the run is marked handed off (its terminal item is published: the reaper must
+    /// not take a lagging result sink for a lost worker), and the lease is released. Then
+    /// audits the steering items the run never pulled.
+    async fn end_run(&self, job: &RunJob, reservation: &mut Reservation) {
+        match self
             .sessions
-            .set_ex(
-                &run_handed_off_key(&run_id),
-                self.id.as_bytes(),
-                RUN_HANDED_OFF_TTL,
-            )
+            .end_run(&job.run_id, &self.id, RUN_HANDED_OFF_TTL)
             .await
         {
-            tracing::warn!(%error, "marking the run handed off failed");
+            Ok(end) => {
+                reservation.lease_released = true;
+                match end.ended {
+                    Some(ended) => self.audit_dropped_steering(job, &ended.steering).await,
+                    None => tracing::debug!("run session was already gone"),
+                }
+            }
+            // The session and flag expire on their own; until then late Host API calls still
+            // pass the gate's session check but the runner host refuses calls for ended runs.
+            // `process` still tries to release the lease.
+            Err(error) => tracing::warn!(%error, "ending the run in the session store failed"),
         }
     }
 

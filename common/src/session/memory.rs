@@ -15,8 +15,8 @@ use serde_json::Value as Json;
 use tokio::time::Instant;
 
 use super::{
-    EndedSession, Keys, PullMode, PushOutcome, Result, RunBegin, SessionError, SessionStore,
-    cancel_flag_key, check_ttl, run_lease_key,
+    EndedSession, Keys, PullMode, PushOutcome, Result, RunBegin, RunEnd, SessionError,
+    SessionStore, cancel_flag_key, check_ttl, run_handed_off_key, run_lease_key,
 };
 
 /// Writes between two sweeps of expired entries.
@@ -144,6 +144,31 @@ impl Inner {
         Ok(true)
     }
 
+    /// `release_lease` on the full key `k`.
+    fn release(&mut self, k: &str, holder: &str) -> bool {
+        let held = matches!(self.live(k), Some(Entry { value: Value::Text(current), .. }) if current == holder);
+        if held {
+            self.entries.remove(k);
+        }
+        held
+    }
+
+    /// `end_session` of `run_id`.
+    fn end_session(&mut self, keys: &Keys, run_id: &RunId) -> Result<Option<EndedSession>> {
+        let key = keys.session(run_id);
+        let session = match self.remove(&key) {
+            None => return Ok(None),
+            Some(Value::Json(v)) => v,
+            Some(_) => return Err(wrong_type(&key)),
+        };
+        let steering = match self.remove(&keys.steering(run_id)) {
+            Some(Value::List(items)) => items.into(),
+            _ => Vec::new(),
+        };
+        self.wrote();
+        Ok(Some(EndedSession { session, steering }))
+    }
+
     /// `lease_holder` on the full key `k`.
     fn holder(&mut self, k: &str, key: &str) -> Result<Option<String>> {
         match self.live(k).map(|e| &e.value) {
@@ -230,19 +255,7 @@ impl SessionStore for MemorySessionStore {
     }
 
     async fn end_session(&self, run_id: &RunId) -> Result<Option<EndedSession>> {
-        let key = self.keys.session(run_id);
-        let mut inner = self.lock();
-        let session = match inner.remove(&key) {
-            None => return Ok(None),
-            Some(Value::Json(v)) => v,
-            Some(_) => return Err(wrong_type(&key)),
-        };
-        let steering = match inner.remove(&self.keys.steering(run_id)) {
-            Some(Value::List(items)) => items.into(),
-            _ => Vec::new(),
-        };
-        inner.wrote();
-        Ok(Some(EndedSession { session, steering }))
+        self.lock().end_session(&self.keys, run_id)
     }
 
     async fn steering_push(&self, run_id: &RunId, item: &Json, cap: usize) -> Result<PushOutcome> {
@@ -335,13 +348,7 @@ impl SessionStore for MemorySessionStore {
     }
 
     async fn release_lease(&self, key: &str, holder: &str) -> Result<bool> {
-        let k = self.keys.lease(key);
-        let mut inner = self.lock();
-        let held = matches!(inner.live(&k), Some(Entry { value: Value::Text(current), .. }) if current == holder);
-        if held {
-            inner.entries.remove(&k);
-        }
-        Ok(held)
+        Ok(self.lock().release(&self.keys.lease(key), holder))
     }
 
     async fn lease_holder(&self, key: &str) -> Result<Option<String>> {
@@ -360,6 +367,28 @@ impl SessionStore for MemorySessionStore {
         let flag = cancel_flag_key(run_id);
         Ok(RunBegin::Leased {
             cancel_flag: inner.bytes(&self.keys.kv(&flag), &flag)?,
+        })
+    }
+
+    async fn end_run(
+        &self,
+        run_id: &RunId,
+        holder: &str,
+        handed_off_ttl: Duration,
+    ) -> Result<RunEnd> {
+        check_ttl(handed_off_ttl)?;
+        let mut inner = self.lock();
+        let ended = inner.end_session(&self.keys, run_id)?;
+        inner.remove(&self.keys.kv(&cancel_flag_key(run_id)));
+        inner.put(
+            self.keys.kv(&run_handed_off_key(run_id)),
+            Value::Bytes(holder.as_bytes().to_vec()),
+            Some(deadline(handed_off_ttl)),
+        );
+        let lease_released = inner.release(&self.keys.lease(&run_lease_key(run_id)), holder);
+        Ok(RunEnd {
+            ended,
+            lease_released,
         })
     }
 

@@ -6,7 +6,7 @@
 //!
 //! # Layout
 //! - this file: the [`SessionStore`] trait and its contract, [`EndedSession`], [`RunBegin`],
-//!   [`PullMode`], [`PushOutcome`] and [`SessionError`].
+//!   [`RunEnd`], [`PullMode`], [`PushOutcome`] and [`SessionError`].
 //! - [`memory`]: [`memory::MemorySessionStore`] with TTLs on `tokio::time` (pausable in tests).
 //! - `redis`: `RedisSessionStore` on one auto-reconnecting `ConnectionManager`, Lua scripts
 //!   where the contract says atomic (feature `redis`).
@@ -15,20 +15,20 @@
 //! Every store instance has a key prefix; the families below never collide with each other:
 //!
 //! ```text
-//! <prefix>session:<run_id>    run session (JSON)            put/get/touch/end_session
+//! <prefix>session:<run_id>    run session (JSON)            put/get/touch/end_session, end_run
 //! <prefix>steering:<run_id>   steering list (JSON items)    steering_*; dies with the session
-//! <prefix>lease:<key>         lease holder                  *_lease, begin_run
+//! <prefix>lease:<key>         lease holder                  *_lease, begin_run/end_run
 //! <prefix>counter:<key>       integer                       counter_*
 //! <prefix>counter:<key>:x     "exhausted" marker            counter_try_add
 //! <prefix>rate:<key>          fixed-window hit count        rate_limit_hit
-//! <prefix>kv:<key>            bytes                         set_ex/set_nx_ex/get/del, begin_run
+//! <prefix>kv:<key>            bytes                         set_ex/set_nx_ex/get/del, *_run
 //! <prefix>set:<key>           set of strings                set_*
 //! ```
 //!
 //! # Keys shared between roles
 //! Some keys are written by one role and read by another, so their names are part of the
 //! contract between roles and are built only by the functions here: [`cancel_flag_key`],
-//! [`run_lease_key`].
+//! [`run_lease_key`], [`run_handed_off_key`].
 //!
 //! # A store that comes back empty
 //! The Redis backend may run without persistence: a restart loses every key. Holders of
@@ -137,7 +137,14 @@ pub const RUN_HANDED_OFF_TTL: Duration = Duration::from_secs(600);
 /// [`begin_run`](Self::begin_run) takes the run lease ([`run_lease_key`]) exactly as
 /// `acquire_lease` does and, only if it is the caller's now, reads the run's cancel flag
 /// ([`cancel_flag_key`]) in the same atomic step; if another holder has the lease it changes
-/// nothing and names that holder.
+/// nothing and names that holder. [`end_run`](Self::end_run), once the run's terminal item is
+/// published, does in one atomic step: ends the session exactly as `end_session` does (among
+/// concurrent `end_session`/`end_run` callers exactly one receives it), deletes the cancel
+/// flag, sets the hand-off marker ([`run_handed_off_key`], value: the holder) for the given
+/// TTL, and releases the run lease only if the caller holds it. Where these are separate
+/// steps (the provided body) they keep that order: the session ends before the lease is free
+/// (a redelivered job takes a present session for a crash) and the marker is set before it
+/// (the reaper takes a free lease without marker for a lost worker).
 ///
 /// **Counters.** [`counter_incr`](Self::counter_incr) adds atomically and returns the new
 /// value; a missing counter starts at zero; the TTL is set when the counter has none (so a
@@ -216,6 +223,35 @@ pub trait SessionStore: Send + Sync + 'static {
         }
     }
 
+    /// Ends `holder`'s execution of a run whose terminal item is published: ends the session,
+    /// deletes the cancel flag, marks the run handed off for `handed_off_ttl`, releases the
+    /// run lease if `holder` holds it (see the contract).
+    ///
+    /// The Redis and memory backends do this in one atomic step (one round trip). This
+    /// provided body makes the calls one after another in the contract's order, for stores
+    /// that implement only the primitives; it stops at the first failure.
+    async fn end_run(
+        &self,
+        run_id: &RunId,
+        holder: &str,
+        handed_off_ttl: Duration,
+    ) -> Result<RunEnd> {
+        check_ttl(handed_off_ttl)?;
+        let ended = self.end_session(run_id).await?;
+        self.del(&cancel_flag_key(run_id)).await?;
+        self.set_ex(
+            &run_handed_off_key(run_id),
+            holder.as_bytes(),
+            handed_off_ttl,
+        )
+        .await?;
+        let lease_released = self.release_lease(&run_lease_key(run_id), holder).await?;
+        Ok(RunEnd {
+            ended,
+            lease_released,
+        })
+    }
+
     /// Adds `by` to the counter and returns the new value; sets `ttl` if the counter has none.
     async fn counter_incr(&self, key: &str, by: i64, ttl: Option<Duration>) -> Result<i64>;
 
@@ -283,6 +319,15 @@ pub enum RunBegin {
     },
     /// Another holder has the lease (its id); nothing was changed or read.
     HeldBy(String),
+}
+
+/// What [`SessionStore::end_run`] did.
+#[derive(Clone, Debug, PartialEq)]
+pub struct RunEnd {
+    /// The ended session and its unpulled steering items; `None` if it was already gone.
+    pub ended: Option<EndedSession>,
+    /// Whether the run lease was the caller's and is now free.
+    pub lease_released: bool,
 }
 
 /// How many steering items one pull takes (PROTOCOL_V1 `steering_pull` modes).

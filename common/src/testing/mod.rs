@@ -240,6 +240,8 @@ macro_rules! session_suite {
                 lease_acquire_race_has_one_winner,
                 begin_run_takes_the_lease_and_reads_the_cancel_flag,
                 begin_run_race_has_one_winner,
+                end_run_ends_the_session_and_hands_the_run_off,
+                end_run_exactly_once_under_concurrency,
                 steering_cap_and_fifo,
                 steering_pull_modes,
                 steering_concurrent_pushes_respect_cap,

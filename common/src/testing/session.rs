@@ -14,7 +14,7 @@ use serde_json::json;
 use super::SessionFixture;
 use crate::session::{
     PullMode, PushOutcome, RunBegin, STEERING_CAP, SessionError, SessionStore, cancel_flag_key,
-    run_lease_key,
+    run_handed_off_key, run_lease_key,
 };
 
 /// A TTL that expires during a test. Generous, so a loaded CI machine (the whole workspace's
@@ -290,6 +290,94 @@ pub async fn begin_run_race_has_one_winner(fx: &SessionFixture) {
         if let RunBegin::HeldBy(holder) = begin {
             assert_eq!(holder, winners[0]);
         }
+    }
+}
+
+/// `end_run` ends the session (returning it with its unpulled steering items), deletes the
+/// cancel flag, sets the hand-off marker with its TTL and releases the lease of its holder
+/// only.
+pub async fn end_run_ends_the_session_and_hands_the_run_off(fx: &SessionFixture) {
+    let s = &fx.store;
+    let run = RunId::new();
+    s.put_session(&run, &json!({"run": "x"}), LONG)
+        .await
+        .unwrap();
+    for i in 0..2 {
+        s.steering_push(&run, &json!(i), STEERING_CAP)
+            .await
+            .unwrap();
+    }
+    s.set_ex(&cancel_flag_key(&run), b"user", LONG)
+        .await
+        .unwrap();
+    s.begin_run(&run, "w1", LONG).await.unwrap();
+    let end = s.end_run(&run, "w1", SHORT).await.unwrap();
+    let ended = end.ended.expect("the session was there");
+    assert_eq!(ended.session, json!({"run": "x"}));
+    assert_eq!(ended.steering, [json!(0), json!(1)]);
+    assert!(end.lease_released);
+    assert_eq!(s.get_session(&run).await.unwrap(), None);
+    assert_eq!(s.steering_len(&run).await.unwrap(), 0);
+    assert_eq!(s.get(&cancel_flag_key(&run)).await.unwrap(), None);
+    assert_eq!(s.lease_holder(&run_lease_key(&run)).await.unwrap(), None);
+    let marker = run_handed_off_key(&run);
+    assert_eq!(s.get(&marker).await.unwrap().as_deref(), Some(&b"w1"[..]));
+    // Again: nothing left to end or release; the marker is set again.
+    let again = s.end_run(&run, "w1", LONG).await.unwrap();
+    assert_eq!(again.ended, None);
+    assert!(!again.lease_released);
+    assert_eq!(s.get(&marker).await.unwrap().as_deref(), Some(&b"w1"[..]));
+
+    // A lease another holder took is left alone; the rest still happens.
+    let taken = RunId::new();
+    s.put_session(&taken, &json!(1), LONG).await.unwrap();
+    assert_eq!(
+        s.begin_run(&taken, "w2", LONG).await.unwrap(),
+        RunBegin::Leased { cancel_flag: None }
+    );
+    let end = s.end_run(&taken, "w1", SHORT).await.unwrap();
+    assert!(!end.lease_released);
+    assert_eq!(end.ended.map(|e| e.session), Some(json!(1)));
+    assert_eq!(
+        s.lease_holder(&run_lease_key(&taken))
+            .await
+            .unwrap()
+            .as_deref(),
+        Some("w2")
+    );
+    tokio::time::sleep(PAST_SHORT).await;
+    assert_eq!(
+        s.get(&run_handed_off_key(&taken)).await.unwrap(),
+        None,
+        "the marker expires with its TTL"
+    );
+    assert!(matches!(
+        s.end_run(&run, "w1", Duration::ZERO).await,
+        Err(SessionError::InvalidArgument(_))
+    ));
+}
+
+/// Among concurrent `end_run` and `end_session` callers exactly one receives the session,
+/// and the lease is released once.
+pub async fn end_run_exactly_once_under_concurrency(fx: &SessionFixture) {
+    for _ in 0..5 {
+        let run = RunId::new();
+        fx.store
+            .put_session(&run, &json!({"r": 1}), LONG)
+            .await
+            .unwrap();
+        fx.store.begin_run(&run, "w", LONG).await.unwrap();
+        let results = concurrently(&fx.store, 20, move |s, i| async move {
+            if i % 2 == 0 {
+                let end = s.end_run(&run, "w", LONG).await.unwrap();
+                (end.ended, end.lease_released)
+            } else {
+                (s.end_session(&run).await.unwrap(), false)
+            }
+        })
+        .await;
+        assert_eq!(results.iter().filter(|(e, _)| e.is_some()).count(), 1);
+        assert_eq!(results.iter().filter(|(_, r)| *r).count(), 1);
     }
 }
 
