@@ -8,7 +8,7 @@
 //!  delivery ─decode─▶ RunJob ──(bad body: dead-letter via ErrorCode::disposition)
 //!     │
 //!     ▼ reserve run_id on this worker ── already active here ──────────────▶ ack (duplicate)
-//!     ▼ begin_run: acquire lease:<run_id>, read the cancel flag (one round trip)
+//!     ▼ begin_run: acquire lease:<run_id>, read the cancel flag and the session (one round trip)
 //!     │   └─ held by a live worker (kept after waiting one lease TTL for it
 //!     │      to lapse) ───────────────────────────────────────────────────▶ ack (duplicate)
 //!     ▼ claim queued → running ── lost ─▶ decide_claim_lost(status, session?)
@@ -757,13 +757,21 @@ impl Drop for Reservation {
 
 /// Outcome of waiting for a run's lease.
 enum LeaseWait {
-    /// The lease is ours; the cancel reason if the run's cancel flag was set when we took it.
-    Acquired {
-        cancel_flag: Option<String>,
-    },
+    Acquired(Begun),
     HeldBy(String),
     Stopped,
     Failed(SessionError),
+}
+
+/// What the worker read with the run lease ([`SessionStore::begin_run`]).
+struct Begun {
+    /// The reason the run's cancel flag gave, if it was set.
+    cancel_flag: Option<String>,
+    /// The run's session as the orchestrator stored it: what the heartbeat puts back if the
+    /// store loses it (see [`heartbeat`]). Read with the lease so that keeping it costs no
+    /// round trip of its own; the job does not carry it (only its digest of the Host API
+    /// token is in it, and the frozen grants must be exactly the orchestrator's).
+    session: Option<Value>,
 }
 
 /// How streaming a run ended.
@@ -861,8 +869,8 @@ impl Core {
             tracing::info!("duplicate delivery of a run active on this worker; dropped");
             return Settlement::Ack;
         };
-        let cancel_flag = match self.take_lease(run_id).await {
-            LeaseWait::Acquired { cancel_flag } => cancel_flag,
+        let begun = match self.take_lease(run_id).await {
+            LeaseWait::Acquired(begun) => begun,
             LeaseWait::HeldBy(holder) => {
                 tracing::info!(%holder, "run is held by another live worker; duplicate job dropped");
                 return Settlement::Ack;
@@ -873,7 +881,7 @@ impl Core {
                 return settlement_for(error.code());
             }
         };
-        let settlement = self.with_lease(job, &mut reservation, cancel_flag).await;
+        let settlement = self.with_lease(job, &mut reservation, begun).await;
         if !reservation.lease_released {
             match self
                 .sessions
@@ -888,7 +896,7 @@ impl Core {
         settlement
     }
 
-    /// Takes the run lease, reading the run's cancel flag with it
+    /// Takes the run lease, reading the run's cancel flag and session with it
     /// ([`SessionStore::begin_run`], one round trip). The flag is read after the run was
     /// reserved here, so a cancel set later still reaches the run: its cancel message follows
     /// the flag and finds the reservation. If another holder has the lease, waits up to one
@@ -901,10 +909,14 @@ impl Core {
         let mut logged = false;
         loop {
             let holder = match self.sessions.begin_run(&run_id, &self.id, ttl).await {
-                Ok(RunBegin::Leased { cancel_flag }) => {
-                    return LeaseWait::Acquired {
+                Ok(RunBegin::Leased {
+                    cancel_flag,
+                    session,
+                }) => {
+                    return LeaseWait::Acquired(Begun {
                         cancel_flag: cancel_flag.as_deref().map(cancel_reason),
-                    };
+                        session,
+                    });
                 }
                 Ok(RunBegin::HeldBy(holder)) => holder,
                 Err(error) => return LeaseWait::Failed(error),
@@ -928,7 +940,7 @@ impl Core {
         &self,
         job: &RunJob,
         reservation: &mut Reservation,
-        cancel_flag: Option<String>,
+        begun: Begun,
     ) -> Settlement {
         let run_id = job.run_id;
         match self.ledger.claim_run(run_id, &self.id).await {
@@ -940,7 +952,7 @@ impl Core {
             }
         }
         tracing::debug!("run claimed");
-        self.execute(job, reservation, cancel_flag).await
+        self.execute(job, reservation, begun).await
     }
 
     async fn on_claim_lost(&self, job: &RunJob, reservation: &mut Reservation) -> Settlement {
@@ -1032,18 +1044,17 @@ impl Core {
         }
     }
 
-    /// The run is claimed: execute it and publish its results. `cancel_flag`: the reason
-    /// the run's cancel flag gave when its lease was taken.
+    /// The run is claimed: execute it and publish its results.
     async fn execute(
         &self,
         job: &RunJob,
         reservation: &mut Reservation,
-        cancel_flag: Option<String>,
+        begun: Begun,
     ) -> Settlement {
         let run_id = job.run_id;
         let host = self.hosts.get(&job.runner_id);
         let requested = reservation.cancel_rx.borrow_and_update().clone();
-        let cancel_reason = requested.or(cancel_flag);
+        let cancel_reason = requested.or(begun.cancel_flag);
         let pre = decide_pre_start(cancel_reason, job.deadline_at_ms, now_ms(), host.is_some());
         let host = match (pre, host) {
             (None, Some(host)) => host,
@@ -1104,10 +1115,13 @@ impl Core {
             heartbeat(
                 self.sessions.clone(),
                 self.ledger.clone(),
-                run_id,
-                self.id.clone(),
-                self.config.lease_ttl,
-                self.config.heartbeat_interval,
+                HeartbeatRun {
+                    run_id,
+                    holder: self.id.clone(),
+                    session: begun.session,
+                    ttl: self.config.lease_ttl,
+                    interval: self.config.heartbeat_interval,
+                },
                 reservation.cancel_tx.clone(),
             )
             .in_current_span(),
@@ -1360,30 +1374,40 @@ pub fn decide_lost_lease(
     }
 }
 
+/// The run a [`heartbeat`] keeps.
+struct HeartbeatRun {
+    run_id: RunId,
+    /// This worker's id.
+    holder: String,
+    /// The run's session as read with the lease ([`Begun::session`]).
+    session: Option<Value>,
+    /// Lease TTL set by every renewal.
+    ttl: Duration,
+    /// Time between renewals.
+    interval: Duration,
+}
+
 /// Renews the run lease every `interval`. A renewal that finds the lease missing while the
-/// run is still ours ([`decide_lost_lease`]) re-establishes it, and the run's session with it
-/// (as read when the run started, kept alive by later heartbeats): a session store that
-/// restarted empty neither cancels a healthy run nor breaks its Host API calls. A lease held
-/// by another holder, or a run that is no longer ours, cancels the run (a worker that lost
-/// its lease must stop acting on the run).
+/// run is still ours ([`decide_lost_lease`]) re-establishes it, and the run's `session` with
+/// it (as read with the lease, kept alive by later heartbeats): a session store that
+/// restarted empty neither cancels a healthy run nor breaks its Host API calls. The session
+/// has to be read before any loss, since a store that lost it cannot give it back. A lease
+/// held by another holder, or a run that is no longer ours, cancels the run (a worker that
+/// lost its lease must stop acting on the run).
 async fn heartbeat(
     sessions: Arc<dyn SessionStore>,
     ledger: Arc<dyn RunLedger>,
-    run_id: RunId,
-    holder: String,
-    ttl: Duration,
-    interval: Duration,
+    run: HeartbeatRun,
     cancel: watch::Sender<Option<String>>,
 ) {
+    let HeartbeatRun {
+        run_id,
+        holder,
+        session,
+        ttl,
+        interval,
+    } = run;
     let key = lease_key(&run_id);
-    // Read off the run's path: what to put back if the store loses it.
-    let session = match sessions.get_session(&run_id).await {
-        Ok(session) => session,
-        Err(error) => {
-            tracing::debug!(%error, "reading the run session for the heartbeat failed");
-            None
-        }
-    };
     let mut restored = false;
     let mut tick = tokio::time::interval_at(tokio::time::Instant::now() + interval, interval);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);

@@ -178,6 +178,15 @@ impl Inner {
         }
     }
 
+    /// `get_session` on the full key `k`.
+    fn session(&mut self, k: &str) -> Result<Option<Json>> {
+        match self.live(k).map(|e| &e.value) {
+            None => Ok(None),
+            Some(Value::Json(v)) => Ok(Some(v.clone())),
+            Some(_) => Err(wrong_type(k)),
+        }
+    }
+
     /// `get` on the full key `k`.
     fn bytes(&mut self, k: &str, key: &str) -> Result<Option<Vec<u8>>> {
         match self.live(k).map(|e| &e.value) {
@@ -233,12 +242,7 @@ impl SessionStore for MemorySessionStore {
     }
 
     async fn get_session(&self, run_id: &RunId) -> Result<Option<Json>> {
-        let key = self.keys.session(run_id);
-        match self.lock().live(&key).map(|e| &e.value) {
-            None => Ok(None),
-            Some(Value::Json(v)) => Ok(Some(v.clone())),
-            Some(_) => Err(wrong_type(&key)),
-        }
+        self.lock().session(&self.keys.session(run_id))
     }
 
     async fn touch_session(&self, run_id: &RunId, ttl: Duration) -> Result<bool> {
@@ -365,8 +369,10 @@ impl SessionStore for MemorySessionStore {
             return Ok(RunBegin::HeldBy(current));
         }
         let flag = cancel_flag_key(run_id);
+        let cancel_flag = inner.bytes(&self.keys.kv(&flag), &flag)?;
         Ok(RunBegin::Leased {
-            cancel_flag: inner.bytes(&self.keys.kv(&flag), &flag)?,
+            cancel_flag,
+            session: inner.session(&self.keys.session(run_id))?,
         })
     }
 

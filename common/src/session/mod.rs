@@ -15,7 +15,7 @@
 //! Every store instance has a key prefix; the families below never collide with each other:
 //!
 //! ```text
-//! <prefix>session:<run_id>    run session (JSON)            put/get/touch/end_session, end_run
+//! <prefix>session:<run_id>    run session (JSON)            put/get/touch/end_session, *_run
 //! <prefix>steering:<run_id>   steering list (JSON items)    steering_*; dies with the session
 //! <prefix>lease:<key>         lease holder                  *_lease, begin_run/end_run
 //! <prefix>counter:<key>       integer                       counter_*
@@ -136,8 +136,8 @@ pub const RUN_HANDED_OFF_TTL: Duration = Duration::from_secs(600);
 /// **A run's execution** (compound steps of the worker, each one round trip on Redis):
 /// [`begin_run`](Self::begin_run) takes the run lease ([`run_lease_key`]) exactly as
 /// `acquire_lease` does and, only if it is the caller's now, reads the run's cancel flag
-/// ([`cancel_flag_key`]) in the same atomic step; if another holder has the lease it changes
-/// nothing and names that holder. [`end_run`](Self::end_run), once the run's terminal item is
+/// ([`cancel_flag_key`]) and its session in the same atomic step; if another holder has the
+/// lease it changes nothing and names that holder. [`end_run`](Self::end_run), once the run's terminal item is
 /// published, does in one atomic step: ends the session exactly as `end_session` does (among
 /// concurrent `end_session`/`end_run` callers exactly one receives it), deletes the cancel
 /// flag, sets the hand-off marker ([`run_handed_off_key`], value: the holder) for the given
@@ -214,6 +214,7 @@ pub trait SessionStore: Send + Sync + 'static {
             if self.acquire_lease(&key, holder, ttl).await? {
                 return Ok(RunBegin::Leased {
                     cancel_flag: self.get(&cancel_flag_key(run_id)).await?,
+                    session: self.get_session(run_id).await?,
                 });
             }
             // A lease that lapsed between the two calls is free: try again.
@@ -316,6 +317,9 @@ pub enum RunBegin {
     Leased {
         /// The raw value of the run's cancel flag (the cancel reason), if it is set.
         cancel_flag: Option<Vec<u8>>,
+        /// The run's session, if present: what its holder puts back should the store lose
+        /// it (see "A store that comes back empty" in the module docs).
+        session: Option<Value>,
     },
     /// Another holder has the lease (its id); nothing was changed or read.
     HeldBy(String),

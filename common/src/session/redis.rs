@@ -178,18 +178,19 @@ fn scripts() -> &'static Scripts {
             return 0
             ",
         ),
-        // KEYS: lease, cancel flag. ARGV: holder, ttl ms. The lease part is acquire_lease's.
-        // Returns {0, holder} if another holder has the lease, else {1, flag or nil}.
+        // KEYS: lease, cancel flag, session. ARGV: holder, ttl ms. The lease part is
+        // acquire_lease's. Returns {0, holder, nil} if another holder has the lease, else
+        // {1, flag or nil, session or nil}.
         begin_run: Script::new(
             r"
             local cur = redis.call('GET', KEYS[1])
-            if cur and cur ~= ARGV[1] then return {0, cur} end
+            if cur and cur ~= ARGV[1] then return {0, cur, false} end
             if cur then
               redis.call('PEXPIRE', KEYS[1], ARGV[2])
             else
               redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[2])
             end
-            return {1, redis.call('GET', KEYS[2])}
+            return {1, redis.call('GET', KEYS[2]), redis.call('GET', KEYS[3])}
             ",
         ),
         // KEYS: session, steering, cancel flag, hand-off marker, lease. ARGV: holder, marker
@@ -551,18 +552,25 @@ impl SessionStore for RedisSessionStore {
 
     async fn begin_run(&self, run_id: &RunId, holder: &str, ttl: Duration) -> Result<RunBegin> {
         check_ttl(ttl)?;
-        let (leased, value): (i64, Option<Vec<u8>>) = self
+        let session_key = self.keys.session(run_id);
+        let (leased, value, session): (i64, Option<Vec<u8>>, Option<Vec<u8>>) = self
             .scripts
             .begin_run
             .key(self.keys.lease(&run_lease_key(run_id)))
             .key(self.keys.kv(&cancel_flag_key(run_id)))
+            .key(&session_key)
             .arg(holder)
             .arg(ttl_millis(ttl))
             .invoke_async(&mut self.conn())
             .await
             .map_err(map_err)?;
         Ok(if leased == 1 {
-            RunBegin::Leased { cancel_flag: value }
+            RunBegin::Leased {
+                cancel_flag: value,
+                session: session
+                    .map(|bytes| decode_json(&session_key, &bytes))
+                    .transpose()?,
+            }
         } else {
             RunBegin::HeldBy(String::from_utf8_lossy(&value.unwrap_or_default()).into_owned())
         })

@@ -238,7 +238,7 @@ macro_rules! session_suite {
                 lease_acquire_renew_release,
                 lease_expiry_lets_another_holder_steal,
                 lease_acquire_race_has_one_winner,
-                begin_run_takes_the_lease_and_reads_the_cancel_flag,
+                begin_run_takes_the_lease_and_reads_flag_and_session,
                 begin_run_race_has_one_winner,
                 end_run_ends_the_session_and_hands_the_run_off,
                 end_run_exactly_once_under_concurrency,

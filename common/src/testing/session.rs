@@ -230,14 +230,27 @@ pub async fn lease_acquire_race_has_one_winner(fx: &SessionFixture) {
 }
 
 /// `begin_run` takes the run lease like `acquire_lease` (exclusive, re-entrant, with a TTL)
-/// and reads the cancel flag only for the holder; another holder is named, nothing is read.
-pub async fn begin_run_takes_the_lease_and_reads_the_cancel_flag(fx: &SessionFixture) {
+/// and reads the cancel flag and the session only for the holder; another holder is named,
+/// nothing is read.
+pub async fn begin_run_takes_the_lease_and_reads_flag_and_session(fx: &SessionFixture) {
     let s = &fx.store;
     let run = RunId::new();
     let lease = run_lease_key(&run);
     let leased = |flag: Option<&[u8]>| RunBegin::Leased {
         cancel_flag: flag.map(<[u8]>::to_vec),
+        session: Some(json!({"plugin": "p"})),
     };
+    assert_eq!(
+        s.begin_run(&run, "w1", LONG).await.unwrap(),
+        RunBegin::Leased {
+            cancel_flag: None,
+            session: None
+        },
+        "no session yet"
+    );
+    s.put_session(&run, &json!({"plugin": "p"}), LONG)
+        .await
+        .unwrap();
     assert_eq!(s.begin_run(&run, "w1", LONG).await.unwrap(), leased(None));
     assert_eq!(s.lease_holder(&lease).await.unwrap().as_deref(), Some("w1"));
     s.set_ex(&cancel_flag_key(&run), b"user", LONG)
@@ -333,7 +346,10 @@ pub async fn end_run_ends_the_session_and_hands_the_run_off(fx: &SessionFixture)
     s.put_session(&taken, &json!(1), LONG).await.unwrap();
     assert_eq!(
         s.begin_run(&taken, "w2", LONG).await.unwrap(),
-        RunBegin::Leased { cancel_flag: None }
+        RunBegin::Leased {
+            cancel_flag: None,
+            session: Some(json!(1))
+        }
     );
     let end = s.end_run(&taken, "w1", SHORT).await.unwrap();
     assert!(!end.lease_released);
