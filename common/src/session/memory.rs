@@ -196,6 +196,32 @@ impl Inner {
         }
     }
 
+    /// `set_remove` on the full key `k`.
+    fn set_remove(&mut self, k: &str, key: &str, member: &str) -> Result<bool> {
+        let (removed, now_empty) = match self.live(k) {
+            None => return Ok(false),
+            Some(Entry {
+                value: Value::Set(members),
+                ..
+            }) => (members.remove(member), members.is_empty()),
+            Some(_) => return Err(wrong_type(key)),
+        };
+        // Like Redis: an emptied set no longer exists (and loses its TTL).
+        if now_empty {
+            self.entries.remove(k);
+        }
+        Ok(removed)
+    }
+
+    /// `set_members` on the full key `k`.
+    fn set_members(&mut self, k: &str, key: &str) -> Result<Vec<String>> {
+        match self.live(k).map(|e| &e.value) {
+            None => Ok(Vec::new()),
+            Some(Value::Set(members)) => Ok(members.iter().cloned().collect()),
+            Some(_) => Err(wrong_type(key)),
+        }
+    }
+
     fn int(&mut self, key: &str) -> Result<i64> {
         match self.live(key).map(|e| &e.value) {
             None => Ok(0),
@@ -513,29 +539,25 @@ impl SessionStore for MemorySessionStore {
     }
 
     async fn set_remove(&self, key: &str, member: &str) -> Result<bool> {
-        let k = self.keys.set(key);
-        let mut inner = self.lock();
-        let (removed, now_empty) = match inner.live(&k) {
-            None => return Ok(false),
-            Some(Entry {
-                value: Value::Set(members),
-                ..
-            }) => (members.remove(member), members.is_empty()),
-            Some(_) => return Err(wrong_type(key)),
-        };
-        // Like Redis: an emptied set no longer exists (and loses its TTL).
-        if now_empty {
-            inner.entries.remove(&k);
-        }
-        Ok(removed)
+        self.lock().set_remove(&self.keys.set(key), key, member)
     }
 
     async fn set_members(&self, key: &str) -> Result<Vec<String>> {
-        match self.lock().live(&self.keys.set(key)).map(|e| &e.value) {
-            None => Ok(Vec::new()),
-            Some(Value::Set(members)) => Ok(members.iter().cloned().collect()),
-            Some(_) => Err(wrong_type(key)),
-        }
+        self.lock().set_members(&self.keys.set(key), key)
+    }
+
+    async fn set_remove_then_members(
+        &self,
+        key: &str,
+        member: &str,
+        members_of: &str,
+    ) -> Result<(bool, Vec<String>)> {
+        let mut inner = self.lock();
+        let removed = inner.set_remove(&self.keys.set(key), key, member)?;
+        Ok((
+            removed,
+            inner.set_members(&self.keys.set(members_of), members_of)?,
+        ))
     }
 
     async fn ping(&self) -> Result<()> {

@@ -159,7 +159,9 @@ pub const RUN_HANDED_OFF_TTL: Duration = Duration::from_secs(600);
 ///
 /// **Plain keys and sets.** `set_ex` / `set_nx_ex` (set only if absent, atomic) / `get` /
 /// `del` on byte values with a TTL; `set_add` / `set_remove` / `set_members` on sets of
-/// strings (e.g. active runs per conversation).
+/// strings (e.g. active runs per conversation);
+/// [`set_remove_then_members`](Self::set_remove_then_members) removes a member from one set
+/// and reads another set right after, as one atomic step.
 ///
 /// **Failures.** A store that cannot be reached fails with [`SessionError::Unavailable`];
 /// the Redis backend reconnects on its own, so a later call can succeed.
@@ -296,6 +298,22 @@ pub trait SessionStore: Send + Sync + 'static {
 
     /// All members, sorted.
     async fn set_members(&self, key: &str) -> Result<Vec<String>>;
+
+    /// Removes `member` from the set `key` and returns whether it was there, with all members
+    /// of the set `members_of` (sorted) as they are right after the removal.
+    ///
+    /// The Redis and memory backends do this in one atomic step (one round trip). This
+    /// provided body makes the two calls one after another (the read still follows the
+    /// removal), for stores that implement only the primitives.
+    async fn set_remove_then_members(
+        &self,
+        key: &str,
+        member: &str,
+        members_of: &str,
+    ) -> Result<(bool, Vec<String>)> {
+        let removed = self.set_remove(key, member).await?;
+        Ok((removed, self.set_members(members_of).await?))
+    }
 
     /// `Ok` while the store is reachable (readiness probes).
     async fn ping(&self) -> Result<()>;

@@ -751,6 +751,24 @@ impl SessionStore for RedisSessionStore {
         Ok(members)
     }
 
+    async fn set_remove_then_members(
+        &self,
+        key: &str,
+        member: &str,
+        members_of: &str,
+    ) -> Result<(bool, Vec<String>)> {
+        // MULTI/EXEC: both commands in one round trip, nothing runs in between.
+        let (removed, mut members): (i64, Vec<String>) = redis::pipe()
+            .atomic()
+            .srem(self.keys.set(key), member)
+            .smembers(self.keys.set(members_of))
+            .query_async(&mut self.conn())
+            .await
+            .map_err(map_err)?;
+        members.sort();
+        Ok((removed > 0, members))
+    }
+
     async fn ping(&self) -> Result<()> {
         let _: String = redis::cmd("PING")
             .query_async(&mut self.conn())

@@ -254,6 +254,7 @@ macro_rules! session_suite {
                 set_nx_ex_has_one_winner,
                 plain_keys_expire,
                 sets_add_remove_members,
+                set_remove_then_members_reads_after_the_removal,
                 invalid_arguments_are_rejected,
             );
         }

@@ -735,6 +735,35 @@ pub async fn sets_add_remove_members(fx: &SessionFixture) {
     assert!(s.set_members("short").await.unwrap().is_empty());
 }
 
+/// `set_remove_then_members` removes from one set and reads another (or the same) right
+/// after.
+pub async fn set_remove_then_members_reads_after_the_removal(fx: &SessionFixture) {
+    let s = &fx.store;
+    s.set_add("active", "run-a", Some(LONG)).await.unwrap();
+    s.set_add("parked", "2-e", None).await.unwrap();
+    s.set_add("parked", "1-e", None).await.unwrap();
+    assert_eq!(
+        s.set_remove_then_members("active", "run-a", "parked")
+            .await
+            .unwrap(),
+        (true, vec!["1-e".to_owned(), "2-e".to_owned()])
+    );
+    assert!(s.set_members("active").await.unwrap().is_empty());
+    assert_eq!(
+        s.set_remove_then_members("active", "run-a", "nothing")
+            .await
+            .unwrap(),
+        (false, Vec::new())
+    );
+    assert_eq!(
+        s.set_remove_then_members("parked", "1-e", "parked")
+            .await
+            .unwrap(),
+        (true, vec!["2-e".to_owned()]),
+        "the read sees the removal"
+    );
+}
+
 /// Inputs every backend refuses the same way.
 pub async fn invalid_arguments_are_rejected(fx: &SessionFixture) {
     let s = &fx.store;
