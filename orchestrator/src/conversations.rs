@@ -17,9 +17,11 @@
 //! # Waking the parked queue
 //! [`Conversations::kick`] publishes the head of the parked queue back to the events exchange
 //! when no run of the conversation is active. Both sides of the race call it after their own
-//! write: the sink after removing a finished run, the consumer after parking an event. With
-//! linearizable store operations one of the two sees the other's write, so a parked event
-//! cannot be stranded; a head published twice is harmless (routing is idempotent per event).
+//! write: the sink after removing a finished run ([`Conversations::finish_run`], whose
+//! removal and first read of the parked queue are one store step), the consumer after parking
+//! an event. With linearizable store operations one of the two sees the other's write, so a
+//! parked event cannot be stranded; a head published twice is harmless (routing is
+//! idempotent per event).
 //! The reaper also sweeps [`PARKED_CONVERSATIONS_SET`] as a safety net (e.g. a run whose
 //! session expired without a terminal item).
 
@@ -151,11 +153,28 @@ impl Conversations {
         Ok(self.sessions.set_remove(&key.parked_set(), member).await?)
     }
 
+    /// Removes a finished run, then [kicks](Self::kick) the parked queue, the removal and the
+    /// read of the queue in one store round trip (the read still follows the removal, as the
+    /// race in the module docs needs). Returns whether it published.
+    pub async fn finish_run(&self, key: &ConversationKey, run_id: RunId) -> Result<bool> {
+        let (_, parked) = self
+            .sessions
+            .set_remove_then_members(&key.active_set(), &run_id.to_string(), &key.parked_set())
+            .await?;
+        self.release_head(key, parked).await
+    }
+
     /// If the conversation has parked events and no active run, publishes the head's event
     /// message so it is routed (again). Returns whether it published.
     pub async fn kick(&self, key: &ConversationKey) -> Result<bool> {
+        let parked = self.parked(key).await?;
+        self.release_head(key, parked).await
+    }
+
+    /// [`kick`](Self::kick) with the parked members as just read.
+    async fn release_head(&self, key: &ConversationKey, parked: Vec<String>) -> Result<bool> {
         let mut event_id = None;
-        for member in self.parked(key).await? {
+        for member in parked {
             match member_event(&member) {
                 Some(id) => {
                     event_id = Some(id);

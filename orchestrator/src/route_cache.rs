@@ -167,7 +167,11 @@ mod tests {
         let empty: Arc<[AgentCandidate]> = Arc::from(Vec::new());
         cache.put_agents(&ws(), None, Arc::clone(&empty));
         assert!(cache.agents(&ws(), None).is_some());
-        assert!(cache.agents(&WorkspaceId::new("other").unwrap(), None).is_none());
+        assert!(
+            cache
+                .agents(&WorkspaceId::new("other").unwrap(), None)
+                .is_none()
+        );
         assert!(cache.agents(&ws(), Some(b"e")).is_none());
     }
 

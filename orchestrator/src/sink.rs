@@ -331,8 +331,7 @@ impl ResultSink {
         // The conversation is free of this run: the next parked event may start (`enqueue`).
         if let Some(key) = ConversationKey::new(&info.workspace_id, info.conversation_id.as_deref())
         {
-            self.conversations.remove_run(&key, info.run_id).await?;
-            self.conversations.kick(&key).await?;
+            self.conversations.finish_run(&key, info.run_id).await?;
         }
         self.cache().remove(&info.run_id);
         Ok(())

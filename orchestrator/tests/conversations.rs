@@ -181,6 +181,7 @@ suite!(cluster:
     interrupt_policy_cancels_then_starts,
     reaper_audits_unpulled_steering_items,
     sweep_releases_a_stranded_queue,
+    finishing_a_run_releases_the_parked_head,
 );
 
 suite!(memory:
@@ -196,6 +197,7 @@ suite!(memory:
     interrupt_policy_cancels_then_starts,
     reaper_audits_unpulled_steering_items,
     sweep_releases_a_stranded_queue,
+    finishing_a_run_releases_the_parked_head,
 );
 
 struct Harness {
@@ -1049,5 +1051,53 @@ async fn sweep_releases_a_stranded_queue(b: Backends) {
             .await
             .unwrap()
             .is_empty()
+    );
+}
+
+/// The sink's end of a run: `finish_run` removes the run from the active index and, with no
+/// other run active, publishes the parked head (removal and queue read are one store step).
+async fn finishing_a_run_releases_the_parked_head(b: Backends) {
+    let h = Harness::new(b);
+    h.agent(PLAIN_RUNNER, false, "enqueue", json!({})).await;
+    let mut events =
+        h.b.bus
+            .subscribe(
+                &h.b.topology
+                    .events_queue(sb_common::bus::topology::events_shard(
+                        WS,
+                        Some("c1"),
+                        NonZeroU32::new(2).unwrap(),
+                    )),
+                ConsumeOptions::prefetch(10),
+            )
+            .await
+            .unwrap();
+    let first = h.dispatched("c1", "one").await;
+    let waiting = h.ingest("c1", None, "two").await;
+    assert_eq!(
+        h.route(waiting).await,
+        RouteOutcome::Parked {
+            behind: vec![first]
+        }
+    );
+    let conversations = h.deps().conversations(&h.options);
+    let key = conversation_key("c1");
+    // Another run's end leaves `first` active: the head stays parked.
+    assert!(!conversations.finish_run(&key, RunId::new()).await.unwrap());
+    let active = conversations.active(&key, None).await.unwrap();
+    assert_eq!(active.iter().map(|r| r.run_id).collect::<Vec<_>>(), [first]);
+    assert!(conversations.finish_run(&key, first).await.unwrap());
+    assert!(conversations.active(&key, None).await.unwrap().is_empty());
+    let d = tokio::time::timeout(Duration::from_secs(5), events.next())
+        .await
+        .expect("the parked event is published again")
+        .unwrap();
+    let message = messages::decode::<EventMessage>(&d.body).unwrap();
+    d.ack().await.unwrap();
+    assert_eq!(message.event_id, waiting);
+    assert_eq!(
+        conversations.parked(&key).await.unwrap().len(),
+        1,
+        "the head stays parked until it is routed"
     );
 }

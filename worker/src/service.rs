@@ -8,8 +8,9 @@
 //!  delivery ─decode─▶ RunJob ──(bad body: dead-letter via ErrorCode::disposition)
 //!     │
 //!     ▼ reserve run_id on this worker ── already active here ──────────────▶ ack (duplicate)
-//!     ▼ acquire lease:<run_id> ── held by a live worker (kept after waiting
-//!     │                            one lease TTL for it to lapse) ──────────▶ ack (duplicate)
+//!     ▼ begin_run: acquire lease:<run_id>, read the cancel flag and the session (one round trip)
+//!     │   └─ held by a live worker (kept after waiting one lease TTL for it
+//!     │      to lapse) ───────────────────────────────────────────────────▶ ack (duplicate)
 //!     ▼ claim queued → running ── lost ─▶ decide_claim_lost(status, session?)
 //!     │                                     ├─ terminal / no run / no session ▶ ack (drop)
 //!     │                                     └─ running + session ─▶ finalize `interrupted`
@@ -19,7 +20,8 @@
 //!     │ ours ─▶ re-established with the run's session; held by another ─▶ cancel the run)
 //!     ▼ publish every item (seq 1, 2, 3, …, exactly one terminal) to switchboard.results,
 //!     │ ready items pipelined in one confirmed batch, failures retried in order
-//!     ▼ terminal: end_session (steering.dropped audits) ─▶ release lease ─▶ ack
+//!     ▼ terminal: end_run: end the session, drop the cancel flag, mark the run handed off,
+//!     │ release the lease (one round trip) ─▶ steering.dropped audits ─▶ ack
 //! ```
 //!
 //! # Cancel messages
@@ -73,8 +75,8 @@ use sb_common::bus::{
 use sb_common::config::{SwitchboardConfig, WorkerConfig};
 use sb_common::error::ShutdownError;
 use sb_common::session::{
-    RUN_HANDED_OFF_TTL, SessionError, SessionStore, announce_routing_change, cancel_flag_key,
-    run_handed_off_key, run_lease_key,
+    RUN_HANDED_OFF_TTL, RunBegin, SessionError, SessionStore, announce_routing_change,
+    run_lease_key,
 };
 use sb_common::shutdown::Shutdown;
 use sb_common::telemetry::{Registry, names};
@@ -686,6 +688,16 @@ fn terminal_status(result: &AgentRunResult) -> &'static str {
     }
 }
 
+/// The cancel reason a run's cancel flag carries (its value; empty: a generic one).
+fn cancel_reason(flag: &[u8]) -> String {
+    let reason = String::from_utf8_lossy(flag).trim().to_owned();
+    if reason.is_empty() {
+        "cancelled before the run started".to_owned()
+    } else {
+        reason
+    }
+}
+
 fn now_ms() -> i64 {
     SystemTime::now()
         .duration_since(UNIX_EPOCH)
@@ -738,6 +750,9 @@ struct Reservation {
     active: ActiveRuns,
     cancel_tx: watch::Sender<Option<String>>,
     cancel_rx: watch::Receiver<Option<String>>,
+    /// Set once [`Core::end_run`] released the run lease with the session's end, so that
+    /// `process` does not release it a second time (one round trip fewer per run).
+    lease_released: bool,
 }
 
 impl Drop for Reservation {
@@ -749,10 +764,21 @@ impl Drop for Reservation {
 
 /// Outcome of waiting for a run's lease.
 enum LeaseWait {
-    Acquired,
+    Acquired(Begun),
     HeldBy(String),
     Stopped,
     Failed(SessionError),
+}
+
+/// What the worker read with the run lease ([`SessionStore::begin_run`]).
+struct Begun {
+    /// The reason the run's cancel flag gave, if it was set.
+    cancel_flag: Option<String>,
+    /// The run's session as the orchestrator stored it: what the heartbeat puts back if the
+    /// store loses it (see [`heartbeat`]). Read with the lease so that keeping it costs no
+    /// round trip of its own; the job does not carry it (only its digest of the Host API
+    /// token is in it, and the frozen grants must be exactly the orchestrator's).
+    session: Option<Value>,
 }
 
 /// How streaming a run ended.
@@ -784,6 +810,7 @@ impl Core {
             active: self.active.clone(),
             cancel_tx,
             cancel_rx,
+            lease_released: false,
         })
     }
 
@@ -849,8 +876,8 @@ impl Core {
             tracing::info!("duplicate delivery of a run active on this worker; dropped");
             return Settlement::Ack;
         };
-        match self.take_lease(run_id).await {
-            LeaseWait::Acquired => {}
+        let begun = match self.take_lease(run_id).await {
+            LeaseWait::Acquired(begun) => begun,
             LeaseWait::HeldBy(holder) => {
                 tracing::info!(%holder, "run is held by another live worker; duplicate job dropped");
                 return Settlement::Ack;
@@ -860,41 +887,47 @@ impl Core {
                 tracing::warn!(%error, "cannot take the run lease");
                 return settlement_for(error.code());
             }
-        }
-        let settlement = self.with_lease(job, &mut reservation).await;
-        match self
-            .sessions
-            .release_lease(&lease_key(&run_id), &self.id)
-            .await
-        {
-            Ok(_) => {}
-            // It expires on its own; a redelivery meanwhile waits for that.
-            Err(error) => tracing::warn!(%error, "releasing the run lease failed"),
+        };
+        let settlement = self.with_lease(job, &mut reservation, begun).await;
+        if !reservation.lease_released {
+            match self
+                .sessions
+                .release_lease(&lease_key(&run_id), &self.id)
+                .await
+            {
+                Ok(_) => {}
+                // It expires on its own; a redelivery meanwhile waits for that.
+                Err(error) => tracing::warn!(%error, "releasing the run lease failed"),
+            }
         }
         settlement
     }
 
-    /// Takes the run lease. If another holder has it, waits up to one lease TTL (plus a
-    /// heartbeat) for it to lapse: a worker that crashed a moment ago still holds its lease
-    /// when the broker redelivers its job, while a live holder keeps renewing it.
+    /// Takes the run lease, reading the run's cancel flag and session with it
+    /// ([`SessionStore::begin_run`], one round trip). The flag is read after the run was
+    /// reserved here, so a cancel set later still reaches the run: its cancel message follows
+    /// the flag and finds the reservation. If another holder has the lease, waits up to one
+    /// lease TTL (plus a heartbeat) for it to lapse: a worker that crashed a moment ago still
+    /// holds its lease when the broker redelivers its job, while a live holder keeps renewing
+    /// it.
     async fn take_lease(&self, run_id: RunId) -> LeaseWait {
-        let key = lease_key(&run_id);
         let ttl = self.config.lease_ttl;
         let give_up = tokio::time::Instant::now() + ttl + self.config.heartbeat_interval;
         let mut logged = false;
         loop {
-            match self.sessions.acquire_lease(&key, &self.id, ttl).await {
-                Ok(true) => return LeaseWait::Acquired,
-                Ok(false) => {}
+            let holder = match self.sessions.begin_run(&run_id, &self.id, ttl).await {
+                Ok(RunBegin::Leased {
+                    cancel_flag,
+                    session,
+                }) => {
+                    return LeaseWait::Acquired(Begun {
+                        cancel_flag: cancel_flag.as_deref().map(cancel_reason),
+                        session,
+                    });
+                }
+                Ok(RunBegin::HeldBy(holder)) => holder,
                 Err(error) => return LeaseWait::Failed(error),
-            }
-            let holder = self
-                .sessions
-                .lease_holder(&key)
-                .await
-                .ok()
-                .flatten()
-                .unwrap_or_default();
+            };
             if tokio::time::Instant::now() >= give_up {
                 return LeaseWait::HeldBy(holder);
             }
@@ -910,7 +943,12 @@ impl Core {
         }
     }
 
-    async fn with_lease(&self, job: &RunJob, reservation: &mut Reservation) -> Settlement {
+    async fn with_lease(
+        &self,
+        job: &RunJob,
+        reservation: &mut Reservation,
+        begun: Begun,
+    ) -> Settlement {
         let run_id = job.run_id;
         // While the ledger is unreachable the claim is retried here, holding the job: a
         // requeue per failure would spend the runs queue's delivery limit within seconds and
@@ -920,7 +958,7 @@ impl Core {
         loop {
             match self.ledger.claim_run(run_id, &self.id).await {
                 Ok(true) => break,
-                Ok(false) => return self.on_claim_lost(job).await,
+                Ok(false) => return self.on_claim_lost(job, reservation).await,
                 Err(error) if error.is_transient() => {
                     tracing::warn!(%error, retry_in_ms = delay.as_millis() as u64, "claiming the run failed; the ledger is unreachable, retrying");
                     tokio::select! {
@@ -937,10 +975,10 @@ impl Core {
             }
         }
         tracing::debug!("run claimed");
-        self.execute(job, reservation).await
+        self.execute(job, reservation, begun).await
     }
 
-    async fn on_claim_lost(&self, job: &RunJob) -> Settlement {
+    async fn on_claim_lost(&self, job: &RunJob, reservation: &mut Reservation) -> Settlement {
         let run_id = job.run_id;
         let record = match self.ledger.get_run(run_id).await {
             Ok(record) => record,
@@ -970,7 +1008,7 @@ impl Core {
                 tracing::warn!(status = ?status, "claim lost but the run is still queued; retrying later");
                 Settlement::Nack { requeue: true }
             }
-            ClaimLost::Interrupt => self.finalize_interrupted(job).await,
+            ClaimLost::Interrupt => self.finalize_interrupted(job, reservation).await,
         }
     }
 
@@ -979,8 +1017,14 @@ impl Core {
     /// commit ([`RunLedger::finalize_run`]) before the item is published: a stream reader
     /// never sees the status without the item, and the item takes the first free sequence
     /// even if the lost worker's last results are still in flight. The result sink applies
-    /// the published item's side effects and delivers it (it finds it stored as is).
-    async fn finalize_interrupted(&self, job: &RunJob) -> Settlement {
+    /// the published item's side effects and delivers it (it finds it stored as is). The run
+    /// ends (session, lease) before the item is published: the ledger already says how it
+    /// ended, so the lease protects nothing any more.
+    async fn finalize_interrupted(
+        &self,
+        job: &RunJob,
+        reservation: &mut Reservation,
+    ) -> Settlement {
         let run_id = job.run_id;
         let message = "the worker executing the run was lost";
         let outcome =
@@ -1010,7 +1054,7 @@ impl Core {
             sequence,
             "run was interrupted by the loss of its worker; finalized as interrupted"
         );
-        self.end_session(job).await;
+        self.end_run(job, reservation).await;
         let item = RunItem {
             sequence,
             result: result.with_run_id(run_id).with_sequence(sequence),
@@ -1023,15 +1067,17 @@ impl Core {
         }
     }
 
-    /// The run is claimed and its cancel key bound: execute it and publish its results.
-    async fn execute(&self, job: &RunJob, reservation: &mut Reservation) -> Settlement {
+    /// The run is claimed: execute it and publish its results.
+    async fn execute(
+        &self,
+        job: &RunJob,
+        reservation: &mut Reservation,
+        begun: Begun,
+    ) -> Settlement {
         let run_id = job.run_id;
         let host = self.hosts.get(&job.runner_id);
         let requested = reservation.cancel_rx.borrow_and_update().clone();
-        let cancel_reason = match requested {
-            Some(reason) => Some(reason),
-            None => self.cancel_flag(run_id).await,
-        };
+        let cancel_reason = requested.or(begun.cancel_flag);
         let pre = decide_pre_start(cancel_reason, job.deadline_at_ms, now_ms(), host.is_some());
         let host = match (pre, host) {
             (None, Some(host)) => host,
@@ -1045,6 +1091,7 @@ impl Core {
                 return self
                     .finish(
                         job,
+                        reservation,
                         vec![RunItem {
                             sequence: 1,
                             result,
@@ -1077,6 +1124,7 @@ impl Core {
                 return self
                     .finish(
                         job,
+                        reservation,
                         vec![RunItem {
                             sequence: 1,
                             result,
@@ -1086,21 +1134,29 @@ impl Core {
             }
         };
         tracing::debug!("run started");
-        let _heartbeat = AbortOnDropHandle::new(tokio::spawn(
+        let heartbeat = AbortOnDropHandle::new(tokio::spawn(
             heartbeat(
                 self.sessions.clone(),
                 self.ledger.clone(),
-                run_id,
-                self.id.clone(),
-                self.config.lease_ttl,
-                self.config.heartbeat_interval,
+                HeartbeatRun {
+                    run_id,
+                    holder: self.id.clone(),
+                    session: begun.session,
+                    ttl: self.config.lease_ttl,
+                    interval: self.config.heartbeat_interval,
+                },
                 reservation.cancel_tx.clone(),
             )
             .in_current_span(),
         ));
-        match self.stream(job, &mut handle, reservation).await {
+        let streamed = self.stream(job, &mut handle, reservation).await;
+        // Stopped (not only told to stop) before the lease is released: a renewal racing the
+        // release would find the lease missing and could take it back for an ended run.
+        heartbeat.abort();
+        let _ = heartbeat.await;
+        match streamed {
             Streamed::Ended => {
-                self.end_session(job).await;
+                self.end_run(job, reservation).await;
                 Settlement::Ack
             }
             Streamed::Forced => {
@@ -1113,33 +1169,18 @@ impl Core {
     }
 
     /// Publishes a run's items (ending with its terminal item) without a runner, then ends the
-    /// session.
-    async fn finish(&self, job: &RunJob, items: Vec<RunItem>) -> Settlement {
+    /// run.
+    async fn finish(
+        &self,
+        job: &RunJob,
+        reservation: &mut Reservation,
+        items: Vec<RunItem>,
+    ) -> Settlement {
         if self.publish_items(job, items).await {
-            self.end_session(job).await;
+            self.end_run(job, reservation).await;
             Settlement::Ack
         } else {
             Settlement::Nack { requeue: true }
-        }
-    }
-
-    /// The cancel flag in the session store (its value is the reason).
-    async fn cancel_flag(&self, run_id: RunId) -> Option<String> {
-        match self.sessions.get(&cancel_flag_key(&run_id)).await {
-            Ok(Some(bytes)) => {
-                let reason = String::from_utf8_lossy(&bytes).trim().to_owned();
-                Some(if reason.is_empty() {
-                    "cancelled before the run started".to_owned()
-                } else {
-                    reason
-                })
-            }
-            Ok(None) => None,
-            Err(error) => {
-                // The cancel message still reaches the run once it is bound.
-                tracing::warn!(%error, "reading the cancel flag failed");
-                None
-            }
         }
     }
 
@@ -1269,33 +1310,28 @@ impl Core {
         }
     }
 
-    /// Ends the run's session atomically (later Host API calls see `not_found`) and audits
-    /// the steering items the run never pulled.
-    async fn end_session(&self, job: &RunJob) {
-        let run_id = job.run_id;
-        match self.sessions.end_session(&run_id).await {
-            Ok(Some(ended)) => self.audit_dropped_steering(job, &ended.steering).await,
-            Ok(None) => tracing::debug!("run session was already gone"),
-            // It expires on its own; until then late Host API calls still pass the gate's
-            // session check but the runner host refuses calls for ended runs.
-            Err(error) => tracing::warn!(%error, "ending the run session failed"),
-        }
-        // The flag has done its job; drop it rather than wait for its TTL.
-        if let Err(error) = self.sessions.del(&cancel_flag_key(&run_id)).await {
-            tracing::debug!(%error, "removing the cancel flag failed");
-        }
-        // The terminal item is published: the lease goes next, and the reaper must not take
-        // a lagging result sink for a lost worker.
-        if let Err(error) = self
+    /// Ends the run in the session store in one round trip ([`SessionStore::end_run`]): the
+    /// session ends atomically (later Host API calls see `not_found`), the cancel flag has done
+    /// its job, the run is marked handed off (its terminal item is published: the reaper must
+    /// not take a lagging result sink for a lost worker), and the lease is released. Then
+    /// audits the steering items the run never pulled.
+    async fn end_run(&self, job: &RunJob, reservation: &mut Reservation) {
+        match self
             .sessions
-            .set_ex(
-                &run_handed_off_key(&run_id),
-                self.id.as_bytes(),
-                RUN_HANDED_OFF_TTL,
-            )
+            .end_run(&job.run_id, &self.id, RUN_HANDED_OFF_TTL)
             .await
         {
-            tracing::warn!(%error, "marking the run handed off failed");
+            Ok(end) => {
+                reservation.lease_released = true;
+                match end.ended {
+                    Some(ended) => self.audit_dropped_steering(job, &ended.steering).await,
+                    None => tracing::debug!("run session was already gone"),
+                }
+            }
+            // The session and flag expire on their own; until then late Host API calls still
+            // pass the gate's session check but the runner host refuses calls for ended runs.
+            // `process` still tries to release the lease.
+            Err(error) => tracing::warn!(%error, "ending the run in the session store failed"),
         }
     }
 
@@ -1361,30 +1397,40 @@ pub fn decide_lost_lease(
     }
 }
 
+/// The run a [`heartbeat`] keeps.
+struct HeartbeatRun {
+    run_id: RunId,
+    /// This worker's id.
+    holder: String,
+    /// The run's session as read with the lease ([`Begun::session`]).
+    session: Option<Value>,
+    /// Lease TTL set by every renewal.
+    ttl: Duration,
+    /// Time between renewals.
+    interval: Duration,
+}
+
 /// Renews the run lease every `interval`. A renewal that finds the lease missing while the
-/// run is still ours ([`decide_lost_lease`]) re-establishes it, and the run's session with it
-/// (as read when the run started, kept alive by later heartbeats): a session store that
-/// restarted empty neither cancels a healthy run nor breaks its Host API calls. A lease held
-/// by another holder, or a run that is no longer ours, cancels the run (a worker that lost
-/// its lease must stop acting on the run).
+/// run is still ours ([`decide_lost_lease`]) re-establishes it, and the run's `session` with
+/// it (as read with the lease, kept alive by later heartbeats): a session store that
+/// restarted empty neither cancels a healthy run nor breaks its Host API calls. The session
+/// has to be read before any loss, since a store that lost it cannot give it back. A lease
+/// held by another holder, or a run that is no longer ours, cancels the run (a worker that
+/// lost its lease must stop acting on the run).
 async fn heartbeat(
     sessions: Arc<dyn SessionStore>,
     ledger: Arc<dyn RunLedger>,
-    run_id: RunId,
-    holder: String,
-    ttl: Duration,
-    interval: Duration,
+    run: HeartbeatRun,
     cancel: watch::Sender<Option<String>>,
 ) {
+    let HeartbeatRun {
+        run_id,
+        holder,
+        session,
+        ttl,
+        interval,
+    } = run;
     let key = lease_key(&run_id);
-    // Read off the run's path: what to put back if the store loses it.
-    let session = match sessions.get_session(&run_id).await {
-        Ok(session) => session,
-        Err(error) => {
-            tracing::debug!(%error, "reading the run session for the heartbeat failed");
-            None
-        }
-    };
     let mut restored = false;
     let mut tick = tokio::time::interval_at(tokio::time::Instant::now() + interval, interval);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
@@ -1705,6 +1751,12 @@ mod tests {
         let failed = PreStart::Cancelled(String::new()).result(&runner, "default");
         assert_eq!(failed.data["code"], "cancelled");
         assert_eq!(failed.data["retryable"], false);
+    }
+
+    #[test]
+    fn cancel_flag_reasons() {
+        assert_eq!(cancel_reason(b" user asked \n"), "user asked");
+        assert_eq!(cancel_reason(b""), "cancelled before the run started");
     }
 
     #[test]

@@ -5,7 +5,7 @@ mod support;
 use std::time::Duration;
 
 use sb_common::bus::{Bus, PublishOptions};
-use sb_common::session::{STEERING_CAP, SessionStore, cancel_flag_key};
+use sb_common::session::{STEERING_CAP, SessionStore, cancel_flag_key, run_handed_off_key};
 use sb_protocol::ids::WorkspaceId;
 use sb_protocol::result::ResultType;
 use sb_store::{EventQuery, RunStatus};
@@ -267,6 +267,55 @@ async fn a_cancel_flag_set_before_start_finishes_the_run_cancelled() {
     assert_eq!(results[0].result.data["error"], "user cancelled");
     h.jobs_settled().await;
     assert!(h.sessions.get_session(&job.run_id).await.unwrap().is_none());
+    h.stop().await;
+}
+
+/// The end of a run (one `end_run` step) leaves the run's session, cancel flag and lease
+/// gone and its hand-off marker set to the worker, also for a run that never started.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_finished_run_leaves_only_its_hand_off_marker() {
+    let mut h = Harness::start(|_, _| {}).await;
+    let cancelled = h.prepare_run(ECHO, "never starts").await;
+    h.sessions
+        .set_ex(
+            &cancel_flag_key(&cancelled.run_id),
+            b"user cancelled",
+            Duration::from_secs(60),
+        )
+        .await
+        .unwrap();
+    h.publish_job(&cancelled).await;
+    h.results_until_terminal().await;
+    let ran = h.prepare_run(ECHO, "runs").await;
+    h.publish_job(&ran).await;
+    h.results_until_terminal().await;
+    h.jobs_settled().await;
+    let worker_id = h.worker().id().to_owned();
+    for run_id in [cancelled.run_id, ran.run_id] {
+        assert!(h.sessions.get_session(&run_id).await.unwrap().is_none());
+        assert!(
+            h.sessions
+                .get(&cancel_flag_key(&run_id))
+                .await
+                .unwrap()
+                .is_none()
+        );
+        assert!(
+            h.sessions
+                .lease_holder(&lease_key(&run_id))
+                .await
+                .unwrap()
+                .is_none()
+        );
+        assert_eq!(
+            h.sessions
+                .get(&run_handed_off_key(&run_id))
+                .await
+                .unwrap()
+                .as_deref(),
+            Some(worker_id.as_bytes())
+        );
+    }
     h.stop().await;
 }
 

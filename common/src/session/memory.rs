@@ -15,7 +15,8 @@ use serde_json::Value as Json;
 use tokio::time::Instant;
 
 use super::{
-    EndedSession, Keys, PullMode, PushOutcome, Result, SessionError, SessionStore, check_ttl,
+    EndedSession, Keys, PullMode, PushOutcome, Result, RunBegin, RunEnd, SessionError,
+    SessionStore, cancel_flag_key, check_ttl, run_handed_off_key, run_lease_key,
 };
 
 /// Writes between two sweeps of expired entries.
@@ -121,6 +122,106 @@ impl Inner {
         self.entries.remove(key).map(|e| e.value)
     }
 
+    /// `acquire_lease` on the full key `k` (`key` names it in errors).
+    fn acquire(&mut self, k: &str, key: &str, holder: &str, ttl: Duration) -> Result<bool> {
+        match self.live(k) {
+            Some(Entry {
+                value: Value::Text(current),
+                expires_at,
+            }) => {
+                if current != holder {
+                    return Ok(false);
+                }
+                *expires_at = Some(deadline(ttl));
+            }
+            Some(_) => return Err(wrong_type(key)),
+            None => self.put(
+                k.to_owned(),
+                Value::Text(holder.to_owned()),
+                Some(deadline(ttl)),
+            ),
+        }
+        Ok(true)
+    }
+
+    /// `release_lease` on the full key `k`.
+    fn release(&mut self, k: &str, holder: &str) -> bool {
+        let held = matches!(self.live(k), Some(Entry { value: Value::Text(current), .. }) if current == holder);
+        if held {
+            self.entries.remove(k);
+        }
+        held
+    }
+
+    /// `end_session` of `run_id`.
+    fn end_session(&mut self, keys: &Keys, run_id: &RunId) -> Result<Option<EndedSession>> {
+        let key = keys.session(run_id);
+        let session = match self.remove(&key) {
+            None => return Ok(None),
+            Some(Value::Json(v)) => v,
+            Some(_) => return Err(wrong_type(&key)),
+        };
+        let steering = match self.remove(&keys.steering(run_id)) {
+            Some(Value::List(items)) => items.into(),
+            _ => Vec::new(),
+        };
+        self.wrote();
+        Ok(Some(EndedSession { session, steering }))
+    }
+
+    /// `lease_holder` on the full key `k`.
+    fn holder(&mut self, k: &str, key: &str) -> Result<Option<String>> {
+        match self.live(k).map(|e| &e.value) {
+            None => Ok(None),
+            Some(Value::Text(holder)) => Ok(Some(holder.clone())),
+            Some(_) => Err(wrong_type(key)),
+        }
+    }
+
+    /// `get_session` on the full key `k`.
+    fn session(&mut self, k: &str) -> Result<Option<Json>> {
+        match self.live(k).map(|e| &e.value) {
+            None => Ok(None),
+            Some(Value::Json(v)) => Ok(Some(v.clone())),
+            Some(_) => Err(wrong_type(k)),
+        }
+    }
+
+    /// `get` on the full key `k`.
+    fn bytes(&mut self, k: &str, key: &str) -> Result<Option<Vec<u8>>> {
+        match self.live(k).map(|e| &e.value) {
+            None => Ok(None),
+            Some(Value::Bytes(v)) => Ok(Some(v.clone())),
+            Some(_) => Err(wrong_type(key)),
+        }
+    }
+
+    /// `set_remove` on the full key `k`.
+    fn set_remove(&mut self, k: &str, key: &str, member: &str) -> Result<bool> {
+        let (removed, now_empty) = match self.live(k) {
+            None => return Ok(false),
+            Some(Entry {
+                value: Value::Set(members),
+                ..
+            }) => (members.remove(member), members.is_empty()),
+            Some(_) => return Err(wrong_type(key)),
+        };
+        // Like Redis: an emptied set no longer exists (and loses its TTL).
+        if now_empty {
+            self.entries.remove(k);
+        }
+        Ok(removed)
+    }
+
+    /// `set_members` on the full key `k`.
+    fn set_members(&mut self, k: &str, key: &str) -> Result<Vec<String>> {
+        match self.live(k).map(|e| &e.value) {
+            None => Ok(Vec::new()),
+            Some(Value::Set(members)) => Ok(members.iter().cloned().collect()),
+            Some(_) => Err(wrong_type(key)),
+        }
+    }
+
     fn int(&mut self, key: &str) -> Result<i64> {
         match self.live(key).map(|e| &e.value) {
             None => Ok(0),
@@ -167,12 +268,7 @@ impl SessionStore for MemorySessionStore {
     }
 
     async fn get_session(&self, run_id: &RunId) -> Result<Option<Json>> {
-        let key = self.keys.session(run_id);
-        match self.lock().live(&key).map(|e| &e.value) {
-            None => Ok(None),
-            Some(Value::Json(v)) => Ok(Some(v.clone())),
-            Some(_) => Err(wrong_type(&key)),
-        }
+        self.lock().session(&self.keys.session(run_id))
     }
 
     async fn touch_session(&self, run_id: &RunId, ttl: Duration) -> Result<bool> {
@@ -189,19 +285,7 @@ impl SessionStore for MemorySessionStore {
     }
 
     async fn end_session(&self, run_id: &RunId) -> Result<Option<EndedSession>> {
-        let key = self.keys.session(run_id);
-        let mut inner = self.lock();
-        let session = match inner.remove(&key) {
-            None => return Ok(None),
-            Some(Value::Json(v)) => v,
-            Some(_) => return Err(wrong_type(&key)),
-        };
-        let steering = match inner.remove(&self.keys.steering(run_id)) {
-            Some(Value::List(items)) => items.into(),
-            _ => Vec::new(),
-        };
-        inner.wrote();
-        Ok(Some(EndedSession { session, steering }))
+        self.lock().end_session(&self.keys, run_id)
     }
 
     async fn steering_push(&self, run_id: &RunId, item: &Json, cap: usize) -> Result<PushOutcome> {
@@ -273,22 +357,7 @@ impl SessionStore for MemorySessionStore {
 
     async fn acquire_lease(&self, key: &str, holder: &str, ttl: Duration) -> Result<bool> {
         check_ttl(ttl)?;
-        let k = self.keys.lease(key);
-        let mut inner = self.lock();
-        match inner.live(&k) {
-            Some(Entry {
-                value: Value::Text(current),
-                expires_at,
-            }) => {
-                if current != holder {
-                    return Ok(false);
-                }
-                *expires_at = Some(deadline(ttl));
-            }
-            Some(_) => return Err(wrong_type(key)),
-            None => inner.put(k, Value::Text(holder.to_owned()), Some(deadline(ttl))),
-        }
-        Ok(true)
+        self.lock().acquire(&self.keys.lease(key), key, holder, ttl)
     }
 
     async fn renew_lease(&self, key: &str, holder: &str, ttl: Duration) -> Result<()> {
@@ -309,22 +378,50 @@ impl SessionStore for MemorySessionStore {
     }
 
     async fn release_lease(&self, key: &str, holder: &str) -> Result<bool> {
-        let k = self.keys.lease(key);
-        let mut inner = self.lock();
-        let held = matches!(inner.live(&k), Some(Entry { value: Value::Text(current), .. }) if current == holder);
-        if held {
-            inner.entries.remove(&k);
-        }
-        Ok(held)
+        Ok(self.lock().release(&self.keys.lease(key), holder))
     }
 
     async fn lease_holder(&self, key: &str) -> Result<Option<String>> {
-        let k = self.keys.lease(key);
-        match self.lock().live(&k).map(|e| &e.value) {
-            None => Ok(None),
-            Some(Value::Text(holder)) => Ok(Some(holder.clone())),
-            Some(_) => Err(wrong_type(key)),
+        self.lock().holder(&self.keys.lease(key), key)
+    }
+
+    async fn begin_run(&self, run_id: &RunId, holder: &str, ttl: Duration) -> Result<RunBegin> {
+        check_ttl(ttl)?;
+        let key = run_lease_key(run_id);
+        let k = self.keys.lease(&key);
+        let mut inner = self.lock();
+        if !inner.acquire(&k, &key, holder, ttl)? {
+            let current = inner.holder(&k, &key)?.unwrap_or_default();
+            return Ok(RunBegin::HeldBy(current));
         }
+        let flag = cancel_flag_key(run_id);
+        let cancel_flag = inner.bytes(&self.keys.kv(&flag), &flag)?;
+        Ok(RunBegin::Leased {
+            cancel_flag,
+            session: inner.session(&self.keys.session(run_id))?,
+        })
+    }
+
+    async fn end_run(
+        &self,
+        run_id: &RunId,
+        holder: &str,
+        handed_off_ttl: Duration,
+    ) -> Result<RunEnd> {
+        check_ttl(handed_off_ttl)?;
+        let mut inner = self.lock();
+        let ended = inner.end_session(&self.keys, run_id)?;
+        inner.remove(&self.keys.kv(&cancel_flag_key(run_id)));
+        inner.put(
+            self.keys.kv(&run_handed_off_key(run_id)),
+            Value::Bytes(holder.as_bytes().to_vec()),
+            Some(deadline(handed_off_ttl)),
+        );
+        let lease_released = inner.release(&self.keys.lease(&run_lease_key(run_id)), holder);
+        Ok(RunEnd {
+            ended,
+            lease_released,
+        })
     }
 
     async fn counter_incr(&self, key: &str, by: i64, ttl: Option<Duration>) -> Result<i64> {
@@ -405,11 +502,7 @@ impl SessionStore for MemorySessionStore {
     }
 
     async fn get(&self, key: &str) -> Result<Option<Vec<u8>>> {
-        match self.lock().live(&self.keys.kv(key)).map(|e| &e.value) {
-            None => Ok(None),
-            Some(Value::Bytes(v)) => Ok(Some(v.clone())),
-            Some(_) => Err(wrong_type(key)),
-        }
+        self.lock().bytes(&self.keys.kv(key), key)
     }
 
     async fn del(&self, key: &str) -> Result<bool> {
@@ -446,29 +539,25 @@ impl SessionStore for MemorySessionStore {
     }
 
     async fn set_remove(&self, key: &str, member: &str) -> Result<bool> {
-        let k = self.keys.set(key);
-        let mut inner = self.lock();
-        let (removed, now_empty) = match inner.live(&k) {
-            None => return Ok(false),
-            Some(Entry {
-                value: Value::Set(members),
-                ..
-            }) => (members.remove(member), members.is_empty()),
-            Some(_) => return Err(wrong_type(key)),
-        };
-        // Like Redis: an emptied set no longer exists (and loses its TTL).
-        if now_empty {
-            inner.entries.remove(&k);
-        }
-        Ok(removed)
+        self.lock().set_remove(&self.keys.set(key), key, member)
     }
 
     async fn set_members(&self, key: &str) -> Result<Vec<String>> {
-        match self.lock().live(&self.keys.set(key)).map(|e| &e.value) {
-            None => Ok(Vec::new()),
-            Some(Value::Set(members)) => Ok(members.iter().cloned().collect()),
-            Some(_) => Err(wrong_type(key)),
-        }
+        self.lock().set_members(&self.keys.set(key), key)
+    }
+
+    async fn set_remove_then_members(
+        &self,
+        key: &str,
+        member: &str,
+        members_of: &str,
+    ) -> Result<(bool, Vec<String>)> {
+        let mut inner = self.lock();
+        let removed = inner.set_remove(&self.keys.set(key), key, member)?;
+        Ok((
+            removed,
+            inner.set_members(&self.keys.set(members_of), members_of)?,
+        ))
     }
 
     async fn ping(&self) -> Result<()> {

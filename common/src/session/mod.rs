@@ -5,8 +5,8 @@
 //! [`SessionStore`]; the conformance suite in `crate::testing::session` checks it against each.
 //!
 //! # Layout
-//! - this file: the [`SessionStore`] trait and its contract, [`EndedSession`], [`PullMode`],
-//!   [`PushOutcome`] and [`SessionError`].
+//! - this file: the [`SessionStore`] trait and its contract, [`EndedSession`], [`RunBegin`],
+//!   [`RunEnd`], [`PullMode`], [`PushOutcome`] and [`SessionError`].
 //! - [`memory`]: [`memory::MemorySessionStore`] with TTLs on `tokio::time` (pausable in tests).
 //! - `redis`: `RedisSessionStore` on one auto-reconnecting `ConnectionManager`, Lua scripts
 //!   where the contract says atomic (feature `redis`).
@@ -15,20 +15,20 @@
 //! Every store instance has a key prefix; the families below never collide with each other:
 //!
 //! ```text
-//! <prefix>session:<run_id>    run session (JSON)            put/get/touch/end_session
+//! <prefix>session:<run_id>    run session (JSON)            put/get/touch/end_session, *_run
 //! <prefix>steering:<run_id>   steering list (JSON items)    steering_*; dies with the session
-//! <prefix>lease:<key>         lease holder                  *_lease
+//! <prefix>lease:<key>         lease holder                  *_lease, begin_run/end_run
 //! <prefix>counter:<key>       integer                       counter_*
 //! <prefix>counter:<key>:x     "exhausted" marker            counter_try_add
 //! <prefix>rate:<key>          fixed-window hit count        rate_limit_hit
-//! <prefix>kv:<key>            bytes                         set_ex/set_nx_ex/get/del
+//! <prefix>kv:<key>            bytes                         set_ex/set_nx_ex/get/del, *_run
 //! <prefix>set:<key>           set of strings                set_*
 //! ```
 //!
 //! # Keys shared between roles
 //! Some keys are written by one role and read by another, so their names are part of the
 //! contract between roles and are built only by the functions here: [`cancel_flag_key`],
-//! [`run_lease_key`], [`ROUTING_EPOCH_KEY`].
+//! [`run_lease_key`], [`run_handed_off_key`], [`ROUTING_EPOCH_KEY`].
 //!
 //! # A store that comes back empty
 //! The Redis backend may run without persistence: a restart loses every key. Holders of
@@ -61,9 +61,9 @@ pub const STEERING_CAP: usize = 100;
 /// Cross-role contract: whoever cancels a run — the gateway's `POST /v1/runs/{id}/cancel`,
 /// the orchestrator's `interrupt` concurrency policy — sets it with
 /// [`set_ex`](SessionStore::set_ex), the cancel reason as UTF-8 value, *before* publishing
-/// `cancel.<run_id>` on the control exchange. The worker reads it before it starts the run,
-/// so a cancel published while no worker had bound the run's control key yet is still seen;
-/// it deletes the flag when the run ends.
+/// `cancel.<run_id>` on the control exchange. The worker reads it when it takes the run's
+/// lease ([`SessionStore::begin_run`]), before it starts the run, so a cancel published while
+/// no worker followed the run yet is still seen; it deletes the flag when the run ends.
 #[must_use]
 pub fn cancel_flag_key(run_id: &RunId) -> String {
     format!("cancel:{run_id}")
@@ -164,6 +164,19 @@ pub const RUN_HANDED_OFF_TTL: Duration = Duration::from_secs(600);
 /// [`release_lease`](Self::release_lease) frees it only for the current holder.
 /// All three are atomic compare-and-set operations.
 ///
+/// **A run's execution** (compound steps of the worker, each one round trip on Redis):
+/// [`begin_run`](Self::begin_run) takes the run lease ([`run_lease_key`]) exactly as
+/// `acquire_lease` does and, only if it is the caller's now, reads the run's cancel flag
+/// ([`cancel_flag_key`]) and its session in the same atomic step; if another holder has the
+/// lease it changes nothing and names that holder. [`end_run`](Self::end_run), once the run's terminal item is
+/// published, does in one atomic step: ends the session exactly as `end_session` does (among
+/// concurrent `end_session`/`end_run` callers exactly one receives it), deletes the cancel
+/// flag, sets the hand-off marker ([`run_handed_off_key`], value: the holder) for the given
+/// TTL, and releases the run lease only if the caller holds it. Where these are separate
+/// steps (the provided body) they keep that order: the session ends before the lease is free
+/// (a redelivered job takes a present session for a crash) and the marker is set before it
+/// (the reaper takes a free lease without marker for a lost worker).
+///
 /// **Counters.** [`counter_incr`](Self::counter_incr) adds atomically and returns the new
 /// value; a missing counter starts at zero; the TTL is set when the counter has none (so a
 /// window started by the first increment is not extended by later ones).
@@ -177,7 +190,9 @@ pub const RUN_HANDED_OFF_TTL: Duration = Duration::from_secs(600);
 ///
 /// **Plain keys and sets.** `set_ex` / `set_nx_ex` (set only if absent, atomic) / `get` /
 /// `del` on byte values with a TTL; `set_add` / `set_remove` / `set_members` on sets of
-/// strings (e.g. active runs per conversation).
+/// strings (e.g. active runs per conversation);
+/// [`set_remove_then_members`](Self::set_remove_then_members) removes a member from one set
+/// and reads another set right after, as one atomic step.
 ///
 /// **Failures.** A store that cannot be reached fails with [`SessionError::Unavailable`];
 /// the Redis backend reconnects on its own, so a later call can succeed.
@@ -218,6 +233,58 @@ pub trait SessionStore: Send + Sync + 'static {
 
     /// Current holder of the lease, if any.
     async fn lease_holder(&self, key: &str) -> Result<Option<String>>;
+
+    /// Starts `holder`'s execution of a run: takes the run lease for `ttl` and reads what the
+    /// worker checks before starting the run (see the contract).
+    ///
+    /// The Redis and memory backends do this in one atomic step (one round trip): the reads
+    /// see the store as it is at the moment the lease is taken. This provided body makes the
+    /// calls one after another (each atomic on its own, which is all a worker relies on), for
+    /// stores that implement only the primitives.
+    async fn begin_run(&self, run_id: &RunId, holder: &str, ttl: Duration) -> Result<RunBegin> {
+        let key = run_lease_key(run_id);
+        loop {
+            if self.acquire_lease(&key, holder, ttl).await? {
+                return Ok(RunBegin::Leased {
+                    cancel_flag: self.get(&cancel_flag_key(run_id)).await?,
+                    session: self.get_session(run_id).await?,
+                });
+            }
+            // A lease that lapsed between the two calls is free: try again.
+            if let Some(current) = self.lease_holder(&key).await? {
+                return Ok(RunBegin::HeldBy(current));
+            }
+        }
+    }
+
+    /// Ends `holder`'s execution of a run whose terminal item is published: ends the session,
+    /// deletes the cancel flag, marks the run handed off for `handed_off_ttl`, releases the
+    /// run lease if `holder` holds it (see the contract).
+    ///
+    /// The Redis and memory backends do this in one atomic step (one round trip). This
+    /// provided body makes the calls one after another in the contract's order, for stores
+    /// that implement only the primitives; it stops at the first failure.
+    async fn end_run(
+        &self,
+        run_id: &RunId,
+        holder: &str,
+        handed_off_ttl: Duration,
+    ) -> Result<RunEnd> {
+        check_ttl(handed_off_ttl)?;
+        let ended = self.end_session(run_id).await?;
+        self.del(&cancel_flag_key(run_id)).await?;
+        self.set_ex(
+            &run_handed_off_key(run_id),
+            holder.as_bytes(),
+            handed_off_ttl,
+        )
+        .await?;
+        let lease_released = self.release_lease(&run_lease_key(run_id), holder).await?;
+        Ok(RunEnd {
+            ended,
+            lease_released,
+        })
+    }
 
     /// Adds `by` to the counter and returns the new value; sets `ttl` if the counter has none.
     async fn counter_incr(&self, key: &str, by: i64, ttl: Option<Duration>) -> Result<i64>;
@@ -263,6 +330,22 @@ pub trait SessionStore: Send + Sync + 'static {
     /// All members, sorted.
     async fn set_members(&self, key: &str) -> Result<Vec<String>>;
 
+    /// Removes `member` from the set `key` and returns whether it was there, with all members
+    /// of the set `members_of` (sorted) as they are right after the removal.
+    ///
+    /// The Redis and memory backends do this in one atomic step (one round trip). This
+    /// provided body makes the two calls one after another (the read still follows the
+    /// removal), for stores that implement only the primitives.
+    async fn set_remove_then_members(
+        &self,
+        key: &str,
+        member: &str,
+        members_of: &str,
+    ) -> Result<(bool, Vec<String>)> {
+        let removed = self.set_remove(key, member).await?;
+        Ok((removed, self.set_members(members_of).await?))
+    }
+
     /// `Ok` while the store is reachable (readiness probes).
     async fn ping(&self) -> Result<()>;
 }
@@ -274,6 +357,30 @@ pub struct EndedSession {
     pub session: Value,
     /// Steering items never pulled, oldest first (to audit as `steering.dropped`).
     pub steering: Vec<Value>,
+}
+
+/// What [`SessionStore::begin_run`] found.
+#[derive(Clone, Debug, PartialEq)]
+pub enum RunBegin {
+    /// The run lease is the caller's now (taken, or already its own and its TTL reset).
+    Leased {
+        /// The raw value of the run's cancel flag (the cancel reason), if it is set.
+        cancel_flag: Option<Vec<u8>>,
+        /// The run's session, if present: what its holder puts back should the store lose
+        /// it (see "A store that comes back empty" in the module docs).
+        session: Option<Value>,
+    },
+    /// Another holder has the lease (its id); nothing was changed or read.
+    HeldBy(String),
+}
+
+/// What [`SessionStore::end_run`] did.
+#[derive(Clone, Debug, PartialEq)]
+pub struct RunEnd {
+    /// The ended session and its unpulled steering items; `None` if it was already gone.
+    pub ended: Option<EndedSession>,
+    /// Whether the run lease was the caller's and is now free.
+    pub lease_released: bool,
 }
 
 /// How many steering items one pull takes (PROTOCOL_V1 `steering_pull` modes).

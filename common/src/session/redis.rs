@@ -18,8 +18,9 @@ use sb_protocol::ids::RunId;
 use serde_json::Value;
 
 use super::{
-    EndedSession, Keys, PullMode, PushOutcome, Result, SessionError, SessionStore, check_ttl,
-    decode_json, ttl_millis,
+    EndedSession, Keys, PullMode, PushOutcome, Result, RunBegin, RunEnd, SessionError,
+    SessionStore, cancel_flag_key, check_ttl, decode_json, run_handed_off_key, run_lease_key,
+    ttl_millis,
 };
 
 /// Connection options of [`RedisSessionStore`]; the config layer maps its Redis section onto
@@ -94,6 +95,8 @@ struct Scripts {
     acquire_lease: Script,
     renew_lease: Script,
     release_lease: Script,
+    begin_run: Script,
+    end_run: Script,
     incr_with_ttl: Script,
     try_add: Script,
     set_add: Script,
@@ -173,6 +176,42 @@ fn scripts() -> &'static Scripts {
               return 1
             end
             return 0
+            ",
+        ),
+        // KEYS: lease, cancel flag, session. ARGV: holder, ttl ms. The lease part is
+        // acquire_lease's. Returns {0, holder, nil} if another holder has the lease, else
+        // {1, flag or nil, session or nil}.
+        begin_run: Script::new(
+            r"
+            local cur = redis.call('GET', KEYS[1])
+            if cur and cur ~= ARGV[1] then return {0, cur, false} end
+            if cur then
+              redis.call('PEXPIRE', KEYS[1], ARGV[2])
+            else
+              redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[2])
+            end
+            return {1, redis.call('GET', KEYS[2]), redis.call('GET', KEYS[3])}
+            ",
+        ),
+        // KEYS: session, steering, cancel flag, hand-off marker, lease. ARGV: holder, marker
+        // ttl ms. The session part is end_session's, the lease part release_lease's.
+        // Returns {session or nil, {items…}, 1 if the lease was released else 0}.
+        end_run: Script::new(
+            r"
+            local s = redis.call('GET', KEYS[1])
+            local items = {}
+            if s then
+              items = redis.call('LRANGE', KEYS[2], 0, -1)
+              redis.call('DEL', KEYS[1], KEYS[2])
+            end
+            redis.call('DEL', KEYS[3])
+            redis.call('SET', KEYS[4], ARGV[1], 'PX', ARGV[2])
+            local released = 0
+            if redis.call('GET', KEYS[5]) == ARGV[1] then
+              redis.call('DEL', KEYS[5])
+              released = 1
+            end
+            return {s, items, released}
             ",
         ),
         // KEYS: counter. ARGV: by, ttl ms (0 = none). The TTL is only set when missing.
@@ -328,6 +367,25 @@ impl RedisSessionStore {
     }
 }
 
+impl RedisSessionStore {
+    /// Decodes what the `end_session` part of a script returned.
+    fn ended_session(
+        &self,
+        run_id: &RunId,
+        session: &[u8],
+        items: &[Vec<u8>],
+    ) -> Result<EndedSession> {
+        let steering_key = self.keys.steering(run_id);
+        Ok(EndedSession {
+            session: decode_json(&self.keys.session(run_id), session)?,
+            steering: items
+                .iter()
+                .map(|item| decode_json(&steering_key, item))
+                .collect::<Result<_>>()?,
+        })
+    }
+}
+
 /// Escapes Redis glob metacharacters.
 fn glob_escape(s: &str) -> String {
     let mut out = String::with_capacity(s.len());
@@ -381,26 +439,17 @@ impl SessionStore for RedisSessionStore {
     }
 
     async fn end_session(&self, run_id: &RunId) -> Result<Option<EndedSession>> {
-        let key = self.keys.session(run_id);
         let ended: Option<(Vec<u8>, Vec<Vec<u8>>)> = self
             .scripts
             .end_session
-            .key(&key)
+            .key(self.keys.session(run_id))
             .key(self.keys.steering(run_id))
             .invoke_async(&mut self.conn())
             .await
             .map_err(map_err)?;
-        let Some((session, items)) = ended else {
-            return Ok(None);
-        };
-        let steering_key = self.keys.steering(run_id);
-        Ok(Some(EndedSession {
-            session: decode_json(&key, &session)?,
-            steering: items
-                .iter()
-                .map(|item| decode_json(&steering_key, item))
-                .collect::<Result<_>>()?,
-        }))
+        ended
+            .map(|(session, items)| self.ended_session(run_id, &session, &items))
+            .transpose()
     }
 
     async fn steering_push(&self, run_id: &RunId, item: &Value, cap: usize) -> Result<PushOutcome> {
@@ -499,6 +548,60 @@ impl SessionStore for RedisSessionStore {
 
     async fn lease_holder(&self, key: &str) -> Result<Option<String>> {
         self.conn().get(self.keys.lease(key)).await.map_err(map_err)
+    }
+
+    async fn begin_run(&self, run_id: &RunId, holder: &str, ttl: Duration) -> Result<RunBegin> {
+        check_ttl(ttl)?;
+        let session_key = self.keys.session(run_id);
+        let (leased, value, session): (i64, Option<Vec<u8>>, Option<Vec<u8>>) = self
+            .scripts
+            .begin_run
+            .key(self.keys.lease(&run_lease_key(run_id)))
+            .key(self.keys.kv(&cancel_flag_key(run_id)))
+            .key(&session_key)
+            .arg(holder)
+            .arg(ttl_millis(ttl))
+            .invoke_async(&mut self.conn())
+            .await
+            .map_err(map_err)?;
+        Ok(if leased == 1 {
+            RunBegin::Leased {
+                cancel_flag: value,
+                session: session
+                    .map(|bytes| decode_json(&session_key, &bytes))
+                    .transpose()?,
+            }
+        } else {
+            RunBegin::HeldBy(String::from_utf8_lossy(&value.unwrap_or_default()).into_owned())
+        })
+    }
+
+    async fn end_run(
+        &self,
+        run_id: &RunId,
+        holder: &str,
+        handed_off_ttl: Duration,
+    ) -> Result<RunEnd> {
+        check_ttl(handed_off_ttl)?;
+        let (session, items, released): (Option<Vec<u8>>, Vec<Vec<u8>>, i64) = self
+            .scripts
+            .end_run
+            .key(self.keys.session(run_id))
+            .key(self.keys.steering(run_id))
+            .key(self.keys.kv(&cancel_flag_key(run_id)))
+            .key(self.keys.kv(&run_handed_off_key(run_id)))
+            .key(self.keys.lease(&run_lease_key(run_id)))
+            .arg(holder)
+            .arg(ttl_millis(handed_off_ttl))
+            .invoke_async(&mut self.conn())
+            .await
+            .map_err(map_err)?;
+        Ok(RunEnd {
+            ended: session
+                .map(|session| self.ended_session(run_id, &session, &items))
+                .transpose()?,
+            lease_released: released == 1,
+        })
     }
 
     async fn counter_incr(&self, key: &str, by: i64, ttl: Option<Duration>) -> Result<i64> {
@@ -646,6 +749,24 @@ impl SessionStore for RedisSessionStore {
             .map_err(map_err)?;
         members.sort();
         Ok(members)
+    }
+
+    async fn set_remove_then_members(
+        &self,
+        key: &str,
+        member: &str,
+        members_of: &str,
+    ) -> Result<(bool, Vec<String>)> {
+        // MULTI/EXEC: both commands in one round trip, nothing runs in between.
+        let (removed, mut members): (i64, Vec<String>) = redis::pipe()
+            .atomic()
+            .srem(self.keys.set(key), member)
+            .smembers(self.keys.set(members_of))
+            .query_async(&mut self.conn())
+            .await
+            .map_err(map_err)?;
+        members.sort();
+        Ok((removed > 0, members))
     }
 
     async fn ping(&self) -> Result<()> {

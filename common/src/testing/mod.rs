@@ -239,6 +239,10 @@ macro_rules! session_suite {
                 lease_acquire_renew_release,
                 lease_expiry_lets_another_holder_steal,
                 lease_acquire_race_has_one_winner,
+                begin_run_takes_the_lease_and_reads_flag_and_session,
+                begin_run_race_has_one_winner,
+                end_run_ends_the_session_and_hands_the_run_off,
+                end_run_exactly_once_under_concurrency,
                 steering_cap_and_fifo,
                 steering_pull_modes,
                 steering_concurrent_pushes_respect_cap,
@@ -251,6 +255,7 @@ macro_rules! session_suite {
                 set_nx_ex_has_one_winner,
                 plain_keys_expire,
                 sets_add_remove_members,
+                set_remove_then_members_reads_after_the_removal,
                 invalid_arguments_are_rejected,
             );
         }

@@ -12,7 +12,10 @@ use sb_protocol::ids::RunId;
 use serde_json::json;
 
 use super::SessionFixture;
-use crate::session::{PullMode, PushOutcome, STEERING_CAP, SessionError, SessionStore};
+use crate::session::{
+    PullMode, PushOutcome, RunBegin, STEERING_CAP, SessionError, SessionStore, cancel_flag_key,
+    run_handed_off_key, run_lease_key,
+};
 
 /// A TTL that expires during a test. Generous, so a loaded CI machine (the whole workspace's
 /// tests in parallel on two cores) still makes the calls that must happen before it expires.
@@ -224,6 +227,174 @@ pub async fn lease_acquire_race_has_one_winner(fx: &SessionFixture) {
     })
     .await;
     assert_eq!(results.iter().filter(|won| **won).count(), 1);
+}
+
+/// `begin_run` takes the run lease like `acquire_lease` (exclusive, re-entrant, with a TTL)
+/// and reads the cancel flag and the session only for the holder; another holder is named,
+/// nothing is read.
+pub async fn begin_run_takes_the_lease_and_reads_flag_and_session(fx: &SessionFixture) {
+    let s = &fx.store;
+    let run = RunId::new();
+    let lease = run_lease_key(&run);
+    let leased = |flag: Option<&[u8]>| RunBegin::Leased {
+        cancel_flag: flag.map(<[u8]>::to_vec),
+        session: Some(json!({"plugin": "p"})),
+    };
+    assert_eq!(
+        s.begin_run(&run, "w1", LONG).await.unwrap(),
+        RunBegin::Leased {
+            cancel_flag: None,
+            session: None
+        },
+        "no session yet"
+    );
+    s.put_session(&run, &json!({"plugin": "p"}), LONG)
+        .await
+        .unwrap();
+    assert_eq!(s.begin_run(&run, "w1", LONG).await.unwrap(), leased(None));
+    assert_eq!(s.lease_holder(&lease).await.unwrap().as_deref(), Some("w1"));
+    s.set_ex(&cancel_flag_key(&run), b"user", LONG)
+        .await
+        .unwrap();
+    assert_eq!(
+        s.begin_run(&run, "w2", LONG).await.unwrap(),
+        RunBegin::HeldBy("w1".into())
+    );
+    assert_eq!(
+        s.begin_run(&run, "w1", SHORT).await.unwrap(),
+        leased(Some(b"user")),
+        "re-entrant for the holder, with the flag"
+    );
+    s.renew_lease(&lease, "w1", SHORT).await.unwrap();
+    tokio::time::sleep(PAST_SHORT).await;
+    assert_eq!(
+        s.begin_run(&run, "w2", LONG).await.unwrap(),
+        leased(Some(b"user")),
+        "the TTL given to begin_run lapsed"
+    );
+    assert!(matches!(
+        s.renew_lease(&lease, "w1", LONG).await,
+        Err(SessionError::LeaseLost { .. })
+    ));
+    assert!(s.release_lease(&lease, "w2").await.unwrap());
+    assert!(matches!(
+        s.begin_run(&run, "w", Duration::ZERO).await,
+        Err(SessionError::InvalidArgument(_))
+    ));
+}
+
+/// Concurrent `begin_run` calls: exactly one takes the lease, the others name it.
+pub async fn begin_run_race_has_one_winner(fx: &SessionFixture) {
+    let run = RunId::new();
+    let results = concurrently(&fx.store, 30, move |s, i| async move {
+        (
+            format!("w{i}"),
+            s.begin_run(&run, &format!("w{i}"), LONG).await.unwrap(),
+        )
+    })
+    .await;
+    let winners: Vec<&String> = results
+        .iter()
+        .filter(|(_, begin)| matches!(begin, RunBegin::Leased { .. }))
+        .map(|(holder, _)| holder)
+        .collect();
+    assert_eq!(winners.len(), 1);
+    for (_, begin) in &results {
+        if let RunBegin::HeldBy(holder) = begin {
+            assert_eq!(holder, winners[0]);
+        }
+    }
+}
+
+/// `end_run` ends the session (returning it with its unpulled steering items), deletes the
+/// cancel flag, sets the hand-off marker with its TTL and releases the lease of its holder
+/// only.
+pub async fn end_run_ends_the_session_and_hands_the_run_off(fx: &SessionFixture) {
+    let s = &fx.store;
+    let run = RunId::new();
+    s.put_session(&run, &json!({"run": "x"}), LONG)
+        .await
+        .unwrap();
+    for i in 0..2 {
+        s.steering_push(&run, &json!(i), STEERING_CAP)
+            .await
+            .unwrap();
+    }
+    s.set_ex(&cancel_flag_key(&run), b"user", LONG)
+        .await
+        .unwrap();
+    s.begin_run(&run, "w1", LONG).await.unwrap();
+    let end = s.end_run(&run, "w1", SHORT).await.unwrap();
+    let ended = end.ended.expect("the session was there");
+    assert_eq!(ended.session, json!({"run": "x"}));
+    assert_eq!(ended.steering, [json!(0), json!(1)]);
+    assert!(end.lease_released);
+    assert_eq!(s.get_session(&run).await.unwrap(), None);
+    assert_eq!(s.steering_len(&run).await.unwrap(), 0);
+    assert_eq!(s.get(&cancel_flag_key(&run)).await.unwrap(), None);
+    assert_eq!(s.lease_holder(&run_lease_key(&run)).await.unwrap(), None);
+    let marker = run_handed_off_key(&run);
+    assert_eq!(s.get(&marker).await.unwrap().as_deref(), Some(&b"w1"[..]));
+    // Again: nothing left to end or release; the marker is set again.
+    let again = s.end_run(&run, "w1", LONG).await.unwrap();
+    assert_eq!(again.ended, None);
+    assert!(!again.lease_released);
+    assert_eq!(s.get(&marker).await.unwrap().as_deref(), Some(&b"w1"[..]));
+
+    // A lease another holder took is left alone; the rest still happens.
+    let taken = RunId::new();
+    s.put_session(&taken, &json!(1), LONG).await.unwrap();
+    assert_eq!(
+        s.begin_run(&taken, "w2", LONG).await.unwrap(),
+        RunBegin::Leased {
+            cancel_flag: None,
+            session: Some(json!(1))
+        }
+    );
+    let end = s.end_run(&taken, "w1", SHORT).await.unwrap();
+    assert!(!end.lease_released);
+    assert_eq!(end.ended.map(|e| e.session), Some(json!(1)));
+    assert_eq!(
+        s.lease_holder(&run_lease_key(&taken))
+            .await
+            .unwrap()
+            .as_deref(),
+        Some("w2")
+    );
+    tokio::time::sleep(PAST_SHORT).await;
+    assert_eq!(
+        s.get(&run_handed_off_key(&taken)).await.unwrap(),
+        None,
+        "the marker expires with its TTL"
+    );
+    assert!(matches!(
+        s.end_run(&run, "w1", Duration::ZERO).await,
+        Err(SessionError::InvalidArgument(_))
+    ));
+}
+
+/// Among concurrent `end_run` and `end_session` callers exactly one receives the session,
+/// and the lease is released once.
+pub async fn end_run_exactly_once_under_concurrency(fx: &SessionFixture) {
+    for _ in 0..5 {
+        let run = RunId::new();
+        fx.store
+            .put_session(&run, &json!({"r": 1}), LONG)
+            .await
+            .unwrap();
+        fx.store.begin_run(&run, "w", LONG).await.unwrap();
+        let results = concurrently(&fx.store, 20, move |s, i| async move {
+            if i % 2 == 0 {
+                let end = s.end_run(&run, "w", LONG).await.unwrap();
+                (end.ended, end.lease_released)
+            } else {
+                (s.end_session(&run).await.unwrap(), false)
+            }
+        })
+        .await;
+        assert_eq!(results.iter().filter(|(e, _)| e.is_some()).count(), 1);
+        assert_eq!(results.iter().filter(|(_, r)| *r).count(), 1);
+    }
 }
 
 /// The steering list holds at most `cap` items and returns them in push order.
@@ -562,6 +733,35 @@ pub async fn sets_add_remove_members(fx: &SessionFixture) {
     s.set_add("short", "x", Some(SHORT)).await.unwrap();
     tokio::time::sleep(PAST_SHORT).await;
     assert!(s.set_members("short").await.unwrap().is_empty());
+}
+
+/// `set_remove_then_members` removes from one set and reads another (or the same) right
+/// after.
+pub async fn set_remove_then_members_reads_after_the_removal(fx: &SessionFixture) {
+    let s = &fx.store;
+    s.set_add("active", "run-a", Some(LONG)).await.unwrap();
+    s.set_add("parked", "2-e", None).await.unwrap();
+    s.set_add("parked", "1-e", None).await.unwrap();
+    assert_eq!(
+        s.set_remove_then_members("active", "run-a", "parked")
+            .await
+            .unwrap(),
+        (true, vec!["1-e".to_owned(), "2-e".to_owned()])
+    );
+    assert!(s.set_members("active").await.unwrap().is_empty());
+    assert_eq!(
+        s.set_remove_then_members("active", "run-a", "nothing")
+            .await
+            .unwrap(),
+        (false, Vec::new())
+    );
+    assert_eq!(
+        s.set_remove_then_members("parked", "1-e", "parked")
+            .await
+            .unwrap(),
+        (true, vec!["2-e".to_owned()]),
+        "the read sees the removal"
+    );
 }
 
 /// Inputs every backend refuses the same way.
