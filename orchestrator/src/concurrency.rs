@@ -136,6 +136,15 @@ pub fn decide(policy: ConcurrencyPolicy, active: &[RunId], parked_ahead: bool) -
     }
 }
 
+/// Whether deciding for an event needs the conversation's active runs: for every policy
+/// but `parallel` (which starts whatever runs), and when the event may steer an active run.
+/// A `parallel` agent whose runner cannot be steered skips the read (a session-store round
+/// trip per member) on every event.
+#[must_use]
+pub fn needs_active_runs(policy: ConcurrencyPolicy, may_steer: bool) -> bool {
+    policy != ConcurrencyPolicy::Parallel || may_steer
+}
+
 /// The parked-set member of an event parked at `parked_at_micros` (epoch): zero-padded so
 /// that the set's sorted order is arrival order.
 #[must_use]
@@ -173,6 +182,19 @@ pub fn parked_ahead(parked: &[String], own: Option<&str>) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn only_parallel_without_steering_skips_the_active_runs() {
+        assert!(!needs_active_runs(ConcurrencyPolicy::Parallel, false));
+        assert!(needs_active_runs(ConcurrencyPolicy::Parallel, true));
+        for policy in [
+            ConcurrencyPolicy::Enqueue,
+            ConcurrencyPolicy::Interrupt,
+            ConcurrencyPolicy::Reject,
+        ] {
+            assert!(needs_active_runs(policy, false));
+        }
+    }
 
     #[test]
     fn policies() {

@@ -285,9 +285,15 @@ impl EventRouter {
             return self.dispatch(record, envelope, dispatch, start).await;
         }
 
-        let active = self.conversations.active(&key, None).await?;
         // A turn is a run of its own (its id is the run id): never absorbed as steering.
         let is_turn = TurnTag::from_metadata(&envelope.metadata).is_some();
+        let policy = dispatch.binding.delivery_policy.concurrency;
+        let may_steer = !is_turn && dispatch.descriptor.supports_steering();
+        let active = if concurrency::needs_active_runs(policy, may_steer) {
+            self.conversations.active(&key, None).await?
+        } else {
+            Vec::new()
+        };
         let steering_target = if is_turn {
             None
         } else {
@@ -305,7 +311,6 @@ impl EventRouter {
             }
         }
 
-        let policy = dispatch.binding.delivery_policy.concurrency;
         let parked = if policy == ConcurrencyPolicy::Enqueue {
             self.conversations.parked(&key).await?
         } else {
@@ -840,14 +845,17 @@ impl EventRouter {
         let mut loaded: BTreeMap<StateScope, Map<String, Value>> = BTreeMap::new();
         if policy.is_enabled() {
             let parts = StateKeyParts::from_event(envelope, binding);
-            for scope in StateScope::ALL {
-                if !policy.allows(scope) {
-                    continue;
-                }
-                if let Some(key) = scope_key(scope, &parts) {
-                    let values = self.deps.stores.state.snapshot(&key).await?;
-                    loaded.insert(scope, values.into_iter().collect());
-                }
+            let scopes: Vec<(StateScope, String)> = StateScope::ALL
+                .into_iter()
+                .filter(|scope| policy.allows(*scope))
+                .filter_map(|scope| scope_key(scope, &parts).map(|key| (scope, key)))
+                .collect();
+            // Every enabled scope in one read.
+            let keys: Vec<String> = scopes.iter().map(|(_, key)| key.clone()).collect();
+            let values = self.deps.stores.state.snapshots(&keys).await?;
+            for (scope, key) in scopes {
+                let scope_values = values.get(&key).cloned().unwrap_or_default();
+                loaded.insert(scope, scope_values.into_iter().collect());
             }
         }
         Ok(context::state_snapshot(

@@ -85,6 +85,14 @@ pub trait StateStore: Send + Sync + 'static {
 
     /// Every value of a scope, for the context builder's state snapshot.
     async fn snapshot(&self, scope_key: &str) -> Result<BTreeMap<String, Value>>;
+
+    /// [`snapshot`](Self::snapshot) of each of `scope_keys` in one read (routing reads up to
+    /// one scope per state scope for every event): a scope without values maps to an empty
+    /// map, so the result has an entry for every key asked for.
+    async fn snapshots(
+        &self,
+        scope_keys: &[String],
+    ) -> Result<BTreeMap<String, BTreeMap<String, Value>>>;
 }
 
 /// Binary key/value storage owned by a plugin or a workspace (SPEC §9 `storage`).

@@ -2909,6 +2909,17 @@ pub mod suite {
         let snapshot = db.stores.state.snapshot(sk).await.unwrap();
         assert_eq!(snapshot.len(), 2);
         assert_eq!(snapshot["k"], json!("cas"));
+        // Several scopes in one read: the same values, and an empty map for an empty scope.
+        let both = db
+            .stores
+            .state
+            .snapshots(&[sk.to_owned(), "actor:v2:zzz".to_owned()])
+            .await
+            .unwrap();
+        assert_eq!(both.len(), 2);
+        assert_eq!(both[sk], snapshot);
+        assert!(both["actor:v2:zzz"].is_empty());
+        assert!(db.stores.state.snapshots(&[]).await.unwrap().is_empty());
         assert!(
             db.stores
                 .state

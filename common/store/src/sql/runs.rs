@@ -6,7 +6,7 @@ use async_trait::async_trait;
 use chrono::{DateTime, Utc};
 use sb_protocol::ids::{AgentId, EventId, RunId, WorkspaceId};
 use sb_protocol::result::{AgentRunResult, ResultType};
-use sea_orm::sea_query::{Expr, OnConflict};
+use sea_orm::sea_query::{CaseStatement, Expr, OnConflict};
 use sea_orm::{
     ActiveValue::Set, ColumnTrait, Condition, ConnectionTrait, EntityTrait, QueryFilter,
     QueryOrder, QuerySelect,
@@ -144,26 +144,33 @@ async fn terminal_sequence<C: ConnectionTrait>(db: &C, run_id: Uuid) -> Result<O
 /// sequence: nothing follows a run's end in its ledger. It happens when the host ended the run
 /// (the reaper's `interrupted`, a recovery) while its worker was still streaming — a worker
 /// stopped past its lease and resumed, a partition — and the worker's late items arrive. One
-/// indexed lookup per run of the batch (the partial unique index of terminal items).
+/// indexed lookup for all runs of the batch (the partial unique index of terminal items).
 async fn drop_after_terminal<C: ConnectionTrait>(
     db: &C,
     events: Vec<NewRunEvent>,
 ) -> Result<Vec<NewRunEvent>> {
-    let mut ends: HashMap<Uuid, Option<u64>> = HashMap::new();
-    for event in &events {
-        let run_id = event.run_id.into_uuid();
-        if let std::collections::hash_map::Entry::Vacant(slot) = ends.entry(run_id) {
-            slot.insert(terminal_sequence(db, run_id).await?);
-        }
+    let runs: HashSet<Uuid> = events.iter().map(|e| e.run_id.into_uuid()).collect();
+    let ends: HashMap<Uuid, u64> = run_event::Entity::find()
+        .select_only()
+        .column(run_event::Column::RunId)
+        .column(run_event::Column::Sequence)
+        .filter(run_event::Column::RunId.is_in(runs))
+        .filter(run_event::Column::ResultType.is_in(terminal_types()))
+        .into_tuple::<(Uuid, i64)>()
+        .all(db)
+        .await?
+        .into_iter()
+        .map(|(run_id, sequence)| (run_id, u64::try_from(sequence).unwrap_or_default()))
+        .collect();
+    if ends.is_empty() {
+        return Ok(events);
     }
     Ok(events
         .into_iter()
-        .filter(
-            |e| match ends.get(&e.run_id.into_uuid()).copied().flatten() {
-                Some(end) => u64::try_from(e.sequence).unwrap_or_default() <= end,
-                None => true,
-            },
-        )
+        .filter(|e| match ends.get(&e.run_id.into_uuid()) {
+            Some(end) => u64::try_from(e.sequence).unwrap_or_default() <= *end,
+            None => true,
+        })
         .collect())
 }
 
@@ -203,10 +210,30 @@ fn run_missing(err: sea_orm::DbErr, what: &str) -> StoreError {
 
 /// Raises `runs.last_sequence` to `sequence` (never lowers it).
 async fn bump_last_sequence<C: ConnectionTrait>(db: &C, run_id: Uuid, sequence: i64) -> Result<()> {
+    bump_last_sequences(db, &HashMap::from([(run_id, sequence)])).await
+}
+
+/// Raises each run's `runs.last_sequence` to its sequence in `maxima` (never lowers one), in
+/// one statement for the whole map: `SET last_sequence = CASE id WHEN … THEN … END`.
+async fn bump_last_sequences<C: ConnectionTrait>(
+    db: &C,
+    maxima: &HashMap<Uuid, i64>,
+) -> Result<()> {
+    if maxima.is_empty() {
+        return Ok(());
+    }
+    let mut case = CaseStatement::new();
+    for (run_id, sequence) in maxima {
+        case = case.case(run::Column::Id.eq(*run_id), Expr::value(*sequence));
+    }
+    let target = Expr::Case(Box::new(case));
     run::Entity::update_many()
-        .col_expr(run::Column::LastSequence, Expr::value(sequence))
-        .filter(run::Column::Id.eq(run_id))
-        .filter(run::Column::LastSequence.lt(sequence))
+        .col_expr(run::Column::LastSequence, target.clone())
+        .filter(run::Column::Id.is_in(maxima.keys().copied()))
+        .filter(sea_orm::sea_query::ExprTrait::lt(
+            Expr::col(run::Column::LastSequence),
+            target,
+        ))
         .exec(db)
         .await?;
     Ok(())
@@ -518,9 +545,7 @@ impl RunLedger for SqlStore {
             let max = max_new.entry(*run_id).or_insert(*sequence);
             *max = (*max).max(*sequence);
         }
-        for (run_id, sequence) in max_new {
-            bump_last_sequence(&txn, run_id, sequence).await?;
-        }
+        bump_last_sequences(&txn, &max_new).await?;
         txn.commit().await?;
         // A key inserted by this call is new for its first occurrence in the input only.
         Ok(keys.into_iter().map(|key| new_keys.remove(&key)).collect())

@@ -225,6 +225,33 @@ impl StateStore for SqlStore {
             .await?;
         Ok(rows.into_iter().collect())
     }
+
+    async fn snapshots(
+        &self,
+        scope_keys: &[String],
+    ) -> Result<BTreeMap<String, BTreeMap<String, Value>>> {
+        let mut out: BTreeMap<String, BTreeMap<String, Value>> = BTreeMap::new();
+        for scope_key in scope_keys {
+            check_required("scope_key", scope_key, MAX_SCOPE_KEY_CHARS)?;
+            out.insert(scope_key.clone(), BTreeMap::new());
+        }
+        if scope_keys.is_empty() {
+            return Ok(out);
+        }
+        let rows: Vec<(String, String, Value)> = agent_state::Entity::find()
+            .select_only()
+            .column(agent_state::Column::ScopeKey)
+            .column(agent_state::Column::Key)
+            .column(agent_state::Column::Value)
+            .filter(agent_state::Column::ScopeKey.is_in(scope_keys.iter().cloned()))
+            .into_tuple()
+            .all(&self.db)
+            .await?;
+        for (scope_key, key, value) in rows {
+            out.entry(scope_key).or_default().insert(key, value);
+        }
+        Ok(out)
+    }
 }
 
 #[async_trait]
