@@ -44,8 +44,8 @@ use crate::state_keys::{
 /// Source of runner-produced artifacts and event rows.
 pub const SOURCE_RUNNER: &str = "runner";
 
-/// The facts about a run the sink needs, read once from the ledger (and the event log for
-/// the frozen snapshot).
+/// The facts about a run the sink needs, read once from the ledger (the frozen snapshot,
+/// which only state updates need, is read apart: `ResultSink::authorization`).
 #[derive(Debug, Clone, PartialEq)]
 pub struct RunInfo {
     /// Run.
@@ -62,8 +62,6 @@ pub struct RunInfo {
     pub thread_id: Option<String>,
     /// Bot.
     pub bot_id: Option<String>,
-    /// The frozen authorization, if it could be found (state updates need it).
-    pub snapshot: Option<AuthorizationSnapshot>,
 }
 
 /// Transcript id of an event's user message.
@@ -498,7 +496,6 @@ mod tests {
             conversation_id: conversation.map(Into::into),
             thread_id: None,
             bot_id: Some("bot".into()),
-            snapshot: None,
         }
     }
 

@@ -73,9 +73,12 @@ const RUN_CACHE_CAP: usize = 10_000;
 pub struct ResultSink {
     deps: OrchestratorDeps,
     options: Arc<OrchestratorOptions>,
-    /// Immutable facts of active runs (ledger row + frozen snapshot), so a streaming run
-    /// costs one ledger insert per batch instead of two extra reads per item.
+    /// Immutable facts of active runs (from the ledger row), so a streaming run costs one
+    /// ledger insert per batch instead of an extra read per item.
     runs: Mutex<HashMap<RunId, Arc<RunInfo>>>,
+    /// Frozen authorizations of active runs that updated state (see `authorization`);
+    /// bounded and dropped like `runs`.
+    authorizations: Mutex<HashMap<RunId, Option<Arc<AuthorizationSnapshot>>>>,
     /// Active runs for which this sink applied a complete assistant message: their terminal
     /// item need not read the run's items back to find out (see `finish`). Bounded like
     /// `runs`; a run missing here is just read back.
@@ -105,17 +108,17 @@ impl ResultSink {
             deps,
             options,
             runs: Mutex::new(HashMap::new()),
+            authorizations: Mutex::new(HashMap::new()),
             messaged: Mutex::new(HashSet::new()),
             conversations,
         }
     }
 
     fn cache(&self) -> std::sync::MutexGuard<'_, HashMap<RunId, Arc<RunInfo>>> {
-        // Plain inserts and removes: a poisoned lock still holds a consistent map.
-        self.runs.lock().unwrap_or_else(|e| e.into_inner())
+        lock(&self.runs)
     }
 
-    /// The facts of a run: the ledger row, and the frozen snapshot kept on its event.
+    /// The facts of a run, from its ledger row.
     async fn run_info(&self, run_id: RunId) -> Result<Arc<RunInfo>> {
         if let Some(info) = self.cache().get(&run_id) {
             return Ok(Arc::clone(info));
@@ -127,24 +130,41 @@ impl ResultSink {
             .get_run(run_id)
             .await?
             .ok_or(OrchestratorError::RunNotFound(run_id))?;
-        let snapshot = match self.deps.stores.events.get(run.event_id).await? {
-            Some(event) => event
-                .metadata
-                .get("authorization")
-                .cloned()
-                .and_then(|v| serde_json::from_value::<AuthorizationSnapshot>(v).ok()),
-            None => None,
-        };
-        if snapshot.is_none() {
-            tracing::warn!(run_id = %run_id, "no authorization snapshot for the run; state updates will be refused");
-        }
-        let info = Arc::new(run_info_from(&run, snapshot));
+        let info = Arc::new(run_info_from(&run));
         let mut cache = self.cache();
         if cache.len() >= RUN_CACHE_CAP {
             cache.clear();
         }
         cache.insert(run_id, Arc::clone(&info));
         Ok(info)
+    }
+
+    /// The run's frozen authorization, kept on its event: read at the run's first state
+    /// update only (most runs update no state, and the event row, envelope and snapshot
+    /// included, is the largest read of a run), then cached like the run's facts. `None`
+    /// when the event holds none.
+    async fn authorization(&self, info: &RunInfo) -> Result<Option<Arc<AuthorizationSnapshot>>> {
+        if let Some(snapshot) = lock(&self.authorizations).get(&info.run_id) {
+            return Ok(snapshot.clone());
+        }
+        let snapshot = match self.deps.stores.events.get(info.event_id).await? {
+            Some(event) => event
+                .metadata
+                .get("authorization")
+                .cloned()
+                .and_then(|v| serde_json::from_value::<AuthorizationSnapshot>(v).ok())
+                .map(Arc::new),
+            None => None,
+        };
+        if snapshot.is_none() {
+            tracing::warn!(run_id = %info.run_id, "no authorization snapshot for the run; state updates will be refused");
+        }
+        let mut cache = lock(&self.authorizations);
+        if cache.len() >= RUN_CACHE_CAP {
+            cache.clear();
+        }
+        cache.insert(info.run_id, snapshot.clone());
+        Ok(snapshot)
     }
 
     /// The run's stored items, ascending (for transcript assembly).
@@ -217,12 +237,12 @@ impl ResultSink {
     }
 
     async fn apply_state(&self, info: &RunInfo, update: &StateUpdated) -> Result<()> {
-        let Some(snapshot) = &info.snapshot else {
+        let Some(snapshot) = self.authorization(info).await? else {
             tracing::warn!(run_id = %info.run_id, key = %update.key, "state.updated ignored: no authorization snapshot");
             return Ok(());
         };
         let write = match journal::plan_state_write(
-            snapshot,
+            &snapshot,
             update,
             self.options.max_state_value_bytes,
         ) {
@@ -334,6 +354,7 @@ impl ResultSink {
             self.conversations.finish_run(&key, info.run_id).await?;
         }
         self.cache().remove(&info.run_id);
+        lock(&self.authorizations).remove(&info.run_id);
         Ok(())
     }
 
@@ -782,7 +803,12 @@ fn group_by_run(indices: &[usize], run_of: impl Fn(usize) -> RunId) -> Vec<Vec<u
     groups
 }
 
-fn run_info_from(run: &RunRecord, snapshot: Option<AuthorizationSnapshot>) -> RunInfo {
+fn lock<T>(mutex: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    // Plain inserts and removes: a poisoned lock still holds a consistent map.
+    mutex.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+fn run_info_from(run: &RunRecord) -> RunInfo {
     RunInfo {
         run_id: run.id,
         workspace_id: run.workspace_id.clone(),
@@ -791,7 +817,6 @@ fn run_info_from(run: &RunRecord, snapshot: Option<AuthorizationSnapshot>) -> Ru
         conversation_id: run.conversation_id.clone(),
         thread_id: run.thread_id.clone(),
         bot_id: run.bot_id.clone(),
-        snapshot,
     }
 }
 
