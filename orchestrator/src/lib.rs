@@ -70,3 +70,12 @@ pub use sb_protocol::state_keys;
 
 pub use error::{OrchestratorError, Result};
 pub use service::{Orchestrator, OrchestratorDeps, OrchestratorOptions, OwnedShards};
+
+/// Locks a mutex of in-process bookkeeping (caches, lease observations). Its holders only
+/// insert, remove and read whole entries, so a lock poisoned by a panicking holder still
+/// guards a consistent map and is taken anyway.
+pub(crate) fn lock<T>(mutex: &std::sync::Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    mutex
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner)
+}

@@ -44,6 +44,7 @@ use sb_store::{RunOutcome, RunRecord, RunStatus};
 
 use crate::conversations::Conversations;
 use crate::error::Result;
+use crate::lock;
 use crate::service::{OrchestratorDeps, OrchestratorOptions};
 use crate::sink::ResultSink;
 
@@ -287,10 +288,6 @@ impl Reaper {
             })
             .await;
     }
-}
-
-fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
 }
 
 #[cfg(test)]

@@ -16,13 +16,14 @@
 //! `max_age` zero disables the cache (every lookup reads the ledger).
 
 use std::collections::HashMap;
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use sb_protocol::ids::WorkspaceId;
 use tokio::time::Instant;
 
 use crate::bindings::AgentCandidate;
+use crate::lock;
 use crate::plan::RunnerLookup;
 
 /// Entries kept per map; the map is emptied when it would grow past this.
@@ -93,11 +94,6 @@ impl RouteCache {
             insert(&mut lock(&self.runners), runner_id.to_owned(), epoch, value);
         }
     }
-}
-
-fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
-    // Plain inserts and lookups: a poisoned lock still holds a consistent map.
-    mutex.lock().unwrap_or_else(|e| e.into_inner())
 }
 
 fn fresh<K, Q, T>(

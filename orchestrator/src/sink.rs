@@ -62,6 +62,7 @@ use crate::concurrency::ConversationKey;
 use crate::conversations::Conversations;
 use crate::error::{OrchestratorError, Result};
 use crate::journal::{self, Effect, RunInfo};
+use crate::lock;
 use crate::service::{OrchestratorDeps, OrchestratorOptions, pause, settle};
 
 /// Runs whose facts are cached; the cache is cleared when it grows past this (a run's entry
@@ -202,7 +203,7 @@ impl ResultSink {
             Effect::None => {}
             Effect::AssistantMessage(m) => {
                 self.write_assistant(info, message.sequence, m).await?;
-                let mut messaged = self.messaged.lock().unwrap_or_else(|e| e.into_inner());
+                let mut messaged = lock(&self.messaged);
                 if messaged.len() >= RUN_CACHE_CAP {
                     messaged.clear();
                 }
@@ -330,11 +331,7 @@ impl ResultSink {
         }
         // A runner that only streamed leaves no complete message: the transcript gets the
         // assembled deltas instead (the seed host stored nothing, host-behaviour §26.13).
-        let messaged = self
-            .messaged
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .remove(&info.run_id);
+        let messaged = lock(&self.messaged).remove(&info.run_id);
         if info.conversation_id.is_some() && !messaged {
             let items = self.stored_items(info.run_id).await?;
             if !journal::has_complete_message(&items) {
@@ -801,11 +798,6 @@ fn group_by_run(indices: &[usize], run_of: impl Fn(usize) -> RunId) -> Vec<Vec<u
         }
     }
     groups
-}
-
-fn lock<T>(mutex: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
-    // Plain inserts and removes: a poisoned lock still holds a consistent map.
-    mutex.lock().unwrap_or_else(|e| e.into_inner())
 }
 
 fn run_info_from(run: &RunRecord) -> RunInfo {
