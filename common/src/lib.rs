@@ -10,6 +10,8 @@
 //!   `ShutdownError`.
 //! - [`bus`]: the `Bus` trait (publish with confirm, subscribe with manual ack), its in-memory
 //!   backend, the RabbitMQ backend (feature `amqp`) and the topology names.
+//! - [`retry`]: the one retry policy (exponential delays from the `backoff` crate) of every
+//!   loop that waits before trying again.
 //! - [`session`]: the `SessionStore` trait (run sessions, leases, steering lists, counters), its
 //!   in-memory backend and the Redis backend (feature `redis`).
 //! - [`shutdown`]: root cancellation token + task tracker + signal listener + drain with a deadline.
@@ -22,6 +24,7 @@ pub mod bus;
 pub mod config;
 pub mod egress;
 pub mod error;
+pub mod retry;
 pub mod secrets;
 pub mod session;
 pub mod shutdown;

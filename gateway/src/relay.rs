@@ -27,6 +27,7 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use sb_common::bus::{Bus, Outgoing, PublishOptions};
+use sb_common::retry::RetryPolicy;
 use sb_common::telemetry::{Registry, names};
 use sb_store::events::{Outbox, OutboxMessage};
 use tokio::sync::Notify;
@@ -43,10 +44,9 @@ pub struct RelayOptions {
     /// How often to look for rows nobody woke us for (other gateways' rows after they died,
     /// rows left by a broker outage).
     pub poll_interval: Duration,
-    /// First back-off after a failed round; doubles up to `max_backoff`.
-    pub min_backoff: Duration,
-    /// Longest back-off.
-    pub max_backoff: Duration,
+    /// Back-off after failed rounds (bounded, so that publishing resumes within seconds of
+    /// the broker coming back).
+    pub retry: RetryPolicy,
 }
 
 impl Default for RelayOptions {
@@ -57,9 +57,7 @@ impl Default for RelayOptions {
             // stalling rows of a crashed relay for long.
             lease: Duration::from_secs(30),
             poll_interval: Duration::from_millis(500),
-            min_backoff: Duration::from_millis(100),
-            // Bounded so that publishing resumes within seconds of the broker coming back.
-            max_backoff: Duration::from_secs(5),
+            retry: RetryPolicy::new(Duration::from_millis(100), Duration::from_secs(5)),
         }
     }
 }
@@ -123,7 +121,7 @@ impl OutboxRelay {
     /// Runs rounds until `shutdown` is cancelled. A round in flight is finished (its rows
     /// are marked or released), so nothing stays leased needlessly after a clean shutdown.
     pub async fn run(self, shutdown: CancellationToken) {
-        let mut backoff = self.options.min_backoff;
+        let mut retry = self.options.retry.start();
         let mut gauge_due = tokio::time::Instant::now();
         tracing::info!(batch = self.options.batch, "outbox relay started");
         loop {
@@ -140,7 +138,7 @@ impl OutboxRelay {
             }
             let pause = match self.round().await {
                 Ok(report) if report.failed == 0 => {
-                    backoff = self.options.min_backoff;
+                    retry.reset();
                     if report.claimed as u64 >= self.options.batch {
                         // A full batch: there is probably more; go again at once.
                         continue;
@@ -156,11 +154,11 @@ impl OutboxRelay {
                         published = report.published,
                         "outbox publish failed; backing off"
                     );
-                    Some(next_backoff(&mut backoff, self.options.max_backoff))
+                    Some(retry.next_delay())
                 }
                 Err(error) => {
                     tracing::warn!(%error, "outbox relay round failed; backing off");
-                    Some(next_backoff(&mut backoff, self.options.max_backoff))
+                    Some(retry.next_delay())
                 }
             };
             let sleep = pause.unwrap_or(self.options.poll_interval);
@@ -223,12 +221,6 @@ impl OutboxRelay {
 /// How often the relay refreshes `sb_outbox_pending`.
 const PENDING_GAUGE_INTERVAL: Duration = Duration::from_secs(5);
 
-fn next_backoff(current: &mut Duration, max: Duration) -> Duration {
-    let now = *current;
-    *current = (*current * 2).min(max);
-    now
-}
-
 /// Splits row ids into (confirmed, failed) by batch index.
 fn split_ids(ids: &[i64], failed: impl Fn(usize) -> bool) -> (Vec<i64>, Vec<i64>) {
     let mut good = Vec::with_capacity(ids.len());
@@ -260,12 +252,12 @@ mod tests {
 
     #[test]
     fn backoff_doubles_up_to_the_cap() {
-        let mut b = Duration::from_millis(100);
-        let max = Duration::from_millis(350);
-        assert_eq!(next_backoff(&mut b, max), Duration::from_millis(100));
-        assert_eq!(next_backoff(&mut b, max), Duration::from_millis(200));
-        assert_eq!(next_backoff(&mut b, max), Duration::from_millis(350));
-        assert_eq!(next_backoff(&mut b, max), Duration::from_millis(350));
+        let mut b =
+            RetryPolicy::new(Duration::from_millis(100), Duration::from_millis(350)).start();
+        assert_eq!(b.next_delay(), Duration::from_millis(100));
+        assert_eq!(b.next_delay(), Duration::from_millis(200));
+        assert_eq!(b.next_delay(), Duration::from_millis(350));
+        assert_eq!(b.next_delay(), Duration::from_millis(350));
     }
 
     #[test]
