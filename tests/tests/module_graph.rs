@@ -203,7 +203,7 @@ fn references(file: &SourceFile) -> Vec<ModPath> {
         loop {
             if i < bytes.len() && bytes[i] == '{' {
                 let mut prefix = path.clone();
-                prefix.extend(segments.drain(..));
+                prefix.append(&mut segments);
                 found.extend(group_items(&bytes, &mut i).into_iter().map(|ident| {
                     let mut p = prefix.clone();
                     p.push(ident);
