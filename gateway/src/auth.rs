@@ -59,7 +59,7 @@ use sha2::{Digest as _, Sha256};
 use uuid::Uuid;
 
 use crate::error::ApiError;
-use crate::state::AppState;
+use crate::limits::KeyLimits;
 
 /// Longest accepted key; anything longer is not one of ours and is refused without a
 /// database lookup.
@@ -131,10 +131,24 @@ pub fn bearer_token(header: &str) -> Option<&str> {
         .then_some(token)
 }
 
+/// What [`require_api_key`] needs of the application's state. The gateway's `AppState`
+/// implements it; keeping the middleware generic keeps this module below the state (which
+/// owns a [`KeyCache`]) instead of both using each other.
+pub trait KeyAuthority: Clone + Send + Sync + 'static {
+    /// The process's cache of authenticated keys.
+    fn keys(&self) -> &KeyCache;
+    /// The ledger's keys, asked on a cache miss.
+    fn tenancy(&self) -> &dyn Tenancy;
+    /// The shared session store that holds the revocation epoch.
+    fn sessions(&self) -> &dyn SessionStore;
+    /// The per-key request limiters.
+    fn key_limits(&self) -> &KeyLimits;
+}
+
 /// Middleware: authenticates the request (`401 unauthorized`) and applies the key's request
 /// rate (`429 rate_limited`).
-pub async fn require_api_key(
-    State(state): State<AppState>,
+pub async fn require_api_key<S: KeyAuthority>(
+    State(state): State<S>,
     mut request: Request,
     next: Next,
 ) -> Result<Response, ApiError> {
@@ -146,11 +160,7 @@ pub async fn require_api_key(
         .ok_or_else(ApiError::unauthorized)?;
     let key = state
         .keys()
-        .authenticate(
-            token,
-            state.stores().tenancy.as_ref(),
-            state.sessions().as_ref(),
-        )
+        .authenticate(token, state.tenancy(), state.sessions())
         .await?
         .ok_or_else(ApiError::unauthorized)?;
     state.key_limits().admit(key.key_id)?;

@@ -174,7 +174,10 @@ pub fn app(state: AppState) -> Router {
     // Long-lived requests: no request timeout (each bounds itself and takes a stream slot).
     let v1 = timed
         .merge(Router::from(streams))
-        .route_layer(from_fn_with_state(state.clone(), auth::require_api_key));
+        .route_layer(from_fn_with_state(
+            state.clone(),
+            auth::require_api_key::<AppState>,
+        ));
     // Authenticated by the run token inside the handler, not by an API key.
     let remote_host_api = Router::from(host).layer(
         ServiceBuilder::new()

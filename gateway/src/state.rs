@@ -266,3 +266,21 @@ impl AppState {
             .clamp(1, self.inner.options.page_size_max.max(1))
     }
 }
+
+impl crate::auth::KeyAuthority for AppState {
+    fn keys(&self) -> &KeyCache {
+        AppState::keys(self)
+    }
+
+    fn tenancy(&self) -> &dyn sb_store::Tenancy {
+        self.stores().tenancy.as_ref()
+    }
+
+    fn sessions(&self) -> &dyn SessionStore {
+        AppState::sessions(self).as_ref()
+    }
+
+    fn key_limits(&self) -> &KeyLimits {
+        AppState::key_limits(self)
+    }
+}
