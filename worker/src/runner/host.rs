@@ -7,9 +7,9 @@
 //! ```
 //!
 //! Each process is driven by one **actor** task that owns the [`RunnerProcess`], a
-//! [`Session`] (the pure state machine) and the run timers; a reader task turns stdout into
+//! [`RunnerLink`] (the pure protocol state machine) and the run timers; a reader task turns stdout into
 //! frames, a writer task batches messages to stdin, and one task per Host API call serves it
-//! through the injected [`HostApi`]. The actor applies the session's [`Effect`]s.
+//! through the injected [`HostApi`]. The actor applies the link's [`Effect`]s.
 //!
 //! Host API calls get **exactly one** `api_result` each: the serving task and the end of the
 //! call's run (which answers `not_found`) race through the call's [`ApiStream`], which lets
@@ -67,8 +67,8 @@ use tokio_util::task::TaskTracker;
 use super::api::{ApiStream, CallerIdentity, Connection, HostApi};
 use super::codec::{FrameError, MessageReader, MessageWriter, RunnerLine};
 use super::error::RunnerError;
+use super::link::{Effect, ExecutionMode, Input, Phase, RunnerLink, StartRefused, not_active};
 use super::process::{ProcessSpec, RunnerProcess, StderrConfig};
-use super::session::{Effect, ExecutionMode, Input, Phase, Session, StartRefused, not_active};
 use crate::sequencer::RunItem;
 
 /// How a host reads the worker's environment for a process's allowlisted variables
@@ -662,7 +662,7 @@ impl RunnerHost {
             stdin,
             stdout,
             cmd_rx,
-            Session::new(inner.spec.mode, inner.config.result_limits)
+            RunnerLink::new(inner.spec.mode, inner.config.result_limits)
                 .with_run_items_max(inner.config.run_items_max),
             ActorEnv {
                 config: inner.config.clone(),
@@ -868,7 +868,7 @@ struct Actor {
     /// The runner id as written in `run` messages.
     runner: String,
     process: RunnerProcess,
-    session: Session,
+    link: RunnerLink,
     env: ActorEnv,
     commands: mpsc::UnboundedReceiver<Command>,
     commands_open: bool,
@@ -899,7 +899,7 @@ impl Actor {
         stdin: ChildStdin,
         stdout: ChildStdout,
         commands: mpsc::UnboundedReceiver<Command>,
-        session: Session,
+        link: RunnerLink,
         env: ActorEnv,
     ) -> Self {
         let (frames_tx, frames_rx) = mpsc::channel(256);
@@ -915,7 +915,7 @@ impl Actor {
             generation,
             runner,
             process,
-            session,
+            link,
             env,
             commands,
             commands_open: true,
@@ -949,17 +949,17 @@ impl Actor {
                     None => {
                         // The host is gone entirely: nobody can consume results any more.
                         self.commands_open = false;
-                        let fx = self.session.on(Input::Abort { detail: "runner host dropped".into() });
+                        let fx = self.link.on(Input::Abort { detail: "runner host dropped".into() });
                         self.apply(fx).await;
                     }
                 },
                 frame = self.frames.recv(), if self.stdout_open => match frame {
                     Some(Ok(line)) => {
-                        let fx = self.session.on(line_input(line));
+                        let fx = self.link.on(line_input(line));
                         self.apply(fx).await;
                     }
                     Some(Err(e)) => {
-                        let fx = self.session.on(Input::BadFrame {
+                        let fx = self.link.on(Input::BadFrame {
                             run_id: e.run_id_hint().map(str::to_owned),
                             detail: e.to_string(),
                         });
@@ -987,11 +987,11 @@ impl Actor {
         while self.stdout_open {
             match tokio::time::timeout(grace, self.frames.recv()).await {
                 Ok(Some(Ok(line))) => {
-                    let fx = self.session.on(line_input(line));
+                    let fx = self.link.on(line_input(line));
                     self.apply(fx).await;
                 }
                 Ok(Some(Err(e))) => {
-                    let fx = self.session.on(Input::BadFrame {
+                    let fx = self.link.on(Input::BadFrame {
                         run_id: e.run_id_hint().map(str::to_owned),
                         detail: e.to_string(),
                     });
@@ -1019,15 +1019,14 @@ impl Actor {
             None => (false, "unknown exit".into()),
         };
         let runner_id = &self.env.runner_id;
-        if self.drain_requested || (self.session.phase() == Phase::Draining && clean) {
+        if self.drain_requested || (self.link.phase() == Phase::Draining && clean) {
             tracing::info!(%runner_id, pid = self.process.pid(), %detail, "runner process exited");
         } else {
-            tracing::warn!(%runner_id, pid = self.process.pid(), %detail, in_flight = self.session.active_runs(), "runner process exited unexpectedly");
+            tracing::warn!(%runner_id, pid = self.process.pid(), %detail, in_flight = self.link.active_runs(), "runner process exited unexpectedly");
         }
         let expected = self.drain_requested
-            || (self.session.phase() == Phase::Draining
-                && self.session.mode() == ExecutionMode::PerRun);
-        let fx = self.session.on(Input::Exited { clean, detail });
+            || (self.link.phase() == Phase::Draining && self.link.mode() == ExecutionMode::PerRun);
+        let fx = self.link.on(Input::Exited { clean, detail });
         self.apply(fx).await;
         // Refuse whatever start requests raced with the exit.
         self.commands.close();
@@ -1063,7 +1062,7 @@ impl Actor {
                 slot,
                 reply,
             } => {
-                if let Err(reason) = self.session.check_start(run_id) {
+                if let Err(reason) = self.link.check_start(run_id) {
                     let _ = reply.send(Err(Refusal {
                         reason,
                         slot,
@@ -1071,7 +1070,7 @@ impl Actor {
                     }));
                     return;
                 }
-                match self.session.start_run(run_id, &self.runner, context) {
+                match self.link.start_run(run_id, &self.runner, context) {
                     Ok(fx) => {
                         // Before the runner hears of the run, so its first call passes the gate.
                         self.env.connection.attach(run_id);
@@ -1091,16 +1090,16 @@ impl Actor {
                 }
             }
             Command::Cancel { run_id, reason } => {
-                let fx = self.session.on(Input::Cancel { run_id, reason });
+                let fx = self.link.on(Input::Cancel { run_id, reason });
                 self.apply(fx).await;
             }
             Command::Drain => {
                 self.drain_requested = true;
-                let fx = self.session.on(Input::Drain);
+                let fx = self.link.on(Input::Drain);
                 self.apply(fx).await;
             }
             Command::Abort { detail } => {
-                let fx = self.session.on(Input::Abort { detail });
+                let fx = self.link.on(Input::Abort { detail });
                 self.apply(fx).await;
             }
         }
@@ -1125,10 +1124,10 @@ impl Actor {
             let fx = match timer {
                 Timer::Deadline(run_id) if self.runs.contains_key(&run_id) => {
                     tracing::info!(%run_id, "run deadline passed");
-                    self.session.on(Input::DeadlinePassed { run_id })
+                    self.link.on(Input::DeadlinePassed { run_id })
                 }
                 Timer::CancelGrace(run_id) if self.runs.contains_key(&run_id) => {
-                    self.session.on(Input::CancelGraceElapsed { run_id })
+                    self.link.on(Input::CancelGraceElapsed { run_id })
                 }
                 Timer::ExitOverdue if self.exit_status.is_none() => {
                     tracing::warn!(runner_id = %self.env.runner_id, pid = self.process.pid(), "runner did not exit after shutdown");
@@ -1273,7 +1272,7 @@ impl Actor {
     }
 }
 
-/// What a decoded runner line means to the session.
+/// What a decoded runner line means to the link.
 fn line_input(line: RunnerLine) -> Input {
     match line {
         RunnerLine::Message(message) => Input::Frame(message),
