@@ -32,6 +32,7 @@
 
 pub mod actions;
 pub mod api_gate;
+mod lock;
 pub mod plugins;
 pub mod providers;
 pub mod runner;

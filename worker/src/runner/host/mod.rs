@@ -7,13 +7,14 @@
 //! ```
 //!
 //! Each process is driven by one **actor** task that owns the [`RunnerProcess`], a
-//! [`RunnerLink`] (the pure protocol state machine) and the run timers; a reader task turns stdout into
-//! frames, a writer task batches messages to stdin, and one task per Host API call serves it
-//! through the injected [`HostApi`]. The actor applies the link's [`Effect`]s.
+//! [`RunnerLink`] (the pure protocol state machine) and the run timers; a reader task turns
+//! stdout into frames, a writer task batches messages to stdin, and one task per Host API
+//! call serves it through the injected [`HostApi`]. The actor applies the link's
+//! [`Effect`](crate::runner::link::Effect)s.
 //!
 //! Host API calls get **exactly one** `api_result` each: the serving task and the end of the
-//! call's run (which answers `not_found`) race through the call's [`ApiStream`], which lets
-//! only the first answer through. A call id already in flight on the process is refused
+//! call's run (which answers `not_found`) race through the call's
+//! [`ApiStream`](crate::runner::ApiStream), which lets only the first answer through. A call id already in flight on the process is refused
 //! with `conflict` (answers carry no run id, so one id must name one call at a time).
 //!
 //! Contract of [`RunHandle`]: items arrive in transport-sequence order (1, 2, 3, … with no
@@ -37,191 +38,47 @@
 //!
 //! Every process is confined by [`RunnerHostConfig::sandbox`] (see [`super::sandbox`]), and
 //! its Host API calls carry its [`Connection`] (workspace and current runs) to the gate.
+//!
+//! # Layout
+//! - this module: [`RunnerHost`], the front — starts runs on the right process (the
+//!   workspace's shared one, or a new per-run one), routes cancels, keeps the shared
+//!   processes per workspace with their restart backoff, and shuts everything down;
+//! - `spec`: what it is told ([`RunnerSpec`], [`RunnerHostConfig`],
+//!   [`RunRequest`]);
+//! - `actor`: the per-process supervision (one actor task per process);
+//! - `pipes`: the stdout reader and stdin writer tasks of a process;
+//! - `command`: what the host and run handles send an actor;
+//! - `handle`: [`RunHandle`], the ordered item stream of one run.
 
-use std::collections::{BTreeMap, HashMap};
-use std::ffi::OsString;
-use std::num::{NonZeroU64, NonZeroUsize};
-use std::pin::Pin;
+use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
-use std::task::{Context, Poll};
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::time::{Duration, SystemTime};
 
-use futures::Stream;
-use nix::sys::signal::Signal;
-use sb_common::config::SandboxConfig;
 use sb_common::telemetry::{Registry, names};
-use sb_protocol::context::AgentRunContext;
-use sb_protocol::error::{AgentApiError, ErrorCode, run_failure};
 use sb_protocol::ids::{RunId, WorkspaceId};
 use sb_protocol::manifest::RunnerId;
-use sb_protocol::result::{AgentRunResult, ResultLimits};
-use sb_protocol::wire::{ApiCallId, ApiResult, DEFAULT_MAX_LINE_BYTES, HostToRunner};
-use tokio::process::{ChildStdin, ChildStdout};
-use tokio::sync::{OwnedSemaphorePermit, Semaphore, mpsc, oneshot};
-use tokio::task::AbortHandle;
+use tokio::sync::{Semaphore, mpsc, oneshot};
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
-use super::api::{ApiStream, CallerIdentity, Connection, HostApi};
-use super::codec::{FrameError, MessageReader, MessageWriter, RunnerLine};
-use super::error::RunnerError;
-use super::link::{Effect, ExecutionMode, Input, Phase, RunnerLink, StartRefused, not_active};
-use super::process::{ProcessSpec, RunnerProcess, StderrConfig};
-use crate::sequencer::RunItem;
+use self::actor::{Actor, ActorEnv, ExitReport};
+use self::command::{Command, Refusal, Routes, RunSlot};
+use crate::lock::lock;
+use crate::runner::api::{CallerIdentity, Connection, HostApi};
+use crate::runner::error::RunnerError;
+use crate::runner::link::{ExecutionMode, RunnerLink, StartRefused};
+use crate::runner::process::RunnerProcess;
 
-/// How a host reads the worker's environment for a process's allowlisted variables
-/// (`std::env::var_os` in production, a map in tests).
-pub type EnvLookup = Arc<dyn Fn(&str) -> Option<OsString> + Send + Sync>;
+mod actor;
+mod command;
+mod handle;
+mod pipes;
+mod spec;
 
-/// Where each active run lives: the command channel of its actor.
-type Routes = Arc<Mutex<HashMap<RunId, mpsc::UnboundedSender<Command>>>>;
-
-/// What to host: one runner of a plugin, resolved from its manifest.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct RunnerSpec {
-    pub runner_id: RunnerId,
-    pub process: ProcessSpec,
-    pub mode: ExecutionMode,
-    /// `shared`: concurrent runs on the process; `per_run`: concurrent processes.
-    pub max_concurrency: NonZeroUsize,
-}
-
-/// Tuning of a [`RunnerHost`]. Defaults follow SPEC §13; tests shorten the durations.
-#[derive(Debug, Clone)]
-pub struct RunnerHostConfig {
-    /// Cap on one stdout line (SPEC: 4 MiB).
-    pub max_line_bytes: usize,
-    /// Result caps applied by the sequencer (1 MiB per result).
-    pub result_limits: ResultLimits,
-    /// Most result items per run, its terminal item included (`limits.run_items_max`).
-    pub run_items_max: NonZeroU64,
-    /// After a `cancel`, how long the runner has to end the run itself before the host ends
-    /// it as `cancelled`.
-    pub cancel_grace: Duration,
-    /// Between group `SIGTERM` and group `SIGKILL`; also how long a process may take to exit
-    /// after `shutdown` and end of input.
-    pub kill_grace: Duration,
-    /// First restart delay after a crash of the shared process.
-    pub restart_backoff_initial: Duration,
-    /// Largest restart delay.
-    pub restart_backoff_max: Duration,
-    /// A process that stayed up this long before crashing restarts after the initial delay
-    /// again (the crash counter resets).
-    pub healthy_after: Duration,
-    /// Items buffered per run between the process and its [`RunHandle`].
-    pub run_buffer: usize,
-    pub stderr: StderrConfig,
-    /// How every process is confined (`worker.sandbox`, SPEC §14).
-    pub sandbox: SandboxConfig,
-}
-
-impl Default for RunnerHostConfig {
-    fn default() -> Self {
-        Self {
-            max_line_bytes: DEFAULT_MAX_LINE_BYTES,
-            result_limits: ResultLimits::default(),
-            run_items_max: crate::sequencer::DEFAULT_RUN_ITEMS_MAX,
-            // Enough for a runner to close an upstream stream and report; short enough that a
-            // user's cancel feels immediate.
-            cancel_grace: Duration::from_secs(5),
-            kill_grace: Duration::from_secs(5),
-            restart_backoff_initial: Duration::from_millis(200),
-            restart_backoff_max: Duration::from_secs(30),
-            healthy_after: Duration::from_secs(60),
-            // A burst of deltas fits; a stalled consumer pushes back within a few hundred items.
-            run_buffer: 256,
-            stderr: StderrConfig::default(),
-            sandbox: SandboxConfig::default(),
-        }
-    }
-}
-
-/// A run to start.
-#[derive(Debug, Clone)]
-pub struct RunRequest {
-    pub run_id: RunId,
-    /// The tenant of the run: a `shared` run goes to the process of this workspace only.
-    /// The worker sets it from the job (the orchestrator's authoritative value).
-    pub workspace_id: WorkspaceId,
-    pub context: AgentRunContext,
-    /// Hard deadline: the run fails with `timeout` when it passes.
-    pub deadline: Option<SystemTime>,
-}
-
-impl RunRequest {
-    /// A request for `context`, with the run id, the workspace (`conversation.workspace_id`,
-    /// else the default workspace) and the deadline (`runtime.deadline_at`) taken from it.
-    #[must_use]
-    pub fn new(context: AgentRunContext) -> Self {
-        let deadline = context
-            .runtime
-            .deadline_at
-            .filter(|s| s.is_finite() && *s > 0.0)
-            .and_then(|s| UNIX_EPOCH.checked_add(Duration::from_secs_f64(s)));
-        let workspace_id = context
-            .conversation
-            .as_ref()
-            .and_then(|c| c.workspace_id.as_deref())
-            .and_then(|w| WorkspaceId::new(w).ok())
-            .unwrap_or_else(WorkspaceId::default_workspace);
-        Self {
-            run_id: context.run_id,
-            workspace_id,
-            context,
-            deadline,
-        }
-    }
-
-    /// The same request in `workspace_id`.
-    #[must_use]
-    pub fn in_workspace(mut self, workspace_id: WorkspaceId) -> Self {
-        self.workspace_id = workspace_id;
-        self
-    }
-}
-
-enum Command {
-    Start {
-        run_id: RunId,
-        context: Box<AgentRunContext>,
-        deadline: Option<Instant>,
-        slot: RunSlot,
-        reply: oneshot::Sender<Result<(), Refusal>>,
-    },
-    Cancel {
-        run_id: RunId,
-        reason: String,
-    },
-    Drain,
-    Abort {
-        detail: String,
-    },
-}
-
-/// A refused start hands everything back so the host can retry on another process.
-struct Refusal {
-    reason: StartRefused,
-    slot: RunSlot,
-    context: Box<AgentRunContext>,
-}
-
-/// Per-run resources held by the actor until the run ends.
-struct RunSlot {
-    events: mpsc::Sender<RunItem>,
-    /// Concurrency permit, released when the run ends.
-    _permit: OwnedSemaphorePermit,
-}
-
-/// A Host API call being served for a run of the process.
-struct InFlightCall {
-    run_id: RunId,
-    /// Shared with the serving task: whoever answers first (the task with its outcome, or
-    /// the end of the run with `not_found`) writes the call's one answer.
-    reply: ApiStream,
-    task: AbortHandle,
-}
+pub use self::handle::RunHandle;
+pub use self::spec::{EnvLookup, RunRequest, RunnerHostConfig, RunnerSpec};
 
 /// A live actor, as the host and run handles reach it.
 #[derive(Clone)]
@@ -284,15 +141,6 @@ struct SharedSlots {
     closed: bool,
 }
 
-/// How an actor ended, for the restart policy.
-struct ExitReport {
-    generation: u64,
-    workspace_id: WorkspaceId,
-    /// The host asked it to drain (not a crash).
-    expected: bool,
-    uptime: Duration,
-}
-
 struct HostInner {
     spec: RunnerSpec,
     config: Arc<RunnerHostConfig>,
@@ -315,10 +163,6 @@ struct HostInner {
 #[derive(Clone)]
 pub struct RunnerHost {
     inner: Arc<HostInner>,
-}
-
-fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
 }
 
 impl RunnerHost {
@@ -454,13 +298,7 @@ impl RunnerHost {
             };
             match outcome {
                 Some(Ok(())) => {
-                    return Ok(RunHandle {
-                        run_id,
-                        events: events_rx,
-                        control: actor.commands,
-                        last_sequence: 0,
-                        finished: false,
-                    });
+                    return Ok(RunHandle::new(run_id, events_rx, actor.commands));
                 }
                 Some(Err(refusal)) => {
                     lock(&inner.routes).remove(&run_id);
@@ -748,622 +586,6 @@ fn to_instant(at: SystemTime) -> Instant {
         Ok(left) => Instant::now() + left,
         Err(_) => Instant::now(),
     }
-}
-
-/// The consumer side of one run. See the module docs for the contract.
-pub struct RunHandle {
-    run_id: RunId,
-    events: mpsc::Receiver<RunItem>,
-    control: mpsc::UnboundedSender<Command>,
-    last_sequence: u64,
-    finished: bool,
-}
-
-impl RunHandle {
-    #[must_use]
-    pub fn run_id(&self) -> RunId {
-        self.run_id
-    }
-
-    /// The next item, or `None` after the terminal item.
-    pub async fn next(&mut self) -> Option<RunItem> {
-        std::future::poll_fn(|cx| self.poll_item(cx)).await
-    }
-
-    /// Asks for the run to be cancelled (see [`RunnerHost::cancel`]).
-    pub fn cancel(&self, reason: impl Into<String>) {
-        if !self.finished {
-            let _ = self.control.send(Command::Cancel {
-                run_id: self.run_id,
-                reason: reason.into(),
-            });
-        }
-    }
-
-    fn poll_item(&mut self, cx: &mut Context<'_>) -> Poll<Option<RunItem>> {
-        if self.finished {
-            return Poll::Ready(None);
-        }
-        match self.events.poll_recv(cx) {
-            Poll::Ready(Some(item)) => {
-                self.last_sequence = item.sequence;
-                self.finished = item.is_terminal();
-                Poll::Ready(Some(item))
-            }
-            Poll::Ready(None) => {
-                // The actor went away without a terminal item (it panicked). Keep the
-                // contract: exactly one terminal item.
-                self.finished = true;
-                let sequence = self.last_sequence + 1;
-                let result = AgentRunResult::run_failed(
-                    run_failure::RUNNER_CRASHED,
-                    "runner host lost the run",
-                    false,
-                )
-                .with_run_id(self.run_id)
-                .with_sequence(sequence);
-                Poll::Ready(Some(RunItem { sequence, result }))
-            }
-            Poll::Pending => Poll::Pending,
-        }
-    }
-}
-
-impl Stream for RunHandle {
-    type Item = RunItem;
-
-    fn poll_next(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<RunItem>> {
-        self.get_mut().poll_item(cx)
-    }
-}
-
-impl Drop for RunHandle {
-    fn drop(&mut self) {
-        if !self.finished {
-            let _ = self.control.send(Command::Cancel {
-                run_id: self.run_id,
-                reason: "run handle dropped".into(),
-            });
-        }
-    }
-}
-
-impl std::fmt::Debug for RunHandle {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("RunHandle")
-            .field("run_id", &self.run_id)
-            .field("last_sequence", &self.last_sequence)
-            .field("finished", &self.finished)
-            .finish()
-    }
-}
-
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Timer {
-    Deadline(RunId),
-    CancelGrace(RunId),
-    /// The process should have exited after `shutdown` + end of input.
-    ExitOverdue,
-    /// `SIGTERM` was sent; the grace period is over.
-    ForceKill,
-}
-
-/// What an actor needs from its host. Deliberately not the host itself: an actor must not
-/// keep its host alive, so that dropping the last [`RunnerHost`] (and every [`RunHandle`])
-/// closes the actor's command channel and stops the process.
-struct ActorEnv {
-    config: Arc<RunnerHostConfig>,
-    runner_id: RunnerId,
-    api: Arc<dyn HostApi>,
-    /// The identity calls of this process are made with (carries `connection`).
-    caller: Arc<CallerIdentity>,
-    /// The process's workspace and current runs, kept current by the actor.
-    connection: Connection,
-    routes: Routes,
-}
-
-/// Drives one process. See the module docs.
-struct Actor {
-    generation: u64,
-    /// The runner id as written in `run` messages.
-    runner: String,
-    process: RunnerProcess,
-    link: RunnerLink,
-    env: ActorEnv,
-    commands: mpsc::UnboundedReceiver<Command>,
-    commands_open: bool,
-    frames: mpsc::Receiver<Result<RunnerLine, FrameError>>,
-    stdout_open: bool,
-    writer: mpsc::Sender<HostToRunner>,
-    close_input: Option<oneshot::Sender<()>>,
-    runs: HashMap<RunId, RunSlot>,
-    /// Host API calls not yet answered (or answered but not yet pruned), by call id over
-    /// **all** runs of the process: answers carry no run id, so an id names one call of the
-    /// process at a time.
-    calls: HashMap<ApiCallId, InFlightCall>,
-    timers: BTreeMap<(Instant, u64), Timer>,
-    /// Keys of the pending timers of each run, so a finished run's timers are dropped at once
-    /// instead of lingering until their deadline.
-    run_timers: HashMap<RunId, Vec<(Instant, u64)>>,
-    timer_seq: u64,
-    exit_status: Option<std::io::Result<std::process::ExitStatus>>,
-    started: Instant,
-    drain_requested: bool,
-    killing: bool,
-}
-
-impl Actor {
-    fn new(
-        generation: u64,
-        process: RunnerProcess,
-        stdin: ChildStdin,
-        stdout: ChildStdout,
-        commands: mpsc::UnboundedReceiver<Command>,
-        link: RunnerLink,
-        env: ActorEnv,
-    ) -> Self {
-        let (frames_tx, frames_rx) = mpsc::channel(256);
-        tokio::spawn(read_frames(
-            MessageReader::new(stdout, env.config.max_line_bytes),
-            frames_tx,
-        ));
-        let (writer_tx, writer_rx) = mpsc::channel(1024);
-        let (close_tx, close_rx) = oneshot::channel();
-        tokio::spawn(write_frames(MessageWriter::new(stdin), writer_rx, close_rx));
-        let runner = env.runner_id.to_string();
-        Self {
-            generation,
-            runner,
-            process,
-            link,
-            env,
-            commands,
-            commands_open: true,
-            frames: frames_rx,
-            stdout_open: true,
-            writer: writer_tx,
-            close_input: Some(close_tx),
-            runs: HashMap::new(),
-            calls: HashMap::new(),
-            timers: BTreeMap::new(),
-            run_timers: HashMap::new(),
-            timer_seq: 0,
-            exit_status: None,
-            started: Instant::now(),
-            drain_requested: false,
-            killing: false,
-        }
-    }
-
-    fn config(&self) -> &RunnerHostConfig {
-        &self.env.config
-    }
-
-    async fn run(mut self) -> ExitReport {
-        loop {
-            let next_timer = self.timers.keys().next().map(|(at, _)| *at);
-            tokio::select! {
-                biased;
-                cmd = self.commands.recv(), if self.commands_open => match cmd {
-                    Some(cmd) => self.on_command(cmd).await,
-                    None => {
-                        // The host is gone entirely: nobody can consume results any more.
-                        self.commands_open = false;
-                        let fx = self.link.on(Input::Abort { detail: "runner host dropped".into() });
-                        self.apply(fx).await;
-                    }
-                },
-                frame = self.frames.recv(), if self.stdout_open => match frame {
-                    Some(Ok(line)) => {
-                        let fx = self.link.on(line_input(line));
-                        self.apply(fx).await;
-                    }
-                    Some(Err(e)) => {
-                        let fx = self.link.on(Input::BadFrame {
-                            run_id: e.run_id_hint().map(str::to_owned),
-                            detail: e.to_string(),
-                        });
-                        self.apply(fx).await;
-                    }
-                    None => self.stdout_open = false,
-                },
-                status = self.process.wait(), if self.exit_status.is_none() => {
-                    self.exit_status = Some(status);
-                }
-                () = sleep_until_opt(next_timer) => self.fire_timers().await,
-            }
-            if !self.stdout_open || self.exit_status.is_some() {
-                break;
-            }
-        }
-        self.finish().await
-    }
-
-    /// The process is exiting (stdout closed or the process was reaped): collect the rest,
-    /// end the remaining runs, report.
-    async fn finish(mut self) -> ExitReport {
-        let grace = self.config().kill_grace;
-        // Lines still buffered in the pipe belong to the runs: read them first.
-        while self.stdout_open {
-            match tokio::time::timeout(grace, self.frames.recv()).await {
-                Ok(Some(Ok(line))) => {
-                    let fx = self.link.on(line_input(line));
-                    self.apply(fx).await;
-                }
-                Ok(Some(Err(e))) => {
-                    let fx = self.link.on(Input::BadFrame {
-                        run_id: e.run_id_hint().map(str::to_owned),
-                        detail: e.to_string(),
-                    });
-                    self.apply(fx).await;
-                }
-                // End of output, or a helper process still holds stdout open: stop reading.
-                Ok(None) | Err(_) => self.stdout_open = false,
-            }
-        }
-        if self.exit_status.is_none() {
-            // Output closed but the process lives on: give it the grace period, then kill.
-            self.exit_status = Some(
-                match tokio::time::timeout(grace, self.process.wait()).await {
-                    Ok(status) => status,
-                    Err(_) => self.process.terminate(grace).await,
-                },
-            );
-        }
-        // Helpers left in the group are not allowed to outlive the runner.
-        self.process.signal_group(Signal::SIGKILL);
-        self.process.drain_stderr(Duration::from_millis(200)).await;
-        let (clean, detail) = match &self.exit_status {
-            Some(Ok(status)) => (status.success(), describe_exit(*status)),
-            Some(Err(e)) => (false, format!("waiting for the process failed: {e}")),
-            None => (false, "unknown exit".into()),
-        };
-        let runner_id = &self.env.runner_id;
-        if self.drain_requested || (self.link.phase() == Phase::Draining && clean) {
-            tracing::info!(%runner_id, pid = self.process.pid(), %detail, "runner process exited");
-        } else {
-            tracing::warn!(%runner_id, pid = self.process.pid(), %detail, in_flight = self.link.active_runs(), "runner process exited unexpectedly");
-        }
-        let expected = self.drain_requested
-            || (self.link.phase() == Phase::Draining && self.link.mode() == ExecutionMode::PerRun);
-        let fx = self.link.on(Input::Exited { clean, detail });
-        self.apply(fx).await;
-        // Refuse whatever start requests raced with the exit.
-        self.commands.close();
-        while let Ok(cmd) = self.commands.try_recv() {
-            if let Command::Start {
-                slot,
-                reply,
-                context,
-                ..
-            } = cmd
-            {
-                let _ = reply.send(Err(Refusal {
-                    reason: StartRefused::NotAccepting,
-                    slot,
-                    context,
-                }));
-            }
-        }
-        ExitReport {
-            generation: self.generation,
-            workspace_id: self.env.connection.workspace_id().clone(),
-            expected,
-            uptime: self.started.elapsed(),
-        }
-    }
-
-    async fn on_command(&mut self, cmd: Command) {
-        match cmd {
-            Command::Start {
-                run_id,
-                context,
-                deadline,
-                slot,
-                reply,
-            } => {
-                if let Err(reason) = self.link.check_start(run_id) {
-                    let _ = reply.send(Err(Refusal {
-                        reason,
-                        slot,
-                        context,
-                    }));
-                    return;
-                }
-                match self.link.start_run(run_id, &self.runner, context) {
-                    Ok(fx) => {
-                        // Before the runner hears of the run, so its first call passes the gate.
-                        self.env.connection.attach(run_id);
-                        self.runs.insert(run_id, slot);
-                        if let Some(at) = deadline {
-                            self.arm(at, Timer::Deadline(run_id));
-                        }
-                        let _ = reply.send(Ok(()));
-                        self.apply(fx).await;
-                    }
-                    Err(reason) => {
-                        // check_start just passed; keep the contract anyway.
-                        tracing::error!(%run_id, %reason, "run refused after check");
-                        drop(slot);
-                        drop(reply);
-                    }
-                }
-            }
-            Command::Cancel { run_id, reason } => {
-                let fx = self.link.on(Input::Cancel { run_id, reason });
-                self.apply(fx).await;
-            }
-            Command::Drain => {
-                self.drain_requested = true;
-                let fx = self.link.on(Input::Drain);
-                self.apply(fx).await;
-            }
-            Command::Abort { detail } => {
-                let fx = self.link.on(Input::Abort { detail });
-                self.apply(fx).await;
-            }
-        }
-    }
-
-    fn arm(&mut self, at: Instant, timer: Timer) {
-        self.timer_seq += 1;
-        let key = (at, self.timer_seq);
-        if let Timer::Deadline(run_id) | Timer::CancelGrace(run_id) = timer {
-            self.run_timers.entry(run_id).or_default().push(key);
-        }
-        self.timers.insert(key, timer);
-    }
-
-    async fn fire_timers(&mut self) {
-        let now = Instant::now();
-        while let Some(entry) = self.timers.first_entry() {
-            if entry.key().0 > now {
-                break;
-            }
-            let timer = entry.remove();
-            let fx = match timer {
-                Timer::Deadline(run_id) if self.runs.contains_key(&run_id) => {
-                    tracing::info!(%run_id, "run deadline passed");
-                    self.link.on(Input::DeadlinePassed { run_id })
-                }
-                Timer::CancelGrace(run_id) if self.runs.contains_key(&run_id) => {
-                    self.link.on(Input::CancelGraceElapsed { run_id })
-                }
-                Timer::ExitOverdue if self.exit_status.is_none() => {
-                    tracing::warn!(runner_id = %self.env.runner_id, pid = self.process.pid(), "runner did not exit after shutdown");
-                    vec![Effect::Kill]
-                }
-                Timer::ForceKill if self.exit_status.is_none() => {
-                    tracing::warn!(runner_id = %self.env.runner_id, pid = self.process.pid(), "runner ignored SIGTERM, killing its process group");
-                    self.process.signal_group(Signal::SIGKILL);
-                    Vec::new()
-                }
-                _ => Vec::new(),
-            };
-            self.apply(fx).await;
-        }
-    }
-
-    async fn apply(&mut self, effects: Vec<Effect>) {
-        for effect in effects {
-            match effect {
-                Effect::Write(msg) => {
-                    // A closed writer means the process is gone; its exit is handled in run().
-                    let _ = self.writer.send(msg).await;
-                }
-                Effect::Deliver { run_id, item } => {
-                    if let Some(slot) = self.runs.get(&run_id) {
-                        // A dropped handle is not an error: its drop already asked to cancel.
-                        let _ = slot.events.send(item).await;
-                    }
-                }
-                Effect::RunEnded { run_id } => self.end_run(run_id).await,
-                Effect::Dispatch {
-                    call_id,
-                    run_id,
-                    action,
-                    params,
-                } => {
-                    self.dispatch(call_id, run_id, action, params).await;
-                }
-                Effect::StartCancelGrace { run_id } => {
-                    let at = Instant::now() + self.config().cancel_grace;
-                    self.arm(at, Timer::CancelGrace(run_id));
-                }
-                Effect::CloseInput => {
-                    if let Some(close) = self.close_input.take() {
-                        let _ = close.send(());
-                    }
-                    let at = Instant::now() + self.config().kill_grace;
-                    self.arm(at, Timer::ExitOverdue);
-                }
-                Effect::Kill => {
-                    if !self.killing && self.exit_status.is_none() {
-                        self.killing = true;
-                        self.process.signal_group(Signal::SIGTERM);
-                        let at = Instant::now() + self.config().kill_grace;
-                        self.arm(at, Timer::ForceKill);
-                    }
-                }
-            }
-        }
-    }
-
-    async fn end_run(&mut self, run_id: RunId) {
-        self.env.connection.detach(run_id);
-        lock(&self.env.routes).remove(&run_id);
-        for key in self.run_timers.remove(&run_id).unwrap_or_default() {
-            self.timers.remove(&key);
-        }
-        if self.runs.remove(&run_id).is_none() {
-            return;
-        }
-        // Calls still in flight will never be useful: stop them and tell the runner. A call
-        // whose task already answered (even one still finishing) keeps that answer: the
-        // shared reply lets exactly one of the two through.
-        let ids: Vec<ApiCallId> = self
-            .calls
-            .iter()
-            .filter(|(_, call)| call.run_id == run_id)
-            .map(|(id, _)| id.clone())
-            .collect();
-        for id in ids {
-            if let Some(call) = self.calls.remove(&id) {
-                call.task.abort();
-                call.reply
-                    .answer(Err(not_active(&run_id.to_string())))
-                    .await;
-            }
-        }
-        // Dropping the slot released the concurrency permit and closed the run's channel.
-    }
-
-    /// Serves a call of an active run on its own task, unless its id is already in flight
-    /// on this process: reusing it would make the two answers indistinguishable to the
-    /// runner (and used to cost the first call its abort handle), so the second call is
-    /// refused with `conflict` and the first goes on undisturbed.
-    async fn dispatch(
-        &mut self,
-        call_id: ApiCallId,
-        run_id: RunId,
-        action: String,
-        params: serde_json::Value,
-    ) {
-        if !self.runs.contains_key(&run_id) {
-            return;
-        }
-        self.calls.retain(|_, call| !call.reply.is_answered());
-        if let Some(first) = self.calls.get(&call_id) {
-            tracing::warn!(%run_id, first_run_id = %first.run_id, %call_id, %action, "api call id already in flight, call refused");
-            let error = AgentApiError::new(
-                ErrorCode::Conflict,
-                format!(
-                    "api call id {call_id} is already in flight on this process; use an id per call"
-                ),
-            )
-            .with_detail("id", serde_json::to_value(&call_id).unwrap_or_default());
-            // Written directly, not through the first call's reply, which still belongs to
-            // the first call.
-            let _ = self
-                .writer
-                .send(HostToRunner::ApiResult(ApiResult::failure(call_id, error)))
-                .await;
-            return;
-        }
-        let api = self.env.api.clone();
-        let caller = self.env.caller.clone();
-        let reply = ApiStream::new(call_id.clone(), self.writer.clone());
-        let stream = reply.clone();
-        let task = tokio::spawn(async move {
-            let outcome = api.call(&caller, run_id, &action, params, &stream).await;
-            if let Err(e) = &outcome {
-                tracing::debug!(%run_id, %action, code = %e.code, "host api call refused");
-            }
-            stream.answer(outcome).await;
-        });
-        self.calls.insert(
-            call_id,
-            InFlightCall {
-                run_id,
-                reply,
-                task: task.abort_handle(),
-            },
-        );
-    }
-}
-
-/// What a decoded runner line means to the link.
-fn line_input(line: RunnerLine) -> Input {
-    match line {
-        RunnerLine::Message(message) => Input::Frame(message),
-        RunnerLine::RefusedCall(call) => Input::RefusedCall(call),
-    }
-}
-
-async fn sleep_until_opt(at: Option<Instant>) {
-    match at {
-        Some(at) => tokio::time::sleep_until(at).await,
-        None => std::future::pending().await,
-    }
-}
-
-fn describe_exit(status: std::process::ExitStatus) -> String {
-    use std::os::unix::process::ExitStatusExt;
-    match (status.code(), status.signal()) {
-        (Some(code), _) => format!("exit status {code}"),
-        (None, Some(sig)) => format!("killed by signal {sig}"),
-        _ => "unknown exit".into(),
-    }
-}
-
-async fn read_frames(
-    mut reader: MessageReader<ChildStdout>,
-    frames: mpsc::Sender<Result<RunnerLine, FrameError>>,
-) {
-    loop {
-        match reader.read_message().await {
-            Ok(Some(msg)) => {
-                if frames.send(Ok(msg)).await.is_err() {
-                    return;
-                }
-            }
-            Ok(None) => return,
-            Err(e) if e.is_recoverable() => {
-                if frames.send(Err(e)).await.is_err() {
-                    return;
-                }
-            }
-            Err(e) => {
-                tracing::debug!(error = %e, "runner stdout read failed");
-                return;
-            }
-        }
-    }
-}
-
-/// Writes messages in arrival order, flushing when the queue runs dry (one syscall per
-/// burst). On `close` (after the queue is drained) it closes the runner's stdin.
-async fn write_frames(
-    mut writer: MessageWriter<ChildStdin>,
-    mut messages: mpsc::Receiver<HostToRunner>,
-    mut close: oneshot::Receiver<()>,
-) {
-    loop {
-        let msg = tokio::select! {
-            biased;
-            msg = messages.recv() => msg,
-            // Also taken when the actor is gone (sender dropped): close either way.
-            _ = &mut close => {
-                // Write what is already queued, then close.
-                let mut ok = true;
-                while let Ok(msg) = messages.try_recv() {
-                    ok = ok && writer.write_message_buffered(&msg).await.is_ok();
-                }
-                if ok {
-                    let _ = writer.close().await;
-                }
-                // Keep draining (and discarding) so senders never block on a dead pipe.
-                while messages.recv().await.is_some() {}
-                return;
-            }
-        };
-        let Some(msg) = msg else { return };
-        if writer.write_message_buffered(&msg).await.is_err() {
-            break;
-        }
-        let mut failed = false;
-        while let Ok(more) = messages.try_recv() {
-            if writer.write_message_buffered(&more).await.is_err() {
-                failed = true;
-                break;
-            }
-        }
-        if failed || writer.flush().await.is_err() {
-            break;
-        }
-    }
-    // The pipe is broken (the process died): discard the rest so senders never block.
-    while messages.recv().await.is_some() {}
 }
 
 #[cfg(test)]
