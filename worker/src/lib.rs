@@ -26,12 +26,14 @@
 //! - [`plugins`]: runner plugin manifests on disk → [`plugins::PluginRunner`]s.
 //! - [`providers`]: clients of the model providers (OpenAI-compatible chat, SSE streams,
 //!   rerank) and HTTP tools behind the resource actions.
-//! - [`runner`]: runner processes: framing, spawning, the per-process state machine and
-//!   [`runner::RunnerHost`], which turns a run request into an ordered result stream.
+//! - [`runner`]: runner processes: framing, spawning, the protocol state machine of the
+//!   link to each process ([`runner::link::RunnerLink`]) and [`runner::RunnerHost`], which
+//!   turns a run request into an ordered result stream.
 //! - [`sequencer`]: per-run result validation and transport sequencing (pure).
 
 pub mod actions;
 pub mod api_gate;
+mod lock;
 pub mod plugins;
 pub mod providers;
 pub mod runner;

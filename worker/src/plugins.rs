@@ -54,9 +54,8 @@ use sb_protocol::manifest::{
 use serde::Deserialize;
 use serde_json::{Map, Value};
 
-use crate::runner::host::RunnerSpec;
 use crate::runner::process::ProcessSpec;
-use crate::runner::session::ExecutionMode;
+use crate::runner::{ExecutionMode, RunnerSpec};
 
 /// Manifest file names tried in each plugin directory, in order.
 pub const MANIFEST_FILES: [&str; 4] = [

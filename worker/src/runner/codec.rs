@@ -155,7 +155,7 @@ pub enum RunnerLine {
 }
 
 /// An `op: "api"` line that is not a well-formed [`RunnerToHost::Api`], with what could be
-/// read of it. The session decides the answer's code (`not_found` for a run that is not
+/// read of it. The runner link decides the answer's code (`not_found` for a run that is not
 /// active, `invalid_argument` otherwise).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct RefusedCall {

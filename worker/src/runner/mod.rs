@@ -8,8 +8,8 @@
 //! - [`sandbox`]: confinement of runner processes (user, `no_new_privs`, resource limits,
 //!   private `TMPDIR`) and the non-dumpable worker (SPEC §14).
 //! - [`redact`]: structural redaction of runner stderr before it is logged.
-//! - [`session`]: the pure per-process state machine (`Starting → Running → Draining →
-//!   Exited`) and its effects.
+//! - [`link`]: [`link::RunnerLink`], the pure protocol state machine of the link to one runner
+//!   process (`Starting → Running → Draining → Exited`) and its effects.
 //! - [`host`]: [`RunnerHost`] (shared / per_run process management, restart backoff,
 //!   deadlines, cancel) and [`RunHandle`] (the ordered result stream of one run).
 //! - [`api`]: [`HostApi`], the injected Host API dispatcher, [`CallerIdentity`] and the
@@ -20,10 +20,10 @@ pub mod api;
 pub mod codec;
 pub mod error;
 pub mod host;
+pub mod link;
 pub mod process;
 pub mod redact;
 pub mod sandbox;
-pub mod session;
 
 #[cfg(test)]
 pub(crate) mod testing;
@@ -31,5 +31,5 @@ pub(crate) mod testing;
 pub use api::{ApiStream, BasicHostApi, CallerIdentity, Connection, HostApi};
 pub use error::RunnerError;
 pub use host::{EnvLookup, RunHandle, RunRequest, RunnerHost, RunnerHostConfig, RunnerSpec};
+pub use link::ExecutionMode;
 pub use sandbox::{SandboxError, make_undumpable};
-pub use session::ExecutionMode;

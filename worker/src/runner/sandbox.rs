@@ -11,8 +11,8 @@
 //! | exhaust the host (CPU, memory, descriptors, fork bomb) | `RLIMIT_CPU`, `RLIMIT_AS`, `RLIMIT_NOFILE`, `RLIMIT_NPROC` |
 //! | read other runners' temporary files in a shared `/tmp` | a private `TMPDIR` per process (mode 0700, owned by the runner), removed with it |
 //!
-//! The cleared environment, the own process group and kill-on-drop are in
-//! [`super::process`]; this module decides *who* the process runs as and *what limits* it
+//! The cleared environment, the own process group and kill-on-drop are in the `process`
+//! module; this module decides *who* the process runs as and *what limits* it
 //! gets, and prepares them before the fork so the child only makes system calls.
 //!
 //! A worker that does not run as root cannot switch users: its runners run as itself, and
@@ -85,7 +85,7 @@ impl HasErrorCode for SandboxError {
 /// process without `CAP_SYS_PTRACE` — same-user runners included — it cannot be
 /// `ptrace`-attached, and it writes no core dump (which would hold the same secrets).
 ///
-/// The worker calls this when it starts ([`crate::Worker::spawn_with`]), which covers both
+/// The worker calls this when it starts (`Worker::spawn_with`), which covers both
 /// the `switchboard worker` role and the embedded `switchboard dev` process (the flag is
 /// per process, so the gateway and orchestrator running beside it are covered too). It is
 /// idempotent. Runner processes are not affected: `execve` resets the flag for them.

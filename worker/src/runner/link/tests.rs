@@ -3,11 +3,11 @@ use serde_json::json;
 use super::*;
 use crate::runner::testing::context;
 
-fn shared() -> Session {
-    Session::new(ExecutionMode::Shared, ResultLimits::default())
+fn shared() -> RunnerLink {
+    RunnerLink::new(ExecutionMode::Shared, ResultLimits::default())
 }
 
-fn start(s: &mut Session) -> RunId {
+fn start(s: &mut RunnerLink) -> RunId {
     let id = RunId::new();
     let fx = s
         .start_run(id, "plugin:a/b/c", Box::new(context(id, "hi")))
@@ -102,7 +102,7 @@ fn done_without_output_is_empty_output_and_with_output_completes() {
 }
 
 #[test]
-fn api_calls_are_dispatched_only_for_active_runs_of_this_session() {
+fn api_calls_are_dispatched_only_for_active_runs_of_this_link() {
     let mut s = shared();
     let id = start(&mut s);
     let fx = s.on(Input::Frame(RunnerToHost::Api {
@@ -270,7 +270,7 @@ fn cancel_asks_the_runner_then_ends_as_cancelled() {
 #[test]
 fn cancel_grace_elapsing_ends_the_run_and_kills_a_per_run_process() {
     for mode in [ExecutionMode::Shared, ExecutionMode::PerRun] {
-        let mut s = Session::new(mode, ResultLimits::default());
+        let mut s = RunnerLink::new(mode, ResultLimits::default());
         let id = start(&mut s);
         s.on(Input::Cancel {
             run_id: id,
@@ -444,7 +444,7 @@ fn failure_message(fx: &[Effect], run: RunId) -> String {
 
 #[test]
 fn a_per_run_process_exiting_cleanly_ends_its_run_like_done() {
-    let mut s = Session::new(ExecutionMode::PerRun, ResultLimits::default());
+    let mut s = RunnerLink::new(ExecutionMode::PerRun, ResultLimits::default());
     let id = start(&mut s);
     assert_eq!(
         s.start_run(RunId::new(), "r", Box::new(context(id, ""))),
@@ -457,7 +457,7 @@ fn a_per_run_process_exiting_cleanly_ends_its_run_like_done() {
     });
     assert_eq!(delivered(&fx), vec![(id, 2, "run.completed".into(), None)]);
 
-    let mut s = Session::new(ExecutionMode::PerRun, ResultLimits::default());
+    let mut s = RunnerLink::new(ExecutionMode::PerRun, ResultLimits::default());
     let id = start(&mut s);
     let fx = s.on(Input::Exited {
         clean: false,
@@ -471,7 +471,7 @@ fn a_per_run_process_exiting_cleanly_ends_its_run_like_done() {
 
 #[test]
 fn a_per_run_process_is_shut_down_after_its_run() {
-    let mut s = Session::new(ExecutionMode::PerRun, ResultLimits::default());
+    let mut s = RunnerLink::new(ExecutionMode::PerRun, ResultLimits::default());
     let id = start(&mut s);
     s.on(delta(id, "x"));
     let fx = s.on(done(id));

@@ -1,9 +1,16 @@
-//! The runner-process session: a pure state machine over one process connection.
+//! [`RunnerLink`]: the protocol state machine of the worker's link to one runner process,
+//! pure over the messages and happenings of that one connection.
 //!
-//! The async shell ([`super::host`]) owns the process, the pipes and the timers; it feeds every
-//! happening into [`Session`] as an [`Input`] and carries out the returned [`Effect`]s. All
-//! decisions — which run a line belongs to, what a bad line costs, when a run is over, when
-//! the process must go — are made here, so they are unit-tested without processes.
+//! It is named for the link, not "session": a *session* in Switchboard is the active-run
+//! record in the session store (what the Host API gate checks) and the service API's
+//! sessions of turns; this is neither — it is the worker's side of one runner process's
+//! stdio connection, which may carry many runs (`shared`) or one (`per_run`).
+//!
+//! The async shell (the runner host's per-process actor) owns the process, the pipes and the
+//! timers; it feeds every happening into [`RunnerLink`] as an [`Input`] and carries out the
+//! returned [`Effect`]s. All decisions — which run a line belongs to, what a bad line costs,
+//! when a run is over, when the process must go — are made here, so they are unit-tested
+//! without processes.
 //!
 //! ```text
 //!            spawn             first line / first run          drain (shutdown, per_run done)
@@ -15,18 +22,18 @@
 //! - **Starting**: spawned, nothing written or read yet. Accepts runs.
 //! - **Running**: serving. Accepts runs (`shared`: up to the host's concurrency; `per_run`:
 //!   exactly one run per process, ever).
-//! - **Draining**: no new runs; in-flight runs finish; once none is left the session writes
+//! - **Draining**: no new runs; in-flight runs finish; once none is left the link writes
 //!   `shutdown` and closes the runner's stdin.
 //! - **Exited**: the process is gone; every run still in flight ends (`runner.crashed`,
 //!   or for a `per_run` process that exited cleanly, like `done`).
 //!
 //! Identity and authorization of Host API calls: a call is dispatched only if its `run_id`
-//! is an active run **of this session** — never another process's run, never a finished
-//! run — otherwise it is answered `not_found` here, before any host code sees it. The caller
-//! identity handed to the dispatcher comes from the session's connection, not the message.
-//! A call the host cannot accept as written ([`Input::RefusedCall`]: no `run_id`, no
-//! `action`, an unusable `id`) is answered with an error here too, and counts as a usable
-//! line: it never fails a run.
+//! is an active run **of this link** (of this very process) — never another process's run,
+//! never a finished run — otherwise it is answered `not_found` here, before any host code
+//! sees it. The caller identity handed to the dispatcher comes from the link's connection,
+//! not the message. A call the host cannot accept as written ([`Input::RefusedCall`]: no
+//! `run_id`, no `action`, an unusable `id`) is answered with an error here too, and counts as
+//! a usable line: it never fails a run.
 
 use std::collections::{HashMap, HashSet, VecDeque};
 use std::num::NonZeroU64;
@@ -123,8 +130,9 @@ pub enum Effect {
     /// The run is over (its terminal item was delivered): release its slot, stop its timers
     /// and abort its in-flight Host API calls.
     RunEnded { run_id: RunId },
-    /// Serve a Host API call for an active run of this session; answer with
-    /// `api_result {id}` (exactly one answer per call: see [`super::host`]).
+    /// Serve a Host API call for an active run of this link; answer with
+    /// `api_result {id}` (exactly one answer per call: the shell races the serving task and
+    /// the end of the run through one reply).
     Dispatch {
         call_id: ApiCallId,
         run_id: RunId,
@@ -139,7 +147,7 @@ pub enum Effect {
     Kill,
 }
 
-/// Why [`Session::start_run`] refused a run.
+/// Why [`RunnerLink::start_run`] refused a run.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
 pub enum StartRefused {
     #[error("runner process is draining or gone")]
@@ -156,7 +164,7 @@ const RECENT_RUNS: usize = 1024;
 
 /// The state of one process connection.
 #[derive(Debug)]
-pub struct Session {
+pub struct RunnerLink {
     mode: ExecutionMode,
     limits: ResultLimits,
     /// Most result items per run (`limits.run_items_max`), passed to each run's sequencer.
@@ -174,7 +182,7 @@ pub struct Session {
     shutdown_sent: bool,
 }
 
-impl Session {
+impl RunnerLink {
     #[must_use]
     pub fn new(mode: ExecutionMode, limits: ResultLimits) -> Self {
         Self {
@@ -227,7 +235,7 @@ impl Session {
             && (self.mode == ExecutionMode::Shared || self.started == 0)
     }
 
-    /// Whether [`Session::start_run`] would accept `run_id` now.
+    /// Whether [`RunnerLink::start_run`] would accept `run_id` now.
     pub fn check_start(&self, run_id: RunId) -> Result<(), StartRefused> {
         if !matches!(self.phase, Phase::Starting | Phase::Running) {
             return Err(StartRefused::NotAccepting);

@@ -1,0 +1,761 @@
+//! The pipeline of one job: a delivery from a runs queue, taken from decode to settlement.
+//! [`Core`] is the worker's shared state; each delivery runs [`Core::handle_job`] on its own
+//! task (spawned by the jobs loop), which gathers the facts, asks the pure rules
+//! (`decisions`) what they mean, and applies the answer.
+//!
+//! # One job
+//!
+//! ```text
+//!  delivery ─decode─▶ RunJob ──(bad body: dead-letter via ErrorCode::disposition)
+//!     │
+//!     ▼ reserve run_id on this worker ── already active here ──────────────▶ ack (duplicate)
+//!     ▼ begin_run: acquire lease:<run_id>, read the cancel flag and the session (one round trip)
+//!     │   └─ held by a live worker (kept after waiting one lease TTL for it
+//!     │      to lapse) ───────────────────────────────────────────────────▶ ack (duplicate)
+//!     ▼ claim queued → running ── lost ─▶ decide_claim_lost(status, session?)
+//!     │                                     ├─ terminal / no run / no session ▶ ack (drop)
+//!     │                                     └─ running + session ─▶ finalize `interrupted`
+//!     │                                        (item + status in one ledger commit, then published)
+//!     ▼ cancel flag set? deadline passed? runner missing? ─▶ terminal run.failed, seq 1
+//!     ▼ start on the RunnerHost; heartbeat renews the lease (missing while the run is still
+//!     │ ours ─▶ re-established with the run's session; held by another ─▶ cancel the run)
+//!     ▼ publish every item (seq 1, 2, 3, …, exactly one terminal) to switchboard.results,
+//!     │ ready items pipelined in one confirmed batch, failures retried in order
+//!     ▼ terminal: end_run: end the session, drop the cancel flag, mark the run handed off,
+//!     │ release the lease (one round trip) ─▶ steering.dropped audits ─▶ ack
+//! ```
+//!
+//! # Why the lease comes before the claim
+//! A run that is `running` in the ledger while nobody holds its lease was abandoned by a dead
+//! worker. If the claim came first there would be a moment where our own fresh claim looks
+//! exactly like that to a duplicate delivery, which would then finalize a live run as
+//! `interrupted`. Taking the lease first closes the window: whoever holds the lease owns the
+//! decision.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use futures::FutureExt as _;
+use sb_common::bus::topology::Topology;
+use sb_common::bus::{Bus, Delivery, Outgoing, Settlement};
+use sb_common::config::WorkerConfig;
+use sb_common::session::{RUN_HANDED_OFF_TTL, RunBegin, SessionError, SessionStore};
+use sb_common::telemetry::{Registry, names};
+use sb_protocol::error::{ErrorCode, HasErrorCode, run_failure};
+use sb_protocol::ids::RunId;
+use sb_protocol::manifest::RunnerId;
+use sb_protocol::messages::{RunJob, decode};
+use sb_protocol::result::AgentRunResult;
+use sb_store::{EventLog, Finalized, RunLedger, RunOutcome, RunStatus, audit};
+use serde_json::Value;
+use tokio::sync::{OwnedSemaphorePermit, watch};
+use tokio_util::sync::CancellationToken;
+use tokio_util::task::AbortOnDropHandle;
+use tracing::Instrument as _;
+
+use super::decisions::{
+    ClaimLost, PreStart, cancel_reason, decide_claim_lost, decide_pre_start, result_bodies,
+    settlement_for, terminal_status,
+};
+use super::deps::WorkerDeps;
+use super::lease::{HeartbeatRun, heartbeat, lease_key};
+use crate::actions::AUDIT_TARGET;
+use crate::lock::lock;
+use crate::runner::{RunHandle, RunRequest, RunnerHost};
+use crate::sequencer::RunItem;
+
+/// Most result items taken from a run for one publish.
+const MAX_BATCH: usize = 64;
+/// First and largest delay between attempts while the bus (publishing results) or the ledger
+/// (claiming a run) fails.
+const RETRY_INITIAL: Duration = Duration::from_millis(50);
+const RETRY_MAX: Duration = Duration::from_secs(5);
+
+fn now_ms() -> i64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| i64::try_from(d.as_millis()).unwrap_or(i64::MAX))
+}
+
+/// Cancel requests of the runs this worker holds: run id → latest reason (`None` = none yet).
+type ActiveRuns = Arc<Mutex<HashMap<RunId, watch::Sender<Option<String>>>>>;
+
+/// Shared state of one worker.
+pub(super) struct Core {
+    id: String,
+    bus: Arc<dyn Bus>,
+    sessions: Arc<dyn SessionStore>,
+    ledger: Arc<dyn RunLedger>,
+    /// Audit rows (`steering.dropped`).
+    events: Arc<dyn EventLog>,
+    topology: Topology,
+    pub(super) config: WorkerConfig,
+    pub(super) hosts: HashMap<RunnerId, RunnerHost>,
+    active: ActiveRuns,
+    /// The root shutdown token: stop taking work.
+    pub(super) stop: CancellationToken,
+    /// Cancelled at the very end of the drain: abandon whatever is still running.
+    pub(super) force: CancellationToken,
+    metrics: &'static Registry,
+}
+
+impl std::fmt::Debug for Core {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Core")
+            .field("id", &self.id)
+            .finish_non_exhaustive()
+    }
+}
+
+/// A run id reserved on this worker. Dropping it frees the reservation.
+struct Reservation {
+    run_id: RunId,
+    /// When this worker took the job: the start of `sb_run_duration_seconds`.
+    claimed_at: std::time::Instant,
+    active: ActiveRuns,
+    cancel_tx: watch::Sender<Option<String>>,
+    cancel_rx: watch::Receiver<Option<String>>,
+    /// Set once [`Core::end_run`] released the run lease with the session's end, so that
+    /// `process` does not release it a second time (one round trip fewer per run).
+    lease_released: bool,
+}
+
+impl Drop for Reservation {
+    fn drop(&mut self) {
+        lock(&self.active).remove(&self.run_id);
+        Registry::global().gauge_add(names::RUNS_ACTIVE, &[], -1.0);
+    }
+}
+
+/// Outcome of waiting for a run's lease.
+enum LeaseWait {
+    Acquired(Begun),
+    HeldBy(String),
+    Stopped,
+    Failed(SessionError),
+}
+
+/// What the worker read with the run lease ([`SessionStore::begin_run`]).
+struct Begun {
+    /// The reason the run's cancel flag gave, if it was set.
+    cancel_flag: Option<String>,
+    /// The run's session as the orchestrator stored it: what the heartbeat puts back if the
+    /// store loses it (see [`heartbeat`]). Read with the lease so that keeping it costs no
+    /// round trip of its own; the job does not carry it (only its digest of the Host API
+    /// token is in it, and the frozen grants must be exactly the orchestrator's).
+    session: Option<Value>,
+}
+
+/// How streaming a run ended.
+enum Streamed {
+    /// The terminal item was published.
+    Ended,
+    /// The drain gave up on the run.
+    Forced,
+}
+
+impl Core {
+    /// The state of worker `id` over `deps`, hosting `hosts`; `stop` is the root shutdown
+    /// token.
+    pub(super) fn new(
+        id: String,
+        deps: WorkerDeps,
+        config: WorkerConfig,
+        hosts: HashMap<RunnerId, RunnerHost>,
+        stop: CancellationToken,
+    ) -> Self {
+        Self {
+            id,
+            bus: deps.bus,
+            sessions: deps.sessions,
+            ledger: deps.stores.runs,
+            events: deps.stores.events,
+            topology: deps.topology,
+            config,
+            hosts,
+            active: Arc::new(Mutex::new(HashMap::new())),
+            stop,
+            force: CancellationToken::new(),
+            metrics: Registry::global(),
+        }
+    }
+
+    pub(super) fn active_ids(&self) -> Vec<RunId> {
+        let mut ids: Vec<RunId> = lock(&self.active).keys().copied().collect();
+        ids.sort_by_key(ToString::to_string);
+        ids
+    }
+
+    fn reserve(&self, run_id: RunId) -> Option<Reservation> {
+        let mut active = lock(&self.active);
+        if active.contains_key(&run_id) {
+            return None;
+        }
+        let (cancel_tx, cancel_rx) = watch::channel(None);
+        active.insert(run_id, cancel_tx.clone());
+        self.metrics.gauge_add(names::RUNS_ACTIVE, &[], 1.0);
+        Some(Reservation {
+            run_id,
+            claimed_at: std::time::Instant::now(),
+            active: self.active.clone(),
+            cancel_tx,
+            cancel_rx,
+            lease_released: false,
+        })
+    }
+
+    /// Records a cancel request for a held run (the first reason is kept). `false` if the run
+    /// is not held here.
+    pub(super) fn request_cancel(&self, run_id: RunId, reason: String) -> bool {
+        match lock(&self.active).get(&run_id) {
+            Some(tx) => {
+                tx.send_if_modified(|current| {
+                    if current.is_none() {
+                        *current = Some(reason);
+                        true
+                    } else {
+                        false
+                    }
+                });
+                true
+            }
+            None => false,
+        }
+    }
+
+    /// Handles one delivery from a runs queue, start to settlement.
+    pub(super) async fn handle_job(
+        self: Arc<Self>,
+        queue: String,
+        mut delivery: Delivery,
+        _slot: OwnedSemaphorePermit,
+    ) {
+        let settlement = match decode::<RunJob>(&delivery.body) {
+            Ok(job) if job.context.run_id != job.run_id => {
+                tracing::warn!(run_id = %job.run_id, context_run_id = %job.context.run_id, "run job whose context names another run");
+                settlement_for(ErrorCode::InvalidArgument)
+            }
+            Ok(job) => {
+                let span =
+                    tracing::info_span!("run", run_id = %job.run_id, runner_id = %job.runner_id);
+                self.process(&job).instrument(span).await
+            }
+            Err(error) => {
+                tracing::warn!(%error, routing_key = %delivery.routing_key, "undecodable run job");
+                settlement_for(error.code())
+            }
+        };
+        let disposition = match settlement {
+            Settlement::Ack => "ack",
+            Settlement::Nack { requeue: true } => "retry",
+            Settlement::Nack { requeue: false } => "dead_letter",
+        };
+        self.metrics.inc(
+            names::BUS_CONSUMED_TOTAL,
+            &[("queue", &queue), ("disposition", disposition)],
+        );
+        if let Err(error) = delivery.settle(settlement).await {
+            // The message is (or will be) redelivered; the redelivery is recognized then.
+            tracing::warn!(%error, ?settlement, "settling a run job failed");
+        }
+    }
+
+    async fn process(&self, job: &RunJob) -> Settlement {
+        let run_id = job.run_id;
+        let Some(mut reservation) = self.reserve(run_id) else {
+            tracing::info!("duplicate delivery of a run active on this worker; dropped");
+            return Settlement::Ack;
+        };
+        let begun = match self.take_lease(run_id).await {
+            LeaseWait::Acquired(begun) => begun,
+            LeaseWait::HeldBy(holder) => {
+                tracing::info!(%holder, "run is held by another live worker; duplicate job dropped");
+                return Settlement::Ack;
+            }
+            LeaseWait::Stopped => return Settlement::Nack { requeue: true },
+            LeaseWait::Failed(error) => {
+                tracing::warn!(%error, "cannot take the run lease");
+                return settlement_for(error.code());
+            }
+        };
+        let settlement = self.with_lease(job, &mut reservation, begun).await;
+        if !reservation.lease_released {
+            match self
+                .sessions
+                .release_lease(&lease_key(&run_id), &self.id)
+                .await
+            {
+                Ok(_) => {}
+                // It expires on its own; a redelivery meanwhile waits for that.
+                Err(error) => tracing::warn!(%error, "releasing the run lease failed"),
+            }
+        }
+        settlement
+    }
+
+    /// Takes the run lease, reading the run's cancel flag and session with it
+    /// ([`SessionStore::begin_run`], one round trip). The flag is read after the run was
+    /// reserved here, so a cancel set later still reaches the run: its cancel message follows
+    /// the flag and finds the reservation. If another holder has the lease, waits up to one
+    /// lease TTL (plus a heartbeat) for it to lapse: a worker that crashed a moment ago still
+    /// holds its lease when the broker redelivers its job, while a live holder keeps renewing
+    /// it.
+    async fn take_lease(&self, run_id: RunId) -> LeaseWait {
+        let ttl = self.config.lease_ttl;
+        let give_up = tokio::time::Instant::now() + ttl + self.config.heartbeat_interval;
+        let mut logged = false;
+        loop {
+            let holder = match self.sessions.begin_run(&run_id, &self.id, ttl).await {
+                Ok(RunBegin::Leased {
+                    cancel_flag,
+                    session,
+                }) => {
+                    return LeaseWait::Acquired(Begun {
+                        cancel_flag: cancel_flag.as_deref().map(cancel_reason),
+                        session,
+                    });
+                }
+                Ok(RunBegin::HeldBy(holder)) => holder,
+                Err(error) => return LeaseWait::Failed(error),
+            };
+            if tokio::time::Instant::now() >= give_up {
+                return LeaseWait::HeldBy(holder);
+            }
+            if !logged {
+                tracing::info!(%holder, "run lease is held by another worker; waiting to see whether it lapses");
+                logged = true;
+            }
+            tokio::select! {
+                biased;
+                () = self.stop.cancelled() => return LeaseWait::Stopped,
+                () = tokio::time::sleep(self.config.heartbeat_interval) => {}
+            }
+        }
+    }
+
+    async fn with_lease(
+        &self,
+        job: &RunJob,
+        reservation: &mut Reservation,
+        begun: Begun,
+    ) -> Settlement {
+        let run_id = job.run_id;
+        // While the ledger is unreachable the claim is retried here, holding the job: a
+        // requeue per failure would spend the runs queue's delivery limit within seconds and
+        // dead-letter the job of a run that then stays `queued` (found by the chaos suite's
+        // `restart_postgres`).
+        let mut delay = RETRY_INITIAL;
+        loop {
+            match self.ledger.claim_run(run_id, &self.id).await {
+                Ok(true) => break,
+                Ok(false) => return self.on_claim_lost(job, reservation).await,
+                Err(error) if error.is_transient() => {
+                    tracing::warn!(%error, retry_in_ms = delay.as_millis() as u64, "claiming the run failed; the ledger is unreachable, retrying");
+                    tokio::select! {
+                        biased;
+                        () = self.stop.cancelled() => return settlement_for(error.code()),
+                        () = tokio::time::sleep(delay) => {}
+                    }
+                    delay = (delay * 2).min(RETRY_MAX);
+                }
+                Err(error) => {
+                    tracing::warn!(%error, "claiming the run failed");
+                    return settlement_for(error.code());
+                }
+            }
+        }
+        tracing::debug!("run claimed");
+        self.execute(job, reservation, begun).await
+    }
+
+    async fn on_claim_lost(&self, job: &RunJob, reservation: &mut Reservation) -> Settlement {
+        let run_id = job.run_id;
+        let record = match self.ledger.get_run(run_id).await {
+            Ok(record) => record,
+            Err(error) => {
+                tracing::warn!(%error, "reading the run after a lost claim failed");
+                return settlement_for(error.code());
+            }
+        };
+        let status = record.as_ref().map(|r| r.status);
+        let session_exists = if status == Some(RunStatus::Running) {
+            match self.sessions.get_session(&run_id).await {
+                Ok(session) => session.is_some(),
+                Err(error) => {
+                    tracing::warn!(%error, "reading the run session failed");
+                    return settlement_for(error.code());
+                }
+            }
+        } else {
+            false
+        };
+        match decide_claim_lost(status, session_exists) {
+            ClaimLost::Drop(reason) => {
+                tracing::info!(status = ?status, reason, "job for a run that cannot start here dropped");
+                Settlement::Ack
+            }
+            ClaimLost::Retry => {
+                tracing::warn!(status = ?status, "claim lost but the run is still queued; retrying later");
+                Settlement::Nack { requeue: true }
+            }
+            ClaimLost::Interrupt => self.finalize_interrupted(job, reservation).await,
+        }
+    }
+
+    /// A redelivered job of a run that started on a worker that is gone: never re-executed,
+    /// it ends `interrupted`. The terminal item and the status are stored in one ledger
+    /// commit ([`RunLedger::finalize_run`]) before the item is published: a stream reader
+    /// never sees the status without the item, and the item takes the first free sequence
+    /// even if the lost worker's last results are still in flight. The result sink applies
+    /// the published item's side effects and delivers it (it finds it stored as is). The run
+    /// ends (session, lease) before the item is published: the ledger already says how it
+    /// ended, so the lease protects nothing any more.
+    async fn finalize_interrupted(
+        &self,
+        job: &RunJob,
+        reservation: &mut Reservation,
+    ) -> Settlement {
+        let run_id = job.run_id;
+        let message = "the worker executing the run was lost";
+        let outcome =
+            RunOutcome::with_error(RunStatus::Interrupted, run_failure::INTERRUPTED, message);
+        let result = AgentRunResult::run_failed(
+            run_failure::INTERRUPTED,
+            message,
+            run_failure::default_retryable(run_failure::INTERRUPTED),
+        );
+        let sequence = match self
+            .ledger
+            .finalize_run(run_id, outcome, result.clone())
+            .await
+        {
+            Ok(Finalized::Ended { sequence }) => sequence,
+            Ok(other) => {
+                // Its own terminal item is stored (the reaper applies it) or it ended.
+                tracing::info!(?other, "run was finished concurrently; nothing to finalize");
+                return Settlement::Ack;
+            }
+            Err(error) => {
+                tracing::warn!(%error, "finalizing the interrupted run failed");
+                return settlement_for(error.code());
+            }
+        };
+        tracing::warn!(
+            sequence,
+            "run was interrupted by the loss of its worker; finalized as interrupted"
+        );
+        self.end_run(job, reservation).await;
+        let item = RunItem {
+            sequence,
+            result: result.with_run_id(run_id).with_sequence(sequence),
+        };
+        if self.publish_items(job, vec![item]).await {
+            Settlement::Ack
+        } else {
+            // Forced drain: the ledger already says interrupted, so the redelivery drops it.
+            Settlement::Nack { requeue: true }
+        }
+    }
+
+    /// The run is claimed: execute it and publish its results.
+    async fn execute(
+        &self,
+        job: &RunJob,
+        reservation: &mut Reservation,
+        begun: Begun,
+    ) -> Settlement {
+        let run_id = job.run_id;
+        let host = self.hosts.get(&job.runner_id);
+        let requested = reservation.cancel_rx.borrow_and_update().clone();
+        let cancel_reason = requested.or(begun.cancel_flag);
+        let pre = decide_pre_start(cancel_reason, job.deadline_at_ms, now_ms(), host.is_some());
+        let host = match (pre, host) {
+            (None, Some(host)) => host,
+            (pre, _) => {
+                let pre = pre.unwrap_or(PreStart::RunnerMissing);
+                tracing::info!(reason = ?pre, "run ends before it starts");
+                let result = pre
+                    .result(&job.runner_id, &job.pool)
+                    .with_run_id(run_id)
+                    .with_sequence(1);
+                return self
+                    .finish(
+                        job,
+                        reservation,
+                        vec![RunItem {
+                            sequence: 1,
+                            result,
+                        }],
+                    )
+                    .await;
+            }
+        };
+
+        // The job's workspace is the orchestrator's (the one the session was authorized in);
+        // it picks the shared process the run may go to.
+        let mut request =
+            RunRequest::new(job.context.clone()).in_workspace(job.workspace_id.clone());
+        request.run_id = run_id;
+        if let Some(ms) = job.deadline_at_ms {
+            request.deadline =
+                Some(UNIX_EPOCH + Duration::from_millis(u64::try_from(ms).unwrap_or(0)));
+        }
+        let mut handle = match host.start_run(request).await {
+            Ok(handle) => handle,
+            Err(error) => {
+                tracing::error!(%error, "runner could not start the run");
+                let result = AgentRunResult::run_failed(
+                    run_failure::RUNNER_ERROR,
+                    format!("the runner could not be started: {error}"),
+                    error.code().is_retryable(),
+                )
+                .with_run_id(run_id)
+                .with_sequence(1);
+                return self
+                    .finish(
+                        job,
+                        reservation,
+                        vec![RunItem {
+                            sequence: 1,
+                            result,
+                        }],
+                    )
+                    .await;
+            }
+        };
+        tracing::debug!("run started");
+        let heartbeat = AbortOnDropHandle::new(tokio::spawn(
+            heartbeat(
+                self.sessions.clone(),
+                self.ledger.clone(),
+                HeartbeatRun {
+                    run_id,
+                    holder: self.id.clone(),
+                    session: begun.session,
+                    ttl: self.config.lease_ttl,
+                    interval: self.config.heartbeat_interval,
+                },
+                reservation.cancel_tx.clone(),
+            )
+            .in_current_span(),
+        ));
+        let streamed = self.stream(job, &mut handle, reservation).await;
+        // Stopped (not only told to stop) before the lease is released: a renewal racing the
+        // release would find the lease missing and could take it back for an ended run.
+        heartbeat.abort();
+        let _ = heartbeat.await;
+        match streamed {
+            Streamed::Ended => {
+                self.end_run(job, reservation).await;
+                Settlement::Ack
+            }
+            Streamed::Forced => {
+                tracing::warn!("run abandoned by the forced drain; its job is requeued");
+                // Dropping the handle cancels the run in the runner host.
+                drop(handle);
+                Settlement::Nack { requeue: true }
+            }
+        }
+    }
+
+    /// Publishes a run's items (ending with its terminal item) without a runner, then ends the
+    /// run.
+    async fn finish(
+        &self,
+        job: &RunJob,
+        reservation: &mut Reservation,
+        items: Vec<RunItem>,
+    ) -> Settlement {
+        if self.publish_items(job, items).await {
+            self.end_run(job, reservation).await;
+            Settlement::Ack
+        } else {
+            Settlement::Nack { requeue: true }
+        }
+    }
+
+    /// Forwards cancel requests to the run and publishes its items as they come.
+    async fn stream(
+        &self,
+        job: &RunJob,
+        handle: &mut RunHandle,
+        reservation: &mut Reservation,
+    ) -> Streamed {
+        let mut cancel_open = true;
+        let mut first_published = false;
+        loop {
+            tokio::select! {
+                biased;
+                () = self.force.cancelled() => return Streamed::Forced,
+                changed = reservation.cancel_rx.changed(), if cancel_open => match changed {
+                    Ok(()) => {
+                        if let Some(reason) = reservation.cancel_rx.borrow_and_update().clone() {
+                            tracing::info!(%reason, "cancelling the run");
+                            handle.cancel(reason);
+                        }
+                    }
+                    Err(_) => cancel_open = false,
+                },
+                item = handle.next() => {
+                    let Some(first) = item else {
+                        // The handle ends only after its terminal item, which returned below.
+                        return Streamed::Ended;
+                    };
+                    let mut batch = vec![first];
+                    while batch.len() < MAX_BATCH && !batch.last().is_some_and(RunItem::is_terminal) {
+                        match handle.next().now_or_never() {
+                            Some(Some(item)) => batch.push(item),
+                            _ => break,
+                        }
+                    }
+                    let terminal = batch
+                        .last()
+                        .filter(|item| item.is_terminal())
+                        .map(|item| terminal_status(&item.result));
+                    if !self.publish_items(job, batch).await {
+                        return Streamed::Forced;
+                    }
+                    if !first_published {
+                        first_published = true;
+                        if let Some(accepted) = job.accepted_at_ms {
+                            let seconds = (now_ms() - accepted).max(0) as f64 / 1000.0;
+                            self.metrics.observe(names::RUN_FIRST_RESULT_SECONDS, &[], seconds);
+                        }
+                    }
+                    if let Some(status) = terminal {
+                        self.metrics.observe(
+                            names::RUN_DURATION_SECONDS,
+                            &[("status", status)],
+                            reservation.claimed_at.elapsed().as_secs_f64(),
+                        );
+                        return Streamed::Ended;
+                    }
+                }
+            }
+        }
+    }
+
+    /// Publishes items in order, as few messages as [`result_bodies`] makes of them (one
+    /// `switchboard.results/1` batch per ≤
+    /// [`BATCH_BYTES_MAX`](super::decisions::BATCH_BYTES_MAX), or a single
+    /// `switchboard.result/1`), with confirms, retrying from the first failed message (later
+    /// ones that did land are published again; the result sink keeps the first copy of each
+    /// `(run_id, sequence)`). `false` only if the forced drain gave up while the bus kept
+    /// failing.
+    async fn publish_items(&self, job: &RunJob, items: Vec<RunItem>) -> bool {
+        let exchange = self.topology.results_exchange();
+        let routing_key = self.topology.results_routing_key(&job.run_id);
+        let conversation = job
+            .context
+            .conversation
+            .as_ref()
+            .and_then(|c| c.conversation_id.clone());
+        let mut pending: Vec<Outgoing> = result_bodies(job, conversation, items)
+            .into_iter()
+            .map(|body| Outgoing::new(exchange.clone(), routing_key.clone(), body))
+            .collect();
+        let mut delay = RETRY_INITIAL;
+        loop {
+            let count = pending.len();
+            let outcome = if count == 1 {
+                let m = &pending[0];
+                self.bus
+                    .publish(&m.exchange, &m.routing_key, m.body.clone(), m.options)
+                    .await
+                    .map_err(|e| (0, e.to_string()))
+            } else {
+                self.bus
+                    .publish_batch(pending.clone())
+                    .await
+                    .map_err(|e| (e.failed.first().map_or(0, |(i, _)| *i), e.to_string()))
+            };
+            match outcome {
+                Ok(()) => {
+                    self.metrics.add(
+                        names::BUS_PUBLISHED_TOTAL,
+                        &[("exchange", &exchange)],
+                        count as u64,
+                    );
+                    return true;
+                }
+                Err((first_failed, error)) => {
+                    self.metrics.add(
+                        names::BUS_PUBLISHED_TOTAL,
+                        &[("exchange", &exchange)],
+                        first_failed as u64,
+                    );
+                    pending.drain(..first_failed.min(pending.len()));
+                    tracing::warn!(%error, remaining = pending.len(), retry_in_ms = delay.as_millis() as u64, "publishing run results failed; retrying");
+                    self.metrics.inc(
+                        names::ERRORS_TOTAL,
+                        &[("error_type", "publish_failed"), ("stage", "retried")],
+                    );
+                    tokio::select! {
+                        biased;
+                        () = self.force.cancelled() => return false,
+                        () = tokio::time::sleep(delay) => {}
+                    }
+                    delay = (delay * 2).min(RETRY_MAX);
+                }
+            }
+        }
+    }
+
+    /// Ends the run in the session store in one round trip ([`SessionStore::end_run`]): the
+    /// session ends atomically (later Host API calls see `not_found`), the cancel flag has done
+    /// its job, the run is marked handed off (its terminal item is published: the reaper must
+    /// not take a lagging result sink for a lost worker), and the lease is released. Then
+    /// audits the steering items the run never pulled.
+    async fn end_run(&self, job: &RunJob, reservation: &mut Reservation) {
+        match self
+            .sessions
+            .end_run(&job.run_id, &self.id, RUN_HANDED_OFF_TTL)
+            .await
+        {
+            Ok(end) => {
+                reservation.lease_released = true;
+                match end.ended {
+                    Some(ended) => self.audit_dropped_steering(job, &ended.steering).await,
+                    None => tracing::debug!("run session was already gone"),
+                }
+            }
+            // The session and flag expire on their own; until then late Host API calls still
+            // pass the gate's session check but the runner host refuses calls for ended runs.
+            // `process` still tries to release the lease.
+            Err(error) => tracing::warn!(%error, "ending the run in the session store failed"),
+        }
+    }
+
+    /// Audits each steering item the run never pulled as a `steering.dropped` event-log row
+    /// (reason `run_ended`) and on the audit log target. The row's idempotency key makes a
+    /// repeated audit append once. The items are gone from the session store either way, so
+    /// a failed append is logged rather than retried.
+    async fn audit_dropped_steering(&self, job: &RunJob, items: &[Value]) {
+        let run_id = job.run_id;
+        let runner_id = job.runner_id.to_string();
+        for item in items {
+            let event_id = item
+                .pointer("/event/event_id")
+                .and_then(Value::as_str)
+                .unwrap_or("");
+            tracing::info!(
+                target: AUDIT_TARGET,
+                audit = audit::STEERING_DROPPED,
+                %run_id,
+                event_id,
+                "steering item dropped: the run ended before pulling it"
+            );
+            let row = audit::steering_dropped(
+                item,
+                run_id,
+                &runner_id,
+                &job.workspace_id,
+                audit::DROPPED_RUN_ENDED,
+            );
+            if let Err(error) = self.events.append(row, Vec::new()).await {
+                tracing::warn!(%error, event_id, "writing the steering.dropped audit row failed");
+            }
+        }
+    }
+}
