@@ -40,6 +40,7 @@ use futures::FutureExt as _;
 use sb_common::bus::topology::Topology;
 use sb_common::bus::{Bus, Delivery, Outgoing, Settlement};
 use sb_common::config::WorkerConfig;
+use sb_common::retry::RetryPolicy;
 use sb_common::session::{RUN_HANDED_OFF_TTL, RunBegin, SessionError, SessionStore};
 use sb_common::telemetry::{Registry, names};
 use sb_protocol::error::{ErrorCode, HasErrorCode, run_failure};
@@ -67,10 +68,9 @@ use crate::sequencer::RunItem;
 
 /// Most result items taken from a run for one publish.
 const MAX_BATCH: usize = 64;
-/// First and largest delay between attempts while the bus (publishing results) or the ledger
-/// (claiming a run) fails.
-const RETRY_INITIAL: Duration = Duration::from_millis(50);
-const RETRY_MAX: Duration = Duration::from_secs(5);
+/// Delays between attempts while the bus (publishing results) or the ledger (claiming a run)
+/// fails.
+const RETRY: RetryPolicy = RetryPolicy::new(Duration::from_millis(50), Duration::from_secs(5));
 
 fn now_ms() -> i64 {
     SystemTime::now()
@@ -345,19 +345,19 @@ impl Core {
         // requeue per failure would spend the runs queue's delivery limit within seconds and
         // dead-letter the job of a run that then stays `queued` (found by the chaos suite's
         // `restart_postgres`).
-        let mut delay = RETRY_INITIAL;
+        let mut retry = RETRY.start();
         loop {
             match self.ledger.claim_run(run_id, &self.id).await {
                 Ok(true) => break,
                 Ok(false) => return self.on_claim_lost(job, reservation).await,
                 Err(error) if error.is_transient() => {
+                    let delay = retry.next_delay();
                     tracing::warn!(%error, retry_in_ms = delay.as_millis() as u64, "claiming the run failed; the ledger is unreachable, retrying");
                     tokio::select! {
                         biased;
                         () = self.stop.cancelled() => return settlement_for(error.code()),
                         () = tokio::time::sleep(delay) => {}
                     }
-                    delay = (delay * 2).min(RETRY_MAX);
                 }
                 Err(error) => {
                     tracing::warn!(%error, "claiming the run failed");
@@ -655,7 +655,7 @@ impl Core {
             .into_iter()
             .map(|body| Outgoing::new(exchange.clone(), routing_key.clone(), body))
             .collect();
-        let mut delay = RETRY_INITIAL;
+        let mut retry = RETRY.start();
         loop {
             let count = pending.len();
             let outcome = if count == 1 {
@@ -686,6 +686,7 @@ impl Core {
                         first_failed as u64,
                     );
                     pending.drain(..first_failed.min(pending.len()));
+                    let delay = retry.next_delay();
                     tracing::warn!(%error, remaining = pending.len(), retry_in_ms = delay.as_millis() as u64, "publishing run results failed; retrying");
                     self.metrics.inc(
                         names::ERRORS_TOTAL,
@@ -696,7 +697,6 @@ impl Core {
                         () = self.force.cancelled() => return false,
                         () = tokio::time::sleep(delay) => {}
                     }
-                    delay = (delay * 2).min(RETRY_MAX);
                 }
             }
         }
