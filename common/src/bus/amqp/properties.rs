@@ -12,6 +12,8 @@ use crate::bus::PublishOptions;
 /// `timestamp` property has only whole seconds).
 pub(super) const PUBLISHED_AT_HEADER: &str = "timestamp_in_ms";
 
+/// Properties of a message we publish: persistent (delivery mode 2) or not as `options`
+/// says, stamped with the publish time in [`PUBLISHED_AT_HEADER`].
 pub(super) fn properties(options: PublishOptions) -> BasicProperties {
     let mut headers = FieldTable::default();
     headers.insert(
@@ -23,6 +25,7 @@ pub(super) fn properties(options: PublishOptions) -> BasicProperties {
         .with_headers(headers)
 }
 
+/// Now, in milliseconds since the Unix epoch (0 for a clock before it).
 pub(super) fn epoch_ms() -> i64 {
     std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)

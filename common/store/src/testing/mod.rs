@@ -13,6 +13,10 @@
 //! concurrency is real), an in-memory SQLite database, or a fresh Postgres schema on
 //! `SWITCHBOARD_TEST_DATABASE_URL` (default `postgres://postgres@127.0.0.1:5432/test`) that
 //! is dropped when the [`TestDb`] is dropped, also when the test panics.
+//!
+//! The tests themselves live in `suite/`, one file per store area (events, turns, outbox, runs,
+//! run items, transcript, artifacts, state, agents, schedules, knowledge), and are all
+//! re-exported by [`suite`].
 
 use crate::{SqlStore, SqlStoreOptions, StoreLimits, Stores};
 

@@ -165,9 +165,6 @@ pub async fn run_finalize_stores_the_item_with_the_status(db: &TestDb) {
     );
 }
 
-/// A finalizer (the reaper) racing the run's own last items (the worker finishing at the
-/// same moment): exactly one terminal item is stored, and a terminal status always comes
-/// with it.
 /// A worker that resumes after the host ended its run (stopped past its lease, then
 /// continued) publishes items after the host's terminal item: none is stored, singly or
 /// in a batch, and items up to the terminal one still are.
@@ -226,6 +223,9 @@ pub async fn run_items_after_the_terminal_item_are_not_stored(db: &TestDb) {
     assert_eq!(inserted, vec![false, true]);
 }
 
+/// A finalizer (the reaper) racing the run's own last items (the worker finishing at the
+/// same moment): exactly one terminal item is stored, and a terminal status always comes
+/// with it.
 pub async fn run_finalize_races_the_runs_own_terminal_item(db: &TestDb) {
     use sb_protocol::result::AgentRunResult;
     for _ in 0..8 {
