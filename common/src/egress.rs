@@ -31,9 +31,24 @@ use std::fmt;
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 
 use ipnet::IpNet;
+use serde::Deserialize;
 use url::{Host, Url};
 
-use crate::config::EgressConfig;
+/// The `[egress]` section of the configuration (re-exported as
+/// `sb_common::config::EgressConfig`): where models and tools may be reached (SPEC §14).
+/// Outbound calls go only to public addresses unless an entry here allows more: link-local
+/// and cloud metadata addresses are denied whatever this says; loopback, private, shared and
+/// unspecified ranges are denied unless a CIDR here covers the address or a host name here is
+/// the URL's host. The check runs at registration and again on every resolved address at
+/// connect time.
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct EgressConfig {
+    /// CIDRs (`127.0.0.0/8`, `10.1.0.0/16`, `::1/128`) or host names (`ollama.internal`),
+    /// comma-separated in the environment. `switchboard dev` adds loopback.
+    #[serde(deserialize_with = "crate::env_list::deserialize")]
+    pub allow: Vec<String>,
+}
 
 /// Addresses of cloud instance metadata services, denied whatever the policy allows: AWS,
 /// GCP, Azure, OpenStack and DigitalOcean (`169.254.169.254`, also in link-local), AWS's IPv6

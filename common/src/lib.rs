@@ -4,6 +4,8 @@
 //!
 //! # Layout
 //! - [`config`]: the configuration tree, its loader (defaults → file → env → CLI) and `validate()`.
+//!   The sections of [`telemetry`], [`secrets`] and [`egress`] live with those modules and are
+//!   re-exported by `config`, which depends on them and never the reverse.
 //! - [`egress`]: which addresses model and tool calls may reach (SPEC §14).
 //! - [`secrets`]: which environment variables models and tools may reference (SPEC §14).
 //! - [`error`]: re-export of the closed error-code set and the `HasErrorCode` trait, plus
@@ -23,6 +25,7 @@
 pub mod bus;
 pub mod config;
 pub mod egress;
+mod env_list;
 pub mod error;
 pub mod retry;
 pub mod secrets;

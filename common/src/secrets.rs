@@ -14,7 +14,27 @@
 
 use std::collections::BTreeSet;
 
-use crate::config::{ENV_PREFIX, SecretsConfig};
+use serde::Deserialize;
+
+/// Prefix of the host's own environment variables: its configuration
+/// (`SWITCHBOARD__…`, read by `sb_common::config`, whose `ENV_PREFIX` is this constant) and
+/// its test settings. No tenant may reference one of them as a secret.
+pub const HOST_VARIABLE_PREFIX: &str = "SWITCHBOARD";
+
+/// The `[secrets]` section of the configuration (re-exported as
+/// `sb_common::config::SecretsConfig`): the secrets a tenant may reference (SPEC §14). A
+/// model's `api_key_env` and a tool's `headers_env` may name only a variable listed here,
+/// which the operator set on the workers (and on gateways serving the remote Host API). Registration refuses any other name, and
+/// workers check again before reading one, so a key cannot make a worker send its own
+/// environment to a URL of the tenant's choosing.
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct SecretsConfig {
+    /// Environment variable names, e.g. `OPENAI_API_KEY,TOOL_TOKEN` (comma-separated in the
+    /// environment). The host's own `SWITCHBOARD*` variables can never be listed.
+    #[serde(deserialize_with = "crate::env_list::deserialize")]
+    pub allow: Vec<String>,
+}
 
 /// Why a name cannot be used as a secret reference.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -50,7 +70,7 @@ pub fn check_allowable(name: &str) -> Result<(), SecretError> {
     if !is_name {
         return Err(SecretError::NotAName(name.to_owned()));
     }
-    if name.to_ascii_uppercase().starts_with(ENV_PREFIX) {
+    if name.to_ascii_uppercase().starts_with(HOST_VARIABLE_PREFIX) {
         return Err(SecretError::HostVariable(name.to_owned()));
     }
     Ok(())

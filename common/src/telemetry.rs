@@ -1,5 +1,7 @@
 //! Logging initialisation, metric names and a small Prometheus registry.
 //!
+//! - [`TelemetryConfig`] is the `[telemetry]` section of the configuration; `sb_common::config`
+//!   re-exports it and validates it (this module does not depend on `config`).
 //! - [`init`] installs the global `tracing` subscriber (text or JSON, `EnvFilter`).
 //! - [`names`] holds every metric name, so a name is spelled once and grep finds its users.
 //!   Names follow `sb_<noun>_<unit>[_total]`; labels are low-cardinality only (a status, an
@@ -8,11 +10,40 @@
 //!   them in the Prometheus text format for `GET /metrics`; storage and rendering are the
 //!   `metrics-exporter-prometheus` recorder's.
 
+use std::net::SocketAddr;
 use std::sync::OnceLock;
 
 use tracing_subscriber::EnvFilter;
 
-use crate::config::TelemetryConfig;
+use serde::Deserialize;
+
+/// The `[telemetry]` section of the configuration (re-exported as
+/// `sb_common::config::TelemetryConfig`): logging, and where a process without the gateway
+/// serves its metrics.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct TelemetryConfig {
+    /// Log filter in `tracing` `EnvFilter` syntax, e.g. `info` or `info,sb_worker=debug`.
+    /// `RUST_LOG`, when set, takes precedence (the usual Rust convention).
+    pub log_level: String,
+    /// Write logs as JSON lines (for log shippers) instead of human-readable text.
+    pub json: bool,
+    /// Where a process without the gateway role (an orchestrator, a worker) serves
+    /// `GET /metrics`, `/healthz` and `/readyz`, e.g. `0.0.0.0:9090`. Unset: not served (the
+    /// default, so several roles on one host never fight over a port). A gateway serves them
+    /// on `gateway.http_addr` and ignores this key.
+    pub metrics_listen: Option<SocketAddr>,
+}
+
+impl Default for TelemetryConfig {
+    fn default() -> Self {
+        Self {
+            log_level: "info".to_owned(),
+            json: false,
+            metrics_listen: None,
+        }
+    }
+}
 
 /// Why logging could not be initialised.
 #[derive(Debug, thiserror::Error)]

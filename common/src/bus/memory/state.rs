@@ -1,100 +1,76 @@
-//! In-process [`Bus`]: exchanges, queues and consumers behind one mutex.
+//! The broker itself: exchanges, queues, messages and consumers, changed only synchronously
+//! under the bus's one lock.
 //!
-//! This is the embedded-mode bus and the reference implementation of the contract on [`Bus`]:
-//! it keeps unacked deliveries per consumer and returns them to their queue position when a
-//! subscription is dropped, bounds in-flight deliveries by prefetch, gives single-active-consumer
-//! queues to their oldest subscription, counts returns against the delivery limit and
-//! dead-letters through the queue's dead-letter exchange (recording where and why, as RabbitMQ's
-//! `x-death` does, so [`DeadLetters`] can replay them), and fails mandatory messages nobody is
-//! bound for. Nothing is persisted: "durable" means "stored in this process".
-//!
-//! All state changes happen synchronously under one `std::sync::Mutex` (never held across an
-//! `.await`), and deliveries are handed to subscriptions over unbounded channels whose length
-//! is bounded by prefetch, so no operation ever waits on a slow consumer.
+//! Every operation of [`MemoryBus`](super::MemoryBus) locks [`State`] and calls one method
+//! here, which applies the whole change (routing, delivery to consumers within their
+//! prefetch, returns, dead-lettering) before the lock is released; nothing here awaits.
+//! Deliveries leave through each consumer's unbounded channel, whose length prefetch bounds.
 
 use std::collections::{BTreeSet, HashMap, VecDeque};
-use std::sync::{Arc, Mutex, MutexGuard, Weak};
+use std::sync::Weak;
 
-use async_trait::async_trait;
 use bytes::Bytes;
 use tokio::sync::mpsc;
 
-use super::dead_letters::{
-    DeadLetter, DeadLetterList, DeadLetters, Death, DeathReason, ReplayOptions, ReplayReport,
-    ReplayWalk, Step, content_id, refusal_is_per_message,
+use super::{MemorySettler, Shared};
+use crate::bus::dead_letters::{
+    DeadLetter, Death, DeathReason, ReplayOptions, ReplayReport, ReplayWalk, Step, content_id,
+    refusal_is_per_message,
 };
-use super::{
-    BatchPublishError, Binding, Bus, BusError, ConsumeOptions, Delivery, ExchangeKind,
-    ExchangeSpec, Outgoing, PublishOptions, QueueKind, QueueSpec, Result, Settlement, Settler,
-    Subscription, check_key, check_name, topic_matches,
+use crate::bus::{
+    Binding, BusError, Delivery, ExchangeKind, ExchangeSpec, PublishOptions, QueueKind, QueueSpec,
+    Result, Settlement, check_key, check_name, topic_matches,
 };
-
-/// The in-process bus. Cheap to clone; clones share the same exchanges and queues.
-#[derive(Clone, Default)]
-pub struct MemoryBus {
-    shared: Arc<Shared>,
-}
-
-impl std::fmt::Debug for MemoryBus {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("MemoryBus").finish_non_exhaustive()
-    }
-}
 
 #[derive(Default)]
-struct Shared {
-    state: Mutex<State>,
-}
-
-#[derive(Default)]
-struct State {
-    closed: bool,
-    exchanges: HashMap<String, Exchange>,
-    queues: HashMap<String, Queue>,
+pub(super) struct State {
+    pub(super) closed: bool,
+    pub(super) exchanges: HashMap<String, Exchange>,
+    pub(super) queues: HashMap<String, Queue>,
     /// Delivery tags and consumer ids are global so a tag can never be confused with one of a
     /// deleted-and-redeclared queue of the same name.
-    next_tag: u64,
-    next_consumer: u64,
+    pub(super) next_tag: u64,
+    pub(super) next_consumer: u64,
 }
 
-struct Exchange {
-    kind: ExchangeKind,
+pub(super) struct Exchange {
+    pub(super) kind: ExchangeKind,
     /// (binding key, queue name).
-    bindings: BTreeSet<(String, String)>,
+    pub(super) bindings: BTreeSet<(String, String)>,
 }
 
-struct Queue {
-    spec: QueueSpec,
+pub(super) struct Queue {
+    pub(super) spec: QueueSpec,
     /// Ready messages in queue order (ascending `seq`).
-    ready: VecDeque<Message>,
+    pub(super) ready: VecDeque<Message>,
     /// Delivered, not yet settled, by delivery tag.
-    unacked: HashMap<u64, (u64, Message)>,
+    pub(super) unacked: HashMap<u64, (u64, Message)>,
     /// Registration order; on a single-active-consumer queue the first one is the active one.
-    consumers: Vec<Consumer>,
+    pub(super) consumers: Vec<Consumer>,
     /// Round-robin cursor over `consumers`.
-    cursor: usize,
-    next_seq: u64,
+    pub(super) cursor: usize,
+    pub(super) next_seq: u64,
     /// Auto-delete only triggers once a queue has had a consumer (as in RabbitMQ).
-    had_consumer: bool,
+    pub(super) had_consumer: bool,
 }
 
 #[derive(Clone)]
-struct Message {
+pub(super) struct Message {
     /// Position in the queue: requeued messages go back to it.
-    seq: u64,
-    body: Bytes,
-    exchange: String,
-    routing_key: String,
-    redelivered: bool,
+    pub(super) seq: u64,
+    pub(super) body: Bytes,
+    pub(super) exchange: String,
+    pub(super) routing_key: String,
+    pub(super) redelivered: bool,
     /// Times returned to the queue.
-    returns: u32,
+    pub(super) returns: u32,
     /// Set when the message was dead-lettered into this queue: where it died and why.
-    death: Option<Death>,
+    pub(super) death: Option<Death>,
 }
 
 impl Message {
     /// A message as published (never delivered, never dead).
-    fn new(seq: u64, exchange: &str, routing_key: &str, body: Bytes) -> Self {
+    pub(super) fn new(seq: u64, exchange: &str, routing_key: &str, body: Bytes) -> Self {
         Self {
             seq,
             body,
@@ -106,7 +82,7 @@ impl Message {
         }
     }
 
-    fn as_dead_letter(&self, position: usize) -> DeadLetter {
+    pub(super) fn as_dead_letter(&self, position: usize) -> DeadLetter {
         DeadLetter {
             position,
             id: content_id(&self.body),
@@ -118,52 +94,15 @@ impl Message {
     }
 }
 
-struct Consumer {
-    id: u64,
-    prefetch: usize,
-    in_flight: usize,
-    tx: mpsc::UnboundedSender<Result<Delivery>>,
-}
-
-impl MemoryBus {
-    /// A new, empty bus.
-    pub fn new() -> Self {
-        Self::default()
-    }
-
-    fn lock(&self) -> Result<MutexGuard<'_, State>> {
-        let state = lock(&self.shared);
-        if state.closed {
-            return Err(BusError::Closed);
-        }
-        Ok(state)
-    }
-
-    /// Number of ready (undelivered) messages in `queue`, for tests and diagnostics.
-    pub fn ready_count(&self, queue: &str) -> Option<usize> {
-        lock(&self.shared).queues.get(queue).map(|q| q.ready.len())
-    }
-
-    /// Number of delivered but unsettled messages in `queue`, for tests and diagnostics.
-    pub fn unacked_count(&self, queue: &str) -> Option<usize> {
-        lock(&self.shared)
-            .queues
-            .get(queue)
-            .map(|q| q.unacked.len())
-    }
-}
-
-fn lock(shared: &Shared) -> MutexGuard<'_, State> {
-    // A panic while holding the lock cannot leave the state half-updated in a way that matters
-    // more than losing the whole bus, so keep going with the inner value.
-    shared
-        .state
-        .lock()
-        .unwrap_or_else(|poisoned| poisoned.into_inner())
+pub(super) struct Consumer {
+    pub(super) id: u64,
+    pub(super) prefetch: usize,
+    pub(super) in_flight: usize,
+    pub(super) tx: mpsc::UnboundedSender<Result<Delivery>>,
 }
 
 impl State {
-    fn declare_exchange(&mut self, spec: &ExchangeSpec) -> Result<()> {
+    pub(super) fn declare_exchange(&mut self, spec: &ExchangeSpec) -> Result<()> {
         check_name(&spec.name)?;
         if spec.name.is_empty() {
             return Err(BusError::InvalidArgument(
@@ -193,7 +132,7 @@ impl State {
         }
     }
 
-    fn declare_queue(&mut self, spec: &QueueSpec) -> Result<()> {
+    pub(super) fn declare_queue(&mut self, spec: &QueueSpec) -> Result<()> {
         check_name(&spec.name)?;
         if spec.name.is_empty() {
             return Err(BusError::InvalidArgument(
@@ -232,7 +171,7 @@ impl State {
         Ok(())
     }
 
-    fn check_binding(&self, binding: &Binding) -> Result<()> {
+    pub(super) fn check_binding(&self, binding: &Binding) -> Result<()> {
         check_key(&binding.routing_key)?;
         if binding.exchange.is_empty() {
             return Err(BusError::InvalidArgument(
@@ -248,7 +187,7 @@ impl State {
         Ok(())
     }
 
-    fn bind(&mut self, queue: &str, binding: &Binding) -> Result<()> {
+    pub(super) fn bind(&mut self, queue: &str, binding: &Binding) -> Result<()> {
         self.check_binding(binding)?;
         if !self.queues.contains_key(queue) {
             return Err(BusError::NotFound(format!("queue {queue:?}")));
@@ -263,7 +202,7 @@ impl State {
         Ok(())
     }
 
-    fn unbind(&mut self, queue: &str, binding: &Binding) -> Result<()> {
+    pub(super) fn unbind(&mut self, queue: &str, binding: &Binding) -> Result<()> {
         if let Some(exchange) = self.exchanges.get_mut(&binding.exchange) {
             exchange
                 .bindings
@@ -272,7 +211,7 @@ impl State {
         Ok(())
     }
 
-    fn delete_queue(&mut self, name: &str) {
+    pub(super) fn delete_queue(&mut self, name: &str) {
         if self.queues.remove(name).is_some() {
             for exchange in self.exchanges.values_mut() {
                 exchange.bindings.retain(|(_, q)| q != name);
@@ -283,7 +222,7 @@ impl State {
     }
 
     /// Queues a message published to `exchange` with `routing_key` goes to.
-    fn route(&self, exchange: &str, routing_key: &str) -> Result<Vec<String>> {
+    pub(super) fn route(&self, exchange: &str, routing_key: &str) -> Result<Vec<String>> {
         if exchange.is_empty() {
             // The default exchange routes to the queue named by the routing key.
             return Ok(self
@@ -317,7 +256,7 @@ impl State {
         Ok(queues)
     }
 
-    fn publish(
+    pub(super) fn publish(
         &mut self,
         shared: &Weak<Shared>,
         exchange: &str,
@@ -329,7 +268,7 @@ impl State {
     }
 
     /// [`publish`](Self::publish), recording `death` on every stored copy (dead-lettering).
-    fn publish_with_death(
+    pub(super) fn publish_with_death(
         &mut self,
         shared: &Weak<Shared>,
         exchange: &str,
@@ -366,7 +305,7 @@ impl State {
     }
 
     /// Hands ready messages of `queue` to consumers with free prefetch capacity.
-    fn pump(&mut self, shared: &Weak<Shared>, queue_name: &str) {
+    pub(super) fn pump(&mut self, shared: &Weak<Shared>, queue_name: &str) {
         loop {
             let Some(queue) = self.queues.get_mut(queue_name) else {
                 return;
@@ -427,7 +366,7 @@ impl State {
         }
     }
 
-    fn settle(
+    pub(super) fn settle(
         &mut self,
         shared: &Weak<Shared>,
         queue_name: &str,
@@ -464,7 +403,7 @@ impl State {
     }
 
     /// Returns a message to the queue, or dead-letters it past the delivery limit.
-    fn requeue(
+    pub(super) fn requeue(
         &mut self,
         shared: &Weak<Shared>,
         queue_name: &str,
@@ -497,7 +436,7 @@ impl State {
         }
     }
 
-    fn dead_letter(
+    pub(super) fn dead_letter(
         &mut self,
         shared: &Weak<Shared>,
         queue_name: &str,
@@ -538,7 +477,7 @@ impl State {
         );
     }
 
-    fn existing_queue(&self, name: &str) -> Result<&Queue> {
+    pub(super) fn existing_queue(&self, name: &str) -> Result<&Queue> {
         check_name(name)?;
         self.queues
             .get(name)
@@ -547,7 +486,7 @@ impl State {
 
     /// Replays under the lock: every step (publish, then remove the dead copy) is atomic here,
     /// so the at-least-once window of RabbitMQ does not exist.
-    fn replay(
+    pub(super) fn replay(
         &mut self,
         shared: &Weak<Shared>,
         queue_name: &str,
@@ -597,7 +536,12 @@ impl State {
         Ok(walk.report)
     }
 
-    fn remove_consumer(&mut self, shared: &Weak<Shared>, queue_name: &str, consumer_id: u64) {
+    pub(super) fn remove_consumer(
+        &mut self,
+        shared: &Weak<Shared>,
+        queue_name: &str,
+        consumer_id: u64,
+    ) {
         let Some(queue) = self.queues.get_mut(queue_name) else {
             return;
         };
@@ -637,7 +581,7 @@ impl State {
 
 /// Where a returned message goes.
 #[derive(Clone, Copy)]
-enum Position {
+pub(super) enum Position {
     /// Back to where it was, ahead of younger messages (returns of a dropped subscription).
     Original,
     /// Behind every message (nack with requeue).
@@ -645,7 +589,7 @@ enum Position {
 }
 
 /// Why `new` cannot redeclare `existing` (bindings are additive and never conflict).
-fn spec_conflict(existing: &QueueSpec, new: &QueueSpec) -> Option<String> {
+pub(super) fn spec_conflict(existing: &QueueSpec, new: &QueueSpec) -> Option<String> {
     let mut diffs = Vec::new();
     if existing.kind != new.kind {
         diffs.push("kind");
@@ -663,196 +607,4 @@ fn spec_conflict(existing: &QueueSpec, new: &QueueSpec) -> Option<String> {
         diffs.push("dead-letter exchange");
     }
     (!diffs.is_empty()).then(|| format!("{} differ", diffs.join(", ")))
-}
-
-struct MemorySettler {
-    shared: Weak<Shared>,
-    queue: String,
-    tag: u64,
-}
-
-#[async_trait]
-impl Settler for MemorySettler {
-    async fn settle(&self, settlement: Settlement) -> Result<()> {
-        let Some(shared) = self.shared.upgrade() else {
-            return Err(BusError::Closed);
-        };
-        let mut state = lock(&shared);
-        state.settle(&self.shared, &self.queue, self.tag, settlement)
-    }
-
-    fn requeue_on_drop(&self) {
-        if let Some(shared) = self.shared.upgrade() {
-            let mut state = lock(&shared);
-            // Already returned with its subscription: nothing to do.
-            let _ = state.settle(
-                &self.shared,
-                &self.queue,
-                self.tag,
-                Settlement::Nack { requeue: true },
-            );
-            // (A dropped delivery counts as a nack: it goes to the back, as on RabbitMQ.)
-        }
-    }
-}
-
-/// Removes the consumer when its [`Subscription`] is dropped.
-struct ConsumerGuard {
-    shared: Weak<Shared>,
-    queue: String,
-    id: u64,
-}
-
-impl Drop for ConsumerGuard {
-    fn drop(&mut self) {
-        if let Some(shared) = self.shared.upgrade() {
-            let mut state = lock(&shared);
-            state.remove_consumer(&self.shared, &self.queue, self.id);
-        }
-    }
-}
-
-#[async_trait]
-impl Bus for MemoryBus {
-    async fn declare_exchange(&self, spec: &ExchangeSpec) -> Result<()> {
-        self.lock()?.declare_exchange(spec)
-    }
-
-    async fn delete_exchange(&self, name: &str) -> Result<()> {
-        self.lock()?.exchanges.remove(name);
-        Ok(())
-    }
-
-    async fn declare_queue(&self, spec: &QueueSpec) -> Result<()> {
-        self.lock()?.declare_queue(spec)
-    }
-
-    async fn delete_queue(&self, name: &str) -> Result<()> {
-        self.lock()?.delete_queue(name);
-        Ok(())
-    }
-
-    async fn bind(&self, queue: &str, binding: &Binding) -> Result<()> {
-        let mut state = self.lock()?;
-        state.bind(queue, binding)
-    }
-
-    async fn unbind(&self, queue: &str, binding: &Binding) -> Result<()> {
-        self.lock()?.unbind(queue, binding)
-    }
-
-    async fn publish(
-        &self,
-        exchange: &str,
-        routing_key: &str,
-        body: Bytes,
-        options: PublishOptions,
-    ) -> Result<()> {
-        let weak = Arc::downgrade(&self.shared);
-        self.lock()?
-            .publish(&weak, exchange, routing_key, body, options)
-    }
-
-    async fn publish_batch(&self, messages: Vec<Outgoing>) -> Result<(), BatchPublishError> {
-        let total = messages.len();
-        let weak = Arc::downgrade(&self.shared);
-        let mut state = self
-            .lock()
-            .map_err(|_| BatchPublishError::all(total, || BusError::Closed))?;
-        let failed: Vec<(usize, BusError)> = messages
-            .into_iter()
-            .enumerate()
-            .filter_map(|(i, m)| {
-                state
-                    .publish(&weak, &m.exchange, &m.routing_key, m.body, m.options)
-                    .err()
-                    .map(|e| (i, e))
-            })
-            .collect();
-        if failed.is_empty() {
-            Ok(())
-        } else {
-            Err(BatchPublishError { total, failed })
-        }
-    }
-
-    async fn subscribe(&self, spec: &QueueSpec, options: ConsumeOptions) -> Result<Subscription> {
-        let weak = Arc::downgrade(&self.shared);
-        let mut state = self.lock()?;
-        state.declare_queue(spec)?;
-        let id = state.next_consumer;
-        state.next_consumer += 1;
-        let (tx, rx) = mpsc::unbounded_channel();
-        let queue = state.queues.get_mut(&spec.name).expect("declared above");
-        queue.consumers.push(Consumer {
-            id,
-            prefetch: usize::from(options.prefetch.get()),
-            in_flight: 0,
-            tx,
-        });
-        queue.had_consumer = true;
-        state.pump(&weak, &spec.name);
-        drop(state);
-        let guard = ConsumerGuard {
-            shared: weak,
-            queue: spec.name.clone(),
-            id,
-        };
-        Ok(Subscription::new(spec.name.clone(), rx, Box::new(guard)))
-    }
-
-    async fn ping(&self) -> Result<()> {
-        self.lock().map(drop)
-    }
-
-    async fn close(&self) -> Result<()> {
-        let mut state = lock(&self.shared);
-        state.closed = true;
-        // Dropping every consumer's sender ends the subscriptions with `Closed`.
-        for queue in state.queues.values_mut() {
-            queue.consumers.clear();
-            let returned: Vec<Message> = queue.unacked.drain().map(|(_, (_, m))| m).collect();
-            for mut m in returned {
-                m.redelivered = true;
-                let at = queue.ready.partition_point(|r| r.seq < m.seq);
-                queue.ready.insert(at, m);
-            }
-        }
-        Ok(())
-    }
-}
-
-/// Dead letters are the ready messages of the dead queue, read and removed under the lock:
-/// peeking reads them without delivering them (their position and delivery count do not
-/// change).
-#[async_trait]
-impl DeadLetters for MemoryBus {
-    async fn peek(&self, queue: &QueueSpec, limit: usize) -> Result<DeadLetterList> {
-        let state = self.lock()?;
-        let ready = &state.existing_queue(&queue.name)?.ready;
-        let letters = ready
-            .iter()
-            .take(limit)
-            .enumerate()
-            .map(|(i, m)| m.as_dead_letter(i + 1))
-            .collect();
-        Ok(DeadLetterList {
-            total: ready.len(),
-            letters,
-        })
-    }
-
-    async fn replay(&self, queue: &QueueSpec, options: &ReplayOptions) -> Result<ReplayReport> {
-        let weak = Arc::downgrade(&self.shared);
-        self.lock()?.replay(&weak, &queue.name, options)
-    }
-
-    async fn purge(&self, queue: &QueueSpec) -> Result<u64> {
-        let mut state = self.lock()?;
-        state.existing_queue(&queue.name)?;
-        let queue = state.queues.get_mut(&queue.name).expect("checked above");
-        let purged = queue.ready.len() as u64;
-        queue.ready.clear();
-        Ok(purged)
-    }
 }

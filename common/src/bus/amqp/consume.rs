@@ -1,0 +1,295 @@
+//! Consuming: one channel per subscription (its own `basic.qos`, so dropping it returns
+//! exactly its unacked messages), a task that forwards its deliveries and consumes again on
+//! every new link, and the settler behind [`Delivery::ack`]/[`Delivery::nack`].
+//!
+//! A delivery belongs to the channel it came on: once that channel or its connection is
+//! gone, the broker has requeued the message, so settling it fails with
+//! [`BusError::Unavailable`] and the message comes again (`redelivered`).
+
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+use std::time::Duration;
+
+use async_trait::async_trait;
+use bytes::Bytes;
+use futures::StreamExt;
+use lapin::acker::Acker;
+use lapin::options::{BasicAckOptions, BasicConsumeOptions, BasicNackOptions, BasicQosOptions};
+use lapin::types::{AMQPValue, FieldTable};
+use lapin::{BasicProperties, Channel};
+use tokio::sync::mpsc;
+use tokio_util::sync::CancellationToken;
+
+use super::failure::{Failure, classify};
+use super::link::{Inner, Link, RETRY_PAUSE};
+use super::properties::{PUBLISHED_AT_HEADER, epoch_ms, header_count};
+use crate::bus::{
+    BusError, ConsumeOptions, Delivery, QueueKind, QueueSpec, Result, Settlement, Settler,
+    Subscription,
+};
+
+impl Inner {
+    /// Subscribes to a queue (declaring it first); see
+    /// [`Bus::subscribe`](crate::bus::Bus::subscribe).
+    pub(super) async fn subscribe(
+        self: &Arc<Self>,
+        spec: &QueueSpec,
+        options: ConsumeOptions,
+    ) -> Result<Subscription> {
+        self.declare_queue(spec).await?;
+        let prefetch = options.prefetch.get();
+        let tag = format!(
+            "{}#{}",
+            self.options.connection_name,
+            self.next_consumer.fetch_add(1, Ordering::Relaxed)
+        );
+        let queue = spec.name.clone();
+        let started = {
+            let (queue, tag) = (&queue, &tag);
+            self.retrying(|link| async move {
+                start_consumer(&link, queue, prefetch, tag)
+                    .await
+                    .map(|(ch, consumer)| (ch, consumer, link))
+            })
+            .await?
+        };
+        if let Some((_, consumers)) = self.registry().queues.get_mut(&queue) {
+            *consumers += 1;
+        }
+        let (tx, rx) = mpsc::unbounded_channel();
+        let cancel = CancellationToken::new();
+        tokio::spawn(run_consumer(
+            Arc::clone(self),
+            queue.clone(),
+            prefetch,
+            tag,
+            tx,
+            cancel.clone(),
+            Some(started),
+        ));
+        Ok(Subscription::new(
+            queue,
+            rx,
+            Box::new(ConsumerGuard { cancel }),
+        ))
+    }
+}
+
+struct AmqpSettler {
+    acker: Acker,
+    /// Settling on a connection that died silently never completes: bound it.
+    timeout: Duration,
+}
+
+#[async_trait]
+impl Settler for AmqpSettler {
+    async fn settle(&self, settlement: Settlement) -> Result<()> {
+        let done = tokio::time::timeout(self.timeout, async {
+            match settlement {
+                Settlement::Ack => self.acker.ack(BasicAckOptions::default()).await,
+                Settlement::Nack { requeue } => {
+                    self.acker
+                        .nack(BasicNackOptions {
+                            multiple: false,
+                            requeue,
+                        })
+                        .await
+                }
+            }
+        })
+        .await
+        .map_err(|_| BusError::Unavailable("timed out settling the delivery".into()))?;
+        match done {
+            Ok(true) => Ok(()),
+            Ok(false) => Err(BusError::Unavailable(
+                "the delivery's channel is closed; the broker requeued the message".into(),
+            )),
+            Err(e) => Err(BusError::Unavailable(format!(
+                "cannot settle the delivery: {e}"
+            ))),
+        }
+    }
+
+    fn requeue_on_drop(&self) {
+        if let Ok(handle) = tokio::runtime::Handle::try_current() {
+            let acker = self.acker.clone();
+            let timeout = self.timeout;
+            handle.spawn(async move {
+                let nack = acker.nack(BasicNackOptions {
+                    multiple: false,
+                    requeue: true,
+                });
+                let _ = tokio::time::timeout(timeout, nack).await;
+            });
+        }
+        // Without a runtime the channel closes with the process, which requeues as well.
+    }
+}
+
+fn convert(delivery: lapin::message::Delivery, timeout: Duration) -> Delivery {
+    let header = delivery
+        .properties
+        .headers()
+        .as_ref()
+        .and_then(|h| h.inner().get("x-delivery-count").and_then(header_count));
+    let delivery_count = header.unwrap_or(u32::from(delivery.redelivered));
+    Delivery::new(
+        Bytes::from(delivery.data),
+        delivery.exchange.as_str().to_owned(),
+        delivery.routing_key.as_str().to_owned(),
+        delivery.redelivered,
+        delivery_count,
+        Box::new(AmqpSettler {
+            acker: delivery.acker,
+            timeout,
+        }),
+    )
+}
+
+/// Opens a subscription channel with its prefetch and starts consuming.
+async fn start_consumer(
+    link: &Link,
+    queue: &str,
+    prefetch: u16,
+    tag: &str,
+) -> std::result::Result<(Channel, lapin::Consumer), lapin::Error> {
+    let channel = link.connection.create_channel().await?;
+    channel
+        .basic_qos(prefetch, BasicQosOptions { global: false })
+        .await?;
+    let consumer = channel
+        .basic_consume(
+            queue,
+            tag,
+            BasicConsumeOptions::default(),
+            FieldTable::default(),
+        )
+        .await?;
+    Ok((channel, consumer))
+}
+
+/// Forwards deliveries of one subscription, re-consuming after reconnections, until the
+/// subscription is dropped, the bus closed, or the queue deleted.
+async fn run_consumer(
+    inner: Arc<Inner>,
+    queue: String,
+    prefetch: u16,
+    tag: String,
+    tx: mpsc::UnboundedSender<Result<Delivery>>,
+    cancel: CancellationToken,
+    mut current: Option<(Channel, lapin::Consumer, Arc<Link>)>,
+) {
+    loop {
+        let (channel, mut consumer, link) = match current.take() {
+            Some(started) => started,
+            None => {
+                let link = tokio::select! {
+                    biased;
+                    () = cancel.cancelled() => break,
+                    link = inner.link(None) => match link { Ok(link) => link, Err(_) => break },
+                };
+                match start_consumer(&link, &queue, prefetch, &tag).await {
+                    Ok((channel, consumer)) => (channel, consumer, link),
+                    Err(e) => match classify(&e) {
+                        Failure::Final(error) => {
+                            // The queue is gone (deleted while we were away) or refused us.
+                            let _ = tx.send(Err(error));
+                            break;
+                        }
+                        Failure::Connection => {
+                            inner.report_broken(link.generation);
+                            continue;
+                        }
+                        Failure::Channel => {
+                            if !link.connection.status().connected() {
+                                inner.report_broken(link.generation);
+                            }
+                            tokio::time::sleep(RETRY_PAUSE).await;
+                            continue;
+                        }
+                    },
+                }
+            }
+        };
+        loop {
+            tokio::select! {
+                biased;
+                () = cancel.cancelled() => {
+                    // Closing the channel cancels the consumer and requeues its unacked
+                    // deliveries (and auto-deletes an exclusive queue left without consumer).
+                    let _ = tokio::time::timeout(
+                        inner.options.operation_timeout,
+                        channel.close(200, "subscription dropped"),
+                    ).await;
+                    finish(&inner, &queue);
+                    return;
+                }
+                item = consumer.next() => match item {
+                    Some(Ok(delivery)) => {
+                        // A send error means the subscription is being dropped: `cancel` follows.
+                        observe_queue_lag(&queue, &delivery.properties);
+                        let _ = tx.send(Ok(convert(delivery, inner.options.operation_timeout)));
+                    }
+                    Some(Err(error)) => tracing::debug!(%error, queue, "consumer error"),
+                    None => break,
+                },
+            }
+        }
+        // The stream ended: connection lost, channel closed, bus closed, or the broker
+        // cancelled the consumer because the queue was deleted.
+        if inner.is_closed() || cancel.is_cancelled() {
+            break;
+        }
+        if !link.connection.status().connected() {
+            inner.report_broken(link.generation);
+        } else if channel.status().connected() {
+            tracing::info!(queue, "the broker cancelled the consumer (queue deleted)");
+            break;
+        }
+        // Otherwise only the channel closed: consume again on a fresh one.
+    }
+    finish(&inner, &queue);
+}
+
+/// Bookkeeping when a subscription ends: exclusive queues die with their last consumer.
+fn finish(inner: &Inner, queue: &str) {
+    let mut registry = inner.registry();
+    if let Some((spec, consumers)) = registry.queues.get_mut(queue) {
+        *consumers = consumers.saturating_sub(1);
+        if spec.kind == QueueKind::Exclusive && *consumers == 0 {
+            registry.queues.remove(queue);
+        }
+    }
+}
+
+/// Cancels the consumer task when the [`Subscription`] is dropped.
+struct ConsumerGuard {
+    cancel: CancellationToken,
+}
+
+impl Drop for ConsumerGuard {
+    fn drop(&mut self) {
+        self.cancel.cancel();
+    }
+}
+
+/// Records the time from publish to consume of one delivery (clock skew between hosts can
+/// make it negative: clamped to zero).
+fn observe_queue_lag(queue: &str, properties: &BasicProperties) {
+    let published =
+        properties
+            .headers()
+            .as_ref()
+            .and_then(|h| match h.inner().get(PUBLISHED_AT_HEADER) {
+                Some(AMQPValue::LongLongInt(ms)) => Some(*ms),
+                _ => None,
+            });
+    if let Some(ms) = published {
+        let lag = (epoch_ms() - ms).max(0) as f64 / 1000.0;
+        crate::telemetry::Registry::global().observe(
+            crate::telemetry::names::QUEUE_LAG_SECONDS,
+            &[("queue", queue)],
+            lag,
+        );
+    }
+}

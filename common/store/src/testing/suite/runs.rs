@@ -1,0 +1,466 @@
+//! Run ledger contract tests on the run records: creation per event, claims, terminal
+//! states, cancellation, listings, reading one status across workspaces, deadlines.
+
+use chrono::{TimeDelta, Utc};
+use sb_protocol::error::ErrorCode;
+use sb_protocol::ids::RunId;
+use serde_json::json;
+
+use super::{assert_code, create_run, message, new_run, other_ws, ws};
+use crate::testing::TestDb;
+use crate::*;
+
+/// One event has one run; a redelivered event gets the same run back.
+pub async fn run_create_is_idempotent_on_event(db: &TestDb) {
+    let mut new = new_run(Some("c1"));
+    new.deadline_at = Some(Utc::now() + TimeDelta::seconds(300));
+    let (run, created) = db.stores.runs.create_run(new.clone()).await.unwrap();
+    assert!(created);
+    assert_eq!(run.status, RunStatus::Queued);
+    assert_eq!(run.last_sequence, 0);
+    assert_eq!(run.attempt, 1);
+    assert_eq!(run.event_id, new.event_id);
+    assert_eq!(run.conversation_id.as_deref(), Some("c1"));
+    assert_eq!(run.runner_id, "plugin:acme/echo/echo");
+    let (again, created) = db.stores.runs.create_run(new.clone()).await.unwrap();
+    assert!(!created);
+    assert_eq!(again, run);
+    assert_eq!(db.stores.runs.get_run(run.id).await.unwrap().unwrap(), run);
+    assert!(
+        db.stores
+            .runs
+            .get_run(RunId::new())
+            .await
+            .unwrap()
+            .is_none()
+    );
+
+    // Reusing the run id for another event is a conflict.
+    let mut clash = new_run(Some("c1"));
+    clash.id = Some(run.id);
+    assert_code(db.stores.runs.create_run(clash).await, ErrorCode::Conflict);
+}
+
+/// Among many concurrent claimers exactly one wins.
+pub async fn run_claim_race_has_exactly_one_winner(db: &TestDb) {
+    let run = create_run(db, Some("c1")).await;
+    let mut tasks = Vec::new();
+    for i in 0..16 {
+        let stores = db.stores.clone();
+        tasks.push(tokio::spawn(async move {
+            let worker = format!("worker-{i}");
+            let won = stores.runs.claim_run(run.id, &worker).await.unwrap();
+            (worker, won)
+        }));
+    }
+    let mut winners = Vec::new();
+    for task in tasks {
+        let (worker, won) = task.await.unwrap();
+        if won {
+            winners.push(worker);
+        }
+    }
+    assert_eq!(winners.len(), 1);
+    let stored = db.stores.runs.get_run(run.id).await.unwrap().unwrap();
+    assert_eq!(stored.status, RunStatus::Running);
+    assert_eq!(stored.worker_id.as_deref(), Some(winners[0].as_str()));
+    assert!(stored.started_at.is_some());
+    assert!(!db.stores.runs.claim_run(RunId::new(), "w").await.unwrap());
+}
+
+/// Terminal states never change.
+pub async fn run_terminal_states_are_final(db: &TestDb) {
+    let run = create_run(db, None).await;
+    assert!(db.stores.runs.claim_run(run.id, "w1").await.unwrap());
+    let mut done = RunOutcome::completed();
+    done.usage = Some(json!({"tokens": 3}));
+    assert!(db.stores.runs.finish_run(run.id, done).await.unwrap());
+    let failed = RunOutcome::with_error(RunStatus::Failed, "runtime_error", "late");
+    assert!(!db.stores.runs.finish_run(run.id, failed).await.unwrap());
+    assert!(!db.stores.runs.claim_run(run.id, "w2").await.unwrap());
+    let stored = db.stores.runs.get_run(run.id).await.unwrap().unwrap();
+    assert_eq!(stored.status, RunStatus::Completed);
+    assert_eq!(stored.error_code, None);
+    assert_eq!(stored.usage, Some(json!({"tokens": 3})));
+    assert!(stored.ended_at.is_some());
+    assert_eq!(stored.worker_id.as_deref(), Some("w1"));
+
+    // A queued run can end without ever running (cancel before start, reaper).
+    let queued = create_run(db, None).await;
+    let cancelled = RunOutcome::with_error(RunStatus::Cancelled, "cancelled", "user");
+    assert!(
+        db.stores
+            .runs
+            .finish_run(queued.id, cancelled)
+            .await
+            .unwrap()
+    );
+    let stored = db.stores.runs.get_run(queued.id).await.unwrap().unwrap();
+    assert_eq!(stored.status, RunStatus::Cancelled);
+    assert_eq!(stored.error_code.as_deref(), Some("cancelled"));
+    assert_eq!(stored.error_message.as_deref(), Some("user"));
+    assert!(!db.stores.runs.claim_run(queued.id, "w").await.unwrap());
+
+    let not_terminal = RunOutcome {
+        status: RunStatus::Running,
+        ..RunOutcome::completed()
+    };
+    assert_code(
+        db.stores.runs.finish_run(run.id, not_terminal).await,
+        ErrorCode::InvalidArgument,
+    );
+}
+
+/// Concurrent finishers: the first wins, the others change nothing.
+pub async fn run_finish_race_has_exactly_one_winner(db: &TestDb) {
+    let run = create_run(db, None).await;
+    let statuses = [
+        RunStatus::Completed,
+        RunStatus::Failed,
+        RunStatus::Cancelled,
+        RunStatus::Timeout,
+        RunStatus::Interrupted,
+    ];
+    let mut tasks = Vec::new();
+    for status in statuses {
+        let stores = db.stores.clone();
+        tasks.push(tokio::spawn(async move {
+            let outcome = RunOutcome::with_error(status, status.as_str(), "race");
+            (
+                status,
+                stores.runs.finish_run(run.id, outcome).await.unwrap(),
+            )
+        }));
+    }
+    let mut winners = Vec::new();
+    for task in tasks {
+        let (status, won) = task.await.unwrap();
+        if won {
+            winners.push(status);
+        }
+    }
+    assert_eq!(winners.len(), 1);
+    let stored = db.stores.runs.get_run(run.id).await.unwrap().unwrap();
+    assert_eq!(stored.status, winners[0]);
+    assert_eq!(stored.error_code.as_deref(), Some(winners[0].as_str()));
+}
+
+/// The first cancel request is recorded; later ones report what they found.
+pub async fn run_request_cancel(db: &TestDb) {
+    let run = create_run(db, None).await;
+    assert_eq!(
+        db.stores
+            .runs
+            .request_cancel(run.id, Some("user".into()))
+            .await
+            .unwrap(),
+        CancelOutcome::Requested
+    );
+    assert_eq!(
+        db.stores
+            .runs
+            .request_cancel(run.id, Some("again".into()))
+            .await
+            .unwrap(),
+        CancelOutcome::AlreadyRequested
+    );
+    let stored = db.stores.runs.get_run(run.id).await.unwrap().unwrap();
+    assert!(stored.cancel_requested_at.is_some());
+    assert_eq!(stored.cancel_reason.as_deref(), Some("user"));
+    assert_eq!(
+        stored.status,
+        RunStatus::Queued,
+        "a request does not end the run"
+    );
+
+    let done = create_run(db, None).await;
+    db.stores
+        .runs
+        .finish_run(done.id, RunOutcome::completed())
+        .await
+        .unwrap();
+    assert_eq!(
+        db.stores.runs.request_cancel(done.id, None).await.unwrap(),
+        CancelOutcome::AlreadyFinished(RunStatus::Completed)
+    );
+    assert!(
+        db.stores
+            .runs
+            .get_run(done.id)
+            .await
+            .unwrap()
+            .unwrap()
+            .cancel_requested_at
+            .is_none()
+    );
+    assert_code(
+        db.stores.runs.request_cancel(RunId::new(), None).await,
+        ErrorCode::NotFound,
+    );
+}
+
+/// Runs are listed newest first with filters and opaque cursors.
+pub async fn run_list_filters_and_pages(db: &TestDb) {
+    let mut ids = Vec::new();
+    for i in 0..5 {
+        let run = create_run(db, Some(if i < 3 { "c1" } else { "c2" })).await;
+        ids.push(run.id);
+    }
+    db.stores
+        .runs
+        .finish_run(ids[0], RunOutcome::completed())
+        .await
+        .unwrap();
+    let mut other = new_run(Some("c1"));
+    other.workspace_id = other_ws();
+    db.stores.runs.create_run(other).await.unwrap();
+
+    let mut seen = Vec::new();
+    let mut cursor = None;
+    loop {
+        let page = db
+            .stores
+            .runs
+            .list_runs(RunFilter::workspace(ws()), cursor.clone(), Some(2))
+            .await
+            .unwrap();
+        seen.extend(page.items.iter().map(|r| r.id));
+        if !page.has_more {
+            break;
+        }
+        cursor = page.next_cursor;
+    }
+    let mut expected = ids.clone();
+    expected.reverse();
+    assert_eq!(seen, expected);
+
+    let mut filter = RunFilter::workspace(ws());
+    filter.conversation_id = Some("c1".into());
+    filter.statuses = vec![RunStatus::Queued];
+    let page = db.stores.runs.list_runs(filter, None, None).await.unwrap();
+    assert_eq!(
+        page.items.iter().map(|r| r.id).collect::<Vec<_>>(),
+        vec![ids[2], ids[1]]
+    );
+    let mut filter = RunFilter::workspace(ws());
+    filter.runner_id = Some("nope".into());
+    assert!(
+        db.stores
+            .runs
+            .list_runs(filter, None, None)
+            .await
+            .unwrap()
+            .items
+            .is_empty()
+    );
+    assert_code(
+        db.stores
+            .runs
+            .list_runs(RunFilter::workspace(ws()), Some("bad".into()), None)
+            .await,
+        ErrorCode::InvalidArgument,
+    );
+}
+
+/// Every run [`RunLedger::runs_with_status`] returns, following `next_cursor` with pages
+/// of `limit` and calling `each` on every run before reading the next page (the caller
+/// may change the run); checks the shape of each page on the way.
+async fn runs_with_status<F, Fut>(
+    db: &TestDb,
+    status: RunStatus,
+    limit: i64,
+    mut each: F,
+) -> Vec<RunId>
+where
+    F: FnMut(RunRecord) -> Fut,
+    Fut: Future<Output = ()>,
+{
+    let mut seen = Vec::new();
+    let mut cursor = None;
+    loop {
+        let page = db
+            .stores
+            .runs
+            .runs_with_status(status, cursor, Some(limit))
+            .await
+            .unwrap();
+        assert!(page.items.len() as i64 <= limit, "{page:?}");
+        assert!(page.items.iter().all(|r| r.status == status), "{page:?}");
+        for run in page.items {
+            seen.push(run.id);
+            each(run).await;
+        }
+        let Some(next) = page.next_cursor else {
+            assert!(!page.has_more);
+            return seen;
+        };
+        cursor = Some(next);
+    }
+}
+
+/// `runs_with_status` reads one status across every workspace, oldest first, in bounded
+/// pages that neither skip nor repeat a run when the caller finishes the runs it reads.
+pub async fn run_with_status_pages_across_workspaces(db: &TestDb) {
+    // Workspaces alternate; runs are left queued, running or completed in turn.
+    let (mut queued, mut running, mut completed) = (Vec::new(), Vec::new(), Vec::new());
+    for i in 0..9 {
+        let mut new = new_run(Some("c"));
+        if i % 2 == 1 {
+            new.workspace_id = other_ws();
+        }
+        let (run, _) = db.stores.runs.create_run(new).await.unwrap();
+        match i % 3 {
+            0 => queued.push(run.id),
+            1 => {
+                assert!(db.stores.runs.claim_run(run.id, "w").await.unwrap());
+                running.push(run.id);
+            }
+            _ => {
+                let done = RunOutcome::completed();
+                assert!(db.stores.runs.finish_run(run.id, done).await.unwrap());
+                completed.push(run.id);
+            }
+        }
+    }
+    let ignore = |_| async {};
+    assert_eq!(
+        runs_with_status(db, RunStatus::Queued, 2, ignore).await,
+        queued
+    );
+    assert_eq!(
+        runs_with_status(db, RunStatus::Completed, 100, ignore).await,
+        completed
+    );
+    assert!(
+        runs_with_status(db, RunStatus::Timeout, 10, ignore)
+            .await
+            .is_empty()
+    );
+
+    // Finishing every run as it is read (what the start-up recovery does) reaches each
+    // running run exactly once, however the pages fall.
+    let interrupt = |run: RunRecord| async move {
+        let outcome = RunOutcome::with_error(RunStatus::Interrupted, "interrupted", "gone");
+        assert!(db.stores.runs.finish_run(run.id, outcome).await.unwrap());
+    };
+    assert_eq!(
+        runs_with_status(db, RunStatus::Running, 1, interrupt).await,
+        running
+    );
+    assert!(
+        runs_with_status(db, RunStatus::Running, 10, ignore)
+            .await
+            .is_empty()
+    );
+    assert_eq!(
+        runs_with_status(db, RunStatus::Interrupted, 2, ignore).await,
+        running
+    );
+
+    // Limits are clamped to [1, 100]; foreign or malformed cursors are invalid_argument.
+    let one = db
+        .stores
+        .runs
+        .runs_with_status(RunStatus::Queued, None, Some(0))
+        .await
+        .unwrap();
+    assert_eq!(one.items.len(), 1);
+    assert!(one.has_more);
+    let event = db
+        .stores
+        .events
+        .append(message("c", "x"), vec![])
+        .await
+        .unwrap()
+        .0;
+    for bad in [String::from("garbage"), String::new(), event.cursor] {
+        assert_code(
+            db.stores
+                .runs
+                .runs_with_status(RunStatus::Queued, Some(bad), None)
+                .await,
+            ErrorCode::InvalidArgument,
+        );
+    }
+}
+
+/// Only active runs past their deadline are reported; conversation lookups see active runs.
+pub async fn run_deadlines_and_active_runs(db: &TestDb) {
+    let now = Utc::now();
+    let mk = |conv: &str, deadline: Option<TimeDelta>| {
+        let mut r = new_run(Some(conv));
+        r.deadline_at = deadline.map(|d| now + d);
+        r
+    };
+    let (late_running, _) = db
+        .stores
+        .runs
+        .create_run(mk("c1", Some(TimeDelta::seconds(-20))))
+        .await
+        .unwrap();
+    db.stores
+        .runs
+        .claim_run(late_running.id, "w")
+        .await
+        .unwrap();
+    let (late_queued, _) = db
+        .stores
+        .runs
+        .create_run(mk("c1", Some(TimeDelta::seconds(-10))))
+        .await
+        .unwrap();
+    let (late_done, _) = db
+        .stores
+        .runs
+        .create_run(mk("c1", Some(TimeDelta::seconds(-30))))
+        .await
+        .unwrap();
+    db.stores
+        .runs
+        .finish_run(late_done.id, RunOutcome::completed())
+        .await
+        .unwrap();
+    db.stores
+        .runs
+        .create_run(mk("c1", Some(TimeDelta::seconds(60))))
+        .await
+        .unwrap();
+    db.stores.runs.create_run(mk("c2", None)).await.unwrap();
+
+    let late = db.stores.runs.runs_past_deadline(now, 10).await.unwrap();
+    assert_eq!(
+        late.iter().map(|r| r.id).collect::<Vec<_>>(),
+        vec![late_running.id, late_queued.id]
+    );
+    assert_eq!(
+        db.stores
+            .runs
+            .runs_past_deadline(now, 1)
+            .await
+            .unwrap()
+            .len(),
+        1
+    );
+
+    let active = db
+        .stores
+        .runs
+        .active_runs_for_conversation(&ws(), "c1")
+        .await
+        .unwrap();
+    assert_eq!(active.len(), 3);
+    assert!(active.iter().all(|r| !r.status.is_terminal()));
+    assert!(
+        active
+            .windows(2)
+            .all(|w| w[0].created_at <= w[1].created_at)
+    );
+    assert!(
+        db.stores
+            .runs
+            .active_runs_for_conversation(&other_ws(), "c1")
+            .await
+            .unwrap()
+            .is_empty()
+    );
+}
