@@ -3,9 +3,10 @@
 //! Every loop that waits before trying again — a claim while the ledger is down, a publish
 //! while the broker is away, the outbox relay, reconnecting to the broker, a model call that
 //! answered 429, the CLI following a stream — takes its delays from a [`Retry`] made by a
-//! [`RetryPolicy`]. The numbers live in the configuration of the subsystem that retries
-//! (`retry.*` for the roles' backend retries, `providers.retry_backoff` for model calls), so
-//! one place decides how retries behave and the loops only decide *whether* to retry.
+//! [`RetryPolicy`]. The numbers live in the configuration: [`RetryConfig`] (`[retry]`, re-exported
+//! as `sb_common::config::RetryConfig`) for the roles' retries against their backends and the
+//! broker, `providers.retry_backoff` for model calls. So one place decides how retries behave,
+//! and the loops only decide *whether* to retry.
 //!
 //! The delays have no jitter: `initial`, then doubling, capped at `max`. The loops that retry
 //! against a shared backend are few per process and already spread by their own start times,
@@ -16,6 +17,42 @@ use std::time::Duration;
 
 use backoff::backoff::Backoff as _;
 use backoff::{ExponentialBackoff, ExponentialBackoffBuilder};
+use serde::Deserialize;
+
+/// The `[retry]` section of the configuration: how every role waits between attempts while
+/// one of its backends (ledger database, session store, broker) is unreachable — claiming a
+/// run, publishing results, relaying the outbox, routing an event, applying results,
+/// reconnecting to the broker.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct RetryConfig {
+    /// Delay before the first retry, e.g. `100ms`; every further one doubles it.
+    #[serde(with = "humantime_serde")]
+    pub initial: Duration,
+    /// Longest delay between two attempts, e.g. `5s`: how late, at most, a loop notices that
+    /// its backend is back.
+    #[serde(with = "humantime_serde")]
+    pub max: Duration,
+}
+
+impl Default for RetryConfig {
+    fn default() -> Self {
+        Self {
+            // Short enough that a blip (a failover, a restart) costs little latency …
+            initial: Duration::from_millis(100),
+            // … and bounded, so that work resumes within seconds of the backend returning.
+            max: Duration::from_secs(5),
+        }
+    }
+}
+
+impl RetryConfig {
+    /// The policy these numbers describe.
+    #[must_use]
+    pub fn policy(&self) -> RetryPolicy {
+        RetryPolicy::new(self.initial, self.max)
+    }
+}
 
 /// Exponential delays: `initial` before the first retry, doubled before every further one,
 /// never longer than `max`. Retries never run out by time: the caller decides when to stop

@@ -10,6 +10,7 @@ use sb_common::bus::amqp::{AmqpBus, AmqpOptions};
 use sb_common::bus::{
     Bus, BusError, ConsumeOptions, ExchangeKind, ExchangeSpec, PublishOptions, QueueSpec,
 };
+use sb_common::retry::RetryPolicy;
 use sb_common::testing::{BusFixture, DeadLettersFixture, run_detached, unique_prefix};
 
 fn amqp_url() -> String {
@@ -20,8 +21,7 @@ fn amqp_url() -> String {
 fn options(prefix: &str) -> AmqpOptions {
     let mut options = AmqpOptions::new(amqp_url(), format!("{prefix}sb-common-test"));
     options.operation_timeout = Duration::from_secs(20);
-    options.reconnect_min = Duration::from_millis(50);
-    options.reconnect_max = Duration::from_millis(500);
+    options.reconnect = RetryPolicy::new(Duration::from_millis(50), Duration::from_millis(500));
     options
 }
 

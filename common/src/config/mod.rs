@@ -41,7 +41,8 @@
 //!   number) and its validation rules, next to one test per rejected value;
 //! - the sections of the policies that use them live with those policies and are
 //!   re-exported here: [`TelemetryConfig`] in [`crate::telemetry`], [`SecretsConfig`] in
-//!   [`crate::secrets`], [`EgressConfig`] in [`crate::egress`]. This module depends on them
+//!   [`crate::secrets`], [`EgressConfig`] in [`crate::egress`], [`RetryConfig`] in
+//!   [`crate::retry`]. This module depends on them
 //!   (to validate their sections), never the reverse;
 //! - `problems`: [`ConfigError`], [`ConfigProblem`] and the collector the sections report
 //!   into; `secret_url`: [`SecretUrl`]; `values`: sizes and non-zero literals of the defaults.
@@ -80,6 +81,7 @@ pub use sessions::{SessionsConfig, SessionsKind};
 pub use worker::{SandboxConfig, WorkerConfig};
 
 pub use crate::egress::EgressConfig;
+pub use crate::retry::RetryConfig;
 pub use crate::secrets::SecretsConfig;
 pub use crate::telemetry::TelemetryConfig;
 
@@ -118,6 +120,8 @@ pub struct SwitchboardConfig {
     pub dev: DevConfig,
     /// Logging.
     pub telemetry: TelemetryConfig,
+    /// How the roles wait between attempts while a backend is unreachable.
+    pub retry: RetryConfig,
 }
 
 impl SwitchboardConfig {
@@ -137,6 +141,7 @@ impl SwitchboardConfig {
         self.validate_egress(&mut p);
         self.dev.validate(&mut p);
         self.validate_telemetry(&mut p);
+        self.validate_retry(&mut p);
         if p.0.is_empty() {
             Ok(())
         } else {
@@ -160,6 +165,13 @@ impl SwitchboardConfig {
         }
     }
 
+    fn validate_retry(&self, p: &mut Problems) {
+        p.positive("retry.initial", self.retry.initial);
+        if self.retry.max < self.retry.initial {
+            p.push("retry.max", "must not be below retry.initial");
+        }
+    }
+
     fn validate_telemetry(&self, p: &mut Problems) {
         if let Err(e) = crate::telemetry::parse_filter(&self.telemetry.log_level) {
             p.push(
@@ -177,6 +189,27 @@ mod tests {
     use super::test_support::*;
     use super::values::{KIB, MIB};
     use super::*;
+
+    #[test]
+    fn retry_policy_from_the_environment_and_its_rules() {
+        let config = loader()
+            .env(env(&[
+                ("SWITCHBOARD__RETRY__INITIAL", "20ms"),
+                ("SWITCHBOARD__RETRY__MAX", "2s"),
+            ]))
+            .load()
+            .expect("valid");
+        assert_eq!(config.retry.policy().delay(0), Duration::from_millis(20));
+        assert_eq!(config.retry.policy().delay(20), Duration::from_secs(2));
+        assert_rejected("retry.initial", "0s");
+        let problems = loader()
+            .set("retry.initial", "2s")
+            .set("retry.max", "1s")
+            .load()
+            .map(|_| ())
+            .expect_err("max below initial");
+        assert!(problems.to_string().contains("retry.max"), "{problems}");
+    }
 
     #[test]
     fn defaults_are_valid_and_embedded() {

@@ -14,7 +14,6 @@ use std::sync::atomic::AtomicU64;
 use std::sync::{Arc, Mutex, Weak};
 use std::time::Duration;
 
-use backoff::backoff::Backoff as _;
 use futures::StreamExt;
 use lapin::options::ConfirmSelectOptions;
 use lapin::{Channel, Connection, ConnectionProperties};
@@ -413,11 +412,7 @@ async fn supervise(weak: Weak<Inner>, shutdown: CancellationToken) {
 }
 
 async fn reconnect(inner: &Arc<Inner>, lost: u64, shutdown: &CancellationToken) {
-    let mut backoff = backoff::ExponentialBackoffBuilder::new()
-        .with_initial_interval(inner.options.reconnect_min)
-        .with_max_interval(inner.options.reconnect_max)
-        .with_max_elapsed_time(None)
-        .build();
+    let mut retry = inner.options.reconnect.start();
     let generation = lost + 1;
     let mut attempt = 0u32;
     loop {
@@ -454,9 +449,7 @@ async fn reconnect(inner: &Arc<Inner>, lost: u64, shutdown: &CancellationToken) 
             Ok(Err(e)) => e.to_string(),
             Err(_) => "timed out".into(),
         };
-        let delay = backoff
-            .next_backoff()
-            .unwrap_or(inner.options.reconnect_max);
+        let delay = retry.next_delay();
         tracing::warn!(%error, attempt, ?delay, "reconnecting to the broker failed");
         tokio::select! {
             () = shutdown.cancelled() => return,

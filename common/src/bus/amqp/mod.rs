@@ -23,7 +23,7 @@
 //! # Recovery
 //! A supervisor task watches the link (lapin's error callback, failed operations, and a
 //! periodic liveness check). When the connection is lost it reconnects with exponential
-//! backoff (`backoff` crate, [`AmqpOptions::reconnect_min`] to [`AmqpOptions::reconnect_max`]),
+//! backoff (the one retry policy, [`AmqpOptions::reconnect`]),
 //! re-declares every exchange, queue and binding declared through this bus (including
 //! exclusive queues, which died with the old connection, with their current bindings), and
 //! only then publishes the new link. Meanwhile:
@@ -66,6 +66,8 @@ mod publish;
 
 use link::Inner;
 
+use crate::retry::{RetryConfig, RetryPolicy};
+
 /// Connection options of [`AmqpBus`]; the config layer maps its bus section onto this.
 #[derive(Clone)]
 pub struct AmqpOptions {
@@ -77,10 +79,8 @@ pub struct AmqpOptions {
     /// How long a call waits for the broker (including reconnection) before failing with
     /// [`BusError::Unavailable`](super::BusError::Unavailable).
     pub operation_timeout: Duration,
-    /// First reconnection delay.
-    pub reconnect_min: Duration,
-    /// Largest reconnection delay.
-    pub reconnect_max: Duration,
+    /// Delays between reconnection attempts (the configuration's `[retry]`).
+    pub reconnect: RetryPolicy,
 }
 
 impl AmqpOptions {
@@ -91,8 +91,7 @@ impl AmqpOptions {
             url: url.into(),
             connection_name: connection_name.into(),
             operation_timeout: super::DEFAULT_OPERATION_TIMEOUT,
-            reconnect_min: Duration::from_millis(100),
-            reconnect_max: Duration::from_secs(5),
+            reconnect: RetryConfig::default().policy(),
         }
     }
 }
@@ -112,8 +111,7 @@ impl std::fmt::Debug for AmqpOptions {
             .field("url", &url)
             .field("connection_name", &self.connection_name)
             .field("operation_timeout", &self.operation_timeout)
-            .field("reconnect_min", &self.reconnect_min)
-            .field("reconnect_max", &self.reconnect_max)
+            .field("reconnect", &self.reconnect)
             .finish()
     }
 }
