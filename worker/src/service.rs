@@ -80,6 +80,9 @@ use sb_common::session::{
 };
 use sb_common::shutdown::Shutdown;
 use sb_common::telemetry::{Registry, names};
+use sb_host_api::actions::{AUDIT_TARGET, ActionDispatcher, ActionLimits};
+use sb_host_api::api::HostApi;
+use sb_host_api::api_gate::{ApiGate, Dispatcher};
 use sb_protocol::error::{Disposition, ErrorCode, HasErrorCode, run_failure};
 use sb_protocol::host::AgentRunnerDescriptor;
 use sb_protocol::ids::RunId;
@@ -96,11 +99,9 @@ use tokio_util::sync::CancellationToken;
 use tokio_util::task::{AbortOnDropHandle, TaskTracker};
 use tracing::Instrument as _;
 
-use crate::actions::{AUDIT_TARGET, ActionDispatcher, ActionLimits};
-use crate::api_gate::{ApiGate, Dispatcher};
 use crate::plugins::{CommandLookup, PluginRunner, bundled_runners_dir, load_plugins};
 use crate::runner::{
-    HostApi, RunHandle, RunRequest, RunnerHost, RunnerHostConfig, SandboxError, make_undumpable,
+    RunHandle, RunRequest, RunnerHost, RunnerHostConfig, SandboxError, make_undumpable,
 };
 use crate::sequencer::RunItem;
 
@@ -359,7 +360,7 @@ async fn start(
     let report = load_plugins(&dirs, &options.command_lookup);
     let dispatcher = options.dispatcher.clone().unwrap_or_else(|| {
         let limits = ActionLimits::from_config(&deps.config.limits);
-        let providers = crate::providers::ProviderOptions::of(&deps.config);
+        let providers = sb_host_api::providers::ProviderOptions::of(&deps.config);
         Arc::new(
             ActionDispatcher::new(deps.stores.clone(), deps.sessions.clone(), limits)
                 .with_provider_options(providers),

@@ -51,6 +51,7 @@ use futures::Stream;
 use nix::sys::signal::Signal;
 use sb_common::config::SandboxConfig;
 use sb_common::telemetry::{Registry, names};
+use sb_host_api::api::{ApiStream, CallerIdentity, Connection, HostApi};
 use sb_protocol::context::AgentRunContext;
 use sb_protocol::error::{AgentApiError, ErrorCode, run_failure};
 use sb_protocol::ids::{RunId, WorkspaceId};
@@ -64,7 +65,6 @@ use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
-use super::api::{ApiStream, CallerIdentity, Connection, HostApi};
 use super::codec::{FrameError, MessageReader, MessageWriter, RunnerLine};
 use super::error::RunnerError;
 use super::process::{ProcessSpec, RunnerProcess, StderrConfig};
