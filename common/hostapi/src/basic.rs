@@ -5,7 +5,7 @@
 //! [`Dispatcher`] behind an [`ApiGate`](crate::api_gate::ApiGate) (the gate's own tests, and
 //! the gate's default). Both answer exactly alike:
 //!
-//! - `get_host_version` → [`host_version`](crate::api::host_version) (version, protocol, host);
+//! - `get_host_version` → [`host_version`] (version, protocol, host);
 //! - `ping` → `{}`;
 //! - any other action of the protocol → `unauthorized` (nothing can be granted without a
 //!   provider; never a fake success);
