@@ -13,11 +13,11 @@ use sb_common::bus::{Bus, BusError};
 use sb_common::config::SwitchboardConfig;
 use sb_common::session::SessionStore;
 use sb_common::shutdown::Shutdown;
+use sb_host_api::actions::{ActionDispatcher, ActionLimits};
+use sb_host_api::api::HostApi;
+use sb_host_api::api_gate::ApiGate;
+use sb_host_api::providers::ProviderOptions;
 use sb_store::Stores;
-use sb_worker::actions::{ActionDispatcher, ActionLimits};
-use sb_worker::api_gate::ApiGate;
-use sb_worker::providers::ProviderOptions;
-use sb_worker::runner::HostApi;
 
 use crate::auth::{AuthOptions, KeyCache};
 use crate::limits::{KeyLimitOptions, KeyLimits};

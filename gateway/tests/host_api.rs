@@ -9,9 +9,9 @@ use axum::http::{Request, StatusCode, header};
 use axum::response::Response;
 use sb_common::session::SessionStore;
 use sb_gateway::GatewayOptions;
+use sb_host_api::actions::RateLimit;
 use sb_protocol::host::host_api_token;
 use sb_protocol::ids::RunId;
-use sb_worker::actions::RateLimit;
 use serde_json::{Value, json};
 use tower::ServiceExt;
 

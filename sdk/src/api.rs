@@ -24,38 +24,51 @@ use serde_json::{Map, Value, json};
 use crate::output::Output;
 use crate::run::CancelToken;
 
-/// Host API action names (snake_case, PROTOCOL_V1 §8 / host-behaviour §22.3).
+/// Host API action names (snake_case, PROTOCOL_V1 §8 / host-behaviour §22.3), as constants
+/// for `HostApi::call`. They are read from the protocol's one action table
+/// ([`Action`](sb_protocol::action::Action)), so the SDK sends exactly the names the host
+/// parses.
 pub mod actions {
-    pub const HISTORY_PAGE: &str = "history_page";
-    pub const HISTORY_SEARCH: &str = "history_search";
-    pub const EVENT_GET: &str = "event_get";
-    pub const EVENT_PAGE: &str = "event_page";
-    pub const ARTIFACT_METADATA: &str = "artifact_metadata";
-    pub const ARTIFACT_READ: &str = "artifact_read";
-    pub const STATE_GET: &str = "state_get";
-    pub const STATE_SET: &str = "state_set";
-    pub const STATE_DELETE: &str = "state_delete";
-    pub const STATE_LIST: &str = "state_list";
+    pub use sb_protocol::action::Action;
+
+    /// The seed alias of `action` (a compile error for an action without one).
+    const fn alias(action: Action) -> &'static str {
+        match action.seed_alias() {
+            Some(alias) => alias,
+            None => panic!("action has no seed alias"),
+        }
+    }
+
+    pub const HISTORY_PAGE: &str = Action::HistoryPage.name();
+    pub const HISTORY_SEARCH: &str = Action::HistorySearch.name();
+    pub const EVENT_GET: &str = Action::EventGet.name();
+    pub const EVENT_PAGE: &str = Action::EventPage.name();
+    pub const ARTIFACT_METADATA: &str = Action::ArtifactMetadata.name();
+    pub const ARTIFACT_READ: &str = Action::ArtifactRead.name();
+    pub const STATE_GET: &str = Action::StateGet.name();
+    pub const STATE_SET: &str = Action::StateSet.name();
+    pub const STATE_DELETE: &str = Action::StateDelete.name();
+    pub const STATE_LIST: &str = Action::StateList.name();
     /// Plugin / workspace binary storage (`owner_type` `plugin` | `workspace`): the canonical
     /// names, which the typed helpers send.
-    pub const STORAGE_GET: &str = "storage_get";
-    pub const STORAGE_SET: &str = "storage_set";
-    pub const STORAGE_DELETE: &str = "storage_delete";
-    pub const STORAGE_KEYS: &str = "storage_keys";
+    pub const STORAGE_GET: &str = Action::StorageGet.name();
+    pub const STORAGE_SET: &str = Action::StorageSet.name();
+    pub const STORAGE_DELETE: &str = Action::StorageDelete.name();
+    pub const STORAGE_KEYS: &str = Action::StorageKeys.name();
     /// The seed host's names of the storage actions; the host still accepts them as aliases
     /// of `STORAGE_*`.
-    pub const GET_BINARY_STORAGE: &str = "get_binary_storage";
-    pub const SET_BINARY_STORAGE: &str = "set_binary_storage";
-    pub const DELETE_BINARY_STORAGE: &str = "delete_binary_storage";
-    pub const GET_BINARY_STORAGE_KEYS: &str = "get_binary_storage_keys";
-    pub const GET_HOST_VERSION: &str = "get_host_version";
-    pub const STEERING_PULL: &str = "steering_pull";
-    pub const INVOKE_LLM: &str = "invoke_llm";
-    pub const INVOKE_LLM_STREAM: &str = "invoke_llm_stream";
-    pub const CALL_TOOL: &str = "call_tool";
-    pub const GET_TOOL_DETAIL: &str = "get_tool_detail";
-    pub const INVOKE_RERANK: &str = "invoke_rerank";
-    pub const RETRIEVE_KNOWLEDGE: &str = "retrieve_knowledge";
+    pub const GET_BINARY_STORAGE: &str = alias(Action::StorageGet);
+    pub const SET_BINARY_STORAGE: &str = alias(Action::StorageSet);
+    pub const DELETE_BINARY_STORAGE: &str = alias(Action::StorageDelete);
+    pub const GET_BINARY_STORAGE_KEYS: &str = alias(Action::StorageKeys);
+    pub const GET_HOST_VERSION: &str = Action::GetHostVersion.name();
+    pub const STEERING_PULL: &str = Action::SteeringPull.name();
+    pub const INVOKE_LLM: &str = Action::InvokeLlm.name();
+    pub const INVOKE_LLM_STREAM: &str = Action::InvokeLlmStream.name();
+    pub const CALL_TOOL: &str = Action::CallTool.name();
+    pub const GET_TOOL_DETAIL: &str = Action::GetToolDetail.name();
+    pub const INVOKE_RERANK: &str = Action::InvokeRerank.name();
+    pub const RETRIEVE_KNOWLEDGE: &str = Action::RetrieveKnowledge.name();
 }
 
 enum Reply {

@@ -409,7 +409,7 @@ async fn conversation(client: &Client, sessions: &dyn SessionStore, fake: &Fake,
 }
 
 fn attempts() -> u32 {
-    sb_worker::providers::ProviderOptions::default().max_attempts
+    sb_host_api::providers::ProviderOptions::default().max_attempts
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -692,7 +692,7 @@ async fn refusals(scene: &Scene<'_>) -> RunId {
 
     let broken = &o[12]["error"];
     assert_eq!(broken["retryable"], true, "{broken}");
-    let attempts = sb_worker::providers::ProviderOptions::default().max_attempts;
+    let attempts = sb_host_api::providers::ProviderOptions::default().max_attempts;
     assert_eq!(count(&fake.seen.broken), attempts, "a 500 is retried");
     assert_eq!(ok(&o[13])["message"]["content"], "hello");
     assert_eq!(count(&fake.seen.flaky), 2, "one 429, then the answer");
@@ -816,8 +816,9 @@ async fn cluster_runs_get_granted_resources_refusals_and_budgets() {
     .env("SWITCHBOARD__EGRESS__ALLOW", "127.0.0.0/8")
     .env("SWITCHBOARD__SECRETS__ALLOW", &secret.env)
     // At least the default level whatever the developer's RUST_LOG, and the worker (which
-    // reads the key) at debug, so the log check below covers its retry messages too.
-    .env("RUST_LOG", "info,sb_worker=debug");
+    // reads the key) at debug, with the Host API it serves (whose providers retry), so the
+    // log check below covers its retry messages too.
+    .env("RUST_LOG", "info,sb_worker=debug,sb_host_api=debug");
     let Some(deployment) = Deployment::spawn_or_skip(spec).await else {
         return;
     };

@@ -1,4 +1,4 @@
-//! Switchboard worker: consumes run jobs, hosts runner processes, serves their Host API calls
+//! Switchboard worker: consumes run jobs, hosts runner processes, carries their Host API calls
 //! and publishes their sequenced results (SPEC §2 step 3, §4, §8, §11).
 //!
 //! A worker serves one or more pools (`switchboard.runs.<pool>`). At start it loads the runner
@@ -8,8 +8,9 @@
 //! heartbeat lease in the session store, executed on the runner host, and its results are
 //! published in order to `switchboard.results`; at the end the run's session is removed so
 //! the run's Host API closes, and the job is acknowledged. Runner processes reach the host
-//! only through [`api_gate::ApiGate`], which checks every call against the run's frozen
-//! session before any action code runs.
+//! only through the Host API of [`sb_host_api`] (`ApiGate` in front of `ActionDispatcher`),
+//! which checks every call against the run's frozen session before any action code runs; the
+//! worker is its stdio transport, as the gateway is its HTTP one.
 //!
 //! Runners are untrusted code (SPEC §14): the worker makes itself non-dumpable at start,
 //! runs each runner process confined ([`runner::sandbox`]: unprivileged user, `no_new_privs`,
@@ -17,25 +18,22 @@
 //! redacts runner stderr before logging it ([`runner::redact`]).
 //!
 //! # Layout
-//! - [`actions`]: [`actions::ActionDispatcher`] — the Host API actions (history, events,
-//!   artifacts, state, storage, steering, models, tools, knowledge) behind the gate.
 //! - [`service`]: [`service::Worker`] — job consumer, claim/lease/interrupt decisions, result
-//!   publishing, cancel via the control queue, drain on shutdown.
-//! - [`api_gate`]: [`api_gate::ApiGate`] — the Host API gate (session, identity, deadline)
-//!   in front of a [`api_gate::Dispatcher`] that serves the actions.
+//!   publishing, cancel via the control queue, drain on shutdown. It builds the Host API
+//!   (`sb_host_api::ApiGate` over `sb_host_api::ActionDispatcher`, or the dispatcher given
+//!   in [`WorkerOptions`]) and injects it into every runner host.
 //! - [`plugins`]: runner plugin manifests on disk → [`plugins::PluginRunner`]s.
-//! - [`providers`]: clients of the model providers (OpenAI-compatible chat, SSE streams,
-//!   rerank) and HTTP tools behind the resource actions.
 //! - [`runner`]: runner processes: framing, spawning, the protocol state machine of the
 //!   link to each process ([`runner::link::RunnerLink`]) and [`runner::RunnerHost`], which
-//!   turns a run request into an ordered result stream.
+//!   turns a run request into an ordered result stream and carries each process's Host API
+//!   calls (the stdio transport) to the injected `sb_host_api::HostApi`.
 //! - [`sequencer`]: per-run result validation and transport sequencing (pure).
+//!
+//! The Host API itself (the gate, the actions, the model and tool providers) is not here: it
+//! lives in `sb_host_api`, which the gateway's HTTP transport shares.
 
-pub mod actions;
-pub mod api_gate;
 mod lock;
 pub mod plugins;
-pub mod providers;
 pub mod runner;
 pub mod sequencer;
 pub mod service;

@@ -14,14 +14,13 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, SystemTime};
 
 use async_trait::async_trait;
+use sb_host_api::api::{ApiStream, CallerIdentity, HostApi};
+use sb_host_api::basic::BasicHostApi;
 use sb_protocol::context::AgentRunContext;
 use sb_protocol::error::AgentApiError;
 use sb_protocol::ids::{RunId, WorkspaceId};
 use sb_worker::plugins::{CommandLookup, PluginRunner, load_plugin_dir};
-use sb_worker::runner::{
-    ApiStream, BasicHostApi, CallerIdentity, EnvLookup, HostApi, RunHandle, RunRequest, RunnerHost,
-    RunnerHostConfig,
-};
+use sb_worker::runner::{EnvLookup, RunHandle, RunRequest, RunnerHost, RunnerHostConfig};
 use sb_worker::sequencer::RunItem;
 use serde_json::{Value, json};
 

@@ -6,6 +6,7 @@ use std::time::Duration;
 
 use sb_common::bus::{Bus, PublishOptions};
 use sb_common::session::{STEERING_CAP, SessionStore, cancel_flag_key, run_handed_off_key};
+use sb_host_api::testing::now_secs;
 use sb_protocol::ids::WorkspaceId;
 use sb_protocol::result::ResultType;
 use sb_store::{EventQuery, RunStatus};
@@ -406,7 +407,7 @@ async fn steering_items_the_run_never_pulled_are_audited_as_dropped() {
 async fn a_job_past_its_deadline_times_out_without_running() {
     let mut h = Harness::start(|_, _| {}).await;
     let job = h
-        .prepare_run_with(ECHO, "slow queue", Some(support::now_secs() - 1.0))
+        .prepare_run_with(ECHO, "slow queue", Some(now_secs() - 1.0))
         .await;
     h.publish_job(&job).await;
     let results = h.results_until_terminal().await;

@@ -4,6 +4,8 @@
 //! without pulling in the host. JSON field names follow PROTOCOL_V1 exactly.
 //!
 //! # Layout
+//! - [`action`]: the Host API action vocabulary ([`action::Action`]): canonical wire names
+//!   and the seed aliases, in one table.
 //! - [`ids`]: host-generated identifiers (newtypes).
 //! - [`error`]: the closed [`error::ErrorCode`] set, its HTTP and message-disposition mappings,
 //!   and the runner-visible [`error::AgentApiError`].
@@ -18,6 +20,7 @@
 //! - [`state_keys`]: deterministic state scope keys and the state key/value rules (host-behaviour §2, §10).
 //! - [`messages`]: bus message bodies (`switchboard.event/1`, `switchboard.job/1`, …).
 
+pub mod action;
 pub mod content;
 pub mod context;
 pub mod error;

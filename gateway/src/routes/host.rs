@@ -25,9 +25,10 @@
 //! are compared in constant time, and a call for a missing session hashes the token all the
 //! same. Only a caller holding the right token can see other answers.
 //!
-//! Everything after the token check is the same code the workers run ([`sb_worker::api_gate`],
-//! [`sb_worker::actions`]) against the same session store and database, so a call is judged
+//! Everything after the token check is the same code the workers run ([`sb_host_api::api_gate`],
+//! [`sb_host_api::actions`]) against the same session store and database, so a call is judged
 //! identically over both transports, and the per-run rate limit is shared between them.
+//! This route is the Host API's HTTP transport, as the worker's runner host is its stdio one.
 //!
 //! Streamed answers: HTTP has no `api_chunk`. The parts a streaming action produces are
 //! collected and returned with the final data as `{"data": ..., "chunks": [...]}` (the key is
@@ -39,12 +40,12 @@ use axum::Json;
 use axum::extract::State;
 use axum::http::HeaderMap;
 use axum::http::header::AUTHORIZATION;
+use sb_host_api::api::{ApiStream, CallerIdentity, HostApi};
+use sb_host_api::api_gate::decode_snapshot;
 use sb_protocol::error::{AgentApiError, ErrorCode};
 use sb_protocol::host::{AuthorizationSnapshot, host_api_token};
 use sb_protocol::ids::RunId;
 use sb_protocol::wire::HostToRunner;
-use sb_worker::api_gate::decode_snapshot;
-use sb_worker::runner::{ApiStream, CallerIdentity, HostApi};
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 use tokio::sync::mpsc;

@@ -11,12 +11,11 @@
 //! - [`link`]: [`link::RunnerLink`], the pure protocol state machine of the link to one runner
 //!   process (`Starting → Running → Draining → Exited`) and its effects.
 //! - [`host`]: [`RunnerHost`] (shared / per_run process management, restart backoff,
-//!   deadlines, cancel) and [`RunHandle`] (the ordered result stream of one run).
-//! - [`api`]: [`HostApi`], the injected Host API dispatcher, [`CallerIdentity`] and the
-//!   [`Connection`] a call came over, and [`BasicHostApi`].
+//!   deadlines, cancel) and [`RunHandle`] (the ordered result stream of one run). Each
+//!   process's calls go to an injected `sb_host_api::HostApi`, with the process's
+//!   `sb_host_api::Connection` as the caller's.
 //! - [`error`]: the start errors ([`RunnerError`]).
 
-pub mod api;
 pub mod codec;
 pub mod error;
 pub mod host;
@@ -28,7 +27,6 @@ pub mod sandbox;
 #[cfg(test)]
 pub(crate) mod testing;
 
-pub use api::{ApiStream, BasicHostApi, CallerIdentity, Connection, HostApi};
 pub use error::RunnerError;
 pub use host::{EnvLookup, RunHandle, RunRequest, RunnerHost, RunnerHostConfig, RunnerSpec};
 pub use link::ExecutionMode;

@@ -11,8 +11,8 @@ use sb_common::config::SwitchboardConfig;
 use sb_common::session::SessionStore;
 use sb_store::Stores;
 
-use crate::api_gate::Dispatcher;
 use crate::plugins::CommandLookup;
+use sb_host_api::api_gate::Dispatcher;
 
 /// Everything the worker talks to.
 #[derive(Clone)]
@@ -47,7 +47,7 @@ pub struct WorkerOptions {
     /// Where runner commands are looked up.
     pub command_lookup: CommandLookup,
     /// Serves Host API calls that passed the gate; `None` (the default) serves them with
-    /// [`ActionDispatcher`](crate::actions::ActionDispatcher) over the worker's stores and
+    /// [`ActionDispatcher`](sb_host_api::actions::ActionDispatcher) over the worker's stores and
     /// session store and the configured `[limits]`.
     pub dispatcher: Option<Arc<dyn Dispatcher>>,
 }

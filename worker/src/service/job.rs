@@ -61,10 +61,10 @@ use super::decisions::{
 };
 use super::deps::WorkerDeps;
 use super::lease::{HeartbeatRun, heartbeat, lease_key};
-use crate::actions::AUDIT_TARGET;
 use crate::lock::lock;
 use crate::runner::{RunHandle, RunRequest, RunnerHost};
 use crate::sequencer::RunItem;
+use sb_host_api::actions::AUDIT_TARGET;
 
 /// Most result items taken from a run for one publish.
 const MAX_BATCH: usize = 64;

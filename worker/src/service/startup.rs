@@ -32,10 +32,11 @@ use serde_json::json;
 use super::deps::{WorkerDeps, WorkerOptions};
 use super::error::WorkerError;
 use super::job::Core;
-use crate::actions::{ActionDispatcher, ActionLimits};
-use crate::api_gate::ApiGate;
 use crate::plugins::{PluginRunner, bundled_runners_dir, load_plugins};
-use crate::runner::{HostApi, RunnerHost, RunnerHostConfig, make_undumpable};
+use crate::runner::{RunnerHost, RunnerHostConfig, make_undumpable};
+use sb_host_api::actions::{ActionDispatcher, ActionLimits};
+use sb_host_api::api::HostApi;
+use sb_host_api::api_gate::ApiGate;
 
 /// Prefetch of the control queue (cancel messages are tiny and handled inline).
 const CONTROL_PREFETCH: u16 = 64;
@@ -56,7 +57,7 @@ pub(super) async fn start(
     let report = load_plugins(&dirs, &options.command_lookup);
     let dispatcher = options.dispatcher.clone().unwrap_or_else(|| {
         let limits = ActionLimits::from_config(&deps.config.limits);
-        let providers = crate::providers::ProviderOptions::of(&deps.config);
+        let providers = sb_host_api::providers::ProviderOptions::of(&deps.config);
         Arc::new(
             ActionDispatcher::new(deps.stores.clone(), deps.sessions.clone(), limits)
                 .with_provider_options(providers),

@@ -27,6 +27,8 @@ use sb_common::config::SwitchboardConfig;
 use sb_common::session::SessionStore;
 use sb_common::session::memory::MemorySessionStore;
 use sb_common::shutdown::Shutdown;
+// The run sessions the gate reads, built as the Host API's own tests build them.
+use sb_host_api::testing::snapshot_in;
 use sb_protocol::context::AgentRunContext;
 use sb_protocol::ids::{EventId, RunId, WorkspaceId};
 use sb_protocol::manifest::RunnerId;
@@ -34,7 +36,7 @@ use sb_protocol::messages::{ControlMessage, ResultMessage, RunJob, decode_result
 use sb_store::{NewRun, SqlStore, SqlStoreOptions, Stores};
 use sb_worker::plugins::CommandLookup;
 use sb_worker::{Worker, WorkerDeps, WorkerHandle, WorkerOptions};
-use serde_json::{Value, json};
+use serde_json::json;
 
 pub const ECHO: &str = "plugin:switchboard/echo/default";
 /// `sb-test-runner` (scripted by the first word of the input, see its docs), shared mode.
@@ -493,38 +495,6 @@ async fn spawn_worker(deps: &WorkerDeps, shutdown: &Shutdown) -> WorkerHandle {
         .expect("worker starts")
 }
 
-/// The authorization snapshot stored as the run's session.
-pub fn snapshot(run_id: RunId, runner_id: &RunnerId, deadline_at: Option<f64>) -> Value {
-    snapshot_in(
-        &WorkspaceId::default_workspace(),
-        run_id,
-        runner_id,
-        deadline_at,
-    )
-}
-
-/// The authorization snapshot of a run of `workspace`.
-pub fn snapshot_in(
-    workspace: &WorkspaceId,
-    run_id: RunId,
-    runner_id: &RunnerId,
-    deadline_at: Option<f64>,
-) -> Value {
-    json!({
-        "run_id": run_id,
-        "plugin_id": runner_id.plugin_id(),
-        "runner_id": runner_id.to_string(),
-        "binding_id": format!("agent_default_{runner_id}"),
-        "workspace_id": workspace.to_string(),
-        "conversation_id": "conv-1",
-        "resources": {},
-        "available_apis": {},
-        "state_policy": {},
-        "budgets": {},
-        "deadline_at": deadline_at,
-    })
-}
-
 /// A minimal valid run context.
 pub fn context(run_id: RunId, text: &str, deadline_at: Option<f64>) -> AgentRunContext {
     serde_json::from_value(json!({
@@ -539,11 +509,4 @@ pub fn context(run_id: RunId, text: &str, deadline_at: Option<f64>) -> AgentRunC
         "runtime": {"trace_id": run_id.to_string(), "deadline_at": deadline_at},
     }))
     .expect("valid context")
-}
-
-pub fn now_secs() -> f64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .unwrap()
-        .as_secs_f64()
 }

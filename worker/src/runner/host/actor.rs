@@ -23,12 +23,12 @@ use super::command::{Command, Refusal, Routes, RunSlot};
 use super::pipes::{read_frames, write_frames};
 use super::spec::RunnerHostConfig;
 use crate::lock::lock;
-use crate::runner::api::{ApiStream, CallerIdentity, Connection, HostApi};
 use crate::runner::codec::{FrameError, MessageReader, MessageWriter, RunnerLine};
 use crate::runner::link::{
     Effect, ExecutionMode, Input, Phase, RunnerLink, StartRefused, not_active,
 };
 use crate::runner::process::RunnerProcess;
+use sb_host_api::api::{ApiStream, CallerIdentity, Connection, HostApi};
 
 /// A Host API call being served for a run of the process.
 struct InFlightCall {

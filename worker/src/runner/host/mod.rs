@@ -66,10 +66,10 @@ use tokio_util::task::TaskTracker;
 use self::actor::{Actor, ActorEnv, ExitReport};
 use self::command::{Command, Refusal, Routes, RunSlot};
 use crate::lock::lock;
-use crate::runner::api::{CallerIdentity, Connection, HostApi};
 use crate::runner::error::RunnerError;
 use crate::runner::link::{ExecutionMode, RunnerLink, StartRefused};
 use crate::runner::process::RunnerProcess;
+use sb_host_api::api::{CallerIdentity, Connection, HostApi};
 
 mod actor;
 mod command;

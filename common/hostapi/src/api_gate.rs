@@ -41,15 +41,14 @@ use std::time::{Instant, SystemTime, UNIX_EPOCH};
 use async_trait::async_trait;
 use sb_common::session::SessionStore;
 use sb_common::telemetry::{Registry, names};
+use sb_protocol::action::Action;
 use sb_protocol::error::{AgentApiError, ErrorCode};
 use sb_protocol::host::AuthorizationSnapshot;
 use sb_protocol::ids::RunId;
-use serde_json::{Value, json};
+use serde_json::Value;
 
-use crate::runner::api::{ApiStream, CallerIdentity, HOST_VERSION, HostApi, KNOWN_ACTIONS};
-
-/// The Host API protocol version reported by `get_host_version`.
-pub const PROTOCOL_VERSION: &str = "v1";
+use crate::api::{ApiStream, CallerIdentity, HostApi};
+use crate::basic::BasicHostApi;
 
 /// A call that passed the gate: the action code gets the frozen snapshot with it.
 #[derive(Debug, Clone, Copy)]
@@ -97,39 +96,6 @@ impl<D: Dispatcher + ?Sized> Dispatcher for Arc<D> {
     }
 }
 
-/// The dispatcher of a worker without resource providers yet: answers `get_host_version` and
-/// `ping`; every other known action is `unauthorized` (nothing can be granted without a
-/// provider), unknown actions are `not_found`.
-#[derive(Debug, Clone, Copy, Default)]
-pub struct BasicDispatcher;
-
-#[async_trait]
-impl Dispatcher for BasicDispatcher {
-    async fn dispatch(
-        &self,
-        call: GatedCall<'_>,
-        _params: Value,
-        _stream: &ApiStream,
-    ) -> Result<Value, AgentApiError> {
-        match call.action {
-            "get_host_version" => Ok(json!({
-                "version": HOST_VERSION,
-                "protocol": PROTOCOL_VERSION,
-                "host": "switchboard",
-            })),
-            "ping" => Ok(json!({})),
-            known if KNOWN_ACTIONS.contains(&known) => Err(AgentApiError::new(
-                ErrorCode::Unauthorized,
-                format!("{known} is not available to this agent run"),
-            )),
-            unknown => Err(AgentApiError::new(
-                ErrorCode::NotFound,
-                format!("unknown host api action `{unknown}`"),
-            )),
-        }
-    }
-}
-
 /// Current time as epoch seconds (the unit of `deadline_at`).
 pub type Clock = Arc<dyn Fn() -> f64 + Send + Sync>;
 
@@ -144,7 +110,7 @@ pub fn system_clock() -> Clock {
 }
 
 /// The [`HostApi`] the worker injects into its runner hosts: the gate, then `inner`.
-pub struct ApiGate<D = BasicDispatcher> {
+pub struct ApiGate<D = BasicHostApi> {
     sessions: Arc<dyn SessionStore>,
     inner: D,
     clock: Clock,
@@ -264,7 +230,7 @@ pub fn decode_snapshot(session: Value) -> Result<AuthorizationSnapshot, String> 
 
 /// The metric label for an action: its name if it is one of the protocol's, else `unknown`.
 fn action_label(action: &str) -> &str {
-    if KNOWN_ACTIONS.contains(&action) {
+    if Action::parse(action).is_some() {
         action
     } else {
         "unknown"
@@ -317,6 +283,8 @@ impl<D: Dispatcher> HostApi for ApiGate<D> {
 
 #[cfg(test)]
 mod tests {
+    use serde_json::json;
+
     use super::*;
 
     #[test]

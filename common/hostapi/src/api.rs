@@ -1,18 +1,19 @@
-//! The Host API boundary as the runner host sees it (SPEC §8).
+//! The Host API boundary as a transport sees it (SPEC §8): the [`HostApi`] trait, who is
+//! calling ([`CallerIdentity`], over which [`Connection`]) and where the answer goes
+//! ([`ApiStream`]).
 //!
-//! The host validates the *connection* side of a call — the caller is the plugin whose process
-//! sent the line, and the run is an active run of that very process (see
-//! [`super::session`]) — and then hands the call to a [`HostApi`], which the worker implements
-//! against the session store, the authorization snapshot and the resource providers. The
-//! [`Connection`] travels with the call so that the gate checks the same facts again
-//! (SPEC §14: defence in depth).
+//! A transport establishes the caller and hands the call to a [`HostApi`]. The worker's runner
+//! host validates the *connection* side of a call — the caller is the plugin whose process
+//! sent the line, and the run is an active run of that very process — and the gateway's
+//! remote Host API establishes the caller from the run's token. The [`Connection`] travels
+//! with the call so that the gate checks the same facts again (SPEC §14: defence in depth).
 
 use std::collections::HashSet;
 use std::hash::{Hash, Hasher};
 use std::sync::{Arc, Mutex};
 
 use async_trait::async_trait;
-use sb_protocol::error::{AgentApiError, ErrorCode};
+use sb_protocol::error::AgentApiError;
 use sb_protocol::ids::{RunId, WorkspaceId};
 use sb_protocol::manifest::RunnerId;
 use sb_protocol::wire::{ApiCallId, ApiResult, HostToRunner};
@@ -101,11 +102,15 @@ impl Connection {
         self.lock().len()
     }
 
-    pub(crate) fn attach(&self, run_id: RunId) {
+    /// Adds `run_id` to the runs the process hosts. Only the runner host that owns the
+    /// connection calls this, before the runner hears of the run.
+    pub fn attach(&self, run_id: RunId) {
         self.lock().insert(run_id);
     }
 
-    pub(crate) fn detach(&self, run_id: RunId) {
+    /// Removes `run_id` from the runs the process hosts. Only the runner host that owns the
+    /// connection calls this, when the run ends.
+    pub fn detach(&self, run_id: RunId) {
         self.lock().remove(&run_id);
     }
 
@@ -241,113 +246,27 @@ pub trait HostApi: Send + Sync + 'static {
     ) -> Result<Value, AgentApiError>;
 }
 
-/// The Host API of a worker without resource providers: answers `get_host_version` and
-/// `ping`, refuses every other known action as `unauthorized` (nothing is granted) and
-/// unknown actions as `not_found`.
-#[derive(Debug, Clone, Default)]
-pub struct BasicHostApi;
-
-/// Every action name of the Host API (PROTOCOL_V1 §8, host-behaviour Appendix A).
-///
-/// The storage actions' canonical names are `storage_get`, `storage_set`, `storage_delete`
-/// and `storage_keys` (`owner_type` `plugin` | `workspace`); the seed host's
-/// `get_binary_storage`, `set_binary_storage`, `delete_binary_storage` and
-/// `get_binary_storage_keys` are accepted aliases of the same actions. Both spellings are
-/// listed so calls under either are served and labelled by name in the metrics.
-pub const KNOWN_ACTIONS: &[&str] = &[
-    "invoke_llm",
-    "invoke_llm_stream",
-    "invoke_rerank",
-    "get_tool_detail",
-    "call_tool",
-    "retrieve_knowledge",
-    "get_prompt",
-    "history_page",
-    "history_search",
-    "event_get",
-    "event_page",
-    "steering_pull",
-    "artifact_metadata",
-    "artifact_read",
-    "state_get",
-    "state_set",
-    "state_delete",
-    "state_list",
-    "storage_get",
-    "storage_set",
-    "storage_delete",
-    "storage_keys",
-    // seed aliases of the four storage actions above
-    "get_binary_storage",
-    "set_binary_storage",
-    "delete_binary_storage",
-    "get_binary_storage_keys",
-    "get_config_file",
-    "get_host_version",
-    "ping",
-];
-
-/// The host version reported to runners.
+/// The host version reported to runners (`get_host_version`).
 pub const HOST_VERSION: &str = env!("CARGO_PKG_VERSION");
 
-#[async_trait]
-impl HostApi for BasicHostApi {
-    async fn call(
-        &self,
-        _caller: &CallerIdentity,
-        _run_id: RunId,
-        action: &str,
-        _params: Value,
-        _stream: &ApiStream,
-    ) -> Result<Value, AgentApiError> {
-        match action {
-            "get_host_version" => Ok(json!({ "version": HOST_VERSION, "host": "switchboard" })),
-            "ping" => Ok(json!({})),
-            known if KNOWN_ACTIONS.contains(&known) => Err(AgentApiError::new(
-                ErrorCode::Unauthorized,
-                format!("{known} is not available to this agent run"),
-            )),
-            unknown => Err(AgentApiError::new(
-                ErrorCode::NotFound,
-                format!("unknown host api action `{unknown}`"),
-            )),
-        }
-    }
+/// The Host API protocol version reported by `get_host_version`.
+pub const PROTOCOL_VERSION: &str = "v1";
+
+/// The answer of `get_host_version`, the same from every implementation:
+/// `{"version": HOST_VERSION, "protocol": PROTOCOL_VERSION, "host": "switchboard"}`.
+#[must_use]
+pub fn host_version() -> Value {
+    json!({
+        "version": HOST_VERSION,
+        "protocol": PROTOCOL_VERSION,
+        "host": "switchboard",
+    })
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[tokio::test]
-    async fn basic_host_api_answers() {
-        let (tx, _rx) = mpsc::channel(1);
-        let stream = ApiStream::new("1", tx);
-        let caller = CallerIdentity::for_runner(&"plugin:a/b/c".parse().unwrap());
-        assert_eq!(caller.plugin_id, "a/b");
-        let api = BasicHostApi;
-        let v = api
-            .call(
-                &caller,
-                RunId::new(),
-                "get_host_version",
-                json!({}),
-                &stream,
-            )
-            .await
-            .unwrap();
-        assert_eq!(v["version"], HOST_VERSION);
-        let e = api
-            .call(&caller, RunId::new(), "call_tool", json!({}), &stream)
-            .await
-            .unwrap_err();
-        assert_eq!(e.code, "unauthorized");
-        let e = api
-            .call(&caller, RunId::new(), "teleport", json!({}), &stream)
-            .await
-            .unwrap_err();
-        assert_eq!(e.code, "not_found");
-    }
+    use sb_protocol::error::ErrorCode;
 
     #[tokio::test]
     async fn api_stream_tags_chunks_with_the_call_id() {

@@ -34,8 +34,8 @@
 //! actions have no provider yet and answer a granted call with `not_found`.
 //!
 //! # Layout
-//! - this file: [`ActionDispatcher`], [`ActionLimits`], the action table ([`Action`]) and the
-//!   shared step-7 admission and audit logging.
+//! - this file: [`ActionDispatcher`], [`ActionLimits`], the dispatch over the protocol's
+//!   [`Action`] vocabulary, and the shared step-7 admission and audit logging.
 //! - `params`: typed access to the `params` object with `invalid_argument` errors.
 //! - `history`: `history_page`, `history_search`, and the conversation rule shared with
 //!   event pages.
@@ -64,108 +64,18 @@ use std::time::Duration;
 use async_trait::async_trait;
 use sb_common::config::LimitsConfig;
 use sb_common::session::SessionStore;
+use sb_protocol::action::Action;
 use sb_protocol::error::{AgentApiError, ErrorCode, HasErrorCode};
 use sb_store::{StoreError, Stores};
 use serde_json::{Value, json};
 
-use crate::api_gate::{Dispatcher, GatedCall, PROTOCOL_VERSION};
+use crate::api::{ApiStream, host_version};
+use crate::api_gate::{Dispatcher, GatedCall};
 use crate::providers::{ProviderClient, ProviderOptions};
-use crate::runner::api::{ApiStream, HOST_VERSION};
 use params::Params;
 
 /// Tracing target of the Host API audit events (refusals and host failures).
 pub const AUDIT_TARGET: &str = "audit";
-
-/// Every action this dispatcher knows, by wire name (host-behaviour §22.3, Appendix A).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub enum Action {
-    /// `history_page`
-    HistoryPage,
-    /// `history_search`
-    HistorySearch,
-    /// `event_get`
-    EventGet,
-    /// `event_page`
-    EventPage,
-    /// `artifact_metadata`
-    ArtifactMetadata,
-    /// `artifact_read`
-    ArtifactRead,
-    /// `state_get`
-    StateGet,
-    /// `state_set`
-    StateSet,
-    /// `state_delete`
-    StateDelete,
-    /// `state_list`
-    StateList,
-    /// `storage_get` (seed alias `get_binary_storage`)
-    StorageGet,
-    /// `storage_set` (seed alias `set_binary_storage`)
-    StorageSet,
-    /// `storage_delete` (seed alias `delete_binary_storage`)
-    StorageDelete,
-    /// `storage_keys` (seed alias `get_binary_storage_keys`)
-    StorageKeys,
-    /// `steering_pull`
-    SteeringPull,
-    /// `get_host_version`
-    GetHostVersion,
-    /// `ping`
-    Ping,
-    /// `get_prompt`
-    GetPrompt,
-    /// `get_config_file`
-    GetConfigFile,
-    /// `invoke_llm`
-    InvokeLlm,
-    /// `invoke_llm_stream`
-    InvokeLlmStream,
-    /// `invoke_rerank`
-    InvokeRerank,
-    /// `get_tool_detail`
-    GetToolDetail,
-    /// `call_tool`
-    CallTool,
-    /// `retrieve_knowledge`
-    RetrieveKnowledge,
-}
-
-impl Action {
-    /// The action for a wire name. The storage actions' canonical names are `storage_*`
-    /// (what the runner SDK sends); the seed host's `*_binary_storage*` names are aliases.
-    #[must_use]
-    pub fn parse(name: &str) -> Option<Self> {
-        Some(match name {
-            "history_page" => Self::HistoryPage,
-            "history_search" => Self::HistorySearch,
-            "event_get" => Self::EventGet,
-            "event_page" => Self::EventPage,
-            "artifact_metadata" => Self::ArtifactMetadata,
-            "artifact_read" => Self::ArtifactRead,
-            "state_get" => Self::StateGet,
-            "state_set" => Self::StateSet,
-            "state_delete" => Self::StateDelete,
-            "state_list" => Self::StateList,
-            "storage_get" | "get_binary_storage" => Self::StorageGet,
-            "storage_set" | "set_binary_storage" => Self::StorageSet,
-            "storage_delete" | "delete_binary_storage" => Self::StorageDelete,
-            "storage_keys" | "get_binary_storage_keys" => Self::StorageKeys,
-            "steering_pull" => Self::SteeringPull,
-            "get_host_version" => Self::GetHostVersion,
-            "ping" => Self::Ping,
-            "get_prompt" => Self::GetPrompt,
-            "get_config_file" => Self::GetConfigFile,
-            "invoke_llm" => Self::InvokeLlm,
-            "invoke_llm_stream" => Self::InvokeLlmStream,
-            "invoke_rerank" => Self::InvokeRerank,
-            "get_tool_detail" => Self::GetToolDetail,
-            "call_tool" => Self::CallTool,
-            "retrieve_knowledge" => Self::RetrieveKnowledge,
-            _ => return None,
-        })
-    }
-}
 
 /// A per-run call rate: at most `max_calls` admitted calls in any fixed window of `window`
 /// that starts with the first call (the session store's `rate_limit_hit`).
@@ -370,9 +280,7 @@ impl ActionDispatcher {
             Action::SteeringPull => self.steering_pull(&cx).await,
             Action::GetHostVersion => {
                 self.admit(&cx).await?;
-                Ok(
-                    json!({ "version": HOST_VERSION, "protocol": PROTOCOL_VERSION, "host": "switchboard" }),
-                )
+                Ok(host_version())
             }
             Action::Ping => {
                 self.admit(&cx).await?;
@@ -586,11 +494,10 @@ impl Dispatcher for ActionDispatcher {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::runner::api::KNOWN_ACTIONS;
 
     #[test]
     fn every_known_action_is_served() {
-        for name in KNOWN_ACTIONS {
+        for name in Action::WIRE_NAMES {
             assert!(Action::parse(name).is_some(), "{name}");
         }
         // canonical storage names and their seed aliases are the same actions, all known
@@ -610,8 +517,8 @@ mod tests {
         ] {
             assert_eq!(Action::parse(canonical), Some(action), "{canonical}");
             assert_eq!(Action::parse(alias), Some(action), "{alias}");
-            assert!(KNOWN_ACTIONS.contains(&canonical), "{canonical}");
-            assert!(KNOWN_ACTIONS.contains(&alias), "{alias}");
+            assert!(Action::WIRE_NAMES.contains(&canonical), "{canonical}");
+            assert!(Action::WIRE_NAMES.contains(&alias), "{alias}");
         }
         assert_eq!(Action::parse("drop_tables"), None);
     }

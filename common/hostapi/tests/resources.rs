@@ -15,16 +15,16 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::post;
 use sb_common::session::SessionStore;
 use sb_common::session::memory::MemorySessionStore;
+use sb_host_api::actions::{ActionDispatcher, ActionLimits};
+use sb_host_api::api::{ApiStream, CallerIdentity};
+use sb_host_api::api_gate::{Dispatcher, GatedCall};
+use sb_host_api::providers::ProviderOptions;
 use sb_protocol::error::AgentApiError;
 use sb_protocol::host::AuthorizationSnapshot;
 use sb_protocol::ids::{RunId, WorkspaceId};
 use sb_protocol::manifest::RunnerId;
 use sb_protocol::wire::HostToRunner;
 use sb_store::{ModelKind, NewKbDocument, NewModel, NewTool, SqlStore, SqlStoreOptions, Stores};
-use sb_worker::actions::{ActionDispatcher, ActionLimits};
-use sb_worker::api_gate::{Dispatcher, GatedCall};
-use sb_worker::providers::ProviderOptions;
-use sb_worker::runner::{ApiStream, CallerIdentity};
 use serde_json::{Value, json};
 use tokio::sync::mpsc;
 
@@ -1240,17 +1240,44 @@ async fn knowledge_retrieval_ranks_and_respects_grants() {
 #[derive(Clone, Default)]
 struct LogBuf(Arc<std::sync::Mutex<Vec<u8>>>);
 
+thread_local! {
+    /// The capture of the test running on this thread, and the least severe level it keeps.
+    static CAPTURE: std::cell::RefCell<Option<(LogBuf, tracing::Level)>> =
+        const { std::cell::RefCell::new(None) };
+}
+
+/// Ends this thread's capture when dropped.
+struct CaptureGuard;
+
+impl Drop for CaptureGuard {
+    fn drop(&mut self) {
+        CAPTURE.with(|c| c.borrow_mut().take());
+    }
+}
+
 impl LogBuf {
     /// Captures what this thread logs at `level` and above until the guard is dropped (a
     /// `#[tokio::test]` runs on one thread, so that is everything the test logs).
-    fn capture(level: tracing::Level) -> (Self, tracing::subscriber::DefaultGuard) {
+    ///
+    /// One global subscriber (debug and above, every crate) routes each event to the
+    /// capture of the thread that emits it. A subscriber per test (`set_default`) would
+    /// race: tests running in parallel on other threads register the same callsites, and
+    /// tracing's cached interest of a callsite can end up computed without this thread's
+    /// subscriber, silently dropping its events.
+    fn capture(level: tracing::Level) -> (Self, CaptureGuard) {
+        static GLOBAL: std::sync::Once = std::sync::Once::new();
+        GLOBAL.call_once(|| {
+            let subscriber = tracing_subscriber::fmt()
+                .with_writer(CaptureRouter)
+                .with_max_level(tracing::Level::DEBUG)
+                .with_ansi(false)
+                .finish();
+            tracing::subscriber::set_global_default(subscriber)
+                .expect("no other global subscriber in this test binary");
+        });
         let logs = Self::default();
-        let subscriber = tracing_subscriber::fmt()
-            .with_writer(logs.clone())
-            .with_max_level(level)
-            .with_ansi(false)
-            .finish();
-        (logs, tracing::subscriber::set_default(subscriber))
+        CAPTURE.with(|c| *c.borrow_mut() = Some((logs.clone(), level)));
+        (logs, CaptureGuard)
     }
 
     /// Everything logged so far.
@@ -1269,10 +1296,24 @@ impl std::io::Write for LogBuf {
     }
 }
 
-impl<'a> tracing_subscriber::fmt::MakeWriter<'a> for LogBuf {
-    type Writer = LogBuf;
+/// The global subscriber's writer: the emitting thread's capture, if it keeps the event's
+/// level, else nowhere.
+struct CaptureRouter;
+
+impl<'a> tracing_subscriber::fmt::MakeWriter<'a> for CaptureRouter {
+    type Writer = Box<dyn std::io::Write>;
+
     fn make_writer(&'a self) -> Self::Writer {
-        self.clone()
+        Box::new(std::io::sink())
+    }
+
+    fn make_writer_for(&'a self, meta: &tracing::Metadata<'_>) -> Self::Writer {
+        CAPTURE.with(|c| match &*c.borrow() {
+            Some((logs, level)) if meta.level() <= level => {
+                Box::new(logs.clone()) as Box<dyn std::io::Write>
+            }
+            _ => Box::new(std::io::sink()),
+        })
     }
 }
 

@@ -11,6 +11,9 @@ use base64::engine::general_purpose::STANDARD;
 use chrono::Utc;
 use sb_common::session::SessionStore;
 use sb_common::session::memory::MemorySessionStore;
+use sb_host_api::actions::{ActionDispatcher, ActionLimits, RateLimit};
+use sb_host_api::api::{ApiStream, CallerIdentity, HostApi};
+use sb_host_api::api_gate::{ApiGate, Dispatcher, GatedCall};
 use sb_protocol::context::StateScope;
 use sb_protocol::error::AgentApiError;
 use sb_protocol::host::AuthorizationSnapshot;
@@ -22,9 +25,6 @@ use sb_store::{
     ArtifactContent, ArtifactScope, EventQuery, NewArtifact, NewEvent, NewTranscriptItem, SqlStore,
     SqlStoreOptions, Stores,
 };
-use sb_worker::actions::{ActionDispatcher, ActionLimits, RateLimit};
-use sb_worker::api_gate::{ApiGate, Dispatcher, GatedCall};
-use sb_worker::runner::{ApiStream, CallerIdentity, HostApi};
 use serde_json::{Value, json};
 use tokio::sync::mpsc;
 
