@@ -97,6 +97,7 @@ impl GatewayOptions {
             relay: RelayOptions {
                 batch: u64::from(g.outbox_batch.get()),
                 poll_interval: g.outbox_poll_interval,
+                retry: config.retry.policy(),
                 ..RelayOptions::default()
             },
             page_size_default: u64::from(limits.page_size_default.get()),

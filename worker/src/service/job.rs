@@ -68,9 +68,6 @@ use sb_host_api::actions::AUDIT_TARGET;
 
 /// Most result items taken from a run for one publish.
 const MAX_BATCH: usize = 64;
-/// Delays between attempts while the bus (publishing results) or the ledger (claiming a run)
-/// fails.
-const RETRY: RetryPolicy = RetryPolicy::new(Duration::from_millis(50), Duration::from_secs(5));
 
 fn now_ms() -> i64 {
     SystemTime::now()
@@ -91,6 +88,9 @@ pub(super) struct Core {
     events: Arc<dyn EventLog>,
     topology: Topology,
     pub(super) config: WorkerConfig,
+    /// Delays between attempts while the bus (publishing results) or the ledger (claiming a
+    /// run) fails: the configuration's `[retry]`.
+    retry: RetryPolicy,
     pub(super) hosts: HashMap<RunnerId, RunnerHost>,
     active: ActiveRuns,
     /// The root shutdown token: stop taking work.
@@ -167,6 +167,7 @@ impl Core {
     ) -> Self {
         Self {
             id,
+            retry: deps.config.retry.policy(),
             bus: deps.bus,
             sessions: deps.sessions,
             ledger: deps.stores.runs,
@@ -345,7 +346,7 @@ impl Core {
         // requeue per failure would spend the runs queue's delivery limit within seconds and
         // dead-letter the job of a run that then stays `queued` (found by the chaos suite's
         // `restart_postgres`).
-        let mut retry = RETRY.start();
+        let mut retry = self.retry.start();
         loop {
             match self.ledger.claim_run(run_id, &self.id).await {
                 Ok(true) => break,
@@ -655,7 +656,7 @@ impl Core {
             .into_iter()
             .map(|body| Outgoing::new(exchange.clone(), routing_key.clone(), body))
             .collect();
-        let mut retry = RETRY.start();
+        let mut retry = self.retry.start();
         loop {
             let count = pending.len();
             let outcome = if count == 1 {

@@ -39,6 +39,7 @@ use std::time::Duration;
 
 use sb_common::config::{ProvidersConfig, SwitchboardConfig};
 use sb_common::egress::{EgressError, EgressPolicy};
+use sb_common::retry::RetryPolicy;
 use sb_common::secrets::{SecretError, SecretPolicy};
 use sb_protocol::error::{ErrorCode, HasErrorCode};
 use tokio::time::Instant;
@@ -354,7 +355,8 @@ pub(crate) async fn send_with_retries(
     build: impl Fn() -> reqwest::RequestBuilder,
 ) -> Result<reqwest::Response, ProviderError> {
     let attempts = options.max_attempts.max(1);
-    let mut delay = options.backoff_base;
+    // Doubling without a cap: `max_attempts` (and the deadline) bound the wait instead.
+    let mut retry = RetryPolicy::new(options.backoff_base, Duration::MAX).start();
     let mut attempt = 1;
     loop {
         let limit = attempt_limit(options.model_timeout, deadline);
@@ -370,6 +372,7 @@ pub(crate) async fn send_with_retries(
         if attempt >= attempts || !err.retryable() {
             return Err(err);
         }
+        let delay = retry.next_delay();
         if deadline.is_some_and(|at| Instant::now() + delay >= at) {
             return Err(ProviderError::OutOfTime {
                 last: Box::new(err),
@@ -377,7 +380,6 @@ pub(crate) async fn send_with_retries(
         }
         tracing::debug!(attempt, error = %err, "provider call failed, retrying");
         tokio::time::sleep(delay).await;
-        delay = delay.saturating_mul(2);
         attempt += 1;
     }
 }
