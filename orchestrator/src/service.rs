@@ -1,5 +1,5 @@
 //! The orchestrator as a running service: the tasks it starts and supervises. What they run
-//! on is [`crate::deps`]; how their loops settle messages is [`crate::settle`].
+//! on is [`crate::deps`]; how their loops settle messages is `settle`.
 //!
 //! [`Orchestrator::spawn`] starts, as named tasks on the [`Shutdown`] tracker:
 //!
