@@ -4,8 +4,8 @@
 use axum::http::StatusCode;
 use chrono::Utc;
 use sb_gateway::GatewayOptions;
-use sb_orchestrator::scheduler::plan_firing;
 use sb_protocol::ids::EventId;
+use sb_rules::schedules::plan_firing;
 use serde_json::{Value, json};
 
 mod support;

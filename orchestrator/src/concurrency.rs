@@ -1,7 +1,8 @@
 //! The conversation concurrency policy as data (SPEC §7, `delivery_policy.concurrency`):
 //! what happens to an event of a conversation that already has active runs and whose
-//! message no active run absorbed as steering input. Pure; [`crate::conversations`] keeps
-//! the shared state and [`crate::events`] applies the [`Action`].
+//! message no active run absorbed as steering input. Pure; the `conversations` module keeps
+//! the shared state and the event consumer (`events`) applies the [`Action`]; both use this
+//! module, which uses neither.
 //!
 //! | policy | no active run, nothing parked | otherwise |
 //! | --- | --- | --- |

@@ -34,7 +34,6 @@ use sb_common::session::SessionStore;
 use sb_common::telemetry::{Registry, names};
 use sb_protocol::host::AuthorizationSnapshot;
 use sb_protocol::ids::RunId;
-use sb_protocol::messages::{self, EventMessage};
 
 use crate::concurrency::{ConversationKey, PARKED_CONVERSATIONS_SET, member_event};
 use crate::error::Result;
@@ -192,14 +191,14 @@ impl Conversations {
         if !self.active(key, None).await?.is_empty() {
             return Ok(false);
         }
-        let message = EventMessage::new(key.workspace.clone(), event_id);
+        let announcement =
+            self.topology
+                .event_announcement(&key.workspace, event_id, Some(&key.conversation));
         self.bus
             .publish(
-                &self.topology.events_exchange(),
-                &self
-                    .topology
-                    .events_routing_key(key.workspace.as_str(), Some(&key.conversation)),
-                messages::encode(&message).into(),
+                &announcement.exchange,
+                &announcement.routing_key,
+                announcement.body.into(),
                 PublishOptions::default(),
             )
             .await?;

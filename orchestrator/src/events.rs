@@ -15,7 +15,7 @@
 //!    and no run is created. An event that names its agent (a turn of the turn API,
 //!    `metadata.turn`, see [`sb_store::TurnTag`]: its session's agent; or `agent_id` on
 //!    ingest, `metadata.target`, see [`sb_store::EventTarget`]) goes to that agent whatever
-//!    the scopes say ([`crate::bindings::resolve_target`]), or is unrouted with
+//!    the scopes say ([`sb_rules::bindings::resolve_target`]), or is unrouted with
 //!    `binding.target_unavailable` when the agent can no longer take it;
 //! 3. for an event of a conversation without a run yet: the conversation's active runs
 //!    ([`crate::conversations`]); a `message.received` that an active run can absorb
@@ -68,6 +68,7 @@ use sb_protocol::host::{
 };
 use sb_protocol::ids::{RunId, WorkspaceId};
 use sb_protocol::messages::{self, ControlMessage, EventMessage};
+use sb_rules::bindings::{self, AgentCandidate};
 use sb_store::{
     CancelOutcome, EventRecord, EventStatus, EventStatusUpdate, EventTarget, NewRun, RunStatus,
     StoreError, TurnTag,
@@ -76,15 +77,15 @@ use serde_json::{Map, Value, json};
 use tracing::Instrument;
 
 use crate::access;
-use crate::bindings::{self, AgentCandidate};
 use crate::concurrency::{self, Action, ConversationKey};
 use crate::context;
 use crate::conversations::Conversations;
+use crate::deps::{OrchestratorDeps, OrchestratorOptions};
 use crate::error::{OrchestratorError, Result};
 use crate::journal;
 use crate::plan::{self, Dispatch, Plan, PrepareInputs, RunnerLookup, UnroutedReason};
 use crate::route_cache::RouteCache;
-use crate::service::{OrchestratorDeps, OrchestratorOptions, pause, settle};
+use crate::settle::{pause, settle};
 use crate::state_keys::{StateKeyParts, scope_key};
 use crate::steering::{self, ActiveRun};
 

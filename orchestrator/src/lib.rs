@@ -17,7 +17,8 @@
 //!
 //! # Layout
 //! - [`bindings`]: which single agent handles an event (scope specificity, event types,
-//!   filters; ties are ambiguous, never fanned out). Pure.
+//!   filters; ties are ambiguous, never fanned out). Pure; `sb_rules`' own, which the
+//!   gateway's conflict check shares.
 //! - [`access`]: effective access = manifest ∩ policy ∩ config ∩ what exists, and the
 //!   `available_apis` table. Pure.
 //! - [`context`]: the `AgentRunContext` builder, run timeout/deadline, state snapshot. Pure.
@@ -39,37 +40,46 @@
 //! - [`sink`]: the result sink (one loop per results shard, batched ledger writes).
 //! - [`reaper`]: finalizes overdue runs as `timeout`.
 //! - [`scheduler`]: fires due schedules as host events.
+//! - [`recovery`]: at the start of a process whose bus does not outlive it (embedded mode),
+//!   publishes again what the ledger says was lost and ends the runs it was executing as
+//!   `interrupted`.
 //! - [`retention`]: deletes, in bounded batches, what is kept no longer (result items,
 //!   artifacts, outbox, event log, transcript, closed sessions' turn identities); one
 //!   orchestrator at a time.
 //! - [`shards`]: which orchestrator consumes which shard queue (rendezvous hashing over the
 //!   live members, pure) and the member registry in the session store.
-//! - [`service`]: [`Orchestrator::spawn`], dependencies, options, message settlement, the
-//!   shard reconciler.
+//! - [`service`]: [`Orchestrator::spawn`] and the shard reconciler: starts and supervises
+//!   the loops above.
+//! - [`deps`]: [`OrchestratorDeps`] and [`OrchestratorOptions`], what every loop runs on.
+//! - `settle` (crate-private): how the consumer loops ack, retry or dead-letter a handled message.
 //! - [`error`]: [`OrchestratorError`] and its error codes.
 
 pub mod access;
-pub mod bindings;
 pub mod catalog;
 pub mod concurrency;
 pub mod context;
 pub mod conversations;
+pub mod deps;
 pub mod error;
 pub mod events;
 pub mod journal;
 pub mod plan;
 pub mod reaper;
+pub mod recovery;
 pub mod retention;
 pub mod route_cache;
 pub mod scheduler;
 pub mod service;
+mod settle;
 pub mod shards;
 pub mod sink;
 pub mod steering;
 pub use sb_protocol::state_keys;
+pub use sb_rules::bindings;
 
+pub use deps::{OrchestratorDeps, OrchestratorOptions};
 pub use error::{OrchestratorError, Result};
-pub use service::{Orchestrator, OrchestratorDeps, OrchestratorOptions, OwnedShards};
+pub use service::{Orchestrator, OwnedShards};
 
 /// Locks a mutex of in-process bookkeeping (caches, lease observations). Its holders only
 /// insert, remove and read whole entries, so a lock poisoned by a panicking holder still

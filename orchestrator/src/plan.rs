@@ -22,10 +22,10 @@ use sb_protocol::host::{
 };
 use sb_protocol::ids::RunId;
 use sb_protocol::messages::RunJob;
+use sb_rules::bindings::Resolution;
 use serde_json::{Value, json};
 
 use crate::access::EffectiveAccess;
-use crate::bindings::Resolution;
 use crate::context::{self, ContextInputs};
 
 /// Why an event starts no run. The text is stored as the event's `reason`.

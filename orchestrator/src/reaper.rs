@@ -43,9 +43,9 @@ use sb_protocol::result::AgentRunResult;
 use sb_store::{RunOutcome, RunRecord, RunStatus};
 
 use crate::conversations::Conversations;
+use crate::deps::{OrchestratorDeps, OrchestratorOptions};
 use crate::error::Result;
 use crate::lock;
-use crate::service::{OrchestratorDeps, OrchestratorOptions};
 use crate::sink::ResultSink;
 
 /// The message of a run reaped after its deadline.

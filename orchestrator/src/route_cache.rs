@@ -20,9 +20,9 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use sb_protocol::ids::WorkspaceId;
+use sb_rules::bindings::AgentCandidate;
 use tokio::time::Instant;
 
-use crate::bindings::AgentCandidate;
 use crate::lock;
 use crate::plan::RunnerLookup;
 

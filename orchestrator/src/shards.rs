@@ -15,8 +15,8 @@
 //!   gets the same answer, each shard has exactly one owner, the split is even, and a join
 //!   or leave moves little more than the shards that must move.
 //! - [`Membership`]: the live-member registry in the session store (a heartbeat key per
-//!   member, plus an index set), read by the shard reconciler of
-//!   [`crate::service::Orchestrator`].
+//!   member, plus an index set), read by the orchestrator's shard reconciler (`service`,
+//!   which uses this module, not the other way round).
 //!
 //! # Key space (session store)
 //! ```text

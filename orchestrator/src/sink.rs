@@ -60,10 +60,11 @@ use serde_json::Value;
 
 use crate::concurrency::ConversationKey;
 use crate::conversations::Conversations;
+use crate::deps::{OrchestratorDeps, OrchestratorOptions};
 use crate::error::{OrchestratorError, Result};
 use crate::journal::{self, Effect, RunInfo};
 use crate::lock;
-use crate::service::{OrchestratorDeps, OrchestratorOptions, pause, settle};
+use crate::settle::{pause, settle};
 
 /// Runs whose facts are cached; the cache is cleared when it grows past this (a run's entry
 /// is also dropped at its terminal item).

@@ -1,7 +1,7 @@
 //! Steering decisions as data (SPEC §7, host-behaviour §11, §15
 //! `try_claim_steering_from_query`): which active run, if any, absorbs a new message, the
 //! item pushed to its steering list, and the metadata of a claimed event.
-//! Nothing here does I/O; the event consumer ([`crate::events`]) applies it.
+//! Nothing here does I/O; the event consumer (`events`) applies it.
 //!
 //! ```text
 //! message.received ─▶ binding + runner ─▶ target(event, runner, active runs)

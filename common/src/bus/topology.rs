@@ -21,9 +21,22 @@
 
 use std::num::NonZeroU32;
 
-use sb_protocol::ids::RunId;
+use sb_protocol::ids::{EventId, RunId, WorkspaceId};
+use sb_protocol::messages::{EventMessage, encode};
 
 use super::{Bus, BusError, ExchangeKind, ExchangeSpec, QueueSpec, QueueType, Result};
+
+/// A message addressed on the bus: what to publish, or to enqueue in the outbox for the
+/// relay to publish.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Announcement {
+    /// Exchange to publish to.
+    pub exchange: String,
+    /// Routing key.
+    pub routing_key: String,
+    /// Message body (JSON bytes).
+    pub body: Vec<u8>,
+}
 
 /// Default name prefix (SPEC §3 names).
 pub const DEFAULT_NAME_PREFIX: &str = "switchboard";
@@ -299,6 +312,26 @@ impl Topology {
         events_routing_key(workspace, conversation, self.options.events_shards)
     }
 
+    /// The message announcing an accepted event on the events exchange, sharded by its
+    /// conversation: what ingest enqueues in the outbox with every event it accepts (the
+    /// gateway's `POST /v1/events` and turns, a schedule's firing), and what publishes an
+    /// event again (a released parked event, embedded mode's recovery). One function, so
+    /// an event is always announced on the shard its conversation's events are consumed on.
+    #[must_use]
+    pub fn event_announcement(
+        &self,
+        workspace: &WorkspaceId,
+        event_id: EventId,
+        conversation: Option<&str>,
+    ) -> Announcement {
+        let message = EventMessage::new(workspace.clone(), event_id);
+        Announcement {
+            exchange: self.events_exchange(),
+            routing_key: self.events_routing_key(workspace.as_str(), conversation),
+            body: encode(&message),
+        }
+    }
+
     /// Routing key of a result with this topology's shard count.
     pub fn results_routing_key(&self, run_id: &RunId) -> String {
         results_routing_key(run_id, self.options.results_shards)
@@ -431,6 +464,25 @@ mod tests {
             events_routing_key("default", Some("c1"), n(8)),
             format!("shard.{k}")
         );
+    }
+
+    #[test]
+    fn an_event_is_announced_on_its_conversation_shard() {
+        let topology = Topology::new(TopologyOptions {
+            events_shards: n(8),
+            ..TopologyOptions::default()
+        })
+        .unwrap();
+        let workspace = WorkspaceId::new("ws-1").unwrap();
+        let event_id = EventId::new();
+        let announcement = topology.event_announcement(&workspace, event_id, Some("c1"));
+        assert_eq!(announcement.exchange, topology.events_exchange());
+        assert_eq!(
+            announcement.routing_key,
+            topology.events_routing_key("ws-1", Some("c1"))
+        );
+        let message: EventMessage = sb_protocol::messages::decode(&announcement.body).unwrap();
+        assert_eq!(message, EventMessage::new(workspace, event_id));
     }
 
     #[test]

@@ -9,7 +9,7 @@
 //! - an enabled agent must not tie with an existing enabled agent: same specificity,
 //!   overlapping scope and a shared event type would make events ambiguous, which the
 //!   resolver refuses to decide (SPEC §5), so it is refused here with `409 conflict`. The
-//!   rule is the resolver's own [`sb_orchestrator::bindings::conflicts`].
+//!   rule is the resolver's own [`sb_rules::bindings::conflicts`].
 //!
 //! # Routing
 //!
@@ -34,7 +34,6 @@ use std::str::FromStr;
 use axum::extract::State;
 use axum::http::StatusCode;
 use axum::response::IntoResponse;
-use sb_orchestrator::bindings::{AgentCandidate, EventFilter, conflicts};
 use sb_protocol::error::ErrorCode;
 use sb_protocol::host::{
     AgentConfig, AgentScope, BudgetOverrides, DeliveryPolicy, ResourcePolicy, StatePolicy,
@@ -42,6 +41,7 @@ use sb_protocol::host::{
 };
 use sb_protocol::ids::AgentId;
 use sb_protocol::manifest::RunnerId;
+use sb_rules::bindings::{AgentCandidate, EventFilter, conflicts};
 use sb_store::agents::{AgentRouting, AgentRow, NewAgent};
 use serde::{Deserialize, Serialize};
 use serde_json::{Map, Value, json};

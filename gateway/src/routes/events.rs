@@ -39,7 +39,6 @@ use std::time::Duration;
 
 use chrono::{DateTime, SecondsFormat, Utc};
 use sb_common::telemetry::{Registry, names};
-use sb_orchestrator::scheduler::event_announcement;
 use sb_protocol::host::AgentEventEnvelope;
 use sb_protocol::ids::{AgentId, EventId, RunId};
 use sb_store::events::{
@@ -289,7 +288,7 @@ pub async fn ingest(
     .map_err(|e| ApiError::from_coded(&e))?;
     addressing.apply(&mut normalized.envelope.metadata);
 
-    let mut outbox = event_announcement(state.topology(), &normalized.envelope);
+    let mut outbox = super::event_outbox(state.topology(), &normalized.envelope);
     let mut new_event = to_new_event(&normalized)?;
     if new_event.idempotency_key.is_some() {
         new_event.request_hash =

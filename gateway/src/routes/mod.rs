@@ -17,6 +17,9 @@ pub mod turns;
 use std::str::FromStr;
 
 use chrono::{DateTime, Utc};
+use sb_common::bus::topology::Topology;
+use sb_protocol::host::AgentEventEnvelope;
+use sb_store::NewOutboxMessage;
 use serde::de::DeserializeOwned;
 use serde::{Deserialize, Serialize};
 
@@ -43,6 +46,22 @@ pub struct PageQuery {
     pub cursor: Option<String>,
     /// Page size (default `limits.page_size_default`), clamped to [1, `limits.page_size_max`].
     pub limit: Option<u64>,
+}
+
+/// The outbox row announcing an accepted event on the events exchange
+/// ([`Topology::event_announcement`], the one rule ingest and the scheduler share), stored
+/// with the event in one transaction for the relay to publish.
+pub(crate) fn event_outbox(topology: &Topology, envelope: &AgentEventEnvelope) -> NewOutboxMessage {
+    let announcement = topology.event_announcement(
+        &envelope.workspace_id,
+        envelope.event_id,
+        envelope.conversation_id.as_deref(),
+    );
+    NewOutboxMessage::new(
+        announcement.exchange,
+        announcement.routing_key,
+        announcement.body,
+    )
 }
 
 /// Pages a list the store reads whole: a workspace's registry (agents, keys, models, tools,

@@ -40,7 +40,6 @@ use axum::http::{HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
 use chrono::Utc;
 use sb_common::telemetry::{Registry, names};
-use sb_orchestrator::scheduler::event_announcement;
 use sb_protocol::content::ContentElement;
 use sb_protocol::host::event_types;
 use sb_protocol::ids::{EventId, RunId};
@@ -228,7 +227,7 @@ pub async fn start_turn(
         TURN_METADATA_KEY.to_owned(),
         serde_json::to_value(tag).map_err(ApiError::internal)?,
     );
-    let outbox = event_announcement(state.topology(), &normalized.envelope);
+    let outbox = super::event_outbox(state.topology(), &normalized.envelope);
     let event = NewEvent::from_envelope(&normalized.envelope, None, normalized.input_summary)?;
     let (turn, created) = state
         .stores()
