@@ -12,6 +12,7 @@ use std::time::Duration;
 use sb_common::bus::Bus;
 use sb_common::bus::topology::Topology;
 use sb_common::config::SwitchboardConfig;
+use sb_common::retry::{RetryConfig, RetryPolicy};
 use sb_common::session::SessionStore;
 use sb_protocol::host::RunBudgets;
 use sb_store::Stores;
@@ -86,11 +87,10 @@ pub struct OrchestratorOptions {
     pub prefetch: u16,
     /// Most result deliveries the sink persists in one ledger call.
     pub sink_batch: usize,
-    /// First delay before a message that failed with a transient error is requeued; doubled
-    /// per previous attempt of that message.
-    pub retry_backoff: Duration,
-    /// Upper bound of that delay.
-    pub retry_backoff_max: Duration,
+    /// Delays before a message that failed with a transient error is requeued (by its
+    /// previous attempts), and between attempts while a backend is unreachable: the
+    /// configuration's `[retry]`.
+    pub retry: RetryPolicy,
     /// Largest state value, bytes of UTF-8 JSON.
     pub max_state_value_bytes: usize,
     /// Largest inline artifact a runner may create, decoded bytes.
@@ -150,8 +150,7 @@ impl Default for OrchestratorOptions {
             // Enough to amortise one transaction over a burst of deltas, small enough to keep
             // per-item latency low.
             sink_batch: 64,
-            retry_backoff: Duration::from_millis(100),
-            retry_backoff_max: Duration::from_secs(5),
+            retry: RetryConfig::default().policy(),
             max_state_value_bytes: crate::state_keys::MAX_STATE_VALUE_BYTES,
             max_inline_artifact_bytes: sb_protocol::result::MAX_ARTIFACT_INLINE_BYTES,
             host_version: env!("CARGO_PKG_VERSION").to_owned(),
@@ -191,18 +190,16 @@ impl OrchestratorOptions {
                 .unwrap_or(sb_common::session::STEERING_CAP),
             run_max_duration: config.limits.run_max_duration,
             route_cache_max_age: config.orchestrator.route_cache_max_age,
+            retry: config.retry.policy(),
             ..Self::default()
         }
     }
 
     /// Delay before requeueing a message that failed transiently, after `attempts` earlier
-    /// returns of it: `retry_backoff · 2^attempts`, capped at `retry_backoff_max`.
+    /// returns of it: `retry.initial · 2^attempts`, capped at `retry.max`.
     #[must_use]
     pub fn retry_delay(&self, attempts: u32) -> Duration {
-        let factor = 2u32.saturating_pow(attempts.min(16));
-        self.retry_backoff
-            .saturating_mul(factor)
-            .min(self.retry_backoff_max)
+        self.retry.delay(attempts)
     }
 }
 

@@ -952,7 +952,7 @@ pub async fn run_shard(router: Arc<EventRouter>, shard: u32, shutdown: Shutdown)
             Ok(s) => s,
             Err(error) => {
                 tracing::warn!(%error, queue = %queue.name, "cannot subscribe; retrying");
-                if !pause(options.retry_backoff_max, &shutdown).await {
+                if !pause(options.retry.max, &shutdown).await {
                     return;
                 }
                 continue 'subscribe;
@@ -971,7 +971,7 @@ pub async fn run_shard(router: Arc<EventRouter>, shard: u32, shutdown: Shutdown)
                 }
                 Err(error) => {
                     tracing::warn!(%error, queue = %queue.name, "subscription ended; resubscribing");
-                    if !pause(options.retry_backoff, &shutdown).await {
+                    if !pause(options.retry.initial, &shutdown).await {
                         return;
                     }
                     continue 'subscribe;

@@ -858,7 +858,7 @@ pub async fn run_shard(sink: Arc<ResultSink>, shard: u32, shutdown: Shutdown) {
             Ok(s) => s,
             Err(error) => {
                 tracing::warn!(%error, queue = %queue.name, "cannot subscribe; retrying");
-                if !pause(options.retry_backoff_max, &shutdown).await {
+                if !pause(options.retry.max, &shutdown).await {
                     return;
                 }
                 continue 'subscribe;
@@ -895,7 +895,7 @@ pub async fn run_shard(sink: Arc<ResultSink>, shard: u32, shutdown: Shutdown) {
                 sink.process_batch(batch, &queue.name, &shutdown).await;
             }
             if lost {
-                if !pause(options.retry_backoff, &shutdown).await {
+                if !pause(options.retry.initial, &shutdown).await {
                     return;
                 }
                 continue 'subscribe;

@@ -16,6 +16,7 @@ use chrono::Utc;
 use sb_common::bus::memory::MemoryBus;
 use sb_common::bus::topology::{Topology, TopologyOptions, declare_topology};
 use sb_common::bus::{Bus, ConsumeOptions, PublishOptions, QueueSpec, QueueType, Subscription};
+use sb_common::retry::RetryPolicy;
 use sb_common::session::memory::MemorySessionStore;
 use sb_common::session::{PullMode, SessionStore, cancel_flag_key};
 use sb_common::shutdown::Shutdown;
@@ -214,8 +215,7 @@ impl Harness {
         Self {
             b,
             options: OrchestratorOptions {
-                retry_backoff: Duration::from_millis(10),
-                retry_backoff_max: Duration::from_millis(50),
+                retry: RetryPolicy::new(Duration::from_millis(10), Duration::from_millis(50)),
                 ..OrchestratorOptions::default()
             },
         }

@@ -12,6 +12,7 @@ use chrono::Utc;
 use sb_common::bus::memory::MemoryBus;
 use sb_common::bus::topology::{Topology, TopologyOptions, declare_topology};
 use sb_common::bus::{Bus, ConsumeOptions, PublishOptions, QueueSpec, QueueType, Subscription};
+use sb_common::retry::RetryPolicy;
 use sb_common::session::SessionStore;
 use sb_common::session::memory::MemorySessionStore;
 use sb_common::shutdown::Shutdown;
@@ -94,7 +95,7 @@ impl Harness {
 
     fn options(&self) -> OrchestratorOptions {
         OrchestratorOptions {
-            retry_backoff: Duration::from_millis(10),
+            retry: RetryPolicy::new(Duration::from_millis(10), Duration::from_secs(5)),
             ..OrchestratorOptions::default()
         }
     }

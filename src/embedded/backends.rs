@@ -65,10 +65,11 @@ pub(super) async fn open_bus(
                 .map(|u| u.expose().to_owned())
                 .unwrap_or_default();
             let name = format!("switchboard {} (pid {})", roles.names(), std::process::id());
-            let bus = sb_common::bus::amqp::AmqpBus::connect(
-                sb_common::bus::amqp::AmqpOptions::new(url, name),
-            )
-            .await?;
+            let options = sb_common::bus::amqp::AmqpOptions {
+                reconnect: config.retry.policy(),
+                ..sb_common::bus::amqp::AmqpOptions::new(url, name)
+            };
+            let bus = sb_common::bus::amqp::AmqpBus::connect(options).await?;
             Ok((Arc::new(bus), None))
         }
     }
