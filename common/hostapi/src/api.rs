@@ -7,6 +7,10 @@
 //! sent the line, and the run is an active run of that very process — and the gateway's
 //! remote Host API establishes the caller from the run's token. The [`Connection`] travels
 //! with the call so that the gate checks the same facts again (SPEC §14: defence in depth).
+//!
+//! Behind the gate, a [`Dispatcher`] serves the [`GatedCall`]s that passed it: the action
+//! servers (`actions::ActionDispatcher`, `basic::BasicHostApi`) implement it, the gate
+//! (`api_gate::ApiGate`) calls it, and neither needs the other's module.
 
 use std::collections::HashSet;
 use std::hash::{Hash, Hasher};
@@ -14,6 +18,7 @@ use std::sync::{Arc, Mutex};
 
 use async_trait::async_trait;
 use sb_protocol::error::AgentApiError;
+use sb_protocol::host::AuthorizationSnapshot;
 use sb_protocol::ids::{RunId, WorkspaceId};
 use sb_protocol::manifest::RunnerId;
 use sb_protocol::wire::{ApiCallId, ApiResult, HostToRunner};
@@ -261,6 +266,52 @@ pub fn host_version() -> Value {
         "protocol": PROTOCOL_VERSION,
         "host": "switchboard",
     })
+}
+
+/// A call that passed the gate: the action code gets the frozen snapshot with it.
+#[derive(Debug, Clone, Copy)]
+pub struct GatedCall<'a> {
+    /// Who is calling (from the process connection).
+    pub caller: &'a CallerIdentity,
+    /// The run.
+    pub run_id: RunId,
+    /// The action name as sent by the runner.
+    pub action: &'a str,
+    /// The run's authorization, as frozen at run start.
+    pub snapshot: &'a AuthorizationSnapshot,
+}
+
+/// Serves Host API actions after the gate.
+///
+/// # Contract
+/// - Called only for calls that passed steps 1–3 of SPEC §8; the implementation performs the
+///   remaining steps (4: API flag / resource grant in `call.snapshot`, 5: scope, 6: arguments,
+///   7: size, rate, budgets) in that order, then the action.
+/// - An action it does not know is `not_found`; a known action it cannot serve for this run is
+///   `unauthorized` (never a fake success).
+/// - May stream parts of the answer through `stream` before returning the final data.
+/// - Must tolerate being dropped at any await point (the run ended).
+#[async_trait]
+pub trait Dispatcher: Send + Sync + 'static {
+    /// Serves one gated call.
+    async fn dispatch(
+        &self,
+        call: GatedCall<'_>,
+        params: Value,
+        stream: &ApiStream,
+    ) -> Result<Value, AgentApiError>;
+}
+
+#[async_trait]
+impl<D: Dispatcher + ?Sized> Dispatcher for Arc<D> {
+    async fn dispatch(
+        &self,
+        call: GatedCall<'_>,
+        params: Value,
+        stream: &ApiStream,
+    ) -> Result<Value, AgentApiError> {
+        (**self).dispatch(call, params, stream).await
+    }
 }
 
 #[cfg(test)]

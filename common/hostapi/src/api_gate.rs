@@ -48,53 +48,8 @@ use sb_protocol::ids::RunId;
 use serde_json::Value;
 
 use crate::api::{ApiStream, CallerIdentity, HostApi};
+pub use crate::api::{Dispatcher, GatedCall};
 use crate::basic::BasicHostApi;
-
-/// A call that passed the gate: the action code gets the frozen snapshot with it.
-#[derive(Debug, Clone, Copy)]
-pub struct GatedCall<'a> {
-    /// Who is calling (from the process connection).
-    pub caller: &'a CallerIdentity,
-    /// The run.
-    pub run_id: RunId,
-    /// The action name as sent by the runner.
-    pub action: &'a str,
-    /// The run's authorization, as frozen at run start.
-    pub snapshot: &'a AuthorizationSnapshot,
-}
-
-/// Serves Host API actions after the gate.
-///
-/// # Contract
-/// - Called only for calls that passed steps 1–3 of SPEC §8; the implementation performs the
-///   remaining steps (4: API flag / resource grant in `call.snapshot`, 5: scope, 6: arguments,
-///   7: size, rate, budgets) in that order, then the action.
-/// - An action it does not know is `not_found`; a known action it cannot serve for this run is
-///   `unauthorized` (never a fake success).
-/// - May stream parts of the answer through `stream` before returning the final data.
-/// - Must tolerate being dropped at any await point (the run ended).
-#[async_trait]
-pub trait Dispatcher: Send + Sync + 'static {
-    /// Serves one gated call.
-    async fn dispatch(
-        &self,
-        call: GatedCall<'_>,
-        params: Value,
-        stream: &ApiStream,
-    ) -> Result<Value, AgentApiError>;
-}
-
-#[async_trait]
-impl<D: Dispatcher + ?Sized> Dispatcher for Arc<D> {
-    async fn dispatch(
-        &self,
-        call: GatedCall<'_>,
-        params: Value,
-        stream: &ApiStream,
-    ) -> Result<Value, AgentApiError> {
-        (**self).dispatch(call, params, stream).await
-    }
-}
 
 /// Current time as epoch seconds (the unit of `deadline_at`).
 pub type Clock = Arc<dyn Fn() -> f64 + Send + Sync>;

@@ -17,8 +17,7 @@ use sb_protocol::error::{AgentApiError, ErrorCode};
 use sb_protocol::ids::RunId;
 use serde_json::{Value, json};
 
-use crate::api::{ApiStream, CallerIdentity, HostApi, host_version};
-use crate::api_gate::{Dispatcher, GatedCall};
+use crate::api::{ApiStream, CallerIdentity, Dispatcher, GatedCall, HostApi, host_version};
 
 /// The Host API of a host without resource providers (see the module docs).
 #[derive(Debug, Clone, Copy, Default)]

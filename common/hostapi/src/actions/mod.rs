@@ -69,8 +69,7 @@ use sb_protocol::error::{AgentApiError, ErrorCode, HasErrorCode};
 use sb_store::{StoreError, Stores};
 use serde_json::{Value, json};
 
-use crate::api::{ApiStream, host_version};
-use crate::api_gate::{Dispatcher, GatedCall};
+use crate::api::{ApiStream, Dispatcher, GatedCall, host_version};
 use crate::providers::{ProviderClient, ProviderOptions};
 use params::Params;
 
