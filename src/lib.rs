@@ -15,7 +15,16 @@
 //!   (`cargo run -- dev`).
 //! - [`default_agent`]: the model and default agent `switchboard dev` bootstraps
 //!   (`--model-url`, `--model`: the local agent on that model; without: the echo runner).
+//! - [`cli`]: the command line (`switchboard dev`, `send`, `keys`, …); `src/main.rs` only
+//!   parses it and calls [`cli::run`], so every command is testable in-process.
+//! - [`client`]: the HTTP client of a running gateway (`send`, `bench`, the operator
+//!   commands, the tests).
+//! - `testing` (feature `testing`): the in-memory host the end-to-end suites run on.
 
 pub mod builtin;
+pub mod cli;
+pub mod client;
 pub mod default_agent;
 pub mod embedded;
+#[cfg(feature = "testing")]
+pub mod testing;

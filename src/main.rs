@@ -1,12 +1,13 @@
-//! The `switchboard` binary: parses the command line and hands over to [`cli::run`].
+//! The `switchboard` binary: parses the command line and hands over to
+//! [`switchboard::cli::run`].
 //!
-//! Everything else lives in the `cli` modules and the role crates; this file only wires.
-
-mod cli;
+//! Everything else lives in the library (`switchboard::cli` and the role crates); this file
+//! only wires.
 
 use std::process::ExitCode;
 
 use clap::Parser;
+use switchboard::cli;
 
 #[tokio::main]
 async fn main() -> ExitCode {

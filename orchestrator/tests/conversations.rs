@@ -7,20 +7,16 @@
 //! Redis / Postgres instantiation only needs another constructor returning [`Backends`].
 
 use sb_common::session::announce_routing_change;
-use std::future::Future;
 use std::num::NonZeroU32;
 use std::sync::Arc;
 use std::time::Duration;
 
 use chrono::Utc;
-use sb_common::bus::memory::MemoryBus;
-use sb_common::bus::topology::{Topology, TopologyOptions, declare_topology};
-use sb_common::bus::{Bus, ConsumeOptions, PublishOptions, QueueSpec, QueueType, Subscription};
+use sb_common::bus::topology::Topology;
+use sb_common::bus::{Bus, ConsumeOptions, PublishOptions, QueueSpec, Subscription};
 use sb_common::retry::RetryPolicy;
-use sb_common::session::memory::MemorySessionStore;
 use sb_common::session::{PullMode, SessionStore, cancel_flag_key};
 use sb_common::shutdown::Shutdown;
-use sb_orchestrator::access::Catalog;
 use sb_orchestrator::concurrency::ConversationKey;
 use sb_orchestrator::events::{EventRouter, RouteOutcome};
 use sb_orchestrator::reaper::Reaper;
@@ -33,10 +29,14 @@ use sb_protocol::messages::{self, ControlMessage, EventMessage, ResultMessage, R
 use sb_protocol::proxy::SteeringItem;
 use sb_protocol::result::AgentRunResult;
 use sb_store::{
-    EventQuery, EventStatus, NewAgent, NewEvent, RunFilter, RunStatus, RunnerRow, SqlStore,
-    SqlStoreOptions, Stores, TranscriptQuery,
+    EventQuery, EventStatus, NewAgent, NewEvent, RunFilter, RunStatus, RunnerRow, Stores,
+    TranscriptQuery,
 };
 use serde_json::{Value, json};
+
+mod support;
+
+use support::eventually;
 
 const WS: &str = "default";
 const STEERING_RUNNER: &str = "plugin:acme/steer/default";
@@ -52,36 +52,13 @@ struct Backends {
     _teardown: Option<Box<dyn std::any::Any + Send>>,
 }
 
-fn topology_options() -> TopologyOptions {
-    TopologyOptions {
-        name_prefix: format!("t-{}.switchboard", uuid::Uuid::new_v4().simple()),
-        events_shards: NonZeroU32::new(2).unwrap(),
-        results_shards: NonZeroU32::new(2).unwrap(),
-        pools: vec!["default".into()],
-        queue_type: QueueType::Classic,
-        delivery_limit: None,
-    }
-}
-
 async fn memory() -> Backends {
-    let store = SqlStore::connect(
-        "sqlite::memory:",
-        &SqlStoreOptions {
-            migrate: true,
-            ..Default::default()
-        },
-    )
-    .await
-    .expect("sqlite");
-    let bus: Arc<dyn Bus> = Arc::new(MemoryBus::new());
-    let topology = declare_topology(bus.as_ref(), &topology_options())
-        .await
-        .expect("topology");
+    let b = support::memory_backends(2).await;
     Backends {
-        bus,
-        sessions: Arc::new(MemorySessionStore::new()),
-        stores: Stores::from_sql(store),
-        topology,
+        bus: b.bus,
+        sessions: b.sessions,
+        stores: b.stores,
+        topology: b.topology,
         _teardown: None,
     }
 }
@@ -130,9 +107,7 @@ async fn cluster() -> Backends {
     let redis = RedisOptions::new(redis_url, prefix);
     let bus: Arc<dyn Bus> = Arc::new(AmqpBus::connect(amqp.clone()).await.expect("rabbitmq"));
     let sessions = Arc::new(RedisSessionStore::connect(&redis).await.expect("redis"));
-    let topology = declare_topology(bus.as_ref(), &topology_options())
-        .await
-        .expect("topology");
+    let topology = support::declare(bus.as_ref(), &support::sharded_topology(2)).await;
     let db = sb_store::testing::postgres_db().await;
     let names = topology
         .durable_queues()
@@ -222,13 +197,12 @@ impl Harness {
     }
 
     fn deps(&self) -> OrchestratorDeps {
-        OrchestratorDeps {
-            bus: self.b.bus.clone(),
-            sessions: self.b.sessions.clone(),
-            stores: self.b.stores.clone(),
-            topology: self.b.topology.clone(),
-            catalog: Arc::new(Catalog::default()),
-        }
+        support::deps(
+            self.b.bus.clone(),
+            self.b.sessions.clone(),
+            self.b.stores.clone(),
+            self.b.topology.clone(),
+        )
     }
 
     fn router(&self) -> EventRouter {
@@ -463,20 +437,6 @@ async fn no_job(sub: &mut Subscription, quiet: Duration) {
         let job = messages::decode::<RunJob>(&d.unwrap().body).unwrap();
         panic!("unexpected job for event {}", job.context.event.event_id);
     }
-}
-
-async fn eventually<F, Fut>(what: &str, mut check: F)
-where
-    F: FnMut() -> Fut,
-    Fut: Future<Output = bool>,
-{
-    for _ in 0..500 {
-        if check().await {
-            return;
-        }
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
-    panic!("timed out waiting for {what}");
 }
 
 fn conversation_key(conversation: &str) -> ConversationKey {

@@ -9,23 +9,13 @@ use sb_common::session::memory::MemorySessionStore;
 use sb_common::telemetry::{Registry, names};
 use sb_orchestrator::retention::{Retention, RetentionKind, RetentionPolicy};
 use sb_protocol::ids::{AgentId, EventId, WorkspaceId};
-use sb_store::{
-    ArtifactScope, NewArtifact, NewEvent, NewRun, NewRunEvent, RunOutcome, SqlStore,
-    SqlStoreOptions, Stores,
-};
+use sb_store::{ArtifactScope, NewArtifact, NewEvent, NewRun, NewRunEvent, RunOutcome, Stores};
 use serde_json::json;
 
+mod support;
+
 async fn stores() -> Stores {
-    let store = SqlStore::connect(
-        "sqlite::memory:",
-        &SqlStoreOptions {
-            migrate: true,
-            ..Default::default()
-        },
-    )
-    .await
-    .expect("sqlite");
-    Stores::from_sql(store)
+    support::memory_stores().await
 }
 
 fn ws() -> WorkspaceId {

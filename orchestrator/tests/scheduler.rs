@@ -6,17 +6,16 @@ use std::sync::Arc;
 
 use chrono::Utc;
 use sb_common::bus::memory::MemoryBus;
-use sb_common::bus::topology::{TopologyOptions, declare_topology};
+use sb_common::bus::topology::TopologyOptions;
 use sb_common::session::memory::MemorySessionStore;
-use sb_orchestrator::access::Catalog;
+use sb_orchestrator::OrchestratorOptions;
 use sb_orchestrator::scheduler::Scheduler;
-use sb_orchestrator::{OrchestratorDeps, OrchestratorOptions};
 use sb_protocol::host::AgentEventEnvelope;
 use sb_protocol::ids::{EventId, WorkspaceId};
-use sb_store::{
-    EventQuery, NewSchedule, ScheduleKind, ScheduledEvent, SqlStore, SqlStoreOptions, Stores,
-};
+use sb_store::{EventQuery, NewSchedule, ScheduleKind, ScheduledEvent};
 use serde_json::json;
+
+mod support;
 
 /// A SQLite file (pooled connections, so the schedulers really run concurrently), removed
 /// when dropped.
@@ -54,33 +53,22 @@ fn template(conversation: &str) -> serde_json::Value {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn concurrent_schedulers_fire_each_due_schedule_once() {
     let db = TempDb(std::env::temp_dir().join(format!("sb-sched-{}.db", uuid::Uuid::new_v4())));
-    let store = SqlStore::connect(
-        &format!("sqlite://{}?mode=rwc", db.0.display()),
-        &SqlStoreOptions {
-            migrate: true,
-            ..Default::default()
-        },
-    )
-    .await
-    .expect("sqlite");
-    let stores = Stores::from_sql(store);
+    let stores = support::sqlite_stores(&format!("sqlite://{}?mode=rwc", db.0.display())).await;
     let bus = Arc::new(MemoryBus::new());
-    let topology = declare_topology(
+    let topology = support::declare(
         bus.as_ref(),
         &TopologyOptions {
-            name_prefix: format!("t-{}.switchboard", uuid::Uuid::new_v4().simple()),
+            name_prefix: support::unique_name_prefix(),
             ..TopologyOptions::default()
         },
     )
-    .await
-    .expect("topology");
-    let deps = OrchestratorDeps {
+    .await;
+    let deps = support::deps(
         bus,
-        sessions: Arc::new(MemorySessionStore::new()),
-        stores: stores.clone(),
+        Arc::new(MemorySessionStore::new()),
+        stores.clone(),
         topology,
-        catalog: Arc::new(Catalog::default()),
-    };
+    );
     let ws = WorkspaceId::default_workspace();
     let mut schedules = BTreeSet::new();
     for i in 0..12 {

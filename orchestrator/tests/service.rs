@@ -2,7 +2,6 @@
 //! `MemorySessionStore` and an in-memory SQLite `SqlStore`.
 
 use sb_common::session::announce_routing_change;
-use std::future::Future;
 use std::num::NonZeroU32;
 use std::sync::Arc;
 use std::time::Duration;
@@ -10,13 +9,12 @@ use std::time::Duration;
 use base64::Engine as _;
 use chrono::Utc;
 use sb_common::bus::memory::MemoryBus;
-use sb_common::bus::topology::{Topology, TopologyOptions, declare_topology};
-use sb_common::bus::{Bus, ConsumeOptions, PublishOptions, QueueSpec, QueueType, Subscription};
+use sb_common::bus::topology::Topology;
+use sb_common::bus::{Bus, ConsumeOptions, PublishOptions, QueueSpec, Subscription};
 use sb_common::retry::RetryPolicy;
 use sb_common::session::SessionStore;
 use sb_common::session::memory::MemorySessionStore;
 use sb_common::shutdown::Shutdown;
-use sb_orchestrator::access::Catalog;
 use sb_orchestrator::events::{EventRouter, RouteOutcome};
 use sb_orchestrator::plan::UnroutedReason;
 use sb_orchestrator::reaper::Reaper;
@@ -29,10 +27,14 @@ use sb_protocol::ids::{EventId, RunId, WorkspaceId};
 use sb_protocol::messages::{self, DeliveryMessage, EventMessage, ResultMessage, RunJob};
 use sb_protocol::result::AgentRunResult;
 use sb_store::{
-    AgentRow, EventStatus, NewAgent, NewEvent, RunFilter, RunStatus, RunnerRow, SqlStore,
-    SqlStoreOptions, Stores, TranscriptQuery,
+    AgentRow, EventStatus, NewAgent, NewEvent, RunFilter, RunStatus, RunnerRow, Stores,
+    TranscriptQuery,
 };
 use serde_json::{Value, json};
+
+mod support;
+
+use support::eventually;
 
 const WS: &str = "default";
 const RUNNER: &str = "plugin:acme/echo/default";
@@ -53,44 +55,23 @@ async fn harness() -> Harness {
 }
 
 async fn harness_with_shards(shards: u32) -> Harness {
-    let store = SqlStore::connect(
-        "sqlite::memory:",
-        &SqlStoreOptions {
-            migrate: true,
-            ..Default::default()
-        },
-    )
-    .await
-    .expect("sqlite");
-    let bus = Arc::new(MemoryBus::new());
-    let options = TopologyOptions {
-        name_prefix: format!("t-{}.switchboard", uuid::Uuid::new_v4().simple()),
-        events_shards: NonZeroU32::new(shards).unwrap(),
-        results_shards: NonZeroU32::new(shards).unwrap(),
-        pools: vec!["default".into()],
-        queue_type: QueueType::Classic,
-        delivery_limit: None,
-    };
-    let topology = declare_topology(bus.as_ref(), &options)
-        .await
-        .expect("topology");
+    let b = support::memory_backends(shards).await;
     Harness {
-        bus,
-        sessions: Arc::new(MemorySessionStore::new()),
-        stores: Stores::from_sql(store),
-        topology,
+        bus: b.bus,
+        sessions: b.sessions,
+        stores: b.stores,
+        topology: b.topology,
     }
 }
 
 impl Harness {
     fn deps(&self) -> OrchestratorDeps {
-        OrchestratorDeps {
-            bus: self.bus.clone(),
-            sessions: self.sessions.clone(),
-            stores: self.stores.clone(),
-            topology: self.topology.clone(),
-            catalog: Arc::new(Catalog::default()),
-        }
+        support::deps(
+            self.bus.clone(),
+            self.sessions.clone(),
+            self.stores.clone(),
+            self.topology.clone(),
+        )
     }
 
     fn options(&self) -> OrchestratorOptions {
@@ -294,20 +275,6 @@ async fn drain(sub: &mut Subscription, quiet: Duration) -> Vec<DeliveryMessage> 
         d.ack().await.unwrap();
     }
     out
-}
-
-async fn eventually<F, Fut>(what: &str, mut check: F)
-where
-    F: FnMut() -> Fut,
-    Fut: Future<Output = bool>,
-{
-    for _ in 0..500 {
-        if check().await {
-            return;
-        }
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
-    panic!("timed out waiting for {what}");
 }
 
 async fn standard_setup(h: &Harness, runner_config: Value) -> AgentRow {

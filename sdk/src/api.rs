@@ -21,8 +21,8 @@ use sb_protocol::wire::{ApiCallId, ApiResult, RunnerToHost};
 use serde::Serialize;
 use serde_json::{Map, Value, json};
 
+use crate::cancel::CancelToken;
 use crate::output::Output;
-use crate::run::CancelToken;
 
 /// Host API action names (snake_case, PROTOCOL_V1 §8 / host-behaviour §22.3), as constants
 /// for `HostApi::call`. They are read from the protocol's one action table

@@ -51,11 +51,12 @@
 //!
 //! # Layout
 //! - [`serve`](crate::serve()) / [`serve_io`]: the main loop and run dispatch (`serve.rs`).
-//! - [`Run`], [`CancelToken`]: one run's context and cancellation (`run.rs`).
+//! - [`Run`]: one run's context (`run.rs`); [`CancelToken`]: its cancellation (`cancel.rs`).
 //! - [`Emitter`]: result output (`emit.rs`).
 //! - [`HostApi`]: blocking Host API client with typed helpers (`api.rs`).
 
 mod api;
+mod cancel;
 mod emit;
 mod output;
 mod run;
@@ -64,8 +65,9 @@ mod serve;
 pub use api::{
     EventPageParams, HistoryPageParams, HistorySearchParams, HostApi, StorageOwner, actions,
 };
+pub use cancel::CancelToken;
 pub use emit::{EmitError, Emitter};
-pub use run::{CancelToken, Run};
+pub use run::Run;
 pub use serve::{RunError, Runner, ServeConfig, serve, serve_io, serve_with};
 
 /// The protocol types (context, results, content, errors), re-exported so a runner needs only

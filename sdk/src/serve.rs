@@ -11,9 +11,10 @@ use sb_protocol::wire::{HostToRunner, LogLevel, RunnerToHost};
 use serde_json::Value;
 
 use crate::api::{ApiRouter, HostApi, cancelled_error, host_gone};
+use crate::cancel::CancelToken;
 use crate::emit::{EmitError, Emitter};
 use crate::output::Output;
-use crate::run::{CancelToken, Run, deadline_of};
+use crate::run::{Run, deadline_of};
 
 /// A runner implementation. One value serves every run of the process, concurrently.
 pub trait Runner: Send + Sync + 'static {

@@ -26,7 +26,7 @@ use sb_common::bus::{Bus as _, BusError, QueueSpec};
 use sb_common::config::{BusKind, SwitchboardConfig};
 use serde::Serialize;
 
-use super::{ConfigArgs, Overrides};
+use crate::cli::config::{ConfigArgs, Overrides};
 
 /// Characters of a body shown by `dlq list` (without `--json`).
 const PREVIEW_CHARS: usize = 120;
@@ -141,7 +141,7 @@ pub async fn execute(
 
 /// The dead queue of the configured deployment (its name and type).
 fn dead_queue(config: &SwitchboardConfig) -> anyhow::Result<QueueSpec> {
-    let options = switchboard::embedded::topology_options(config).context("bus configuration")?;
+    let options = crate::embedded::topology_options(config).context("bus configuration")?;
     Ok(Topology::new(options)
         .context("bus configuration")?
         .dead_queue())
@@ -221,7 +221,8 @@ pub async fn replay(
     args: &ReplayArgs,
     out: &mut impl Write,
 ) -> anyhow::Result<ExitCode> {
-    let progress = super::output::spinner(format!("replaying the dead letters of {}", queue.name));
+    let progress =
+        crate::cli::output::spinner(format!("replaying the dead letters of {}", queue.name));
     let report = dead_letters.replay(queue, &args.options()).await;
     progress.finish_and_clear();
     let report = report.map_err(|e| failed(queue, e))?;
@@ -707,7 +708,7 @@ mod tests {
                 return;
             }
         };
-        let options = switchboard::embedded::topology_options(&config).unwrap();
+        let options = crate::embedded::topology_options(&config).unwrap();
         let topology = declare_topology(&bus, &options).await.unwrap();
         let outcome = tokio::time::timeout(
             std::time::Duration::from_secs(60),

@@ -34,10 +34,11 @@ use sb_protocol::ids::WorkspaceId;
 use sb_store::{ApiKeyRecord, ApiKeyRole, NewApiKey, Tenancy as _};
 use serde_json::{Value, json};
 
-use super::api::GatewayClient;
-use super::client::GatewayClientArgs;
-use super::roles::DEV_DATABASE_FILE;
-use super::{ConfigArgs, Overrides, db};
+use crate::cli::config::{ConfigArgs, Overrides};
+use crate::cli::db;
+use crate::cli::dev::DEV_DATABASE_FILE;
+use crate::cli::gateway::GatewayClientArgs;
+use crate::client::GatewayClient;
 
 /// How long the CLI waits for the session store when announcing a revocation.
 const ANNOUNCE_TIMEOUT: Duration = Duration::from_secs(5);
@@ -255,11 +256,7 @@ pub async fn run(args: KeysArgs) -> anyhow::Result<ExitCode> {
 }
 
 fn gateway_client(gateway: &GatewayClientArgs) -> anyhow::Result<GatewayClient> {
-    let key = super::api::api_key_or_default(
-        gateway.api_key()?,
-        std::path::Path::new(super::api::DEV_API_KEY_FILE),
-    )?;
-    GatewayClient::new(&gateway.url, key.as_deref())
+    gateway.client()
 }
 
 /// Creates a key on the database and writes only its plaintext and a newline to `out`, so
@@ -441,7 +438,7 @@ pub async fn revoke(
 /// Announces a revocation on the configured shared session store.
 async fn announce(config: &SwitchboardConfig) -> anyhow::Result<()> {
     tokio::time::timeout(ANNOUNCE_TIMEOUT, async {
-        let sessions = switchboard::embedded::open_sessions(config)
+        let sessions = crate::embedded::open_sessions(config)
             .await
             .context("cannot connect to the session store")?;
         announce_revocation(sessions.as_ref())
@@ -738,7 +735,7 @@ mod tests {
         let key = create(&config, &create_args(&[]), &mut Vec::new())
             .await
             .unwrap();
-        let sessions = switchboard::embedded::open_sessions(&config).await.unwrap();
+        let sessions = crate::embedded::open_sessions(&config).await.unwrap();
         let before = sessions
             .get(sb_gateway::auth::REVOCATION_EPOCH_KEY)
             .await

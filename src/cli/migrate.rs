@@ -11,7 +11,7 @@ use clap::Args;
 use sb_common::config::SwitchboardConfig;
 use sb_migrations::{Migrator, MigratorTrait as _};
 
-use super::{ConfigArgs, Overrides};
+use crate::cli::config::{ConfigArgs, Overrides};
 
 /// `switchboard migrate`.
 #[derive(Debug, Clone, Args)]
@@ -35,7 +35,7 @@ impl MigrateArgs {
 /// Runs `switchboard migrate`.
 pub async fn run(args: MigrateArgs) -> anyhow::Result<ExitCode> {
     let config = args.config.load_and_init_logging(args.overrides())?;
-    let progress = super::output::spinner("applying migrations");
+    let progress = crate::cli::output::spinner("applying migrations");
     let applied = apply(&config).await;
     progress.finish_and_clear();
     let applied = applied?;
@@ -46,7 +46,7 @@ pub async fn run(args: MigrateArgs) -> anyhow::Result<ExitCode> {
 /// Connects (creating a SQLite file if needed) and applies every pending migration. Returns
 /// how many were pending.
 pub async fn apply(config: &SwitchboardConfig) -> anyhow::Result<usize> {
-    let store = super::db::connect(config, true).await?;
+    let store = crate::cli::db::connect(config, true).await?;
     let pending = Migrator::get_pending_migrations_read_only(store.connection())
         .await
         .context("cannot read the migration state")?

@@ -12,7 +12,6 @@ use std::pin::Pin;
 use std::process::ExitCode;
 use std::time::Duration;
 
-use anyhow::Context as _;
 use clap::{Args, Subcommand};
 use futures::Stream;
 use reqwest::Method;
@@ -20,33 +19,10 @@ use reqwest::header::CONTENT_TYPE;
 use sb_protocol::result::AgentRunResult;
 use serde_json::{Value, json};
 
-use super::api::{GatewayClient, delta_text, message_text};
-use super::client::GatewayClientArgs;
-use super::output::{self, AGENTS, cell, item_style, print_json, print_table};
-use super::sse::{Backoff, LAST_EVENT_ID, SseParser, SseStream};
-
-/// Flags of every gateway command: where the gateway is (`--url`, `--api-key*`, accepted
-/// before or after the subcommand) and `--json`.
-#[derive(Debug, Clone, Args)]
-pub struct GatewayCommandArgs {
-    #[command(flatten)]
-    pub gateway: GatewayClientArgs,
-    /// Print the gateway's JSON instead of a table.
-    #[arg(long, global = true)]
-    pub json: bool,
-}
-
-impl GatewayCommandArgs {
-    /// A client of the gateway, with the key of the flags, the environment or the dev key
-    /// file.
-    pub fn client(&self) -> anyhow::Result<GatewayClient> {
-        let key = super::api::api_key_or_default(
-            self.gateway.api_key()?,
-            std::path::Path::new(super::api::DEV_API_KEY_FILE),
-        )?;
-        GatewayClient::new(&self.gateway.url, key.as_deref())
-    }
-}
+use crate::cli::gateway::{GatewayCommandArgs, json_flag};
+use crate::cli::output::{self, AGENTS, cell, item_style, print_json, print_table};
+use crate::client::sse::{Backoff, LAST_EVENT_ID, SseParser, SseStream};
+use crate::client::{GatewayClient, delta_text, message_text};
 
 /// `switchboard runs`.
 #[derive(Debug, Clone, Args)]
@@ -148,12 +124,6 @@ pub enum AgentsCommand {
         #[arg(value_name = "AGENT")]
         agent: String,
     },
-}
-
-/// Parses the JSON object of `--flag`.
-pub fn json_flag(flag: &str, text: Option<&str>) -> anyhow::Result<Option<Value>> {
-    text.map(|t| serde_json::from_str(t).with_context(|| format!("--{flag} is not valid JSON")))
-        .transpose()
 }
 
 /// Runs a `runs` subcommand.

@@ -15,7 +15,7 @@ use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
 use reqwest::Method;
 use serde_json::Value;
 
-use super::api::GatewayClient;
+use crate::client::GatewayClient;
 
 /// Prints `value` as pretty JSON on stdout.
 pub fn print_json(value: &Value) -> anyhow::Result<()> {

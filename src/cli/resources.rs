@@ -17,11 +17,11 @@ use clap::{Args, Subcommand};
 use reqwest::Method;
 use serde_json::{Map, Value, json};
 
-use super::api::GatewayClient;
-use super::ops::{GatewayCommandArgs, json_flag};
-use super::output::{
+use crate::cli::gateway::{GatewayCommandArgs, json_flag};
+use crate::cli::output::{
     self, Collection, KNOWLEDGE_BASES, MODELS, TOOLS, cell, print_json, print_table,
 };
+use crate::client::GatewayClient;
 
 /// `switchboard models`.
 #[derive(Debug, Clone, Args)]

@@ -6,7 +6,7 @@
 //!   data directory) when it exists; otherwise the request goes without a key.
 //! - Without `--conversation`, a new conversation id is generated and printed on stderr
 //!   (once the gateway has accepted the message) so the next `send` can continue it.
-//! - The run is followed as described in [`super::api`]: the post answers with the run's
+//! - The run is followed as described in [`crate::client::follow`]: the post answers with the run's
 //!   stream, and a dropped connection is resumed from the run's stream with
 //!   `Last-Event-ID`, so no piece of the reply is lost or printed twice.
 //! - `message.delta` text goes to stdout as it arrives (flushed); a message that was not
@@ -25,11 +25,41 @@ use anyhow::Context as _;
 use sb_protocol::result::AgentRunResult;
 use tokio::time::Instant;
 
-use super::api::{FollowError, FollowOptions, GatewayClient, NewEvent, delta_text, message_text};
-use super::client::SendArgs;
+use clap::Args;
+
+use crate::cli::config::{ConfigArgs, Overrides};
+use crate::cli::gateway::GatewayClientArgs;
+use crate::client::{
+    FollowError, FollowOptions, GatewayClient, NewEvent, delta_text, message_text,
+};
 
 /// Actor id used when `$USER` is not set.
 const DEFAULT_ACTOR: &str = "cli";
+
+/// `switchboard send`.
+#[derive(Debug, Clone, Args)]
+pub struct SendArgs {
+    #[command(flatten)]
+    pub config: ConfigArgs,
+    /// The message text.
+    #[arg(value_name = "TEXT")]
+    pub text: String,
+    /// Conversation to post into; reuse it to continue a conversation [default: a new one].
+    #[arg(long, value_name = "ID")]
+    pub conversation: Option<String>,
+    /// Give up when the reply has not ended after this many seconds.
+    #[arg(long, default_value_t = 600, value_name = "SECS")]
+    pub timeout: u64,
+    #[command(flatten)]
+    pub gateway: GatewayClientArgs,
+}
+
+/// Posts one message and prints the streamed reply.
+pub async fn send(args: SendArgs) -> anyhow::Result<ExitCode> {
+    let _config = args.config.load_and_init_logging(Overrides::default())?;
+    let api_key = args.gateway.resolved_api_key()?;
+    run(args, api_key).await
+}
 
 /// Runs `send` with the resolved API key.
 pub async fn run(args: SendArgs, api_key: Option<String>) -> anyhow::Result<ExitCode> {
@@ -55,7 +85,7 @@ pub async fn run(args: SendArgs, api_key: Option<String>) -> anyhow::Result<Exit
     let mut printer = ReplyPrinter::default();
     let mut stdout = std::io::stdout();
     // Until the first item: routing and the runner's start can take a while.
-    let mut waiting = Some(super::output::spinner("waiting for the reply"));
+    let mut waiting = Some(crate::cli::output::spinner("waiting for the reply"));
     let outcome = loop {
         let next = follower.next().await;
         if let Some(spinner) = waiting.take() {
@@ -232,7 +262,6 @@ impl ReplyPrinter {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::cli::api::test_gateway::{Script, TEST_KEY, TestGateway};
     use crate::cli::{Cli, Command};
     use clap::Parser as _;
     use serde_json::json;
@@ -324,94 +353,40 @@ mod tests {
         );
     }
 
-    fn send_args(url: &str, extra: &[&str]) -> SendArgs {
-        let mut argv = vec![
-            "switchboard",
-            "send",
-            "hello big world",
-            "--url",
-            url,
-            "--timeout",
-            "20",
-        ];
-        argv.extend_from_slice(extra);
-        match Cli::try_parse_from(argv).unwrap().command {
+    fn send_args(argv: &[&str]) -> Result<SendArgs, clap::Error> {
+        let mut full = vec!["switchboard", "send"];
+        full.extend_from_slice(argv);
+        Cli::try_parse_from(full).map(|c| match c.command {
             Command::Send(a) => a,
             other => panic!("{other:?}"),
-        }
+        })
     }
 
-    #[tokio::test]
-    async fn send_follows_the_reply_to_the_end() {
-        let gw = TestGateway::start(Script {
-            drop_after: vec![2],
-            ..Script::default()
-        })
-        .await;
-        let code = run(
-            send_args(&gw.url(), &["--conversation", "c7"]),
-            Some(TEST_KEY.into()),
-        )
-        .await
-        .unwrap();
-        assert_eq!(code, ExitCode::SUCCESS);
-        let stats = gw.stats();
-        assert_eq!(stats.conversations, vec!["c7".to_owned()]);
-        assert_eq!(stats.texts, vec!["hello big world".to_owned()]);
-        assert_eq!(stats.run_streams, 1, "resumed once");
-
-        // A new conversation id each time when none is given.
-        run(send_args(&gw.url(), &[]), Some(TEST_KEY.into()))
-            .await
-            .unwrap();
-        let conversations = gw.stats().conversations;
-        assert!(conversations[1].starts_with("cli-"), "{conversations:?}");
+    #[test]
+    fn send_parses_text_and_flags() {
+        let a = send_args(&["hello there", "--conversation", "c1", "--api-key", " k1 "]).unwrap();
+        assert_eq!(a.text, "hello there");
+        assert_eq!(a.conversation.as_deref(), Some("c1"));
+        assert_eq!(a.gateway.api_key().unwrap().as_deref(), Some("k1"));
+        assert!(send_args(&[]).is_err(), "text is required");
     }
 
-    #[tokio::test]
-    async fn send_fails_on_run_failure_unrouted_event_and_bad_key() {
-        let gw = TestGateway::start(Script {
-            fail_with: Some("runner.crashed"),
-            ..Script::default()
-        })
-        .await;
-        let err = run(send_args(&gw.url(), &[]), Some(TEST_KEY.into()))
-            .await
-            .unwrap_err();
-        assert!(
-            format!("{err:#}").contains("scripted failure (runner.crashed)"),
-            "{err:#}"
-        );
+    #[test]
+    fn api_key_file_is_read_and_trimmed() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("key");
+        std::fs::write(&path, "sbk_secret\n").unwrap();
+        let a = send_args(&["hi", "--api-key-file", path.to_str().unwrap()]).unwrap();
+        assert_eq!(a.gateway.api_key().unwrap().as_deref(), Some("sbk_secret"));
 
-        let err = run(send_args(&gw.url(), &[]), Some("wrong".into()))
-            .await
-            .unwrap_err();
-        assert!(format!("{err:#}").contains("--api-key"), "{err:#}");
-
-        let gw = TestGateway::start(Script {
-            event_status: "unrouted",
-            ..Script::default()
-        })
-        .await;
-        let err = run(send_args(&gw.url(), &[]), Some(TEST_KEY.into()))
-            .await
-            .unwrap_err();
-        assert!(
-            format!("{err:#}").contains("not routed to any agent: no binding matched"),
-            "{err:#}"
-        );
+        std::fs::write(&path, "  \n").unwrap();
+        assert!(a.gateway.api_key().is_err(), "empty key file");
+        let missing = send_args(&["hi", "--api-key-file", "/nonexistent/key"]).unwrap();
+        assert!(missing.gateway.api_key().is_err());
     }
 
-    #[tokio::test]
-    async fn claimed_events_are_not_an_error() {
-        let gw = TestGateway::start(Script {
-            event_status: "claimed",
-            ..Script::default()
-        })
-        .await;
-        let code = run(send_args(&gw.url(), &[]), Some(TEST_KEY.into()))
-            .await
-            .unwrap();
-        assert_eq!(code, ExitCode::SUCCESS);
+    #[test]
+    fn api_key_and_api_key_file_conflict() {
+        assert!(send_args(&["hi", "--api-key", "a", "--api-key-file", "f"]).is_err());
     }
 }

@@ -15,8 +15,8 @@ use reqwest::Method;
 use serde_json::{Value, json};
 use tokio::time::Instant;
 
-use super::ops::{GatewayCommandArgs, json_flag};
-use super::output::{self, AGENTS, cell, print_json, print_table};
+use crate::cli::gateway::{GatewayCommandArgs, json_flag};
+use crate::cli::output::{self, AGENTS, cell, print_json, print_table};
 
 /// `switchboard sessions`.
 #[derive(Debug, Clone, Args)]
@@ -197,7 +197,7 @@ const WAIT_ROUND: Duration = Duration::from_secs(30);
 
 /// Long-polls `turn_id` until it is terminal or `timeout` passed; the last snapshot.
 async fn wait_turn(
-    c: &super::api::GatewayClient,
+    c: &crate::client::GatewayClient,
     turn_id: &str,
     timeout: Duration,
 ) -> anyhow::Result<Value> {

@@ -2,8 +2,9 @@
 //! runner processes.
 //!
 //! [`TestCluster::embedded`] starts gateway, orchestrator and worker exactly as
-//! `switchboard dev` does ([`switchboard::embedded`]): SQLite in a temporary data directory,
-//! the in-process bus and session store, the gateway on `127.0.0.1:0`, and the runner plugins
+//! `switchboard dev` does, on the library's in-memory host ([`switchboard::testing`]): SQLite
+//! in a temporary data directory, the in-process bus and session store, the gateway on
+//! `127.0.0.1:0`, and the runner plugins
 //! of `runners/` (the official echo runner) and `tests/runners/` (the misbehaving
 //! `sb-test-runner`, in shared and per-run mode). The bootstrap gives workspace `default`, an
 //! API key and a workspace-wide echo agent for `message.received`; tests route an event to a
@@ -31,28 +32,29 @@
 //!   the conversation stream (issue 14 items 6-7), with either harness.
 //! - [`retention`]: result expiry and artifacts over HTTP (issue 14 items 4-5), with
 //!   either harness.
+//! - [`stand_in_gateway`]: a scriptable stand-in for the gateway's event and stream
+//!   endpoints, for the gateway client's fault tests (`tests/client/`).
 
 pub mod addressing;
 pub mod cluster;
 pub mod retention;
 pub mod script;
+pub mod stand_in_gateway;
 pub mod turns;
 
 use std::path::{Path, PathBuf};
-use std::sync::{Arc, Once};
+use std::sync::Once;
 use std::time::Duration;
 
 use futures::StreamExt as _;
 use reqwest::header::HeaderMap;
-use sb_common::config::{ConfigLoader, SwitchboardConfig};
-use sb_common::shutdown::Shutdown;
+use sb_common::config::SwitchboardConfig;
 use sb_protocol::ids::{EventId, RunId};
 use sb_protocol::result::AgentRunResult;
 use sb_store::Stores;
-use sb_worker::WorkerOptions;
 use serde_json::{Value, json};
-use switchboard::embedded::{self, Bootstrap, Embedded, EmbeddedOptions, Roles, StopReport};
-use tempfile::TempDir;
+use switchboard::embedded::{Embedded, StopReport};
+use switchboard::testing::{InMemoryHost, InMemoryHostBuilder};
 use tokio::time::Instant;
 
 /// The official echo runner.
@@ -110,34 +112,19 @@ fn init_logging() {
     });
 }
 
-/// `sqlite://<absolute path>?mode=rwc`, percent-encoding anything unusual in the path.
-fn sqlite_url(path: &Path) -> String {
-    let text = path.to_str().expect("temporary paths are UTF-8");
-    let mut encoded = String::with_capacity(text.len());
-    for byte in text.bytes() {
-        if byte.is_ascii_alphanumeric() || b"-._~/".contains(&byte) {
-            encoded.push(byte as char);
-        } else {
-            encoded.push_str(&format!("%{byte:02X}"));
-        }
-    }
-    format!("sqlite://{encoded}?mode=rwc")
-}
-
-/// Options of a [`TestCluster`].
+/// Options of a [`TestCluster`]: an [`InMemoryHostBuilder`] with the runner plugins of
+/// `runners/` and `tests/runners/`.
 #[derive(Debug, Clone)]
 pub struct ClusterBuilder {
-    default_agent: bool,
-    overrides: Vec<(String, String)>,
-    data_dir: Option<Arc<TempDir>>,
+    host: InMemoryHostBuilder,
 }
 
 impl Default for ClusterBuilder {
     fn default() -> Self {
         Self {
-            default_agent: true,
-            overrides: Vec::new(),
-            data_dir: None,
+            host: InMemoryHost::builder()
+                .runners_dir(repo_dir().join("runners"))
+                .runners_dir(repo_dir().join("tests").join("runners")),
         }
     }
 }
@@ -146,7 +133,7 @@ impl ClusterBuilder {
     /// Without the workspace-wide echo agent (the workspace starts with no agent).
     #[must_use]
     pub fn without_default_agent(mut self) -> Self {
-        self.default_agent = false;
+        self.host = self.host.without_default_agent();
         self
     }
 
@@ -154,38 +141,8 @@ impl ClusterBuilder {
     /// `("worker.slots", "2")`.
     #[must_use]
     pub fn config(mut self, key: &str, value: impl ToString) -> Self {
-        self.overrides.push((key.to_owned(), value.to_string()));
+        self.host = self.host.config(key, value);
         self
-    }
-
-    /// Reuses a data directory (a restart).
-    #[must_use]
-    fn data_dir(mut self, dir: Arc<TempDir>) -> Self {
-        self.data_dir = Some(dir);
-        self
-    }
-
-    /// The configuration of the cluster in `data_dir`.
-    fn configuration(&self, data_dir: &Path) -> SwitchboardConfig {
-        let runners = vec![
-            repo_dir().join("runners").display().to_string(),
-            repo_dir()
-                .join("tests")
-                .join("runners")
-                .display()
-                .to_string(),
-        ];
-        let mut loader = ConfigLoader::new()
-            .without_file()
-            .set("database.url", sqlite_url(&data_dir.join("switchboard.db")))
-            .set("bus.kind", "memory")
-            .set("sessions.kind", "memory")
-            .set("gateway.http_addr", "127.0.0.1:0")
-            .set("worker.runners_dirs", runners);
-        for (key, value) in &self.overrides {
-            loader = loader.set(key.clone(), value.as_str());
-        }
-        loader.load().expect("test configuration")
     }
 
     /// Starts the cluster.
@@ -193,51 +150,21 @@ impl ClusterBuilder {
         init_logging();
         let _ = runner_binary("echo");
         let _ = runner_binary("sb-test-runner");
-        let dir = match &self.data_dir {
-            Some(dir) => Arc::clone(dir),
-            None => Arc::new(tempfile::tempdir().expect("temporary data directory")),
-        };
-        let config = self.configuration(dir.path());
-        let options = EmbeddedOptions {
-            roles: Roles::ALL,
-            bootstrap: Some(Bootstrap {
-                data_dir: dir.path().to_path_buf(),
-                default_agent: self.default_agent,
-            }),
-            worker: WorkerOptions {
-                // Only the configured directories: where the tests run from does not matter.
-                bundled_runners: false,
-                ..WorkerOptions::default()
-            },
-        };
-        let process = embedded::start_with(config, options, Shutdown::new())
-            .await
-            .expect("the cluster starts");
-        let client = Client::new(
-            &process.base_url().expect("the gateway runs"),
-            process.api_key().expect("the bootstrap created a key"),
-        );
-        TestCluster {
-            process: Some(process),
-            dir,
-            client,
-            builder: self,
-        }
+        TestCluster::on(self.host.start().await)
     }
 }
 
-/// Gateway, orchestrator and worker in this process (see the crate docs).
+/// Gateway, orchestrator and worker in this process (see the crate docs): the library's
+/// [`InMemoryHost`] and a [`Client`] of it.
 pub struct TestCluster {
-    process: Option<Embedded>,
-    dir: Arc<TempDir>,
+    host: InMemoryHost,
     client: Client,
-    builder: ClusterBuilder,
 }
 
 impl std::fmt::Debug for TestCluster {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("TestCluster")
-            .field("data_dir", &self.dir.path())
+            .field("data_dir", &self.host.data_dir())
             .field("url", &self.client.base)
             .finish_non_exhaustive()
     }
@@ -255,6 +182,11 @@ impl TestCluster {
         ClusterBuilder::default()
     }
 
+    fn on(host: InMemoryHost) -> Self {
+        let client = Client::new(&host.base_url(), host.api_key());
+        Self { host, client }
+    }
+
     /// The HTTP client (authenticated for workspace `default`).
     #[must_use]
     pub fn client(&self) -> &Client {
@@ -264,45 +196,37 @@ impl TestCluster {
     /// The running process.
     #[must_use]
     pub fn process(&self) -> &Embedded {
-        self.process.as_ref().expect("the cluster is running")
+        self.host.process()
     }
 
     /// The stores of the cluster's database.
     #[must_use]
     pub fn stores(&self) -> &Stores {
-        self.process().stores()
+        self.host.stores()
     }
 
     /// The data directory (SQLite file, API key).
     #[must_use]
     pub fn data_dir(&self) -> &Path {
-        self.dir.path()
+        self.host.data_dir()
     }
 
     /// The configuration in use.
     #[must_use]
     pub fn config(&self) -> &SwitchboardConfig {
-        self.process().config()
+        self.host.config()
     }
 
     /// Stops the cluster (the same ordered drain as ctrl-c on `switchboard dev`).
-    pub async fn shutdown(mut self) -> StopReport {
-        self.stop().await
+    pub async fn shutdown(self) -> StopReport {
+        self.host.shutdown().await
     }
 
     /// Stops the cluster, then starts a new one on the same data directory with the same
     /// options (what a user restarting `switchboard dev` gets).
-    pub async fn restart(mut self) -> (StopReport, TestCluster) {
-        let report = self.stop().await;
-        let builder = self.builder.clone().data_dir(Arc::clone(&self.dir));
-        (report, builder.start().await)
-    }
-
-    async fn stop(&mut self) -> StopReport {
-        match self.process.take() {
-            Some(process) => process.shutdown().await,
-            None => StopReport::default(),
-        }
+    pub async fn restart(self) -> (StopReport, TestCluster) {
+        let (report, host) = self.host.restart().await;
+        (report, TestCluster::on(host))
     }
 }
 
@@ -859,13 +783,5 @@ mod tests {
             assert_eq!(frames.len(), 1, "split at {split}");
             assert!(frames[0].is_terminal());
         }
-    }
-
-    #[test]
-    fn sqlite_urls_are_absolute_and_encoded() {
-        assert_eq!(
-            sqlite_url(Path::new("/tmp/a b/x.db")),
-            "sqlite:///tmp/a%20b/x.db?mode=rwc"
-        );
     }
 }

@@ -1,4 +1,5 @@
-//! A tiny stand-in for the gateway's event and stream endpoints, for the client tests.
+//! A tiny stand-in for the gateway's event and stream endpoints, for the tests of the
+//! gateway client (`tests/client/`: `switchboard::client`, `send`, `bench`).
 //!
 //! Every event starts one run that behaves like the echo runner (one `message.delta` per
 //! word, `message.completed`, `run.completed`), or fails as scripted. The [`Script`] injects
