@@ -11,15 +11,16 @@
 
 use std::time::Duration;
 
+use sb_common::retry::{Retry, RetryPolicy};
 pub use sb_common::sse::{LAST_EVENT_ID, SseError, SseEvent, SseParser, SseStream};
 
-/// Exponential reconnection delays: `initial`, doubling up to `max`; a server `retry:`
-/// value replaces the computed delay (still capped by `max`).
-#[derive(Debug, Clone)]
+/// Exponential reconnection delays from the workspace's one retry policy
+/// ([`sb_common::retry`]): `initial`, doubling up to `max`; a server `retry:` value replaces
+/// the computed delay (still capped by `max`), as the event-stream standard asks.
+#[derive(Debug)]
 pub struct Backoff {
-    initial: Duration,
+    retry: Retry,
     max: Duration,
-    attempt: u32,
 }
 
 impl Backoff {
@@ -27,31 +28,26 @@ impl Backoff {
     #[must_use]
     pub fn new(initial: Duration, max: Duration) -> Self {
         Self {
-            initial,
+            retry: RetryPolicy::new(initial, max).start(),
             max,
-            attempt: 0,
         }
     }
 
     /// The delay before the next attempt (and counts the attempt).
     pub fn next_delay(&mut self, server_retry: Option<Duration>) -> Duration {
-        let computed = self
-            .initial
-            .saturating_mul(1u32 << self.attempt.min(16))
-            .min(self.max);
-        self.attempt = self.attempt.saturating_add(1);
+        let computed = self.retry.next_delay();
         server_retry.map_or(computed, |r| r.min(self.max))
     }
 
     /// Attempts since the last [`reset`](Self::reset).
     #[must_use]
     pub fn attempts(&self) -> u32 {
-        self.attempt
+        self.retry.attempts()
     }
 
     /// Progress was made: the next failure starts from `initial` again.
     pub fn reset(&mut self) {
-        self.attempt = 0;
+        self.retry.reset();
     }
 }
 
