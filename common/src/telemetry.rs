@@ -6,7 +6,7 @@
 //! - [`names`] holds every metric name, so a name is spelled once and grep finds its users.
 //!   Names follow `sb_<noun>_<unit>[_total]`; labels are low-cardinality only (a status, an
 //!   action, a queue kind). Never put a run id, event id or conversation id in a label.
-//! - [`Registry`] keeps counters, gauges and histograms keyed by name + labels and renders
+//! - [`Metrics`] keeps counters, gauges and histograms keyed by name + labels and renders
 //!   them in the Prometheus text format for `GET /metrics`; storage and rendering are the
 //!   `metrics-exporter-prometheus` recorder's.
 
@@ -301,8 +301,8 @@ static METADATA: metrics::Metadata<'static> =
 /// (`metrics-exporter-prometheus`), which does the storage and the rendering.
 ///
 /// Why a front and not the `metrics::counter!` macros at every call site: the recorder is
-/// owned, not installed globally, so tests get isolated registries ([`Registry::new`]) and
-/// the process-wide one ([`Registry::global`]) cannot be replaced by a library that installs
+/// owned, not installed globally, so tests get isolated registries ([`Metrics::new`]) and
+/// the process-wide one ([`Metrics::global`]) cannot be replaced by a library that installs
 /// its own recorder; and every name goes through [`names`], which keeps `DEFINITIONS` the one
 /// list of what a role exports (with its help text and histogram buckets).
 ///
@@ -310,29 +310,29 @@ static METADATA: metrics::Metadata<'static> =
 /// must stay low-cardinality (a status, an action, a queue kind; never an id).
 ///
 /// ```
-/// use sb_common::telemetry::{Registry, names};
-/// let metrics = Registry::new();
+/// use sb_common::telemetry::{Metrics, names};
+/// let metrics = Metrics::new();
 /// metrics.inc(names::RUNS_TOTAL, &[("status", "completed")]);
 /// assert!(metrics.render().contains("sb_runs_total{status=\"completed\"} 1\n"));
 /// ```
-pub struct Registry {
+pub struct Metrics {
     recorder: metrics_exporter_prometheus::PrometheusRecorder,
     handle: metrics_exporter_prometheus::PrometheusHandle,
 }
 
-impl std::fmt::Debug for Registry {
+impl std::fmt::Debug for Metrics {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Registry").finish_non_exhaustive()
+        f.debug_struct("Metrics").finish_non_exhaustive()
     }
 }
 
-impl Default for Registry {
+impl Default for Metrics {
     fn default() -> Self {
         Self::new()
     }
 }
 
-impl Registry {
+impl Metrics {
     /// An empty registry with every [`DEFINITIONS`] entry described and histograms bucketed by
     /// [`LATENCY_BUCKETS`].
     pub fn new() -> Self {
@@ -355,10 +355,10 @@ impl Registry {
     }
 
     /// The process-wide registry that `GET /metrics` renders.
-    pub fn global() -> &'static Registry {
-        static GLOBAL: OnceLock<Registry> = OnceLock::new();
+    pub fn global() -> &'static Metrics {
+        static GLOBAL: OnceLock<Metrics> = OnceLock::new();
         GLOBAL.get_or_init(|| {
-            let registry = Registry::new();
+            let registry = Metrics::new();
             let handle = registry.handle.clone();
             // A plain thread: the registry outlives any runtime, and upkeep is a few
             // microseconds every few seconds.
@@ -486,7 +486,7 @@ mod tests {
 
     #[test]
     fn counters_render_with_help_type_and_sorted_labels() {
-        let r = Registry::new();
+        let r = Metrics::new();
         r.inc(
             names::PROXY_CALLS_TOTAL,
             &[("result", "ok"), ("action", "invoke_llm")],
@@ -520,7 +520,7 @@ mod tests {
 
     #[test]
     fn gauges_set_and_add() {
-        let r = Registry::new();
+        let r = Metrics::new();
         r.set(names::OUTBOX_PENDING, &[], 5.0);
         r.gauge_add(names::OUTBOX_PENDING, &[], -2.0);
         r.gauge_add(names::RUNS_ACTIVE, &[], 1.5);
@@ -532,7 +532,7 @@ mod tests {
 
     #[test]
     fn histograms_are_cumulative_with_inf_sum_and_count() {
-        let r = Registry::new();
+        let r = Metrics::new();
         for v in [0.0005, 0.003, 0.003, 1000.0] {
             r.observe(names::QUEUE_LAG_SECONDS, &[("queue", "events")], v);
         }
@@ -557,7 +557,7 @@ mod tests {
 
     #[test]
     fn label_values_are_escaped() {
-        let r = Registry::new();
+        let r = Metrics::new();
         r.inc(
             names::ERRORS_TOTAL,
             &[("error_type", "a\"b\\c\nd"), ("stage", "x")],
@@ -575,7 +575,7 @@ mod tests {
 
     #[test]
     fn undefined_names_render_without_help() {
-        let r = Registry::new();
+        let r = Metrics::new();
         r.inc("sb_custom_things_total", &[]);
         let text = r.render();
         assert!(has_line(&text, "sb_custom_things_total 1"), "{text}");
@@ -584,8 +584,8 @@ mod tests {
 
     #[test]
     fn registries_are_isolated() {
-        let a = Registry::new();
-        let b = Registry::new();
+        let a = Metrics::new();
+        let b = Metrics::new();
         a.inc(names::RUNS_TOTAL, &[("status", "completed")]);
         assert_eq!(
             b.counter_value(names::RUNS_TOTAL, &[("status", "completed")]),

@@ -101,7 +101,7 @@ use axum::response::Response;
 use sb_common::config::SwitchboardConfig;
 use sb_common::error::ShutdownError;
 use sb_common::shutdown::Shutdown;
-use sb_common::telemetry::{Registry, names};
+use sb_common::telemetry::{Metrics, names};
 use sb_protocol::error::ErrorCode;
 use tokio::net::TcpListener;
 use tower::ServiceBuilder;
@@ -434,7 +434,7 @@ async fn record_http_metrics(request: Request, next: Next) -> Response {
         .get::<MatchedPath>()
         .map_or_else(|| "unmatched".to_owned(), |p| p.as_str().to_owned());
     let response = next.run(request).await;
-    let metrics = Registry::global();
+    let metrics = Metrics::global();
     let status = response.status().as_u16().to_string();
     metrics.inc(
         names::HTTP_REQUESTS_TOTAL,

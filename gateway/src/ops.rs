@@ -18,7 +18,7 @@ use axum::routing::get;
 use sb_common::bus::Bus;
 use sb_common::session::SessionStore;
 use sb_common::shutdown::Shutdown;
-use sb_common::telemetry::Registry;
+use sb_common::telemetry::Metrics;
 use sb_store::Health;
 use serde::Serialize;
 use tokio::net::TcpListener;
@@ -124,7 +124,7 @@ pub fn metrics() -> Response {
             header::CONTENT_TYPE,
             "text/plain; version=0.0.4; charset=utf-8",
         )],
-        Registry::global().render(),
+        Metrics::global().render(),
     )
         .into_response()
 }

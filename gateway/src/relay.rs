@@ -28,7 +28,7 @@ use std::time::Duration;
 use bytes::Bytes;
 use sb_common::bus::{Bus, Outgoing, PublishOptions};
 use sb_common::retry::RetryPolicy;
-use sb_common::telemetry::{Registry, names};
+use sb_common::telemetry::{Metrics, names};
 use sb_store::events::{Outbox, OutboxMessage};
 use tokio::sync::Notify;
 use tokio_util::sync::CancellationToken;
@@ -98,7 +98,7 @@ pub struct OutboxRelay {
     bus: Arc<dyn Bus>,
     handle: RelayHandle,
     options: RelayOptions,
-    metrics: &'static Registry,
+    metrics: &'static Metrics,
 }
 
 impl OutboxRelay {
@@ -114,7 +114,7 @@ impl OutboxRelay {
             bus,
             handle,
             options,
-            metrics: Registry::global(),
+            metrics: Metrics::global(),
         }
     }
 

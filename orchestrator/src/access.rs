@@ -11,7 +11,7 @@
 //!
 //! The split keeps this module pure: [`requested`] lists the ids the binding could grant
 //! (config selections + policy lists), the service looks those up in the workspace's
-//! [`Catalog`] (only what exists comes back), and [`effective_access`] intersects.
+//! [`ExistingResources`] (only what exists comes back), and [`effective_access`] intersects.
 //!
 //! Rules per kind:
 //! - **Models.** LLMs only if `models` grants `invoke` or `stream` (operations: the granted
@@ -145,7 +145,7 @@ impl ResourceRequest {
 /// What exists in the workspace, as far as a [`ResourceRequest`] asked. Ids missing here do
 /// not exist (or are not visible) and are never granted.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct Catalog {
+pub struct ExistingResources {
     /// Models by id.
     pub models: BTreeMap<String, ModelInfo>,
     /// Tools by name.
@@ -400,7 +400,7 @@ pub fn effective_access(
     descriptor: &AgentRunnerDescriptor,
     binding: &AgentBinding,
     has_conversation: bool,
-    catalog: &Catalog,
+    catalog: &ExistingResources,
 ) -> EffectiveAccess {
     let request = requested(descriptor, binding);
     let policy = &binding.resource_policy;
@@ -534,8 +534,8 @@ pub(crate) mod tests {
         )
     }
 
-    fn catalog() -> Catalog {
-        Catalog {
+    fn catalog() -> ExistingResources {
+        ExistingResources {
             models: [
                 model("m1", ModelKind::Llm, Some(8192)),
                 model("m2", ModelKind::Llm, Some(4096)),
@@ -865,7 +865,7 @@ pub(crate) mod tests {
     fn available_apis_table() {
         let d = descriptor(all_perms(), all_caps(), json!([]));
         let b = binding(json!({}), json!({}));
-        let with = effective_access(&d, &b, true, &Catalog::default()).available_apis;
+        let with = effective_access(&d, &b, true, &ExistingResources::default()).available_apis;
         assert_eq!(
             with,
             ContextAPICapabilities {
@@ -883,7 +883,7 @@ pub(crate) mod tests {
         );
         // without a conversation: history, event_page and steering are off; event_get,
         // artifacts, state (runner scope) and storage stay
-        let without = effective_access(&d, &b, false, &Catalog::default()).available_apis;
+        let without = effective_access(&d, &b, false, &ExistingResources::default()).available_apis;
         assert!(!without.history_page && !without.history_search && !without.event_page);
         assert!(!without.steering_pull);
         assert!(without.event_get && without.artifact_metadata && without.artifact_read);
@@ -895,7 +895,7 @@ pub(crate) mod tests {
             json!({}),
             json!([]),
         );
-        let n = effective_access(&narrow, &b, true, &Catalog::default()).available_apis;
+        let n = effective_access(&narrow, &b, true, &ExistingResources::default()).available_apis;
         assert!(n.history_page && !n.history_search && n.event_page && !n.event_get);
         assert!(n.artifact_read && !n.artifact_metadata && !n.steering_pull);
         assert!(!n.storage, "no storage permission");
@@ -907,7 +907,7 @@ pub(crate) mod tests {
             ..StatePolicy::default()
         };
         assert!(
-            !effective_access(&d, &off, true, &Catalog::default())
+            !effective_access(&d, &off, true, &ExistingResources::default())
                 .available_apis
                 .state
         );
@@ -917,7 +917,7 @@ pub(crate) mod tests {
             state_scopes: vec![],
         };
         assert!(
-            !effective_access(&d, &empty, true, &Catalog::default())
+            !effective_access(&d, &empty, true, &ExistingResources::default())
                 .available_apis
                 .state
         );

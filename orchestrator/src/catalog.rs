@@ -2,7 +2,7 @@
 //! "∩ resources that exist" part of effective access (SPEC §6).
 //!
 //! [`crate::access::requested`] says which ids a binding could grant; a
-//! [`ResourceCatalog`] answers which of them exist, as an [`access::Catalog`]; the pure
+//! [`ResourceCatalog`] answers which of them exist, as an [`access::ExistingResources`]; the pure
 //! [`crate::access::effective_access`] intersects.
 
 use async_trait::async_trait;
@@ -39,21 +39,21 @@ pub trait ResourceCatalog: Send + Sync + 'static {
         &self,
         workspace: &WorkspaceId,
         request: &ResourceRequest,
-    ) -> Result<access::Catalog, CatalogError>;
+    ) -> Result<access::ExistingResources, CatalogError>;
 }
 
 /// A fixed catalog, the same for every workspace: what embedded mode configures statically,
-/// and what tests use. `Catalog::default()` is a host with no models, tools, knowledge bases
+/// and what tests use. `ExistingResources::default()` is a host with no models, tools, knowledge bases
 /// or skills, where effective access still grants history, events, artifacts, state and
 /// storage as the manifest and policy allow.
 #[async_trait]
-impl ResourceCatalog for access::Catalog {
+impl ResourceCatalog for access::ExistingResources {
     async fn lookup(
         &self,
         _workspace: &WorkspaceId,
         request: &ResourceRequest,
-    ) -> Result<access::Catalog, CatalogError> {
-        Ok(access::Catalog {
+    ) -> Result<access::ExistingResources, CatalogError> {
+        Ok(access::ExistingResources {
             models: request
                 .models
                 .iter()
@@ -120,9 +120,9 @@ impl ResourceCatalog for StoreCatalog {
         &self,
         workspace: &WorkspaceId,
         request: &ResourceRequest,
-    ) -> Result<access::Catalog, CatalogError> {
+    ) -> Result<access::ExistingResources, CatalogError> {
         let failed = |e: sb_store::StoreError| CatalogError(e.to_string());
-        let mut catalog = access::Catalog::default();
+        let mut catalog = access::ExistingResources::default();
         let model_ids = uuids(request.models.iter().map(|(id, _)| id));
         if !model_ids.is_empty() {
             for m in self

@@ -218,7 +218,7 @@ pub fn build(
 mod tests {
     use super::*;
     use crate::access::tests::{binding, descriptor};
-    use crate::access::{Catalog, effective_access};
+    use crate::access::{ExistingResources, effective_access};
     use sb_protocol::context::{
         ActorContext, AgentInput, DeliveryContext, InlineMode, SubjectContext,
     };
@@ -358,7 +358,7 @@ mod tests {
         );
         let b = binding(json!({"timeout": 60, "prompt": "be nice"}), json!({}));
         let e = event(Some("c1"));
-        let access = effective_access(&d, &b, true, &Catalog::default());
+        let access = effective_access(&d, &b, true, &ExistingResources::default());
         let run_id = RunId::new();
         let ctx = build(
             &e,
@@ -444,7 +444,7 @@ mod tests {
         let b = binding(json!({}), json!({}));
         let mut e = event(None);
         e.event_time = Some(123);
-        let access = effective_access(&d, &b, false, &Catalog::default());
+        let access = effective_access(&d, &b, false, &ExistingResources::default());
         let ctx = build(
             &e,
             &b,

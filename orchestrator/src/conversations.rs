@@ -31,7 +31,7 @@ use std::time::Duration;
 use sb_common::bus::topology::Topology;
 use sb_common::bus::{Bus, PublishOptions};
 use sb_common::session::SessionStore;
-use sb_common::telemetry::{Registry, names};
+use sb_common::telemetry::{Metrics, names};
 use sb_protocol::host::AuthorizationSnapshot;
 use sb_protocol::ids::RunId;
 
@@ -202,7 +202,7 @@ impl Conversations {
                 PublishOptions::default(),
             )
             .await?;
-        Registry::global().inc(names::BUS_PUBLISHED_TOTAL, &[("exchange", "events")]);
+        Metrics::global().inc(names::BUS_PUBLISHED_TOTAL, &[("exchange", "events")]);
         tracing::debug!(event_id = %event_id, conversation = %key.conversation, "parked event released");
         Ok(true)
     }

@@ -61,7 +61,7 @@ use sb_common::bus::topology::control_routing_key;
 use sb_common::bus::{ConsumeOptions, Delivery, PublishOptions};
 use sb_common::session::{PushOutcome, cancel_flag_key, routing_epoch};
 use sb_common::shutdown::Shutdown;
-use sb_common::telemetry::{Registry, names};
+use sb_common::telemetry::{Metrics, names};
 use sb_protocol::context::StateScope;
 use sb_protocol::host::{
     AgentBinding, AgentEventEnvelope, AgentRunnerDescriptor, ConcurrencyPolicy,
@@ -446,7 +446,7 @@ impl EventRouter {
             tracing::debug!(%error, "could not remove the steering claim marker");
         }
         tracing::info!(event_id = %record.id, run_id = %run_id, "message claimed as steering input");
-        Registry::global().inc(names::EVENTS_ROUTED_TOTAL, &[("outcome", "claimed")]);
+        Metrics::global().inc(names::EVENTS_ROUTED_TOTAL, &[("outcome", "claimed")]);
         Ok(Some(run_id))
     }
 
@@ -488,7 +488,7 @@ impl EventRouter {
         self.conversations.park(key, &member).await?;
         self.conversations.kick(key).await?;
         tracing::info!(event_id = %record.id, behind = behind.len(), "event parked until the conversation is free");
-        Registry::global().inc(names::EVENTS_ROUTED_TOTAL, &[("outcome", "parked")]);
+        Metrics::global().inc(names::EVENTS_ROUTED_TOTAL, &[("outcome", "parked")]);
         Ok(RouteOutcome::Parked { behind })
     }
 
@@ -570,7 +570,7 @@ impl EventRouter {
             )
             .await?;
         tracing::info!(event_id = %record.id, "event rejected: the conversation has an active run");
-        Registry::global().inc(names::EVENTS_ROUTED_TOTAL, &[("outcome", "rejected")]);
+        Metrics::global().inc(names::EVENTS_ROUTED_TOTAL, &[("outcome", "rejected")]);
         Ok(())
     }
 
@@ -677,7 +677,7 @@ impl EventRouter {
             )
             .await?;
         tracing::info!(event_id = %record.id, reason = reason.as_str(), "event unrouted");
-        Registry::global().inc(names::EVENTS_ROUTED_TOTAL, &[("outcome", "unrouted")]);
+        Metrics::global().inc(names::EVENTS_ROUTED_TOTAL, &[("outcome", "unrouted")]);
         Ok(())
     }
 
@@ -700,7 +700,7 @@ impl EventRouter {
         // Effective access: only what exists is granted.
         let request = access::requested(&dispatch.descriptor, binding);
         let catalog = if request.is_empty() {
-            access::Catalog::default()
+            access::ExistingResources::default()
         } else {
             self.deps.catalog.lookup(workspace, &request).await?
         };
@@ -827,8 +827,8 @@ impl EventRouter {
                     PublishOptions::default(),
                 )
                 .await?;
-            Registry::global().inc(names::BUS_PUBLISHED_TOTAL, &[("exchange", "runs")]);
-            Registry::global().inc(names::EVENTS_ROUTED_TOTAL, &[("outcome", "dispatched")]);
+            Metrics::global().inc(names::BUS_PUBLISHED_TOTAL, &[("exchange", "runs")]);
+            Metrics::global().inc(names::EVENTS_ROUTED_TOTAL, &[("outcome", "dispatched")]);
             tracing::debug!(created, pool = %dispatch.pool, "run dispatched");
             Ok(RouteOutcome::Dispatched { run_id: run.id, created })
         }

@@ -312,7 +312,7 @@ pub fn utc_to_epoch(at: DateTime<Utc>) -> f64 {
 mod tests {
     use super::*;
     use crate::access::tests::{binding, descriptor};
-    use crate::access::{Catalog, effective_access};
+    use crate::access::{ExistingResources, effective_access};
     use sb_protocol::context::{ActorContext, AgentInput, AgentRunState, DeliveryContext};
     use sb_protocol::ids::{EventId, WorkspaceId};
 
@@ -410,7 +410,7 @@ mod tests {
         };
         let e = event();
         let run_id = RunId::new();
-        let access = effective_access(&d, &b, true, &Catalog::default());
+        let access = effective_access(&d, &b, true, &ExistingResources::default());
         let prepared = prepare(
             &e,
             &dispatch,

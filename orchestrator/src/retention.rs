@@ -42,7 +42,7 @@ use chrono::{DateTime, Utc};
 use sb_common::config::RetentionConfig;
 use sb_common::session::SessionStore;
 use sb_common::shutdown::Shutdown;
-use sb_common::telemetry::{Registry, names};
+use sb_common::telemetry::{Metrics, names};
 use sb_store::Stores;
 
 use crate::error::Result;
@@ -258,7 +258,7 @@ impl Retention {
             )
             .await?;
             if deleted > 0 {
-                Registry::global().add(
+                Metrics::global().add(
                     names::RETENTION_DELETED_TOTAL,
                     &[("kind", kind.as_str())],
                     deleted,

@@ -19,7 +19,7 @@ use std::sync::Arc;
 
 use chrono::Utc;
 use sb_common::shutdown::Shutdown;
-use sb_common::telemetry::{Registry, names};
+use sb_common::telemetry::{Metrics, names};
 use sb_protocol::ids::EventId;
 use sb_rules::schedules::plan_firing;
 
@@ -64,7 +64,7 @@ impl Scheduler {
                 continue; // another scheduler fired it, or it was deleted meanwhile
             };
             if created {
-                Registry::global().inc(names::EVENTS_INGESTED_TOTAL, &[("outcome", "scheduled")]);
+                Metrics::global().inc(names::EVENTS_INGESTED_TOTAL, &[("outcome", "scheduled")]);
             }
             tracing::debug!(
                 schedule_id = %schedule.id,

@@ -12,7 +12,7 @@ use std::time::Duration;
 
 use sb_common::bus::Delivery;
 use sb_common::shutdown::Shutdown;
-use sb_common::telemetry::{Registry, names};
+use sb_common::telemetry::{Metrics, names};
 use sb_protocol::error::{Disposition, HasErrorCode};
 
 use crate::deps::OrchestratorOptions;
@@ -61,7 +61,7 @@ pub(crate) async fn settle(
         // The broker will redeliver it; every handler is idempotent.
         tracing::warn!(%error, queue, "could not settle a delivery");
     }
-    Registry::global().inc(
+    Metrics::global().inc(
         names::BUS_CONSUMED_TOTAL,
         &[("queue", queue), ("disposition", label)],
     );

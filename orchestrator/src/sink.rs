@@ -49,7 +49,7 @@ use futures::FutureExt;
 use sb_common::bus::topology::deliveries_routing_key;
 use sb_common::bus::{ConsumeOptions, Delivery, Outgoing, PublishOptions};
 use sb_common::shutdown::Shutdown;
-use sb_common::telemetry::{Registry, names};
+use sb_common::telemetry::{Metrics, names};
 use sb_protocol::content::Message;
 use sb_protocol::host::AuthorizationSnapshot;
 use sb_protocol::ids::RunId;
@@ -196,7 +196,7 @@ impl ResultSink {
     /// Applies the side effects of one stored item (see the module docs).
     async fn apply(&self, info: &RunInfo, message: &ResultMessage) -> Result<()> {
         let plan = journal::plan_item(&message.result);
-        Registry::global().inc(
+        Metrics::global().inc(
             names::RUN_RESULTS_TOTAL,
             &[("type", result_type_label(&message.result))],
         );
@@ -327,7 +327,7 @@ impl ResultSink {
             .finish_run(info.run_id, outcome)
             .await?
         {
-            Registry::global().inc(names::RUNS_TOTAL, &[("status", status.as_str())]);
+            Metrics::global().inc(names::RUNS_TOTAL, &[("status", status.as_str())]);
             tracing::info!(run_id = %info.run_id, status = status.as_str(), "run finished");
         }
         // A runner that only streamed leaves no complete message: the transcript gets the
@@ -401,7 +401,7 @@ impl ResultSink {
             if waiting.is_empty() {
                 return;
             }
-            Registry::global().add(
+            Metrics::global().add(
                 names::BUS_CONSUMED_TOTAL,
                 &[("queue", queue), ("disposition", "retry_in_place")],
                 waiting.len() as u64,
@@ -600,7 +600,7 @@ impl ResultSink {
             .collect();
         match self.deps.bus.publish_batch(batch).await {
             Ok(()) => {
-                Registry::global().add(
+                Metrics::global().add(
                     names::BUS_PUBLISHED_TOTAL,
                     &[("exchange", "deliveries")],
                     groups.len() as u64,
@@ -619,7 +619,7 @@ impl ResultSink {
                     .partition(|(_, e)| e.code().disposition() != Disposition::Retry);
                 for (index, cause) in &permanent {
                     let run_id = items[groups[*index][0]].message.run_id;
-                    Registry::global().inc(
+                    Metrics::global().inc(
                         names::BUS_PUBLISH_REFUSED_TOTAL,
                         &[("exchange", "deliveries")],
                     );
@@ -718,7 +718,7 @@ impl ResultSink {
             Finalized::AlreadyEnded(_) => return Ok(None),
             Finalized::TerminalStored { .. } => self.finish_from_ledger(run).await?,
             Finalized::Ended { sequence } => {
-                Registry::global().inc(names::RUNS_TOTAL, &[("status", status.as_str())]);
+                Metrics::global().inc(names::RUNS_TOTAL, &[("status", status.as_str())]);
                 let info = self.run_info(run.id).await?;
                 let message = ResultMessage::new(
                     run.id,

@@ -6,7 +6,7 @@ use std::sync::Arc;
 use chrono::{TimeDelta, Utc};
 use sb_common::session::SessionStore;
 use sb_common::session::memory::MemorySessionStore;
-use sb_common::telemetry::{Registry, names};
+use sb_common::telemetry::{Metrics, names};
 use sb_orchestrator::retention::{Retention, RetentionKind, RetentionPolicy};
 use sb_protocol::ids::{AgentId, EventId, WorkspaceId};
 use sb_store::{ArtifactScope, NewArtifact, NewEvent, NewRun, NewRunEvent, RunOutcome, Stores};
@@ -23,7 +23,7 @@ fn ws() -> WorkspaceId {
 }
 
 fn deleted(kind: RetentionKind) -> u64 {
-    Registry::global()
+    Metrics::global()
         .counter_value(names::RETENTION_DELETED_TOTAL, &[("kind", kind.as_str())])
         .unwrap_or(0)
 }

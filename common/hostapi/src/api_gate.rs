@@ -40,7 +40,7 @@ use std::time::{Instant, SystemTime, UNIX_EPOCH};
 
 use async_trait::async_trait;
 use sb_common::session::SessionStore;
-use sb_common::telemetry::{Registry, names};
+use sb_common::telemetry::{Metrics, names};
 use sb_protocol::action::Action;
 use sb_protocol::error::{AgentApiError, ErrorCode};
 use sb_protocol::host::AuthorizationSnapshot;
@@ -69,7 +69,7 @@ pub struct ApiGate<D = BasicHostApi> {
     sessions: Arc<dyn SessionStore>,
     inner: D,
     clock: Clock,
-    metrics: &'static Registry,
+    metrics: &'static Metrics,
 }
 
 impl<D> std::fmt::Debug for ApiGate<D> {
@@ -85,7 +85,7 @@ impl<D: Dispatcher> ApiGate<D> {
             sessions,
             inner,
             clock: system_clock(),
-            metrics: Registry::global(),
+            metrics: Metrics::global(),
         }
     }
 

@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use sb_common::session::SessionStore;
 use sb_common::session::memory::MemorySessionStore;
-use sb_common::telemetry::{Registry, names};
+use sb_common::telemetry::{Metrics, names};
 use sb_host_api::api::{
     ApiStream, CallerIdentity, Connection, HOST_VERSION, HostApi, PROTOCOL_VERSION,
 };
@@ -68,7 +68,7 @@ impl Fixture {
 }
 
 fn calls(action: &str, result: &str) -> u64 {
-    Registry::global()
+    Metrics::global()
         .counter_value(
             names::PROXY_CALLS_TOTAL,
             &[("action", action), ("result", result)],

@@ -38,7 +38,7 @@ use axum::response::{IntoResponse, Response};
 use std::time::Duration;
 
 use chrono::{DateTime, SecondsFormat, Utc};
-use sb_common::telemetry::{Registry, names};
+use sb_common::telemetry::{Metrics, names};
 use sb_protocol::host::AgentEventEnvelope;
 use sb_protocol::ids::{AgentId, EventId, RunId};
 use sb_store::events::{
@@ -304,7 +304,7 @@ pub async fn ingest(
         .events
         .append(new_event, vec![outbox])
         .await?;
-    let metrics = Registry::global();
+    let metrics = Metrics::global();
     if created {
         state.relay().wake();
         metrics.inc(names::EVENTS_INGESTED_TOTAL, &[("outcome", "accepted")]);

@@ -39,7 +39,7 @@ use axum::extract::State;
 use axum::http::{HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
 use chrono::Utc;
-use sb_common::telemetry::{Registry, names};
+use sb_common::telemetry::{Metrics, names};
 use sb_protocol::content::ContentElement;
 use sb_protocol::host::event_types;
 use sb_protocol::ids::{EventId, RunId};
@@ -241,7 +241,7 @@ pub async fn start_turn(
             outbox: vec![outbox],
         })
         .await?;
-    let metrics = Registry::global();
+    let metrics = Metrics::global();
     if created {
         state.relay().wake();
         metrics.inc(names::EVENTS_INGESTED_TOTAL, &[("outcome", "accepted")]);

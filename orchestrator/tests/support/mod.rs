@@ -20,7 +20,7 @@ use sb_common::bus::topology::{Topology, TopologyOptions, declare_topology};
 use sb_common::session::SessionStore;
 use sb_common::session::memory::MemorySessionStore;
 use sb_orchestrator::OrchestratorDeps;
-use sb_orchestrator::access::Catalog;
+use sb_orchestrator::access::ExistingResources;
 use sb_store::{SqlStore, SqlStoreOptions, Stores};
 
 /// The memory bus, the memory session store and an in-memory SQLite store, with a declared
@@ -99,7 +99,7 @@ pub fn deps(
         sessions,
         stores,
         topology,
-        catalog: Arc::new(Catalog::default()),
+        catalog: Arc::new(ExistingResources::default()),
     }
 }
 

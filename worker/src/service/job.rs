@@ -42,7 +42,7 @@ use sb_common::bus::{Bus, Delivery, Outgoing, Settlement};
 use sb_common::config::WorkerConfig;
 use sb_common::retry::RetryPolicy;
 use sb_common::session::{RUN_HANDED_OFF_TTL, RunBegin, SessionError, SessionStore};
-use sb_common::telemetry::{Registry, names};
+use sb_common::telemetry::{Metrics, names};
 use sb_protocol::error::{ErrorCode, HasErrorCode, run_failure};
 use sb_protocol::ids::RunId;
 use sb_protocol::manifest::RunnerId;
@@ -97,7 +97,7 @@ pub(super) struct Core {
     pub(super) stop: CancellationToken,
     /// Cancelled at the very end of the drain: abandon whatever is still running.
     pub(super) force: CancellationToken,
-    metrics: &'static Registry,
+    metrics: &'static Metrics,
 }
 
 impl std::fmt::Debug for Core {
@@ -124,7 +124,7 @@ struct Reservation {
 impl Drop for Reservation {
     fn drop(&mut self) {
         lock(&self.active).remove(&self.run_id);
-        Registry::global().gauge_add(names::RUNS_ACTIVE, &[], -1.0);
+        Metrics::global().gauge_add(names::RUNS_ACTIVE, &[], -1.0);
     }
 }
 
@@ -178,7 +178,7 @@ impl Core {
             active: Arc::new(Mutex::new(HashMap::new())),
             stop,
             force: CancellationToken::new(),
-            metrics: Registry::global(),
+            metrics: Metrics::global(),
         }
     }
 

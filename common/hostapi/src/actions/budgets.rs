@@ -21,7 +21,7 @@
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use sb_common::session::{SessionError, SessionStore};
-use sb_common::telemetry::{Registry, names};
+use sb_common::telemetry::{Metrics, names};
 use sb_protocol::error::{AgentApiError, ErrorCode};
 use sb_protocol::host::AuthorizationSnapshot;
 use sb_protocol::ids::RunId;
@@ -134,7 +134,7 @@ pub(crate) async fn ensure_left(
 /// The `budget_exceeded` error of `budget` with its limit (every refusal is counted in
 /// `sb_budget_refusals_total{budget}`).
 pub(crate) fn exceeded(budget: &'static str, limit: i64) -> AgentApiError {
-    Registry::global().inc(names::BUDGET_REFUSALS_TOTAL, &[("budget", budget)]);
+    Metrics::global().inc(names::BUDGET_REFUSALS_TOTAL, &[("budget", budget)]);
     AgentApiError::new(
         ErrorCode::BudgetExceeded,
         format!("run budget {budget} exhausted (limit {limit})"),

@@ -286,7 +286,7 @@ fn observe_queue_lag(queue: &str, properties: &BasicProperties) {
             });
     if let Some(ms) = published {
         let lag = (epoch_ms() - ms).max(0) as f64 / 1000.0;
-        crate::telemetry::Registry::global().observe(
+        crate::telemetry::Metrics::global().observe(
             crate::telemetry::names::QUEUE_LAG_SECONDS,
             &[("queue", queue)],
             lag,

@@ -2,7 +2,7 @@
 //! re-declare them after a reconnection.
 //!
 //! Every declaration goes through the link's topology channel one at a time (see "Shape" in
-//! the parent module), and every successful one is recorded in the `Registry`
+//! the parent module), and every successful one is recorded in the `Declarations`
 //! (queues with their *current* bindings), which [`Link::redeclare`] replays on a fresh
 //! connection. The mapping of a [`QueueSpec`] onto RabbitMQ arguments
 //! ([`queue_arguments`]) lives here too.

@@ -36,7 +36,7 @@ pub(super) struct Inner {
     /// The current link; subscriptions and calls wait on changes.
     pub(super) state: watch::Sender<LinkState>,
     /// Everything declared through this bus, re-declared after a reconnection.
-    registry: Mutex<Registry>,
+    declarations: Mutex<Declarations>,
     /// Wakes the supervisor when a link looks broken.
     broken: Arc<Notify>,
     /// Cancelled by [`Bus::close`](crate::bus::Bus::close) or when the last handle is dropped.
@@ -65,7 +65,7 @@ pub(super) struct Link {
 }
 
 #[derive(Default)]
-pub(super) struct Registry {
+pub(super) struct Declarations {
     pub(super) exchanges: BTreeMap<String, ExchangeSpec>,
     /// Queue specs with their *current* bindings, and the number of live subscriptions.
     pub(super) queues: BTreeMap<String, (QueueSpec, usize)>,
@@ -215,8 +215,8 @@ impl Inner {
         }
     }
 
-    pub(super) fn registry(&self) -> std::sync::MutexGuard<'_, Registry> {
-        self.registry.lock().unwrap_or_else(|p| p.into_inner())
+    pub(super) fn registry(&self) -> std::sync::MutexGuard<'_, Declarations> {
+        self.declarations.lock().unwrap_or_else(|p| p.into_inner())
     }
 
     pub(super) fn registry_snapshot(&self) -> (Vec<ExchangeSpec>, Vec<QueueSpec>) {
@@ -277,7 +277,7 @@ impl Inner {
         let inner = Arc::new(Inner {
             options,
             state,
-            registry: Mutex::default(),
+            declarations: Mutex::default(),
             broken: Arc::new(Notify::new()),
             shutdown: CancellationToken::new(),
             next_consumer: AtomicU64::new(0),

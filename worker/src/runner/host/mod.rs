@@ -55,7 +55,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, SystemTime};
 
-use sb_common::telemetry::{Registry, names};
+use sb_common::telemetry::{Metrics, names};
 use sb_protocol::ids::{RunId, WorkspaceId};
 use sb_protocol::manifest::RunnerId;
 use tokio::sync::{Semaphore, mpsc, oneshot};
@@ -483,7 +483,7 @@ impl RunnerHost {
         };
         lock(&inner.actors).insert(generation, actor_ref.clone());
         lock(&inner.pids).insert(generation, process.pid());
-        Registry::global().gauge_add(
+        Metrics::global().gauge_add(
             names::RUNNER_PROCESSES,
             &[("mode", inner.spec.mode.as_str())],
             1.0,
@@ -527,7 +527,7 @@ impl RunnerHost {
         let inner = &self.inner;
         lock(&inner.actors).remove(&report.generation);
         lock(&inner.pids).remove(&report.generation);
-        Registry::global().gauge_add(
+        Metrics::global().gauge_add(
             names::RUNNER_PROCESSES,
             &[("mode", inner.spec.mode.as_str())],
             -1.0,
@@ -558,7 +558,7 @@ impl RunnerHost {
         };
         let delay = backoff_delay(&inner.config, slot.failures);
         // The next run of the workspace starts a new process once the delay has passed.
-        Registry::global().inc(names::RUNNER_RESTARTS_TOTAL, &[("reason", "crashed")]);
+        Metrics::global().inc(names::RUNNER_RESTARTS_TOTAL, &[("reason", "crashed")]);
         tracing::warn!(runner_id = %inner.spec.runner_id, workspace_id = %report.workspace_id, failures = slot.failures, restart_in_ms = delay.as_millis() as u64, "shared runner process exited unexpectedly");
         if current || matches!(slot.state, SlotState::Empty) {
             slot.state = SlotState::Backoff {
