@@ -53,6 +53,10 @@
 //! let unknown = serde_json::json!({"type": "telepathy.sent", "data": {}});
 //! assert!(matches!(classify(&unknown, &ResultLimits::default()), Classified::Dropped { .. }));
 //! ```
+//!
+//! This file is long (one struct per payload of the nine result types) but it is one thing:
+//! the result vocabulary of PROTOCOL_V1 §7 and the single function that classifies it. It is
+//! kept whole so that a reader checks the rules above against the payloads they refer to.
 
 use std::fmt;
 use std::io;
