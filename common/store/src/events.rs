@@ -31,7 +31,7 @@ pub const DELIVER_AT_METADATA_KEY: &str = "deliver_at";
 /// What an event addressed to one agent (`agent_id` on `POST /v1/events`) carries in
 /// `metadata.target`, set by the gateway after checking the agent (ingest never lets a
 /// client set envelope metadata): the orchestrator routes the event to `agent_id` whatever
-/// the scopes say (`sb_orchestrator::bindings::resolve_target`).
+/// the scopes say (`sb_rules::bindings::resolve_target`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 pub struct EventTarget {
     /// The agent named by the request.
