@@ -44,7 +44,7 @@
 //!   messages but no terminal result is completed by the host (`finish_reason: "stop"`); a run
 //!   that produced nothing at all is failed by the host (`runner.empty_output`).
 //! - `{"op":"shutdown"}` or end of stdin: no new runs are accepted; in-flight runs finish
-//!   (after [`ServeConfig::eof_grace`] at end of stdin they are cancelled), then [`serve`]
+//!   (after [`ServeOptions::eof_grace`] at end of stdin they are cancelled), then [`serve`]
 //!   returns.
 //!
 //! The crate uses only `std` threads: no async runtime is required to write a runner.
@@ -68,7 +68,7 @@ pub use api::{
 pub use cancel::CancelToken;
 pub use emit::{EmitError, Emitter};
 pub use run::Run;
-pub use serve::{RunError, Runner, ServeConfig, serve, serve_io, serve_with};
+pub use serve::{RunError, Runner, ServeOptions, serve, serve_io, serve_with};
 
 /// The protocol types (context, results, content, errors), re-exported so a runner needs only
 /// this crate.

@@ -80,7 +80,7 @@ impl From<AgentApiError> for RunError {
 
 /// Tuning of [`serve_with`].
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct ServeConfig {
+pub struct ServeOptions {
     /// After stdin closes (the worker is gone or finished with us), in-flight runs get this
     /// long to finish before they are cancelled.
     pub eof_grace: Duration,
@@ -88,7 +88,7 @@ pub struct ServeConfig {
     pub cancel_grace: Duration,
 }
 
-impl Default for ServeConfig {
+impl Default for ServeOptions {
     fn default() -> Self {
         Self {
             eof_grace: Duration::from_secs(30),
@@ -104,7 +104,7 @@ pub fn serve<R: Runner>(runner: R) -> io::Result<()> {
         runner,
         io::BufReader::new(io::stdin()),
         io::stdout(),
-        ServeConfig::default(),
+        ServeOptions::default(),
     )
 }
 
@@ -114,7 +114,7 @@ pub fn serve_io<R: Runner>(
     input: impl BufRead + Send + 'static,
     output: impl Write + Send + 'static,
 ) -> io::Result<()> {
-    serve_with(runner, input, output, ServeConfig::default())
+    serve_with(runner, input, output, ServeOptions::default())
 }
 
 #[derive(Default)]
@@ -145,7 +145,7 @@ pub fn serve_with<R: Runner>(
     runner: R,
     input: impl BufRead + Send + 'static,
     output: impl Write + Send + 'static,
-    config: ServeConfig,
+    config: ServeOptions,
 ) -> io::Result<()> {
     let out = Arc::new(Output::new(Box::new(output)));
     let router = Arc::new(ApiRouter::new(out.clone()));

@@ -10,7 +10,7 @@ use std::time::Duration;
 
 use proptest::prelude::*;
 use sb_runner::sb_protocol::wire::RunnerToHost;
-use sb_runner::{Emitter, Run, RunError, Runner, ServeConfig, serve_with};
+use sb_runner::{Emitter, Run, RunError, Runner, ServeOptions, serve_with};
 
 /// Echoes the input text back, the way the simplest runner does.
 struct Echo;
@@ -71,7 +71,7 @@ proptest! {
             input.push(b'\n');
         }
         let output = Captured::default();
-        let config = ServeConfig {
+        let config = ServeOptions {
             eof_grace: Duration::from_secs(5),
             cancel_grace: Duration::from_secs(1),
         };

@@ -20,7 +20,7 @@ use sb_protocol::context::AgentRunContext;
 use sb_protocol::error::AgentApiError;
 use sb_protocol::ids::{RunId, WorkspaceId};
 use sb_worker::plugins::{CommandLookup, PluginRunner, load_plugin_dir};
-use sb_worker::runner::{EnvLookup, RunHandle, RunRequest, RunnerHost, RunnerHostConfig};
+use sb_worker::runner::{EnvLookup, RunHandle, RunRequest, RunnerHost, RunnerHostOptions};
 use sb_worker::sequencer::RunItem;
 use serde_json::{Value, json};
 
@@ -45,13 +45,13 @@ fn default_ws() -> WorkspaceId {
     WorkspaceId::default_workspace()
 }
 
-fn config() -> RunnerHostConfig {
-    RunnerHostConfig {
+fn config() -> RunnerHostOptions {
+    RunnerHostOptions {
         cancel_grace: Duration::from_millis(300),
         kill_grace: Duration::from_millis(500),
         restart_backoff_initial: Duration::from_millis(50),
         restart_backoff_max: Duration::from_millis(400),
-        ..RunnerHostConfig::default()
+        ..RunnerHostOptions::default()
     }
 }
 

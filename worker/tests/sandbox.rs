@@ -21,7 +21,7 @@ use nix::unistd::{User, geteuid};
 use sb_common::config::SandboxConfig;
 use sb_protocol::error::{ErrorCode, HasErrorCode};
 use sb_protocol::ids::WorkspaceId;
-use sb_worker::runner::process::{ProcessSpec, RunnerProcess, StderrConfig};
+use sb_worker::runner::process::{ProcessSpec, RunnerProcess, StderrOptions};
 use sb_worker::runner::{RunnerError, SandboxError, make_undumpable};
 use serde_json::Value;
 use tokio::io::AsyncReadExt as _;
@@ -52,7 +52,7 @@ fn path_only(name: &str) -> Option<OsString> {
 /// Runs `script` as a runner process and returns its stdout (and the process, exited).
 async fn run_script(script: &str, sandbox: &SandboxConfig) -> (String, RunnerProcess) {
     let mut process =
-        RunnerProcess::spawn(&sh(script), StderrConfig::default(), sandbox, &path_only)
+        RunnerProcess::spawn(&sh(script), StderrOptions::default(), sandbox, &path_only)
             .expect("runner starts");
     let (stdin, mut stdout) = process.take_stdio().unwrap();
     drop(stdin);
@@ -254,7 +254,7 @@ async fn the_tmpdir_lives_under_the_configured_root() {
         temp_root: Some(root.path().join("missing")),
         ..SandboxConfig::default()
     };
-    let e = RunnerProcess::spawn(&sh("true"), StderrConfig::default(), &missing, &path_only)
+    let e = RunnerProcess::spawn(&sh("true"), StderrOptions::default(), &missing, &path_only)
         .unwrap_err();
     assert!(
         matches!(e, RunnerError::Sandbox(SandboxError::TempDir { .. })),
@@ -279,7 +279,7 @@ async fn starting_a_runner_as_root_is_refused_without_allow_root() {
     for user in ["root", "sb-no-such-user"] {
         let e = RunnerProcess::spawn(
             &sh("echo started"),
-            StderrConfig::default(),
+            StderrOptions::default(),
             &as_user(user, false),
             &path_only,
         )
@@ -400,7 +400,7 @@ async fn a_program_the_runner_user_cannot_reach_is_explained() {
     };
     let e = RunnerProcess::spawn(
         &spec,
-        StderrConfig::default(),
+        StderrOptions::default(),
         &SandboxConfig::default(),
         &path_only,
     )

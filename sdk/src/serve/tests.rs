@@ -67,10 +67,10 @@ struct FakeHost {
 
 impl FakeHost {
     fn start<R: Runner>(runner: R) -> Self {
-        Self::start_with(runner, ServeConfig::default())
+        Self::start_with(runner, ServeOptions::default())
     }
 
-    fn start_with<R: Runner>(runner: R, config: ServeConfig) -> Self {
+    fn start_with<R: Runner>(runner: R, config: ServeOptions) -> Self {
         let (in_tx, in_rx) = mpsc::channel();
         let (out_tx, out_rx) = mpsc::channel();
         let reader = io::BufReader::new(PipeReader {
@@ -459,7 +459,7 @@ fn shutdown_waits_for_runs_and_refuses_new_ones() {
 
 #[test]
 fn end_of_input_fails_pending_calls_and_cancels_after_grace() {
-    let config = ServeConfig {
+    let config = ServeOptions {
         eof_grace: Duration::from_millis(100),
         cancel_grace: Duration::from_secs(5),
     };

@@ -28,6 +28,6 @@ pub mod sandbox;
 pub(crate) mod testing;
 
 pub use error::RunnerError;
-pub use host::{EnvLookup, RunHandle, RunRequest, RunnerHost, RunnerHostConfig, RunnerSpec};
+pub use host::{EnvLookup, RunHandle, RunRequest, RunnerHost, RunnerHostOptions, RunnerSpec};
 pub use link::ExecutionMode;
 pub use sandbox::{SandboxError, make_undumpable};

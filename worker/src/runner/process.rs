@@ -49,17 +49,17 @@ pub struct ProcessSpec {
 
 /// Limits for captured stderr.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct StderrConfig {
+pub struct StderrOptions {
     /// Longer lines are cut (the rest of the line is discarded, not buffered).
     pub max_line_bytes: usize,
-    /// At most this many bytes are logged per [`StderrConfig::window`]; lines beyond are
+    /// At most this many bytes are logged per [`StderrOptions::window`]; lines beyond are
     /// counted and reported as one summary line when the window rolls over. Keeps a runner that
     /// spams stderr from flooding the worker's logs.
     pub bytes_per_window: usize,
     pub window: Duration,
 }
 
-impl Default for StderrConfig {
+impl Default for StderrOptions {
     fn default() -> Self {
         Self {
             // A stack trace line or a JSON blob is rarely longer; longer means a dump.
@@ -94,7 +94,7 @@ impl RunnerProcess {
     /// `std::env::var_os`; a map in tests).
     pub fn spawn(
         spec: &ProcessSpec,
-        stderr: StderrConfig,
+        stderr: StderrOptions,
         sandbox: &SandboxConfig,
         lookup_env: &dyn Fn(&str) -> Option<OsString>,
     ) -> Result<Self, RunnerError> {
@@ -273,7 +273,7 @@ async fn capture_stderr(
     stderr: tokio::process::ChildStderr,
     label: String,
     pid: u32,
-    config: StderrConfig,
+    config: StderrOptions,
 ) {
     let mut lines = LineReader::new(BufReader::new(stderr), config.max_line_bytes);
     let mut limiter = StderrLimiter::new(config.bytes_per_window, config.window);
@@ -364,7 +364,7 @@ mod tests {
     /// Spawns with the default sandbox (as root: as `nobody`).
     fn spawn(
         spec: &ProcessSpec,
-        stderr: StderrConfig,
+        stderr: StderrOptions,
         lookup: &dyn Fn(&str) -> Option<OsString>,
     ) -> Result<RunnerProcess, RunnerError> {
         RunnerProcess::spawn(spec, stderr, &SandboxConfig::default(), lookup)
@@ -399,7 +399,7 @@ mod tests {
         let mut spec = sh("env; echo END");
         // A manifest may allowlist TMPDIR: the private directory still wins.
         spec.env_allow.push("TMPDIR".into());
-        let mut p = spawn(&spec, StderrConfig::default(), &lookup).unwrap();
+        let mut p = spawn(&spec, StderrOptions::default(), &lookup).unwrap();
         let tmpdir = format!("TMPDIR={}", p.temp_dir().unwrap().display());
         let (_stdin, stdout) = p.take_stdio().unwrap();
         let mut lines = tokio::io::BufReader::new(stdout).lines();
@@ -419,7 +419,7 @@ mod tests {
         let lookup = env(&[]);
         let mut p = spawn(
             &sh("ps -o pgid= -p $$ || cat /proc/$$/stat"),
-            StderrConfig::default(),
+            StderrOptions::default(),
             &lookup,
         )
         .unwrap();
@@ -450,7 +450,7 @@ mod tests {
         let lookup = env(&[]);
         // The leader ignores TERM and starts a grandchild that also ignores it.
         let script = "trap '' TERM; (trap '' TERM; sleep 30) & echo $!; while :; do sleep 1; done";
-        let mut p = spawn(&sh(script), StderrConfig::default(), &lookup).unwrap();
+        let mut p = spawn(&sh(script), StderrOptions::default(), &lookup).unwrap();
         let (stdin, stdout) = p.take_stdio().unwrap();
         let mut lines = tokio::io::BufReader::new(stdout).lines();
         let grandchild: i32 = lines
@@ -487,7 +487,7 @@ mod tests {
     #[tokio::test]
     async fn a_cooperative_process_exits_on_sigterm_within_grace() {
         let lookup = env(&[]);
-        let mut p = spawn(&sh("exec sleep 30"), StderrConfig::default(), &lookup).unwrap();
+        let mut p = spawn(&sh("exec sleep 30"), StderrOptions::default(), &lookup).unwrap();
         let started = Instant::now();
         let status = p.terminate(Duration::from_secs(10)).await.unwrap();
         assert!(started.elapsed() < Duration::from_secs(5));
@@ -502,7 +502,7 @@ mod tests {
     #[tokio::test]
     async fn dropping_the_handle_kills_the_process() {
         let lookup = env(&[]);
-        let p = spawn(&sh("exec sleep 30"), StderrConfig::default(), &lookup).unwrap();
+        let p = spawn(&sh("exec sleep 30"), StderrOptions::default(), &lookup).unwrap();
         let pid = p.pid() as i32;
         drop(p);
         let mut gone = false;
@@ -524,7 +524,7 @@ mod tests {
             program: "/nonexistent/runner".into(),
             ..sh("")
         };
-        let err = spawn(&spec, StderrConfig::default(), &lookup).unwrap_err();
+        let err = spawn(&spec, StderrOptions::default(), &lookup).unwrap_err();
         assert!(err.to_string().contains("/nonexistent/runner"), "{err}");
     }
 
@@ -533,7 +533,7 @@ mod tests {
         let lookup = env(&[]);
         let mut p = spawn(
             &sh("cat >/dev/null; exit 3"),
-            StderrConfig::default(),
+            StderrOptions::default(),
             &lookup,
         )
         .unwrap();
@@ -550,9 +550,9 @@ mod tests {
         let lookup = env(&[]);
         // One endless-looking 4 MiB line, then 200 000 short lines.
         let script = "head -c 4194304 /dev/zero | tr '\\0' 'e' >&2; yes eeeeeeeeee | head -n 200000 >&2; exit 7";
-        let config = StderrConfig {
+        let config = StderrOptions {
             bytes_per_window: 4096,
-            ..StderrConfig::default()
+            ..StderrOptions::default()
         };
         let mut p = spawn(&sh(script), config, &lookup).unwrap();
         let status = tokio::time::timeout(Duration::from_secs(30), p.wait())

@@ -33,7 +33,7 @@ use super::deps::{WorkerDeps, WorkerOptions};
 use super::error::WorkerError;
 use super::job::Core;
 use crate::plugins::{PluginRunner, bundled_runners_dir, load_plugins};
-use crate::runner::{RunnerHost, RunnerHostConfig, make_undumpable};
+use crate::runner::{RunnerHost, RunnerHostOptions, make_undumpable};
 use sb_host_api::actions::{ActionDispatcher, ActionLimits};
 use sb_host_api::api::HostApi;
 use sb_host_api::api_gate::ApiGate;
@@ -155,10 +155,10 @@ fn plugin_dirs(configured: &[PathBuf], bundled: bool) -> Vec<PathBuf> {
 }
 
 /// The runner host tuning from the worker and limits sections.
-fn host_config(config: &SwitchboardConfig) -> RunnerHostConfig {
+fn host_config(config: &SwitchboardConfig) -> RunnerHostOptions {
     let worker = &config.worker;
-    let defaults = RunnerHostConfig::default();
-    RunnerHostConfig {
+    let defaults = RunnerHostOptions::default();
+    RunnerHostOptions {
         max_line_bytes: worker.max_line_bytes.get(),
         result_limits: ResultLimits {
             max_result_bytes: worker.max_result_bytes.get(),
@@ -169,7 +169,7 @@ fn host_config(config: &SwitchboardConfig) -> RunnerHostConfig {
         cancel_grace: worker.cancel_grace,
         // SIGTERM → SIGKILL gets the same grace as a cooperative cancel.
         kill_grace: worker.cancel_grace,
-        stderr: crate::runner::process::StderrConfig {
+        stderr: crate::runner::process::StderrOptions {
             max_line_bytes: worker.stderr_cap_bytes.get(),
             ..defaults.stderr
         },

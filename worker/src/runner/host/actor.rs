@@ -21,7 +21,7 @@ use tokio::time::Instant;
 
 use super::command::{Command, Refusal, Routes, RunSlot};
 use super::pipes::{read_frames, write_frames};
-use super::spec::RunnerHostConfig;
+use super::spec::RunnerHostOptions;
 use crate::lock::lock;
 use crate::runner::codec::{FrameError, MessageReader, MessageWriter, RunnerLine};
 use crate::runner::link::{
@@ -62,7 +62,7 @@ enum Timer {
 /// keep its host alive, so that dropping the last `RunnerHost` (and every `RunHandle`)
 /// closes the actor's command channel and stops the process.
 pub(super) struct ActorEnv {
-    pub(super) config: Arc<RunnerHostConfig>,
+    pub(super) config: Arc<RunnerHostOptions>,
     pub(super) runner_id: RunnerId,
     pub(super) api: Arc<dyn HostApi>,
     /// The identity calls of this process are made with (carries `connection`).
@@ -145,7 +145,7 @@ impl Actor {
         }
     }
 
-    fn config(&self) -> &RunnerHostConfig {
+    fn config(&self) -> &RunnerHostOptions {
         &self.env.config
     }
 

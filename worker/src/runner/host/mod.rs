@@ -28,22 +28,22 @@
 //! with up to `max_concurrency` concurrent runs over all of them. When a process exits
 //! unexpectedly its in-flight runs fail with `runner.crashed` and the next run of that
 //! workspace starts a new process after an exponential backoff
-//! ([`RunnerHostConfig::restart_backoff_initial`] doubling up to
-//! [`RunnerHostConfig::restart_backoff_max`]; a process that stayed up for
-//! [`RunnerHostConfig::healthy_after`] resets it). Idle processes stay up for the next run of
+//! ([`RunnerHostOptions::restart_backoff_initial`] doubling up to
+//! [`RunnerHostOptions::restart_backoff_max`]; a process that stayed up for
+//! [`RunnerHostOptions::healthy_after`] resets it). Idle processes stay up for the next run of
 //! their workspace; when a new workspace needs a process and `max_concurrency` processes are
 //! already up, the least recently used idle one is drained to make room, so a runner never
 //! has more than `max_concurrency` processes serving. `per_run` mode starts a process per
 //! run (at most `max_concurrency` at once) and retires it when the run ends.
 //!
-//! Every process is confined by [`RunnerHostConfig::sandbox`] (see [`super::sandbox`]), and
+//! Every process is confined by [`RunnerHostOptions::sandbox`] (see [`super::sandbox`]), and
 //! its Host API calls carry its [`Connection`] (workspace and current runs) to the gate.
 //!
 //! # Layout
 //! - this module: [`RunnerHost`], the front — starts runs on the right process (the
 //!   workspace's shared one, or a new per-run one), routes cancels, keeps the shared
 //!   processes per workspace with their restart backoff, and shuts everything down;
-//! - `spec`: what it is told ([`RunnerSpec`], [`RunnerHostConfig`],
+//! - `spec`: what it is told ([`RunnerSpec`], [`RunnerHostOptions`],
 //!   [`RunRequest`]);
 //! - `actor`: the per-process supervision (one actor task per process);
 //! - `pipes`: the stdout reader and stdin writer tasks of a process;
@@ -78,7 +78,7 @@ mod pipes;
 mod spec;
 
 pub use self::handle::RunHandle;
-pub use self::spec::{EnvLookup, RunRequest, RunnerHostConfig, RunnerSpec};
+pub use self::spec::{EnvLookup, RunRequest, RunnerHostOptions, RunnerSpec};
 
 /// A live actor, as the host and run handles reach it.
 #[derive(Clone)]
@@ -143,7 +143,7 @@ struct SharedSlots {
 
 struct HostInner {
     spec: RunnerSpec,
-    config: Arc<RunnerHostConfig>,
+    config: Arc<RunnerHostOptions>,
     api: Arc<dyn HostApi>,
     permits: Arc<Semaphore>,
     /// `shared` mode: the process of each workspace.
@@ -169,7 +169,7 @@ impl RunnerHost {
     /// A host for `spec`. Processes inherit only the allowlisted variables of the worker's
     /// own environment, and run confined by `config.sandbox`.
     #[must_use]
-    pub fn new(spec: RunnerSpec, config: RunnerHostConfig, api: Arc<dyn HostApi>) -> Self {
+    pub fn new(spec: RunnerSpec, config: RunnerHostOptions, api: Arc<dyn HostApi>) -> Self {
         Self::with_env(
             spec,
             config,
@@ -182,7 +182,7 @@ impl RunnerHost {
     #[must_use]
     pub fn with_env(
         spec: RunnerSpec,
-        config: RunnerHostConfig,
+        config: RunnerHostOptions,
         api: Arc<dyn HostApi>,
         lookup_env: EnvLookup,
     ) -> Self {
@@ -570,7 +570,7 @@ impl RunnerHost {
 
 /// Restart delay after `failures` consecutive failures: 0 for none, then the initial delay
 /// doubling up to the maximum.
-fn backoff_delay(config: &RunnerHostConfig, failures: u32) -> Duration {
+fn backoff_delay(config: &RunnerHostOptions, failures: u32) -> Duration {
     if failures == 0 {
         return Duration::ZERO;
     }
@@ -594,10 +594,10 @@ mod tests {
 
     #[test]
     fn backoff_doubles_up_to_the_cap() {
-        let config = RunnerHostConfig {
+        let config = RunnerHostOptions {
             restart_backoff_initial: Duration::from_millis(100),
             restart_backoff_max: Duration::from_secs(1),
-            ..RunnerHostConfig::default()
+            ..RunnerHostOptions::default()
         };
         let delays: Vec<u128> = (0..7)
             .map(|f| backoff_delay(&config, f).as_millis())

@@ -1,5 +1,5 @@
 //! What a `RunnerHost` is told: the runner to host ([`RunnerSpec`]), its tuning
-//! ([`RunnerHostConfig`]) and the runs it starts ([`RunRequest`]). Plain data, kept apart
+//! ([`RunnerHostOptions`]) and the runs it starts ([`RunRequest`]). Plain data, kept apart
 //! from the host so that the host, its actors and the plugin loader share it without
 //! reaching into each other.
 
@@ -16,7 +16,7 @@ use sb_protocol::result::ResultLimits;
 use sb_protocol::wire::DEFAULT_MAX_LINE_BYTES;
 
 use crate::runner::link::ExecutionMode;
-use crate::runner::process::{ProcessSpec, StderrConfig};
+use crate::runner::process::{ProcessSpec, StderrOptions};
 
 /// How a host reads the worker's environment for a process's allowlisted variables
 /// (`std::env::var_os` in production, a map in tests).
@@ -34,7 +34,7 @@ pub struct RunnerSpec {
 
 /// Tuning of a `RunnerHost`. Defaults follow SPEC §13; tests shorten the durations.
 #[derive(Debug, Clone)]
-pub struct RunnerHostConfig {
+pub struct RunnerHostOptions {
     /// Cap on one stdout line (SPEC: 4 MiB).
     pub max_line_bytes: usize,
     /// Result caps applied by the sequencer (1 MiB per result).
@@ -57,12 +57,12 @@ pub struct RunnerHostConfig {
     /// Items buffered per run between the process and its
     /// [`RunHandle`](super::handle::RunHandle).
     pub run_buffer: usize,
-    pub stderr: StderrConfig,
+    pub stderr: StderrOptions,
     /// How every process is confined (`worker.sandbox`, SPEC §14).
     pub sandbox: SandboxConfig,
 }
 
-impl Default for RunnerHostConfig {
+impl Default for RunnerHostOptions {
     fn default() -> Self {
         Self {
             max_line_bytes: DEFAULT_MAX_LINE_BYTES,
@@ -77,7 +77,7 @@ impl Default for RunnerHostConfig {
             healthy_after: Duration::from_secs(60),
             // A burst of deltas fits; a stalled consumer pushes back within a few hundred items.
             run_buffer: 256,
-            stderr: StderrConfig::default(),
+            stderr: StderrOptions::default(),
             sandbox: SandboxConfig::default(),
         }
     }
