@@ -76,7 +76,7 @@ pub use orchestrator::OrchestratorConfig;
 pub use problems::{ConfigError, ConfigProblem};
 pub use providers::ProvidersConfig;
 pub use retention::RetentionConfig;
-pub use secret_url::SecretUrl;
+pub use secret_url::{SecretUrl, redact_url};
 pub use sessions::{SessionsConfig, SessionsKind};
 pub use worker::{SandboxConfig, WorkerConfig};
 

@@ -38,16 +38,24 @@ impl SecretUrl {
     /// The URL with the password replaced by `****`; unparsable text is hidden entirely
     /// because we cannot tell where a password would be.
     pub fn redacted(&self) -> String {
-        match self.parse() {
-            Ok(mut url) => {
-                if url.password().is_some() {
-                    // Cannot fail: a URL with a password has a host.
-                    let _ = url.set_password(Some("****"));
-                }
-                url.to_string()
+        redact_url(self.expose())
+    }
+}
+
+/// `text` as a URL with its password replaced by `****`; unparsable text is hidden entirely
+/// because we cannot tell where a password would be. The one redaction of connection URLs:
+/// [`SecretUrl`]'s `Debug`/`Display` and the backends' options (`AmqpOptions`, `RedisOptions`)
+/// print through it.
+pub fn redact_url(text: &str) -> String {
+    match url::Url::parse(text) {
+        Ok(mut url) => {
+            if url.password().is_some() {
+                // Cannot fail: a URL with a password has a host.
+                let _ = url.set_password(Some("****"));
             }
-            Err(_) => "<unparsable url>".to_owned(),
+            url.to_string()
         }
+        Err(_) => "<unparsable url>".to_owned(),
     }
 }
 

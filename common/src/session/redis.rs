@@ -40,14 +40,7 @@ pub struct RedisOptions {
 impl std::fmt::Debug for RedisOptions {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         // The URL may carry a password.
-        let url = match url::Url::parse(&self.url) {
-            Ok(mut url) if url.password().is_some() => {
-                let _ = url.set_password(Some("***"));
-                url.to_string()
-            }
-            Ok(url) => url.to_string(),
-            Err(_) => "<unparsable url>".into(),
-        };
+        let url = crate::config::redact_url(&self.url);
         f.debug_struct("RedisOptions")
             .field("url", &url)
             .field("key_prefix", &self.key_prefix)
