@@ -57,6 +57,7 @@ use std::time::Duration;
 
 use axum::response::sse::{Event, KeepAlive, Sse};
 use futures::Stream;
+use sb_common::retry::RetryPolicy;
 use sb_protocol::error::ErrorCode;
 use sb_protocol::ids::{EventId, RunId, WorkspaceId};
 use sb_protocol::messages::DeliveryMessage;
@@ -558,10 +559,7 @@ async fn pump_run_with(
 /// most `route_poll_max`. Live items of the conversation trigger reads of their own.
 #[must_use]
 pub fn route_poll_delay(options: &StreamOptions, ticks: u32) -> Duration {
-    options
-        .route_poll_min
-        .saturating_mul(2u32.saturating_pow(ticks))
-        .min(options.route_poll_max)
+    RetryPolicy::new(options.route_poll_min, options.route_poll_max).delay(ticks)
 }
 
 /// Where the stream of a `?stream=true` event goes once the event is routed.

@@ -55,6 +55,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, SystemTime};
 
+use sb_common::retry::RetryPolicy;
 use sb_common::telemetry::{Metrics, names};
 use sb_protocol::ids::{RunId, WorkspaceId};
 use sb_protocol::manifest::RunnerId;
@@ -574,11 +575,7 @@ fn backoff_delay(config: &RunnerHostOptions, failures: u32) -> Duration {
     if failures == 0 {
         return Duration::ZERO;
     }
-    let factor = 2u32.saturating_pow(failures.saturating_sub(1).min(20));
-    config
-        .restart_backoff_initial
-        .saturating_mul(factor)
-        .min(config.restart_backoff_max)
+    RetryPolicy::new(config.restart_backoff_initial, config.restart_backoff_max).delay(failures - 1)
 }
 
 fn to_instant(at: SystemTime) -> Instant {
