@@ -280,36 +280,39 @@ fn route_table(upload_body: usize) -> RouteTable {
             schedules::delete_schedule
         )))
         .routes(admin(routes!(
-            resources::list_models,
-            resources::create_model
+            resources::models::list_models,
+            resources::models::create_model
         )))
         .routes(admin(routes!(
-            resources::list_tools,
-            resources::create_tool
-        )))
-        .routes(admin(routes!(resources::list_kbs, resources::create_kb)))
-        .routes(admin(routes!(
-            resources::get_model,
-            resources::update_model,
-            resources::delete_model
+            resources::tools::list_tools,
+            resources::tools::create_tool
         )))
         .routes(admin(routes!(
-            resources::get_tool,
-            resources::update_tool,
-            resources::delete_tool
+            resources::knowledge::list_kbs,
+            resources::knowledge::create_kb
         )))
         .routes(admin(routes!(
-            resources::get_kb,
-            resources::update_kb,
-            resources::delete_kb
+            resources::models::get_model,
+            resources::models::update_model,
+            resources::models::delete_model
         )))
         .routes(admin(routes!(
-            resources::list_documents,
-            resources::add_document
+            resources::tools::get_tool,
+            resources::tools::update_tool,
+            resources::tools::delete_tool
         )))
         .routes(admin(routes!(
-            resources::update_document,
-            resources::delete_document
+            resources::knowledge::get_kb,
+            resources::knowledge::update_kb,
+            resources::knowledge::delete_kb
+        )))
+        .routes(admin(routes!(
+            resources::documents::list_documents,
+            resources::documents::add_document
+        )))
+        .routes(admin(routes!(
+            resources::documents::update_document,
+            resources::documents::delete_document
         )))
         .routes(admin(routes!(keys::list_keys, keys::create_key)))
         .routes(admin(routes!(keys::revoke_key)))
