@@ -36,6 +36,10 @@
 //! For models, tools and knowledge bases a policy list of `None` means "no *extra*
 //! grants", never "everything". Capabilities only decide whether a kind is projected; they
 //! are never grants on their own.
+//!
+//! One file on purpose: everything here is a single pure computation (no I/O, no service
+//! state), the intersection above and the config readers that feed it; its ~490 production
+//! lines are one rule set read together, and most of the file is its tests.
 
 use std::collections::{BTreeMap, BTreeSet};
 

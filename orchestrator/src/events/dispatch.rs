@@ -1,0 +1,244 @@
+//! Steps 4–11 of routing an event: the run's access, row, session, snapshot and job.
+
+use std::collections::BTreeMap;
+
+use chrono::Utc;
+use sb_common::bus::PublishOptions;
+use sb_common::telemetry::{Metrics, names};
+use sb_protocol::context::StateScope;
+use sb_protocol::host::{AgentBinding, AgentEventEnvelope};
+use sb_protocol::ids::RunId;
+use sb_protocol::messages;
+use sb_store::{
+    EventRecord, EventStatus, EventStatusUpdate, NewRun, RunStatus, StoreError, TurnTag,
+};
+use serde_json::{Map, Value, json};
+use tracing::Instrument;
+
+use super::{EventRouter, RouteOutcome, StartContext};
+use crate::access;
+use crate::context;
+use crate::error::Result;
+use crate::journal;
+use crate::plan::{self, Dispatch, PrepareInputs};
+use crate::state_keys::{StateKeyParts, scope_key};
+
+impl EventRouter {
+    pub(super) async fn dispatch(
+        &self,
+        record: &EventRecord,
+        envelope: &AgentEventEnvelope,
+        dispatch: &Dispatch,
+        start: StartContext,
+    ) -> Result<RouteOutcome> {
+        let stores = &self.deps.stores;
+        let options = &self.options;
+        let binding = &dispatch.binding;
+        let workspace = &envelope.workspace_id;
+        let conversation = envelope
+            .conversation_id
+            .as_deref()
+            .filter(|c| !c.is_empty());
+
+        // Effective access: only what exists is granted.
+        let request = access::requested(&dispatch.descriptor, binding);
+        let catalog = if request.is_empty() {
+            access::ExistingResources::default()
+        } else {
+            self.deps.catalog.lookup(workspace, &request).await?
+        };
+        let access = access::effective_access(
+            &dispatch.descriptor,
+            binding,
+            conversation.is_some(),
+            &catalog,
+        );
+
+        // Read before this event's own user row is written.
+        let latest_cursor = match conversation {
+            Some(c) => stores.transcript.latest_cursor(workspace, c).await?,
+            None => None,
+        };
+
+        let now = Utc::now();
+        let now_secs = plan::utc_to_epoch(now);
+        let timeout = context::run_timeout(&binding.runner_config, options.default_run_timeout);
+        let deadline = context::deadline_at(now_secs, timeout);
+        let (run, created) = stores
+            .runs
+            .create_run(NewRun {
+                // A turn's run takes the turn id chosen at receipt (the turn API answers
+                // with it before the event is routed).
+                id: Some(
+                    TurnTag::from_metadata(&envelope.metadata)
+                        .map_or_else(RunId::new, |tag| tag.turn_id),
+                ),
+                workspace_id: workspace.clone(),
+                event_id: record.id,
+                agent_id: binding.agent_id,
+                runner_id: binding.runner_id.to_string(),
+                pool: dispatch.pool.clone(),
+                conversation_id: envelope.conversation_id.clone(),
+                thread_id: envelope.thread_id.clone(),
+                bot_id: envelope.bot_id.clone(),
+                deadline_at: deadline.and_then(plan::epoch_to_utc),
+                attempt: 1,
+            })
+            .await?;
+        if !created && run.status != RunStatus::Queued {
+            self.leave_queue(record).await?;
+            return Ok(RouteOutcome::AlreadyHandled);
+        }
+        let span = tracing::info_span!("dispatch", run_id = %run.id, event_id = %record.id);
+        async {
+            // The deadline is fixed by the first attempt.
+            let deadline = run.deadline_at.map(plan::utc_to_epoch);
+
+            let state = self.state_snapshot(envelope, binding).await?;
+            let prepared = plan::prepare(
+                envelope,
+                dispatch,
+                PrepareInputs {
+                    run_id: run.id,
+                    now_epoch_secs: now_secs,
+                    deadline_at: deadline,
+                    access,
+                    latest_cursor,
+                    state,
+                    host_version: options.host_version.clone(),
+                    default_budgets: options.default_budgets,
+                    session_grace: options.session_grace,
+                    no_deadline_session_ttl: options.no_deadline_session_ttl,
+                    host_api_token: Some(mint_host_api_token()),
+                    accepted_at_ms: Some(record.created_at.timestamp_millis()),
+                },
+            );
+
+            if let Some(item) = journal::user_transcript(envelope) {
+                match stores.transcript.append(item).await {
+                    Ok(_) | Err(StoreError::Conflict(_)) => {}
+                    Err(e) => return Err(e.into()),
+                }
+            }
+
+            let snapshot_json = serde_json::to_value(&prepared.snapshot).unwrap_or(Value::Null);
+            self.deps.sessions.put_session(&run.id, &snapshot_json, prepared.session_ttl).await?;
+            // Visible to steering and concurrency only once its session exists; leaves the
+            // queue only once it is visible (so the queue's next event cannot start early).
+            if let Some(key) = &start.key {
+                self.conversations.add_run(key, run.id, prepared.session_ttl).await?;
+                if let Some(member) = &start.parked_member {
+                    self.conversations.unpark(key, member).await?;
+                }
+            }
+
+            // The event keeps the frozen authorization for operators, without the token's
+            // digest: the credential check belongs to the session alone.
+            let mut authorization = snapshot_json;
+            if let Some(fields) = authorization.as_object_mut() {
+                fields.remove("host_api_token_sha256");
+            }
+            let mut metadata = json!({
+                "authorization": authorization,
+                "routing": {"binding_id": binding.binding_id, "runner_id": binding.runner_id.to_string(), "pool": dispatch.pool},
+            });
+            if let Some(concurrency) = &start.concurrency {
+                metadata["concurrency"] = concurrency.clone();
+            }
+
+            stores
+                .events
+                .update_status(
+                    record.id,
+                    EventStatusUpdate {
+                        status: EventStatus::Dispatched,
+                        reason: None,
+                        run_id: Some(run.id),
+                        claimed_by_run_id: None,
+                        metadata_merge: Some(metadata),
+                    },
+                )
+                .await?;
+
+            let topology = &self.deps.topology;
+            self.deps
+                .bus
+                .publish(
+                    &topology.runs_exchange(),
+                    &sb_common::bus::topology::runs_routing_key(&dispatch.pool),
+                    messages::encode(&prepared.job).into(),
+                    PublishOptions::default(),
+                )
+                .await?;
+            Metrics::global().inc(names::BUS_PUBLISHED_TOTAL, &[("exchange", "runs")]);
+            Metrics::global().inc(names::EVENTS_ROUTED_TOTAL, &[("outcome", "dispatched")]);
+            tracing::debug!(created, pool = %dispatch.pool, "run dispatched");
+            Ok(RouteOutcome::Dispatched { run_id: run.id, created })
+        }
+        .instrument(span)
+        .await
+    }
+
+    /// The state snapshot: every enabled scope that has a key for this event and binding.
+    async fn state_snapshot(
+        &self,
+        envelope: &AgentEventEnvelope,
+        binding: &AgentBinding,
+    ) -> Result<sb_protocol::context::AgentRunState> {
+        let policy = &binding.state_policy;
+        let mut loaded: BTreeMap<StateScope, Map<String, Value>> = BTreeMap::new();
+        if policy.is_enabled() {
+            let parts = StateKeyParts::from_event(envelope, binding);
+            let scopes: Vec<(StateScope, String)> = StateScope::ALL
+                .into_iter()
+                .filter(|scope| policy.allows(*scope))
+                .filter_map(|scope| scope_key(scope, &parts).map(|key| (scope, key)))
+                .collect();
+            // Every enabled scope in one read.
+            let keys: Vec<String> = scopes.iter().map(|(_, key)| key.clone()).collect();
+            let values = self.deps.stores.state.snapshots(&keys).await?;
+            for (scope, key) in scopes {
+                let scope_values = values.get(&key).cloned().unwrap_or_default();
+                loaded.insert(scope, scope_values.into_iter().collect());
+            }
+        }
+        Ok(context::state_snapshot(
+            policy,
+            envelope.conversation_id.as_deref(),
+            |scope| loaded.remove(&scope),
+        ))
+    }
+}
+
+/// A fresh remote Host API token: 32 random bytes (256 bits), base64url without padding.
+///
+/// Minted per dispatch attempt. A redelivered event whose run is still `queued` gets a new
+/// token and the session is rewritten with its digest; a job published by the earlier
+/// attempt, if a worker claims it, carries the earlier token, which the gateway then refuses
+/// (`unauthorized`). Only the remote Host API is affected (runner processes of the worker
+/// use the stdio wire), and only after an orchestrator lost an ack between publishing a job
+/// and acknowledging its event.
+fn mint_host_api_token() -> String {
+    use base64::Engine as _;
+    use rand::RngCore as _;
+    let mut bytes = [0u8; 32];
+    rand::rng().fill_bytes(&mut bytes);
+    base64::engine::general_purpose::URL_SAFE_NO_PAD.encode(bytes)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn host_api_tokens_are_256_random_bits_in_base64url() {
+        let a = mint_host_api_token();
+        let b = mint_host_api_token();
+        assert_eq!(a.len(), 43, "32 bytes, unpadded");
+        assert!(
+            a.bytes()
+                .all(|c| c.is_ascii_alphanumeric() || c == b'-' || c == b'_')
+        );
+        assert_ne!(a, b);
+    }
+}

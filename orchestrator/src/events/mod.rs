@@ -1,0 +1,147 @@
+//! The event consumer: one loop per events shard turning `switchboard.event/1` pointers into
+//! runs, steering claims, parked or rejected events (SPEC §2 step 2, §7).
+//!
+//! For one event, in this order (every step is idempotent, so a redelivered event redoes
+//! them without effect beyond the first time):
+//!
+//! 0. take the event's route lock (a session-store lease `route:<event_id>`): a copy of the
+//!    event that another orchestrator is routing right now is requeued, so one event is never
+//!    both claimed and dispatched, claimed twice, or parked behind its own run;
+//! 1. load the event from the event log (the message is only a pointer); an event already
+//!    `unrouted`/`rejected`/`claimed`, or whose run has left `queued`, is done;
+//! 2. resolve one binding among the workspace's enabled agents ([`crate::bindings`]) and
+//!    look its runner up in the registry; no match / a tie / no runner → the event becomes
+//!    `unrouted` with reason `binding.not_found` / `binding.ambiguous` / `runner.not_found`
+//!    and no run is created. An event that names its agent (a turn of the turn API,
+//!    `metadata.turn`, see [`sb_store::TurnTag`]: its session's agent; or `agent_id` on
+//!    ingest, `metadata.target`, see [`sb_store::EventTarget`]) goes to that agent whatever
+//!    the scopes say ([`sb_rules::bindings::resolve_target`]), or is unrouted with
+//!    `binding.target_unavailable` when the agent can no longer take it;
+//! 3. for an event of a conversation without a run yet: the conversation's active runs
+//!    ([`crate::conversations`]); a `message.received` that an active run can absorb
+//!    ([`crate::steering::target`]) is pushed to that run's steering list and becomes
+//!    `claimed` (a full list or a vanished run falls through); otherwise the agent's
+//!    concurrency policy ([`crate::concurrency::decide`]) starts it, parks it (`enqueue`),
+//!    cancels the active runs first (`interrupt`) or rejects it (`reject`);
+//! 4. effective access ([`crate::access`]) from the manifest, the policy, the config and the
+//!    resource catalog;
+//! 5. the transcript's latest cursor (before this event's own row);
+//! 6. the run row (`queued`, unique on the event: a redelivery gets the existing run back,
+//!    with its id and its deadline, which are never recomputed); a turn's run takes the
+//!    turn id chosen at receipt, and a turn is never absorbed as steering input in step 3;
+//! 7. the state snapshot, the context, the frozen snapshot and the job ([`crate::plan`]),
+//!    with a freshly minted remote Host API token (`ctx.runtime.metadata.host_api`; the
+//!    snapshot keeps its SHA-256 only);
+//! 8. the user transcript row (deterministic id: written once);
+//! 9. the session (TTL = deadline + grace) in the session store, then the run in the
+//!    conversation's active index (and, for a formerly parked event, out of the queue);
+//! 10. the event → `dispatched` with the run id, and the frozen snapshot under
+//!     `metadata.authorization` (the result sink reads it after the session has ended;
+//!     without the digest of the run's remote Host API token, which only the session keeps);
+//! 11. the job to `switchboard.runs.<pool>`, awaited until the broker confirms;
+//! 12. the event delivery is acked.
+//!
+//! If the job publish fails, the delivery is requeued (transient) and the next attempt
+//! republishes the job of the same, still `queued`, run (the policy is not asked again: it
+//! already said "start"). A job published twice for one run is harmless: only one worker can
+//! claim a run (`queued → running`).
+//!
+//! # Steering claims and redelivery
+//! The claim pushes first and records second, so a crash in between can at worst push the
+//! item again on redelivery (at-least-once: items carry their `event.event_id` for runners
+//! that deduplicate); a `steer-claim:<event_id>` marker written right after the push
+//! narrows that window to the two session-store calls.
+//!
+//! # Layout
+//! This module holds the router and its outcome; each child adds the methods of one part of
+//! the pipeline, and none of them is used here: `route` (steps 0–2), `lookup` (the
+//! resolver's cached inputs), `decide` (step 3), `finish` (the ends without a run:
+//! unrouted, parked, rejected), `dispatch` (steps 4–11) and `consume` (the shard loop,
+//! step 12).
+
+mod consume;
+mod decide;
+mod dispatch;
+mod finish;
+mod lookup;
+mod route;
+
+use std::sync::Arc;
+
+use sb_protocol::ids::RunId;
+use serde_json::Value;
+
+use crate::concurrency::ConversationKey;
+use crate::conversations::Conversations;
+use crate::deps::{OrchestratorDeps, OrchestratorOptions};
+use crate::plan::UnroutedReason;
+use crate::route_cache::RouteCache;
+
+pub use consume::run_shard;
+
+/// What routing one event did.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum RouteOutcome {
+    /// A run exists for the event and its job was published (`created` = by this call).
+    Dispatched {
+        /// The run.
+        run_id: RunId,
+        /// Whether this call created the run.
+        created: bool,
+    },
+    /// The event starts no run.
+    Unrouted(UnroutedReason),
+    /// An active run absorbed the message as steering input (event `claimed`).
+    Claimed {
+        /// The absorbing run.
+        run_id: RunId,
+    },
+    /// `enqueue`: the event waits (status `received`) until the conversation is free.
+    Parked {
+        /// The active runs it waits for (empty when it waits behind parked events only).
+        behind: Vec<RunId>,
+    },
+    /// `reject`: the conversation was busy (event `rejected`).
+    Rejected {
+        /// The active runs.
+        active: Vec<RunId>,
+    },
+    /// The event had already been handled (terminal routing status, or its run has started).
+    AlreadyHandled,
+}
+
+/// Routes events; shared by the shard loops.
+#[derive(Debug)]
+pub struct EventRouter {
+    deps: OrchestratorDeps,
+    options: Arc<OrchestratorOptions>,
+    conversations: Conversations,
+    /// The workspace's agents and the runners' descriptors, as last read.
+    cache: RouteCache,
+}
+
+/// How a run is started for an event of a conversation.
+#[derive(Debug, Default)]
+struct StartContext {
+    /// The conversation (its active index gets the run).
+    key: Option<ConversationKey>,
+    /// The event's parked-queue member, removed once the run is in the active index.
+    parked_member: Option<String>,
+    /// Merged into the event's metadata as `concurrency`.
+    concurrency: Option<Value>,
+}
+
+impl EventRouter {
+    /// A router over `deps`.
+    #[must_use]
+    pub fn new(deps: OrchestratorDeps, options: Arc<OrchestratorOptions>) -> Self {
+        let conversations = deps.conversations(&options);
+        let cache = RouteCache::new(options.route_cache_max_age);
+        Self {
+            deps,
+            options,
+            conversations,
+            cache,
+        }
+    }
+}

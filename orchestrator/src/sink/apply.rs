@@ -1,0 +1,193 @@
+//! Step 3 of a batch: the side effects of one stored item (assistant transcript, state,
+//! artifact, run status), all idempotent (see the [module docs](super)).
+
+use sb_common::telemetry::{Metrics, names};
+use sb_protocol::content::Message;
+use sb_protocol::messages::ResultMessage;
+use sb_protocol::result::{AgentRunResult, ArtifactCreated, StateUpdated};
+use sb_store::{RunOutcome, StoreError};
+
+use super::{RUN_CACHE_CAP, ResultSink};
+use crate::concurrency::ConversationKey;
+use crate::deps::OrchestratorDeps;
+use crate::error::Result;
+use crate::journal::{self, Effect, RunInfo};
+use crate::lock;
+
+impl ResultSink {
+    /// Applies the side effects of one stored item (see the module docs).
+    pub(super) async fn apply(&self, info: &RunInfo, message: &ResultMessage) -> Result<()> {
+        let plan = journal::plan_item(&message.result);
+        Metrics::global().inc(
+            names::RUN_RESULTS_TOTAL,
+            &[("type", result_type_label(&message.result))],
+        );
+        match &plan.effect {
+            Effect::None => {}
+            Effect::AssistantMessage(m) => {
+                self.write_assistant(info, message.sequence, m).await?;
+                let mut messaged = lock(&self.messaged);
+                if messaged.len() >= RUN_CACHE_CAP {
+                    messaged.clear();
+                }
+                messaged.insert(info.run_id);
+            }
+            Effect::State(update) => self.apply_state(info, update).await?,
+            Effect::Artifact(created) => {
+                self.store_artifact(info, message.sequence, created).await?
+            }
+        }
+        if let Some(outcome) = plan.outcome {
+            self.finish(info, outcome).await?;
+        }
+        Ok(())
+    }
+
+    async fn write_assistant(
+        &self,
+        info: &RunInfo,
+        sequence: u64,
+        message: &Message,
+    ) -> Result<()> {
+        if info.conversation_id.is_none() {
+            return Ok(());
+        }
+        let items = self.stored_items(info.run_id).await?;
+        let refs = journal::artifact_refs_before(&info.run_id, &items, sequence);
+        if let Some(row) = journal::assistant_transcript(info, message, refs) {
+            append_once(&self.deps, row).await?;
+        }
+        Ok(())
+    }
+
+    async fn apply_state(&self, info: &RunInfo, update: &StateUpdated) -> Result<()> {
+        let Some(snapshot) = self.authorization(info).await? else {
+            tracing::warn!(run_id = %info.run_id, key = %update.key, "state.updated ignored: no authorization snapshot");
+            return Ok(());
+        };
+        let write = match journal::plan_state_write(
+            &snapshot,
+            update,
+            self.options.max_state_value_bytes,
+        ) {
+            Ok(w) => w,
+            Err(reason) => {
+                tracing::warn!(run_id = %info.run_id, scope = %update.scope, key = %update.key, %reason, "state.updated rejected");
+                return Ok(());
+            }
+        };
+        match self.deps.stores.state.set(write).await {
+            Ok(_) => Ok(()),
+            Err(
+                e @ (StoreError::PayloadTooLarge(_)
+                | StoreError::InvalidArgument(_)
+                | StoreError::Conflict(_)),
+            ) => {
+                tracing::warn!(run_id = %info.run_id, key = %update.key, reason = %e, "state.updated rejected by the store");
+                Ok(())
+            }
+            Err(e) => Err(e.into()),
+        }
+    }
+
+    async fn store_artifact(
+        &self,
+        info: &RunInfo,
+        sequence: u64,
+        created: &ArtifactCreated,
+    ) -> Result<()> {
+        let artifact = match journal::plan_artifact(
+            info,
+            sequence,
+            created,
+            self.options.max_inline_artifact_bytes,
+        ) {
+            Ok(a) => a,
+            Err(reason) => {
+                tracing::warn!(run_id = %info.run_id, sequence, %reason, "artifact.created rejected");
+                return Ok(());
+            }
+        };
+        let id = artifact.id.clone().unwrap_or_default();
+        match self.deps.stores.artifacts.put(artifact.clone()).await {
+            Ok(_) => {}
+            Err(StoreError::Conflict(_)) => {
+                // Stored by an earlier attempt of this item, or an id another run took.
+                let ours = match self.deps.stores.artifacts.metadata(&id).await {
+                    Ok(existing) => existing.run_id == Some(info.run_id),
+                    Err(StoreError::NotFound(_)) => false,
+                    Err(e) => return Err(e.into()),
+                };
+                if !ours {
+                    tracing::warn!(run_id = %info.run_id, artifact_id = %id, "artifact.created rejected: the id is taken");
+                    return Ok(());
+                }
+            }
+            Err(e @ (StoreError::InvalidArgument(_) | StoreError::PayloadTooLarge(_))) => {
+                tracing::warn!(run_id = %info.run_id, artifact_id = %id, reason = %e, "artifact.created rejected by the store");
+                return Ok(());
+            }
+            Err(e) => return Err(e.into()),
+        }
+        self.deps
+            .stores
+            .events
+            .append(
+                journal::artifact_event(info, sequence, &artifact),
+                Vec::new(),
+            )
+            .await?;
+        Ok(())
+    }
+
+    async fn finish(&self, info: &RunInfo, outcome: RunOutcome) -> Result<()> {
+        let status = outcome.status;
+        if self
+            .deps
+            .stores
+            .runs
+            .finish_run(info.run_id, outcome)
+            .await?
+        {
+            Metrics::global().inc(names::RUNS_TOTAL, &[("status", status.as_str())]);
+            tracing::info!(run_id = %info.run_id, status = status.as_str(), "run finished");
+        }
+        // A runner that only streamed leaves no complete message: the transcript gets the
+        // assembled deltas instead (the seed host stored nothing, host-behaviour §26.13).
+        let messaged = lock(&self.messaged).remove(&info.run_id);
+        if info.conversation_id.is_some() && !messaged {
+            let items = self.stored_items(info.run_id).await?;
+            if !journal::has_complete_message(&items) {
+                if let Some(text) = journal::assembled_deltas(&items) {
+                    let refs = journal::artifact_refs_before(&info.run_id, &items, u64::MAX);
+                    if let Some(row) =
+                        journal::assistant_transcript(info, &Message::assistant(text), refs)
+                    {
+                        append_once(&self.deps, row).await?;
+                    }
+                }
+            }
+        }
+        // The conversation is free of this run: the next parked event may start (`enqueue`).
+        if let Some(key) = ConversationKey::new(&info.workspace_id, info.conversation_id.as_deref())
+        {
+            self.conversations.finish_run(&key, info.run_id).await?;
+        }
+        self.cache().remove(&info.run_id);
+        lock(&self.authorizations).remove(&info.run_id);
+        Ok(())
+    }
+}
+
+/// A low-cardinality label for a result type (unknown types share one label).
+fn result_type_label(result: &AgentRunResult) -> &'static str {
+    result.known_type().map_or("unknown", |t| t.as_str())
+}
+
+async fn append_once(deps: &OrchestratorDeps, row: sb_store::NewTranscriptItem) -> Result<()> {
+    match deps.stores.transcript.append(row).await {
+        // Conflict: the row with this deterministic id already exists (written once).
+        Ok(_) | Err(StoreError::Conflict(_)) => Ok(()),
+        Err(e) => Err(e.into()),
+    }
+}

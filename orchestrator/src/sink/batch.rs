@@ -1,0 +1,246 @@
+//! One batch of result deliveries: decode, one ledger insert, side effects and live
+//! delivery in queue order, then settling (steps 1–5 of the [module docs](super)).
+
+use sb_common::bus::Delivery;
+use sb_common::shutdown::Shutdown;
+use sb_common::telemetry::{Metrics, names};
+use sb_protocol::messages::{self, ResultMessage};
+use sb_store::NewRunEvent;
+use serde_json::Value;
+
+use super::{Item, ResultSink};
+use crate::error::{OrchestratorError, Result};
+use crate::journal::{self, Effect};
+use crate::settle::{pause, settle};
+
+impl ResultSink {
+    /// Persists, applies and delivers one batch of result deliveries, then settles them.
+    ///
+    /// While the ledger or the session store is unreachable, the deliveries that failed on
+    /// it (and those deferred behind them) are retried **in place**, with the orchestrator's
+    /// retry backoff, until they succeed or shutdown begins: requeueing them would spend the
+    /// results queue's delivery limit in seconds and dead-letter a run's items during an
+    /// outage longer than that, leaving the run without its terminal item. Holding them keeps
+    /// the shard waiting, which is all it could do anyway (every later item needs the same
+    /// backends), and keeps each run's items in order.
+    pub(crate) async fn process_batch(
+        &self,
+        deliveries: Vec<Delivery>,
+        queue: &str,
+        shutdown: &Shutdown,
+    ) {
+        let mut pending = deliveries;
+        let mut attempt = 0u32;
+        loop {
+            let waiting = self.process_once(pending, queue, shutdown).await;
+            if waiting.is_empty() {
+                return;
+            }
+            Metrics::global().add(
+                names::BUS_CONSUMED_TOTAL,
+                &[("queue", queue), ("disposition", "retry_in_place")],
+                waiting.len() as u64,
+            );
+            tracing::warn!(
+                queue,
+                deliveries = waiting.len(),
+                attempt,
+                "ledger or session store unreachable; retrying the results in place"
+            );
+            if !pause(self.options.retry_delay(attempt), shutdown).await {
+                // Shutting down: hand them back to the broker for another consumer.
+                for delivery in waiting {
+                    if let Err(error) = delivery.nack(true).await {
+                        tracing::warn!(%error, queue, "could not requeue a delivery at shutdown");
+                    }
+                }
+                return;
+            }
+            attempt = attempt.saturating_add(1);
+            // Their items may have been stored by the failed attempt: apply them as
+            // redelivered (side effects again, all idempotent).
+            pending = waiting
+                .into_iter()
+                .map(|mut delivery| {
+                    delivery.redelivered = true;
+                    delivery
+                })
+                .collect();
+        }
+    }
+
+    /// One attempt of [`Self::process_batch`]: settles every delivery except those that
+    /// failed on an unreachable backend (and those deferred behind them), which it returns.
+    async fn process_once(
+        &self,
+        deliveries: Vec<Delivery>,
+        queue: &str,
+        shutdown: &Shutdown,
+    ) -> Vec<Delivery> {
+        let options = &self.options;
+        let mut kept: Vec<Delivery> = Vec::with_capacity(deliveries.len());
+        let mut items: Vec<Item> = Vec::with_capacity(deliveries.len());
+        for delivery in deliveries {
+            match messages::decode_results(&delivery.body) {
+                Ok(decoded) => {
+                    let index = kept.len();
+                    let redelivered = delivery.redelivered;
+                    kept.push(delivery);
+                    items.extend(decoded.into_iter().map(|message| Item {
+                        delivery: index,
+                        redelivered,
+                        message,
+                    }));
+                }
+                Err(e) => settle(delivery, &Err(e.into()), queue, options, shutdown).await,
+            }
+        }
+        if items.is_empty() {
+            return Vec::new();
+        }
+
+        // 2. One ledger call for the whole batch.
+        let rows: Vec<NewRunEvent> = items.iter().map(|i| ledger_row(&i.message)).collect();
+        let inserted: Vec<Result<bool>> =
+            match self.deps.stores.runs.insert_events(rows.clone()).await {
+                Ok(flags) if flags.len() == rows.len() => flags.into_iter().map(Ok).collect(),
+                Ok(_) | Err(_) => {
+                    // Find out per item (one missing run must not fail the others).
+                    let mut each = Vec::with_capacity(rows.len());
+                    for row in rows {
+                        each.push(
+                            self.deps
+                                .stores
+                                .runs
+                                .insert_event(row)
+                                .await
+                                .map_err(Into::into),
+                        );
+                    }
+                    each
+                }
+            };
+
+        // 3. Side effects, in queue order; stop at the first transient failure. Applied items
+        // are delivered (4.) in queue order as well, and *before* the side effects of a later
+        // item of the batch are written: a delta reaches its readers as soon as it is
+        // persisted, not after the transcript and run-status writes of the terminal item that
+        // arrived in the same batch.
+        let mut outcomes: Vec<Result<bool>> = Vec::with_capacity(items.len());
+        let mut unsent: Vec<usize> = Vec::new();
+        let mut halted = false;
+        for (index, (item, inserted)) in items.iter().zip(inserted).enumerate() {
+            if halted {
+                outcomes.push(Err(OrchestratorError::Deferred));
+                continue;
+            }
+            // A terminal item that is not new is applied anyway when the ledger holds it as
+            // is: its worker stored it itself (see `is_stored_as_is`).
+            let inserted = match inserted {
+                Ok(false) if !item.redelivered && item.message.result.is_terminal() => {
+                    self.is_stored_as_is(&item.message).await
+                }
+                other => other,
+            };
+            let outcome = match inserted {
+                Err(e) => Err(e),
+                Ok(new) if !new && !item.redelivered => Ok(false),
+                Ok(_) => {
+                    if !unsent.is_empty()
+                        && has_side_effect(&item.message)
+                        && !self.deliver(&items, &mut unsent, &mut outcomes).await
+                    {
+                        halted = true;
+                        outcomes.push(Err(OrchestratorError::Deferred));
+                        continue;
+                    }
+                    match self.run_info(item.message.run_id).await {
+                        Ok(info) => self.apply(&info, &item.message).await.map(|()| true),
+                        Err(e) => Err(e),
+                    }
+                }
+            };
+            if let Err(e) = &outcome {
+                use sb_protocol::error::{Disposition, HasErrorCode};
+                halted = e.code().disposition() == Disposition::Retry;
+            }
+            if matches!(outcome, Ok(true)) {
+                unsent.push(index);
+            }
+            outcomes.push(outcome);
+        }
+
+        // 4. The remaining deliveries, after the ledger write.
+        self.deliver(&items, &mut unsent, &mut outcomes).await;
+
+        // 5. Settle each delivery in order, by the outcomes of its items.
+        let mut settled: Vec<Option<Result<()>>> = (0..kept.len()).map(|_| None).collect();
+        for (item, outcome) in items.iter().zip(outcomes) {
+            let slot = &mut settled[item.delivery];
+            *slot = Some(match (slot.take(), outcome) {
+                // The first failure of its items decides; a deferral only when nothing failed.
+                (Some(Err(e)), _) if !matches!(e, OrchestratorError::Deferred) => Err(e),
+                (_, Err(e)) => Err(e),
+                (Some(Err(e)), Ok(_)) => Err(e),
+                (_, Ok(_)) => Ok(()),
+            });
+        }
+        // An unreachable ledger or session store: what failed on it waits in place.
+        let outage = settled
+            .iter()
+            .any(|o| matches!(o, Some(Err(e)) if e.is_backend_outage()));
+        let mut waiting = Vec::new();
+        for (delivery, outcome) in kept.into_iter().zip(settled) {
+            match outcome.unwrap_or(Ok(())) {
+                Err(e)
+                    if outage
+                        && (e.is_backend_outage() || matches!(e, OrchestratorError::Deferred)) =>
+                {
+                    waiting.push(delivery);
+                }
+                Err(OrchestratorError::Deferred) => {
+                    if let Err(error) = delivery.nack(true).await {
+                        tracing::warn!(%error, queue, "could not requeue a deferred delivery");
+                    }
+                }
+                other => settle(delivery, &other, queue, options, shutdown).await,
+            }
+        }
+        waiting
+    }
+
+    /// Whether `message` is exactly the item the ledger holds at its sequence: a terminal
+    /// item a worker stored itself before publishing it (a lost run finalized `interrupted`,
+    /// [`RunLedger::finalize_run`](sb_store::RunLedger::finalize_run)), whose side effects
+    /// and live delivery are still due. A different item at that sequence (a second terminal
+    /// item refused by the ledger) is not.
+    async fn is_stored_as_is(&self, message: &ResultMessage) -> Result<bool> {
+        let sequence = i64::try_from(message.sequence).unwrap_or(i64::MAX);
+        let stored = self
+            .deps
+            .stores
+            .runs
+            .events_after(message.run_id, sequence - 1, 1)
+            .await?;
+        Ok(stored.first().is_some_and(|record| {
+            record.sequence == sequence
+                && serde_json::to_value(&message.result).is_ok_and(|v| v == record.data)
+        }))
+    }
+}
+
+/// Whether applying `message` writes anything besides its ledger row (transcript, state,
+/// artifact, run status).
+fn has_side_effect(message: &ResultMessage) -> bool {
+    let plan = journal::plan_item(&message.result);
+    !matches!(plan.effect, Effect::None) || plan.outcome.is_some()
+}
+
+fn ledger_row(message: &ResultMessage) -> NewRunEvent {
+    NewRunEvent {
+        run_id: message.run_id,
+        sequence: i64::try_from(message.sequence).unwrap_or(i64::MAX),
+        result_type: message.result.result_type.clone(),
+        data: serde_json::to_value(&message.result).unwrap_or(Value::Null),
+    }
+}
