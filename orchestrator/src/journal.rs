@@ -426,6 +426,84 @@ pub fn artifact_ref(run_id: &RunId, sequence: u64, created: &ArtifactCreated) ->
     serde_json::to_value(r).unwrap_or(Value::Null)
 }
 
+/// What one sink applied of a run, so its terminal item and its assistant message need not
+/// read the run's items back from the ledger: whether a complete assistant message was
+/// applied and, while the applied items are exactly `1, 2, …` in order (the sink saw the
+/// run from its start, none was handled by another consumer), the artifact references of
+/// the ones applied so far.
+#[derive(Debug, Clone, Default)]
+pub struct AppliedItems {
+    order: Order,
+    /// `(sequence, ref)` of the applied `artifact.created` items, ascending (kept while the
+    /// order is contiguous).
+    artifacts: Vec<(u64, Value)>,
+    /// Whether a complete assistant message was applied.
+    messaged: bool,
+}
+
+/// Whether the applied items are the run's items from its first, without a gap.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+enum Order {
+    /// Nothing applied yet.
+    #[default]
+    Fresh,
+    /// Items `1..next` were applied, in order.
+    Contiguous { next: u64 },
+    /// The record began after the run's first item, or skipped one: read the ledger.
+    Broken,
+}
+
+impl AppliedItems {
+    /// Records the application of item `sequence` of `run_id` with plan `effect`. A
+    /// redelivered item (below the next expected sequence) changes nothing.
+    pub fn note(&mut self, run_id: &RunId, sequence: u64, effect: &Effect) {
+        if matches!(effect, Effect::AssistantMessage(_)) {
+            self.messaged = true;
+        }
+        let expected = match self.order {
+            Order::Fresh => 1,
+            Order::Contiguous { next } => next,
+            Order::Broken => return,
+        };
+        if sequence < expected {
+            return;
+        }
+        if sequence > expected {
+            self.order = Order::Broken;
+            self.artifacts = Vec::new();
+            return;
+        }
+        self.order = Order::Contiguous { next: expected + 1 };
+        if let Effect::Artifact(created) = effect {
+            self.artifacts
+                .push((sequence, artifact_ref(run_id, sequence, created)));
+        }
+    }
+
+    /// The artifact references of the items before `sequence`, as
+    /// [`artifact_refs_before`] would read them from the ledger, when every item before it
+    /// was applied through this record; `None` when the ledger must be read.
+    #[must_use]
+    pub fn artifact_refs_before(&self, sequence: u64) -> Option<Vec<Value>> {
+        let Order::Contiguous { next } = self.order else {
+            return None;
+        };
+        (next >= sequence).then(|| {
+            self.artifacts
+                .iter()
+                .filter(|(seq, _)| *seq < sequence)
+                .map(|(_, r)| r.clone())
+                .collect()
+        })
+    }
+
+    /// Whether a complete assistant message was applied.
+    #[must_use]
+    pub fn messaged(&self) -> bool {
+        self.messaged
+    }
+}
+
 /// A run's items as stored in the ledger: `(sequence, result)`, ascending.
 pub type StoredItems = [(u64, AgentRunResult)];
 
@@ -858,5 +936,41 @@ mod tests {
         )];
         assert!(has_complete_message(&with_message));
         assert_eq!(assembled_deltas(&with_message), None);
+    }
+
+    #[test]
+    fn applied_items_know_the_artifact_refs_only_from_an_unbroken_start() {
+        let r = run(Some("c1"));
+        let created: ArtifactCreated =
+            serde_json::from_value(json!({"artifact_type": "file", "name": "a.txt"})).unwrap();
+        let art = Effect::Artifact(created.clone());
+        let mut applied = AppliedItems::default();
+        applied.note(&r.run_id, 1, &Effect::None);
+        applied.note(&r.run_id, 2, &art);
+        applied.note(&r.run_id, 2, &art); // a redelivery changes nothing
+        applied.note(&r.run_id, 3, &Effect::None);
+        assert_eq!(applied.artifact_refs_before(2), Some(vec![]));
+        assert_eq!(
+            applied.artifact_refs_before(4),
+            Some(vec![artifact_ref(&r.run_id, 2, &created)])
+        );
+        // Item 4 was not applied here: the ledger must say what it was.
+        assert_eq!(applied.artifact_refs_before(5), None);
+        // A gap breaks the record for good.
+        applied.note(&r.run_id, 5, &Effect::None);
+        applied.note(&r.run_id, 6, &Effect::None);
+        assert_eq!(applied.artifact_refs_before(4), None);
+
+        // A record that begins after the run's first item knows nothing.
+        let mut late = AppliedItems::default();
+        late.note(&r.run_id, 2, &Effect::None);
+        assert_eq!(late.artifact_refs_before(2), None);
+        assert!(!late.messaged());
+        late.note(
+            &r.run_id,
+            3,
+            &Effect::AssistantMessage(Message::assistant("hi")),
+        );
+        assert!(late.messaged());
     }
 }

@@ -47,6 +47,13 @@ pub struct WorkerConfig {
     /// handed back to the queue.
     #[serde(with = "humantime_serde")]
     pub drain_timeout: Duration,
+    /// Longest a run's result item waits for the items after it before they are published
+    /// together as one `switchboard.results/1` message (a terminal item, or 64 items, flush
+    /// at once). Each message is a confirmed quorum-queue write and a sink transaction, so a
+    /// short run that fits in one costs about half; the price is at most this much latency on
+    /// an item that is not followed at once. `0s`: publish whatever is ready, never wait.
+    #[serde(with = "humantime_serde")]
+    pub result_linger: Duration,
     /// How runner processes are confined (SPEC §14).
     pub sandbox: SandboxConfig,
 }
@@ -131,6 +138,10 @@ impl Default for WorkerConfig {
             // Below the usual 30 s container stop timeout, so leases are released and jobs
             // requeued before the process is killed.
             drain_timeout: Duration::from_secs(20),
+            // A couple of milliseconds: a runner's burst of items (a short reply, a tool
+            // call and its result) leaves as one message; a model's deltas, which come tens
+            // of milliseconds apart, are not held back noticeably.
+            result_linger: Duration::from_millis(2),
             sandbox: SandboxConfig::default(),
         }
     }
@@ -176,6 +187,12 @@ impl WorkerConfig {
         }
         p.positive("worker.cancel_grace", w.cancel_grace);
         p.positive("worker.drain_timeout", w.drain_timeout);
+        if w.result_linger > Duration::from_secs(1) {
+            p.push(
+                "worker.result_linger",
+                "expected at most 1s (it delays live items)",
+            );
+        }
     }
 }
 
@@ -222,6 +239,11 @@ mod tests {
     #[test]
     fn rejects_zero_heartbeat() {
         assert_rejected("worker.heartbeat_interval", "0s");
+    }
+
+    #[test]
+    fn rejects_a_result_linger_above_a_second() {
+        assert_rejected("worker.result_linger", "2s");
     }
 
     #[test]

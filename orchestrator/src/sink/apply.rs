@@ -22,15 +22,21 @@ impl ResultSink {
             names::RUN_RESULTS_TOTAL,
             &[("type", result_type_label(&message.result))],
         );
+        {
+            let mut applied = lock(&self.applied);
+            if applied.len() >= RUN_CACHE_CAP && !applied.contains_key(&info.run_id) {
+                applied.clear();
+            }
+            applied.entry(info.run_id).or_default().note(
+                &info.run_id,
+                message.sequence,
+                &plan.effect,
+            );
+        }
         match &plan.effect {
             Effect::None => {}
             Effect::AssistantMessage(m) => {
                 self.write_assistant(info, message.sequence, m).await?;
-                let mut messaged = lock(&self.messaged);
-                if messaged.len() >= RUN_CACHE_CAP {
-                    messaged.clear();
-                }
-                messaged.insert(info.run_id);
             }
             Effect::State(update) => self.apply_state(info, update).await?,
             Effect::Artifact(created) => {
@@ -52,8 +58,16 @@ impl ResultSink {
         if info.conversation_id.is_none() {
             return Ok(());
         }
-        let items = self.stored_items(info.run_id).await?;
-        let refs = journal::artifact_refs_before(&info.run_id, &items, sequence);
+        let known = lock(&self.applied)
+            .get(&info.run_id)
+            .and_then(|applied| applied.artifact_refs_before(sequence));
+        let refs = match known {
+            Some(refs) => refs,
+            None => {
+                let items = self.stored_items(info.run_id).await?;
+                journal::artifact_refs_before(&info.run_id, &items, sequence)
+            }
+        };
         if let Some(row) = journal::assistant_transcript(info, message, refs) {
             append_once(&self.deps, row).await?;
         }
@@ -154,7 +168,9 @@ impl ResultSink {
         }
         // A runner that only streamed leaves no complete message: the transcript gets the
         // assembled deltas instead (the seed host stored nothing, host-behaviour §26.13).
-        let messaged = lock(&self.messaged).remove(&info.run_id);
+        let messaged = lock(&self.applied)
+            .remove(&info.run_id)
+            .is_some_and(|applied| applied.messaged());
         if info.conversation_id.is_some() && !messaged {
             let items = self.stored_items(info.run_id).await?;
             if !journal::has_complete_message(&items) {

@@ -54,7 +54,7 @@ mod consume;
 mod deliver;
 mod finalize;
 
-use std::collections::{HashMap, HashSet};
+use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 
 use sb_protocol::host::AuthorizationSnapshot;
@@ -66,7 +66,7 @@ use sb_store::RunRecord;
 use crate::conversations::Conversations;
 use crate::deps::{OrchestratorDeps, OrchestratorOptions};
 use crate::error::{OrchestratorError, Result};
-use crate::journal::RunInfo;
+use crate::journal::{AppliedItems, RunInfo};
 use crate::lock;
 
 pub use consume::run_shard;
@@ -86,10 +86,11 @@ pub struct ResultSink {
     /// Frozen authorizations of active runs that updated state (see `authorization`);
     /// bounded and dropped like `runs`.
     authorizations: Mutex<HashMap<RunId, Option<Arc<AuthorizationSnapshot>>>>,
-    /// Active runs for which this sink applied a complete assistant message: their terminal
-    /// item need not read the run's items back to find out (see `finish`). Bounded like
-    /// `runs`; a run missing here is just read back.
-    messaged: Mutex<HashSet<RunId>>,
+    /// What this sink applied of each active run: whether it applied a complete assistant
+    /// message (then the terminal item need not read the run's items back, see `finish`)
+    /// and the artifact references the assistant transcript needs (see `write_assistant`).
+    /// Bounded like `runs`; a run missing here is just read back.
+    applied: Mutex<HashMap<RunId, AppliedItems>>,
     /// The conversations' active-run index and parked queues: a terminal item takes its run
     /// out of the index and wakes the next parked event.
     conversations: Conversations,
@@ -116,7 +117,7 @@ impl ResultSink {
             options,
             runs: Mutex::new(HashMap::new()),
             authorizations: Mutex::new(HashMap::new()),
-            messaged: Mutex::new(HashSet::new()),
+            applied: Mutex::new(HashMap::new()),
             conversations,
         }
     }

@@ -603,13 +603,7 @@ impl Core {
                         // The handle ends only after its terminal item, which returned below.
                         return Streamed::Ended;
                     };
-                    let mut batch = vec![first];
-                    while batch.len() < MAX_BATCH && !batch.last().is_some_and(RunItem::is_terminal) {
-                        match handle.next().now_or_never() {
-                            Some(Some(item)) => batch.push(item),
-                            _ => break,
-                        }
-                    }
+                    let batch = self.gather(handle, first).await;
                     let terminal = batch
                         .last()
                         .filter(|item| item.is_terminal())
@@ -635,6 +629,30 @@ impl Core {
                 }
             }
         }
+    }
+
+    /// The items to publish with `first`: what the run has ready, then whatever follows
+    /// within `worker.result_linger` of `first`, up to a terminal item or [`MAX_BATCH`]
+    /// items. The linger is short and bounded, so a cancel or a forced drain waits at most
+    /// that long to be seen.
+    async fn gather(&self, handle: &mut RunHandle, first: RunItem) -> Vec<RunItem> {
+        let deadline = tokio::time::Instant::now() + self.config.result_linger;
+        let mut batch = vec![first];
+        while batch.len() < MAX_BATCH && !batch.last().is_some_and(RunItem::is_terminal) {
+            let next = match handle.next().now_or_never() {
+                Some(next) => next,
+                None if self.config.result_linger.is_zero() => break,
+                None => match tokio::time::timeout_at(deadline, handle.next()).await {
+                    Ok(next) => next,
+                    Err(_) => break,
+                },
+            };
+            match next {
+                Some(item) => batch.push(item),
+                None => break,
+            }
+        }
+        batch
     }
 
     /// Publishes items in order, as few messages as [`result_bodies`] makes of them (one

@@ -8,8 +8,8 @@ use sb_protocol::ids::{AgentId, EventId, RunId, WorkspaceId};
 use sb_protocol::result::{AgentRunResult, ResultType};
 use sea_orm::sea_query::{CaseStatement, Expr, OnConflict};
 use sea_orm::{
-    ActiveValue::Set, ColumnTrait, Condition, ConnectionTrait, EntityTrait, QueryFilter,
-    QueryOrder, QuerySelect,
+    ActiveValue::Set, ColumnTrait, Condition, ConnectionTrait, DbBackend, EntityTrait, QueryFilter,
+    QueryOrder, QuerySelect, Statement,
 };
 use uuid::Uuid;
 
@@ -523,6 +523,9 @@ impl RunLedger for SqlStore {
             .map(|e| (e.run_id.into_uuid(), e.sequence))
             .collect();
         let now = now();
+        if self.backend() == DbBackend::Postgres {
+            return self.insert_events_postgres(events, keys, now).await;
+        }
         let txn = self.write_txn().await?;
         let events = drop_after_terminal(&txn, events).await?;
         let mut new_keys: HashSet<(Uuid, i64)> = HashSet::new();
@@ -639,4 +642,102 @@ impl RunLedger for SqlStore {
         txn.commit().await?;
         Ok(ids.len() as u64)
     }
+}
+
+impl SqlStore {
+    /// [`RunLedger::insert_events`] on Postgres: the terminal check, the insert and the
+    /// `last_sequence` raise of a chunk are **one statement** ([`insert_events_statement`]),
+    /// so a sink batch costs one round trip and one commit instead of five round trips
+    /// (`BEGIN`, read, insert, update, `COMMIT`). A batch of more than one chunk runs its
+    /// statements in one transaction, as on SQLite.
+    async fn insert_events_postgres(
+        &self,
+        events: Vec<NewRunEvent>,
+        keys: Vec<(Uuid, i64)>,
+        now: DateTime<Utc>,
+    ) -> Result<Vec<bool>> {
+        let mut new_keys: HashSet<(Uuid, i64)> = HashSet::new();
+        if events.len() <= INSERT_CHUNK {
+            new_keys.extend(insert_chunk_postgres(self.writer(), &events, now).await?);
+        } else {
+            let txn = self.write_txn().await?;
+            for chunk in events.chunks(INSERT_CHUNK) {
+                new_keys.extend(insert_chunk_postgres(&txn, chunk, now).await?);
+            }
+            txn.commit().await?;
+        }
+        // A key inserted by this call is new for its first occurrence in the input only.
+        Ok(keys.into_iter().map(|key| new_keys.remove(&key)).collect())
+    }
+}
+
+/// Runs [`insert_events_statement`] for `events`; returns the keys it inserted.
+async fn insert_chunk_postgres<C: ConnectionTrait>(
+    db: &C,
+    events: &[NewRunEvent],
+    now: DateTime<Utc>,
+) -> Result<Vec<(Uuid, i64)>> {
+    let rows = db
+        .query_all_raw(insert_events_statement(events, now))
+        .await
+        .map_err(|e| run_missing(e, "run of a result item"))?;
+    rows.iter()
+        .map(|row| {
+            Ok((
+                row.try_get::<Uuid>("", "run_id")?,
+                row.try_get::<i64>("", "sequence")?,
+            ))
+        })
+        .collect()
+}
+
+/// One Postgres statement that does what the SQLite path does in a transaction: drop the
+/// items that follow a terminal item already in their run's ledger ([`drop_after_terminal`]),
+/// insert the rest skipping the ones already stored and a second terminal item
+/// ([`on_conflict_skip`]), raise each run's `last_sequence` to its highest new item
+/// ([`bump_last_sequences`]) and return the inserted keys. A statement is atomic on its own,
+/// and its data-modifying parts see the same snapshot, as the transaction's statements did
+/// at `READ COMMITTED`.
+fn insert_events_statement(events: &[NewRunEvent], now: DateTime<Utc>) -> Statement {
+    let mut values: Vec<sea_orm::Value> = Vec::with_capacity(events.len() * 5);
+    let mut rows = Vec::with_capacity(events.len());
+    for event in events {
+        let n = values.len();
+        rows.push(format!(
+            "(${}::uuid, ${}::bigint, ${}::text, ${}::jsonb, ${}::timestamptz)",
+            n + 1,
+            n + 2,
+            n + 3,
+            n + 4,
+            n + 5
+        ));
+        values.push(event.run_id.into_uuid().into());
+        values.push(event.sequence.into());
+        values.push(event.result_type.clone().into());
+        values.push(event.data.clone().into());
+        values.push(now.into());
+    }
+    let [completed, failed] = terminal_types();
+    let sql = format!(
+        r#"WITH input (run_id, sequence, result_type, data, created_at) AS (VALUES {rows}),
+ends AS (
+    SELECT run_id, sequence FROM run_events
+    WHERE run_id IN (SELECT run_id FROM input) AND result_type IN ('{completed}', '{failed}')
+),
+ins AS (
+    INSERT INTO run_events (run_id, sequence, result_type, data, created_at)
+    SELECT i.run_id, i.sequence, i.result_type, i.data, i.created_at FROM input i
+    WHERE NOT EXISTS (SELECT 1 FROM ends e WHERE e.run_id = i.run_id AND i.sequence > e.sequence)
+    ON CONFLICT DO NOTHING
+    RETURNING run_id, sequence
+),
+bump AS (
+    UPDATE runs SET last_sequence = top.sequence
+    FROM (SELECT run_id, max(sequence) AS sequence FROM ins GROUP BY run_id) top
+    WHERE runs.id = top.run_id AND runs.last_sequence < top.sequence
+)
+SELECT run_id, sequence FROM ins"#,
+        rows = rows.join(", ")
+    );
+    Statement::from_sql_and_values(DbBackend::Postgres, sql, values)
 }
