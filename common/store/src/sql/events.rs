@@ -275,22 +275,19 @@ impl Append {
         let mut values = built.values.map(|v| v.0).unwrap_or_default();
         let mut rows = Vec::with_capacity(outbox.len());
         for message in outbox {
-            let n = values.len();
-            rows.push(format!(
-                "(${}::text, ${}::text, ${}::bytea, ${}::jsonb, ${}::timestamptz, ${}::timestamptz)",
-                n + 1,
-                n + 2,
-                n + 3,
-                n + 4,
-                n + 5,
-                n + 6
-            ));
-            values.push(message.exchange.into());
-            values.push(message.routing_key.into());
-            values.push(message.body.into());
-            values.push(message.headers.into());
-            values.push(self.now.into());
-            values.push(message.available_at.map_or(self.now, super::micros).into());
+            let available_at = message.available_at.map_or(self.now, super::micros);
+            super::push_values_row(
+                &mut rows,
+                &mut values,
+                vec![
+                    (message.exchange.into(), "text"),
+                    (message.routing_key.into(), "text"),
+                    (message.body.into(), "bytea"),
+                    (message.headers.into(), "jsonb"),
+                    (self.now.into(), "timestamptz"),
+                    (available_at.into(), "timestamptz"),
+                ],
+            );
         }
         let sql = if rows.is_empty() {
             built.sql

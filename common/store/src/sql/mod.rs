@@ -357,6 +357,24 @@ fn validate_schema_name(schema: &str) -> Result<()> {
 
 /// Now, truncated to microseconds: the precision both backends store, so a value written
 /// and read back compares equal.
+/// Appends one Postgres `VALUES` row to `rows`, its values to `values`: a placeholder per
+/// value, numbered after those already in `values` and cast to its column's type (`casts`,
+/// one per value), since a parameter in a `VALUES` list has no column to take a type from.
+pub(crate) fn push_values_row(
+    rows: &mut Vec<String>,
+    values: &mut Vec<sea_orm::Value>,
+    row: Vec<(sea_orm::Value, &str)>,
+) {
+    let placeholders: Vec<String> = row
+        .into_iter()
+        .map(|(value, cast)| {
+            values.push(value);
+            format!("${}::{cast}", values.len())
+        })
+        .collect();
+    rows.push(format!("({})", placeholders.join(", ")));
+}
+
 pub(crate) fn now() -> DateTime<Utc> {
     micros(Utc::now())
 }

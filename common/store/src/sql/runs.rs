@@ -702,20 +702,17 @@ fn insert_events_statement(events: &[NewRunEvent], now: DateTime<Utc>) -> Statem
     let mut values: Vec<sea_orm::Value> = Vec::with_capacity(events.len() * 5);
     let mut rows = Vec::with_capacity(events.len());
     for event in events {
-        let n = values.len();
-        rows.push(format!(
-            "(${}::uuid, ${}::bigint, ${}::text, ${}::jsonb, ${}::timestamptz)",
-            n + 1,
-            n + 2,
-            n + 3,
-            n + 4,
-            n + 5
-        ));
-        values.push(event.run_id.into_uuid().into());
-        values.push(event.sequence.into());
-        values.push(event.result_type.clone().into());
-        values.push(event.data.clone().into());
-        values.push(now.into());
+        super::push_values_row(
+            &mut rows,
+            &mut values,
+            vec![
+                (event.run_id.into_uuid().into(), "uuid"),
+                (event.sequence.into(), "bigint"),
+                (event.result_type.clone().into(), "text"),
+                (event.data.clone().into(), "jsonb"),
+                (now.into(), "timestamptz"),
+            ],
+        );
     }
     let [completed, failed] = terminal_types();
     let sql = format!(
