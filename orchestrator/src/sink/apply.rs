@@ -7,7 +7,7 @@ use sb_protocol::messages::ResultMessage;
 use sb_protocol::result::{AgentRunResult, ArtifactCreated, StateUpdated};
 use sb_store::{RunOutcome, StoreError};
 
-use super::{RUN_CACHE_CAP, ResultSink};
+use super::{ResultSink, make_room};
 use crate::concurrency::ConversationKey;
 use crate::deps::OrchestratorDeps;
 use crate::error::Result;
@@ -24,9 +24,7 @@ impl ResultSink {
         );
         {
             let mut applied = lock(&self.applied);
-            if applied.len() >= RUN_CACHE_CAP && !applied.contains_key(&info.run_id) {
-                applied.clear();
-            }
+            make_room(&mut applied, &info.run_id);
             applied.entry(info.run_id).or_default().note(
                 &info.run_id,
                 message.sequence,

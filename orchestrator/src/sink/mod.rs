@@ -75,6 +75,14 @@ pub use consume::run_shard;
 /// is also dropped at its terminal item).
 const RUN_CACHE_CAP: usize = 10_000;
 
+/// Makes room for `key` in one of the sink's per-run maps: a map at [`RUN_CACHE_CAP`] that
+/// lacks it is cleared (the entries are only savings; a run missing there is read back).
+fn make_room<V>(map: &mut HashMap<RunId, V>, key: &RunId) {
+    if map.len() >= RUN_CACHE_CAP && !map.contains_key(key) {
+        map.clear();
+    }
+}
+
 /// Persists and delivers results; shared by the shard loops and the reaper.
 #[derive(Debug)]
 pub struct ResultSink {
@@ -140,9 +148,7 @@ impl ResultSink {
             .ok_or(OrchestratorError::RunNotFound(run_id))?;
         let info = Arc::new(run_info_from(&run));
         let mut cache = self.cache();
-        if cache.len() >= RUN_CACHE_CAP {
-            cache.clear();
-        }
+        make_room(&mut cache, &run_id);
         cache.insert(run_id, Arc::clone(&info));
         Ok(info)
     }
@@ -168,9 +174,7 @@ impl ResultSink {
             tracing::warn!(run_id = %info.run_id, "no authorization snapshot for the run; state updates will be refused");
         }
         let mut cache = lock(&self.authorizations);
-        if cache.len() >= RUN_CACHE_CAP {
-            cache.clear();
-        }
+        make_room(&mut cache, &info.run_id);
         cache.insert(info.run_id, snapshot.clone());
         Ok(snapshot)
     }

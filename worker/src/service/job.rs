@@ -36,7 +36,6 @@ use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-use futures::FutureExt as _;
 use sb_common::bus::topology::Topology;
 use sb_common::bus::{Bus, Delivery, Outgoing, Settlement};
 use sb_common::config::WorkerConfig;
@@ -639,17 +638,11 @@ impl Core {
         let deadline = tokio::time::Instant::now() + self.config.result_linger;
         let mut batch = vec![first];
         while batch.len() < MAX_BATCH && !batch.last().is_some_and(RunItem::is_terminal) {
-            let next = match handle.next().now_or_never() {
-                Some(next) => next,
-                None if self.config.result_linger.is_zero() => break,
-                None => match tokio::time::timeout_at(deadline, handle.next()).await {
-                    Ok(next) => next,
-                    Err(_) => break,
-                },
-            };
-            match next {
-                Some(item) => batch.push(item),
-                None => break,
+            // `timeout_at` polls the item first, so what is ready is taken even once the
+            // deadline has passed (or with a zero linger).
+            match tokio::time::timeout_at(deadline, handle.next()).await {
+                Ok(Some(item)) => batch.push(item),
+                Ok(None) | Err(_) => break,
             }
         }
         batch

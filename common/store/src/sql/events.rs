@@ -266,8 +266,8 @@ impl Append {
     /// The event insert and its outbox rows as **one** Postgres statement (a data-modifying
     /// `WITH`): the outbox rows are written only if the event was, and the statement is
     /// atomic on its own, so an ingest costs one round trip and one commit instead of four
-    /// (`BEGIN`, two inserts, `COMMIT`). Returns the event row, or `None` on an idempotency
-    /// conflict.
+    /// (`BEGIN`, two inserts, `COMMIT`). It returns the event row, or no row on an
+    /// idempotency conflict.
     fn postgres_statement(&self, outbox: Vec<NewOutboxMessage>) -> Statement {
         let mut insert = self.insert();
         sea_orm::QueryTrait::query(&mut insert).returning_all();

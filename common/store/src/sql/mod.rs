@@ -355,11 +355,9 @@ fn validate_schema_name(schema: &str) -> Result<()> {
     }
 }
 
-/// Now, truncated to microseconds: the precision both backends store, so a value written
-/// and read back compares equal.
 /// Appends one Postgres `VALUES` row to `rows`, its values to `values`: a placeholder per
-/// value, numbered after those already in `values` and cast to its column's type (`casts`,
-/// one per value), since a parameter in a `VALUES` list has no column to take a type from.
+/// `(value, cast)` of `row`, numbered after those already in `values` and cast to its
+/// column's type, since a parameter in a `VALUES` list has no column to take a type from.
 pub(crate) fn push_values_row(
     rows: &mut Vec<String>,
     values: &mut Vec<sea_orm::Value>,
@@ -375,6 +373,8 @@ pub(crate) fn push_values_row(
     rows.push(format!("({})", placeholders.join(", ")));
 }
 
+/// Now, truncated to microseconds: the precision both backends store, so a value written
+/// and read back compares equal.
 pub(crate) fn now() -> DateTime<Utc> {
     micros(Utc::now())
 }

@@ -523,33 +523,11 @@ impl RunLedger for SqlStore {
             .map(|e| (e.run_id.into_uuid(), e.sequence))
             .collect();
         let now = now();
-        if self.backend() == DbBackend::Postgres {
-            return self.insert_events_postgres(events, keys, now).await;
-        }
-        let txn = self.write_txn().await?;
-        let events = drop_after_terminal(&txn, events).await?;
-        let mut new_keys: HashSet<(Uuid, i64)> = HashSet::new();
-        let mut events = events.into_iter().peekable();
-        while events.peek().is_some() {
-            let chunk: Vec<_> = events
-                .by_ref()
-                .take(INSERT_CHUNK)
-                .map(|e| run_event_model(e, now))
-                .collect();
-            let rows = run_event::Entity::insert_many(chunk)
-                .on_conflict(on_conflict_skip())
-                .exec_with_returning(&txn)
-                .await
-                .map_err(|e| run_missing(e, "run of a result item"))?;
-            new_keys.extend(rows.into_iter().map(|m| (m.run_id, m.sequence)));
-        }
-        let mut max_new: HashMap<Uuid, i64> = HashMap::new();
-        for (run_id, sequence) in &new_keys {
-            let max = max_new.entry(*run_id).or_insert(*sequence);
-            *max = (*max).max(*sequence);
-        }
-        bump_last_sequences(&txn, &max_new).await?;
-        txn.commit().await?;
+        let mut new_keys = if self.backend() == DbBackend::Postgres {
+            self.insert_events_postgres(events, now).await?
+        } else {
+            self.insert_events_in_transaction(events, now).await?
+        };
         // A key inserted by this call is new for its first occurrence in the input only.
         Ok(keys.into_iter().map(|key| new_keys.remove(&key)).collect())
     }
@@ -653,9 +631,8 @@ impl SqlStore {
     async fn insert_events_postgres(
         &self,
         events: Vec<NewRunEvent>,
-        keys: Vec<(Uuid, i64)>,
         now: DateTime<Utc>,
-    ) -> Result<Vec<bool>> {
+    ) -> Result<HashSet<(Uuid, i64)>> {
         let mut new_keys: HashSet<(Uuid, i64)> = HashSet::new();
         if events.len() <= INSERT_CHUNK {
             new_keys.extend(insert_chunk_postgres(self.writer(), &events, now).await?);
@@ -666,8 +643,41 @@ impl SqlStore {
             }
             txn.commit().await?;
         }
-        // A key inserted by this call is new for its first occurrence in the input only.
-        Ok(keys.into_iter().map(|key| new_keys.remove(&key)).collect())
+        Ok(new_keys)
+    }
+
+    /// [`RunLedger::insert_events`] in one write transaction (SQLite): the terminal check,
+    /// the multi-row inserts and the `last_sequence` raise; returns the inserted keys.
+    async fn insert_events_in_transaction(
+        &self,
+        events: Vec<NewRunEvent>,
+        now: DateTime<Utc>,
+    ) -> Result<HashSet<(Uuid, i64)>> {
+        let txn = self.write_txn().await?;
+        let events = drop_after_terminal(&txn, events).await?;
+        let mut new_keys: HashSet<(Uuid, i64)> = HashSet::new();
+        let mut events = events.into_iter().peekable();
+        while events.peek().is_some() {
+            let chunk: Vec<_> = events
+                .by_ref()
+                .take(INSERT_CHUNK)
+                .map(|e| run_event_model(e, now))
+                .collect();
+            let rows = run_event::Entity::insert_many(chunk)
+                .on_conflict(on_conflict_skip())
+                .exec_with_returning(&txn)
+                .await
+                .map_err(|e| run_missing(e, "run of a result item"))?;
+            new_keys.extend(rows.into_iter().map(|m| (m.run_id, m.sequence)));
+        }
+        let mut max_new: HashMap<Uuid, i64> = HashMap::new();
+        for (run_id, sequence) in &new_keys {
+            let max = max_new.entry(*run_id).or_insert(*sequence);
+            *max = (*max).max(*sequence);
+        }
+        bump_last_sequences(&txn, &max_new).await?;
+        txn.commit().await?;
+        Ok(new_keys)
     }
 }
 
