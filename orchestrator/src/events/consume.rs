@@ -2,14 +2,14 @@
 
 use std::sync::Arc;
 
-use sb_common::bus::{ConsumeOptions, Delivery};
+use sb_common::bus::Delivery;
 use sb_common::shutdown::Shutdown;
 use sb_protocol::messages::{self, EventMessage};
 use tracing::Instrument;
 
 use super::{EventRouter, RouteOutcome};
 use crate::error::{OrchestratorError, Result};
-use crate::settle::{pause, settle};
+use crate::settle::{consume, pause, settle};
 
 impl EventRouter {
     /// Routes a consumed event message. While another consumer holds the event's route lock,
@@ -54,42 +54,19 @@ const ROUTE_LOCK_POLL: std::time::Duration = std::time::Duration::from_millis(20
 /// conversation are routed in order.
 pub async fn run_shard(router: Arc<EventRouter>, shard: u32, shutdown: Shutdown) {
     let queue = router.deps.topology.events_queue(shard);
-    let options = Arc::clone(&router.options);
-    'subscribe: loop {
-        let subscribe = tokio::select! {
-            biased;
-            _ = shutdown.cancelled() => return,
-            s = router.deps.bus.subscribe(&queue, ConsumeOptions::prefetch(options.prefetch)) => s,
-        };
-        let mut subscription = match subscribe {
-            Ok(s) => s,
-            Err(error) => {
-                tracing::warn!(%error, queue = %queue.name, "cannot subscribe; retrying");
-                if !pause(options.retry.max, &shutdown).await {
-                    return;
-                }
-                continue 'subscribe;
+    let options = &router.options;
+    consume(
+        router.deps.bus.as_ref(),
+        &queue,
+        1,
+        options,
+        &shutdown,
+        |batch| async {
+            for delivery in batch {
+                let outcome = router.handle(&delivery, &shutdown).await.map(|_| ());
+                settle(delivery, &outcome, &queue.name, options, &shutdown).await;
             }
-        };
-        loop {
-            let delivery = tokio::select! {
-                biased;
-                _ = shutdown.cancelled() => return,
-                d = subscription.next() => d,
-            };
-            match delivery {
-                Ok(delivery) => {
-                    let outcome = router.handle(&delivery, &shutdown).await.map(|_| ());
-                    settle(delivery, &outcome, &queue.name, &options, &shutdown).await;
-                }
-                Err(error) => {
-                    tracing::warn!(%error, queue = %queue.name, "subscription ended; resubscribing");
-                    if !pause(options.retry.initial, &shutdown).await {
-                        return;
-                    }
-                    continue 'subscribe;
-                }
-            }
-        }
-    }
+        },
+    )
+    .await;
 }
