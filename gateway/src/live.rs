@@ -134,10 +134,14 @@ impl Watch {
     pub fn covers(&self, run_id: RunId, workspace: &str, conversation: Option<&str>) -> bool {
         match &self.guard.key {
             WatchKey::Run(id) => *id == run_id,
-            key @ WatchKey::Conversation(_) => {
-                *key == WatchKey::conversation(workspace, conversation)
-            }
+            WatchKey::Conversation(_) => self.covers_conversation(workspace, conversation),
         }
+    }
+
+    /// Whether this watch follows every run of `conversation` (of `workspace`).
+    #[must_use]
+    pub fn covers_conversation(&self, workspace: &str, conversation: Option<&str>) -> bool {
+        self.guard.key == WatchKey::conversation(workspace, conversation)
     }
 }
 

@@ -39,15 +39,18 @@
 //! stream can never hang on it.
 //!
 //! `POST /v1/events?stream=true` first has to learn which run handles the event. It registers
-//! for live items of the event's whole conversation ([`LiveHub::watch_conversation`]) and
-//! then reads the event's routing state; while it is not routed yet, every live item of the
-//! conversation makes it read the state again. The event is marked dispatched before its
-//! run's job is published, so the read woken by the run's first item finds the route: one
-//! read at once and one on that item is the usual cost. A sparse timer
-//! ([`route_poll_delay`]) covers what produces no live item (unrouted, rejected, scheduled
-//! events) and live items lost with a broker connection. The conversation registration then
-//! serves as step 1 for the run's stream: it was in place before anything of the run was
-//! persisted. And when the run's item of sequence 1 itself arrived through it, step 2 is
+//! for live items of the event's whole conversation ([`LiveHub::watch_conversation`])
+//! **before** the event is committed, so nothing of the event's run can be published unseen.
+//! Every live item names its run's triggering event (`event_id`, carried from the job by the
+//! worker and the sink), so the run's first item is the route itself: the usual cost of
+//! learning it is no read at all. Any other live item of the conversation (another run's; a
+//! run that absorbs the message as steering) makes it read the event's routing state, and a
+//! sparse timer ([`route_poll_delay`]) covers what produces no live item (unrouted, rejected,
+//! scheduled events), live items lost with a broker connection, and items of older hosts
+//! without `event_id`. A repeated idempotency key answers with the first event, whose route
+//! may be known already: then the state is read at once. The conversation registration
+//! then serves as step 1 for the run's stream: it was in place before anything of the run
+//! was persisted. And when the run's item of sequence 1 itself arrived through it, step 2 is
 //! skipped: every later item of the run is published after that one, so live items and the
 //! ledger (for gaps, step 3) cover the rest, and the first item goes out without a ledger read.
 
@@ -237,27 +240,45 @@ pub fn run_stream(
     sse_from(rx, keep_alive, slot)
 }
 
-/// The SSE response of `POST /v1/events?stream=true`: waits until `event_id` (of
-/// `workspace`, in `conversation`) is routed, then streams the run that handles it. The
-/// caller took the key's stream `slot`.
+/// How `POST /v1/events?stream=true` learns which run handles its event.
+pub struct PendingRoute {
+    /// The event.
+    pub event_id: EventId,
+    /// Its workspace.
+    pub workspace: WorkspaceId,
+    /// Its conversation.
+    pub conversation: Option<String>,
+    /// The registration for the event's conversation ([`LiveHub::watch_conversation`]),
+    /// made before the event was committed; `None` when the bus could not bind it then (the
+    /// event is accepted all the same: the stream task tries again).
+    pub watch: Option<Watch>,
+    /// This request created the event (not the answer to a repeated idempotency key).
+    pub created: bool,
+}
+
+impl PendingRoute {
+    /// Whether the first read of the route can be skipped: the watch was in place before the
+    /// event was committed, so the event cannot have been routed before it, and every item
+    /// of its run reaches the watch.
+    fn watched_before_commit(&self) -> bool {
+        self.created
+            && self.watch.as_ref().is_some_and(|w| {
+                w.covers_conversation(self.workspace.as_str(), self.conversation.as_deref())
+            })
+    }
+}
+
+/// The SSE response of `POST /v1/events?stream=true`: waits until the event is routed,
+/// then streams the run that handles it. The caller took the key's stream `slot`.
 pub fn event_stream(
     ctx: StreamContext,
-    event_id: EventId,
-    workspace: WorkspaceId,
-    conversation: Option<String>,
+    pending: PendingRoute,
     slot: StreamSlot,
 ) -> impl axum::response::IntoResponse {
     let (tx, rx) = mpsc::channel(ctx.options.buffer.max(1));
     let keep_alive = ctx.options.keep_alive;
     tokio::spawn(async move {
-        let outcome = async {
-            let watch = ctx
-                .live
-                .watch_conversation(workspace.as_str(), conversation.as_deref())
-                .await?;
-            wait_for_route(&ctx, event_id, &tx, watch).await
-        }
-        .await;
+        let outcome = wait_for_route(&ctx, pending, &tx).await;
         match outcome {
             Ok(Some(route)) => {
                 let mut pump = Pump {
@@ -575,90 +596,56 @@ struct Route {
 }
 
 /// Waits until the event is routed, woken by the live items of the event's conversation
-/// (`watch`) and, as a safety net, by a sparse timer ([`route_poll_delay`]). Returns the run
-/// to stream, or `Ok(None)` when the client left.
+/// (`pending.watch`) and, as a safety net, by a sparse timer ([`route_poll_delay`]). An item
+/// that names the event as its run's trigger is the route itself; any other wake-up reads
+/// the event's routing state. Returns the run to stream, or `Ok(None)` when the client left.
 async fn wait_for_route(
     ctx: &StreamContext,
-    event_id: EventId,
+    pending: PendingRoute,
     tx: &mpsc::Sender<Event>,
-    mut watch: Watch,
 ) -> Result<Option<Route>, End> {
+    let mut read = !pending.watched_before_commit();
+    let PendingRoute {
+        event_id,
+        workspace,
+        conversation,
+        watch,
+        ..
+    } = pending;
+    let mut watch = match watch {
+        Some(watch) if watch.covers_conversation(workspace.as_str(), conversation.as_deref()) => {
+            watch
+        }
+        _ => {
+            ctx.live
+                .watch_conversation(workspace.as_str(), conversation.as_deref())
+                .await?
+        }
+    };
     let deadline = tokio::time::Instant::now() + ctx.options.route_wait;
     let mut ticks = 0;
     let mut live = true;
-    let mut head = Vec::new();
+    let mut head: Vec<Arc<DeliveryMessage>> = Vec::new();
     loop {
-        let Some(event) = ctx.events.routing(event_id).await? else {
-            return Err(End::Error {
-                code: ErrorCode::NotFound,
-                message: format!("event {event_id} not found"),
-                extra: Map::new(),
-            });
-        };
-        let mut extra = Map::new();
-        extra.insert("event_id".into(), json!(event_id));
-        extra.insert("status".into(), json!(event.status));
-        if let Some(reason) = &event.reason {
-            extra.insert("reason".into(), json!(reason));
+        if let Some(run_id) = own_run(&head, event_id) {
+            return Ok(Some(Route {
+                run_id,
+                after: 0,
+                watch,
+                head,
+            }));
         }
-        match event.status {
-            EventStatus::Dispatched => {
-                if let Some(run_id) = event.run_id {
-                    return Ok(Some(Route {
-                        run_id,
-                        after: 0,
-                        watch,
-                        head,
-                    }));
-                }
+        if read {
+            if let Some((run_id, after)) = read_route(ctx, event_id).await? {
+                return Ok(Some(Route {
+                    run_id,
+                    after,
+                    watch,
+                    head,
+                }));
             }
-            EventStatus::Claimed => {
-                if let Some(run_id) = event.claimed_by_run_id.or(event.run_id) {
-                    // The message steers a run that already streamed earlier items; the reply
-                    // to this message is what that run produces from now on.
-                    let after = ctx
-                        .runs
-                        .get_run(run_id)
-                        .await?
-                        .map_or(0, |r| u64::try_from(r.last_sequence).unwrap_or(0));
-                    return Ok(Some(Route {
-                        run_id,
-                        after,
-                        watch,
-                        head,
-                    }));
-                }
-            }
-            EventStatus::Unrouted => {
-                let reason = event.reason.as_deref().unwrap_or("no agent handles it");
-                return Err(End::Error {
-                    code: ErrorCode::NotFound,
-                    message: format!("event {event_id} was not routed: {reason}"),
-                    extra,
-                });
-            }
-            EventStatus::Rejected => {
-                let reason = event
-                    .reason
-                    .as_deref()
-                    .unwrap_or("rejected by the agent's concurrency policy");
-                return Err(End::Error {
-                    code: ErrorCode::Conflict,
-                    message: format!("event {event_id} was rejected: {reason}"),
-                    extra,
-                });
-            }
-            EventStatus::Scheduled => {
-                return Err(End::Error {
-                    code: ErrorCode::InvalidArgument,
-                    message: format!(
-                        "event {event_id} is scheduled for later delivery; stream its run later"
-                    ),
-                    extra,
-                });
-            }
-            EventStatus::Received => {}
         }
+        read = true;
         let now = tokio::time::Instant::now();
         if now >= deadline {
             return Err(End::Error {
@@ -667,7 +654,7 @@ async fn wait_for_route(
                     "event {event_id} was not routed within {:?}",
                     ctx.options.route_wait
                 ),
-                extra,
+                extra: route_extra(event_id, EventStatus::Received, None),
             });
         }
         tokio::select! {
@@ -691,6 +678,81 @@ async fn wait_for_route(
                 ticks = ticks.saturating_add(1);
             }
         }
+    }
+}
+
+/// The run of `event_id` among live items that name their run's trigger.
+fn own_run(items: &[Arc<DeliveryMessage>], event_id: EventId) -> Option<RunId> {
+    items
+        .iter()
+        .find(|m| m.event_id == Some(event_id))
+        .map(|m| m.run_id)
+}
+
+/// The `extra` fields of a routing error frame.
+fn route_extra(event_id: EventId, status: EventStatus, reason: Option<&str>) -> Map<String, Value> {
+    let mut extra = Map::new();
+    extra.insert("event_id".into(), json!(event_id));
+    extra.insert("status".into(), json!(status));
+    if let Some(reason) = reason {
+        extra.insert("reason".into(), json!(reason));
+    }
+    extra
+}
+
+/// Reads the event's routing state: the run to stream and the sequence to stream after once
+/// routed, `None` while it is not, or the error that ends the stream.
+async fn read_route(ctx: &StreamContext, event_id: EventId) -> Result<Option<(RunId, u64)>, End> {
+    let Some(event) = ctx.events.routing(event_id).await? else {
+        return Err(End::Error {
+            code: ErrorCode::NotFound,
+            message: format!("event {event_id} not found"),
+            extra: Map::new(),
+        });
+    };
+    let extra = route_extra(event_id, event.status, event.reason.as_deref());
+    match event.status {
+        EventStatus::Dispatched => Ok(event.run_id.map(|run_id| (run_id, 0))),
+        EventStatus::Claimed => match event.claimed_by_run_id.or(event.run_id) {
+            Some(run_id) => {
+                // The message steers a run that already streamed earlier items; the reply to
+                // this message is what that run produces from now on.
+                let after = ctx
+                    .runs
+                    .get_run(run_id)
+                    .await?
+                    .map_or(0, |r| u64::try_from(r.last_sequence).unwrap_or(0));
+                Ok(Some((run_id, after)))
+            }
+            None => Ok(None),
+        },
+        EventStatus::Unrouted => {
+            let reason = event.reason.as_deref().unwrap_or("no agent handles it");
+            Err(End::Error {
+                code: ErrorCode::NotFound,
+                message: format!("event {event_id} was not routed: {reason}"),
+                extra,
+            })
+        }
+        EventStatus::Rejected => {
+            let reason = event
+                .reason
+                .as_deref()
+                .unwrap_or("rejected by the agent's concurrency policy");
+            Err(End::Error {
+                code: ErrorCode::Conflict,
+                message: format!("event {event_id} was rejected: {reason}"),
+                extra,
+            })
+        }
+        EventStatus::Scheduled => Err(End::Error {
+            code: ErrorCode::InvalidArgument,
+            message: format!(
+                "event {event_id} is scheduled for later delivery; stream its run later"
+            ),
+            extra,
+        }),
+        EventStatus::Received => Ok(None),
     }
 }
 

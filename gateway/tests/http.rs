@@ -115,6 +115,7 @@ impl Harness {
                 sequence: sequence as i64,
                 result_type: result.result_type.clone(),
                 data: serde_json::to_value(&result).unwrap(),
+                ends_run: None,
             })
             .await
             .unwrap();

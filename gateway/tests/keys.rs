@@ -515,6 +515,7 @@ async fn open_streams_are_limited_per_key_and_given_back() {
             sequence: 1,
             result_type: done.result_type.clone(),
             data: serde_json::to_value(&done).unwrap(),
+            ends_run: None,
         })
         .await
         .unwrap();

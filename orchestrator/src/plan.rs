@@ -21,7 +21,7 @@ use sb_protocol::host::{
     RunBudgets, SubjectRef, host_api_token,
 };
 use sb_protocol::ids::RunId;
-use sb_protocol::messages::RunJob;
+use sb_protocol::messages::{RunFacts, RunJob};
 use sb_rules::bindings::Resolution;
 use serde_json::{Value, json};
 
@@ -263,6 +263,13 @@ pub fn prepare(event: &AgentEventEnvelope, dispatch: &Dispatch, inputs: PrepareI
         context.clone(),
     );
     job.accepted_at_ms = accepted_at_ms;
+    // What the run row holds (`dispatch` creates it from the same event and binding).
+    job.run = Some(RunFacts {
+        event_id: event.event_id,
+        runner_id: dispatch.binding.runner_id.to_string(),
+        thread_id: event.thread_id.clone(),
+        bot_id: event.bot_id.clone(),
+    });
     Prepared {
         context,
         snapshot,

@@ -161,6 +161,9 @@ pub struct RunJob {
     /// ingest-to-first-result histogram); absent in jobs of older orchestrators.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub accepted_at_ms: Option<i64>,
+    /// The run's facts, for the worker to copy into its result messages.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub run: Option<RunFacts>,
 }
 
 impl RunJob {
@@ -186,12 +189,32 @@ impl RunJob {
             context,
             deadline_at_ms,
             accepted_at_ms: None,
+            run: None,
         }
     }
 }
 
 impl BusMessage for RunJob {
     const SCHEMA: &'static str = JobSchema::TEXT;
+}
+
+/// The facts of a run that never change once its row exists, carried from the job to every
+/// result message so the result sink applies an item without reading the run row back (one
+/// ledger read per run less on the hot path). Equal to what the run row holds: the
+/// orchestrator writes both from the same values. Absent in messages of older hosts; the
+/// sink then reads the row.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct RunFacts {
+    /// The triggering event.
+    pub event_id: EventId,
+    /// The runner, as text.
+    pub runner_id: String,
+    /// Thread within the conversation.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub thread_id: Option<String>,
+    /// Bot handling the event.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub bot_id: Option<String>,
 }
 
 /// One sequenced result of a run, from the worker.
@@ -210,6 +233,9 @@ pub struct ResultMessage {
     pub sequence: u64,
     /// The result (its own `sequence` equals the one above).
     pub result: AgentRunResult,
+    /// The run's facts (from its job), so the sink need not read the run row.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub run: Option<RunFacts>,
 }
 
 impl ResultMessage {
@@ -230,7 +256,15 @@ impl ResultMessage {
             conversation_id,
             sequence,
             result,
+            run: None,
         }
+    }
+
+    /// The same message carrying the run's facts.
+    #[must_use]
+    pub fn with_run(mut self, run: Option<RunFacts>) -> Self {
+        self.run = run;
+        self
     }
 }
 
@@ -254,6 +288,10 @@ pub struct DeliveryMessage {
     pub sequence: u64,
     /// The result.
     pub result: AgentRunResult,
+    /// The run's triggering event, when the sink knew it: `POST /v1/events?stream=true`
+    /// recognizes its own run's first item by it, without reading the event's route.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub event_id: Option<EventId>,
 }
 
 impl From<ResultMessage> for DeliveryMessage {
@@ -265,6 +303,7 @@ impl From<ResultMessage> for DeliveryMessage {
             conversation_id: m.conversation_id,
             sequence: m.sequence,
             result: m.result,
+            event_id: m.run.map(|facts| facts.event_id),
         }
     }
 }
@@ -298,6 +337,9 @@ pub struct ResultBatch {
     pub conversation_id: Option<String>,
     /// The items, ascending by sequence; never empty.
     pub items: Vec<SequencedResult>,
+    /// The run's facts (from its job), so the sink need not read the run row.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub run: Option<RunFacts>,
 }
 
 impl ResultBatch {
@@ -322,7 +364,15 @@ impl ResultBatch {
                     result: result.with_run_id(run_id).with_sequence(sequence),
                 })
                 .collect(),
+            run: None,
         }
+    }
+
+    /// The same batch carrying the run's facts.
+    #[must_use]
+    pub fn with_run(mut self, run: Option<RunFacts>) -> Self {
+        self.run = run;
+        self
     }
 
     /// The single messages, in order.
@@ -333,6 +383,7 @@ impl ResultBatch {
             workspace_id,
             conversation_id,
             items,
+            run,
             ..
         } = self;
         items
@@ -344,6 +395,7 @@ impl ResultBatch {
                 conversation_id: conversation_id.clone(),
                 sequence: item.sequence,
                 result: item.result,
+                run: run.clone(),
             })
             .collect()
     }
@@ -368,6 +420,9 @@ pub struct DeliveryBatch {
     pub conversation_id: Option<String>,
     /// The items, ascending by sequence; never empty.
     pub items: Vec<SequencedResult>,
+    /// The run's triggering event, when the sink knew it (see [`DeliveryMessage`]).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub event_id: Option<EventId>,
 }
 
 impl DeliveryBatch {
@@ -387,6 +442,7 @@ impl DeliveryBatch {
                     result: m.result.clone(),
                 })
                 .collect(),
+            event_id: first.run.as_ref().map(|facts| facts.event_id),
         })
     }
 
@@ -398,6 +454,7 @@ impl DeliveryBatch {
             workspace_id,
             conversation_id,
             items,
+            event_id,
             ..
         } = self;
         items
@@ -409,6 +466,7 @@ impl DeliveryBatch {
                 conversation_id: conversation_id.clone(),
                 sequence: item.sequence,
                 result: item.result,
+                event_id,
             })
             .collect()
     }
@@ -685,6 +743,37 @@ mod tests {
             decode_results(&encode(&event)),
             Err(DecodeError::WrongSchema { .. })
         ));
+    }
+
+    #[test]
+    fn run_facts_travel_from_the_batch_to_each_item_and_the_event_id_on_to_deliveries() {
+        let run = RunId::new();
+        let ws = WorkspaceId::default_workspace();
+        let facts = RunFacts {
+            event_id: EventId::new(),
+            runner_id: "echo".into(),
+            thread_id: Some("t".into()),
+            bot_id: None,
+        };
+        let batch = ResultBatch::new(run, ws.clone(), None, [(1, item("a")), (2, item("b"))])
+            .with_run(Some(facts.clone()));
+        let singles = decode_results(&encode(&batch)).unwrap();
+        assert!(singles.iter().all(|m| m.run.as_ref() == Some(&facts)));
+        let refs: Vec<&ResultMessage> = singles.iter().collect();
+        let deliveries = decode_deliveries(&encode(&DeliveryBatch::of(&refs).unwrap())).unwrap();
+        assert!(
+            deliveries
+                .iter()
+                .all(|d| d.event_id == Some(facts.event_id))
+        );
+        let single =
+            decode_deliveries(&encode(&DeliveryMessage::from(singles[0].clone()))).unwrap();
+        assert_eq!(single[0].event_id, Some(facts.event_id));
+        // Absent facts stay off the wire (bodies of older hosts decode the same).
+        let bare = ResultMessage::new(run, ws, None, 1, item("a"));
+        let text = String::from_utf8(encode(&bare)).unwrap();
+        assert!(!text.contains("\"run\""), "{text}");
+        assert_eq!(decode_results(text.as_bytes()).unwrap()[0].run, None);
     }
 
     #[test]

@@ -80,7 +80,7 @@ pub use resources::{
 };
 pub use runs::{
     CancelOutcome, Finalized, NewRun, NewRunEvent, RunEventRecord, RunFilter, RunLedger,
-    RunOutcome, RunRecord, RunStatus,
+    RunOutcome, RunRecord, RunStart, RunStatus,
 };
 pub use schedules::{
     NewSchedule, ScheduleEdit, ScheduleFiring, ScheduleKind, ScheduleRecord, ScheduleSpec,

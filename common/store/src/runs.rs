@@ -268,6 +268,17 @@ impl RunFilter {
     }
 }
 
+/// What starting a run writes, in one commit ([`RunLedger::start_run`]).
+#[derive(Debug, Clone, PartialEq)]
+pub struct RunStart {
+    /// The run; `id` must be set (the caller prepared the run's job with it).
+    pub run: NewRun,
+    /// The event's user transcript row, if its conversation keeps one.
+    pub user_transcript: Option<crate::NewTranscriptItem>,
+    /// The event's new routing state (`dispatched`, with this run's id).
+    pub event: crate::EventStatusUpdate,
+}
+
 /// A result item to store.
 #[derive(Debug, Clone, PartialEq)]
 pub struct NewRunEvent {
@@ -279,6 +290,12 @@ pub struct NewRunEvent {
     pub result_type: String,
     /// The whole result item.
     pub data: Value,
+    /// The run's end that this item makes (a terminal item): applied with the insert, in the
+    /// same commit, when the item is new and the run still active (as
+    /// [`RunLedger::finish_run`] would), so the result sink ends a run without a statement
+    /// of its own. `None` for every other item, and for a terminal item whose run is ended
+    /// some other way.
+    pub ends_run: Option<RunOutcome>,
 }
 
 /// A stored result item.
@@ -328,6 +345,17 @@ pub trait RunLedger: Send + Sync + 'static {
     /// Creates a queued run, or returns the run already created for the same event with
     /// `created = false`. A different event reusing an existing run id is `conflict`.
     async fn create_run(&self, run: NewRun) -> Result<(RunRecord, bool)>;
+
+    /// Starts a run in **one commit**: creates the queued run ([`RunStart::run`], its id
+    /// chosen by the caller), appends the event's user transcript row unless a row with its
+    /// id exists, and applies the event's routing update ([`RunStart::event`], as
+    /// [`EventLog::update_status`](crate::EventLog::update_status)). Returns the run, or
+    /// `None` when the event already has a run: then nothing is written (the transcript row
+    /// aside, which is the event's own either way) and the caller goes on with that run
+    /// ([`create_run`](Self::create_run) returns it). One statement on Postgres, one
+    /// transaction on SQLite: routing writes this for every run. `not_found` if the event
+    /// does not exist (nothing is written); the validation errors of the three writes.
+    async fn start_run(&self, start: RunStart) -> Result<Option<RunRecord>>;
 
     /// The run, if any.
     async fn get_run(&self, id: RunId) -> Result<Option<RunRecord>>;
@@ -391,13 +419,17 @@ pub trait RunLedger: Send + Sync + 'static {
     async fn request_cancel(&self, id: RunId, reason: Option<String>) -> Result<CancelOutcome>;
 
     /// Stores one result item. `true` if it was new. An item after the run's stored terminal
-    /// item is not stored (`false`): nothing follows a run's end. `not_found` if the run does
-    /// not exist; `invalid_argument` if `sequence < 1`.
+    /// item is not stored (`false`): nothing follows a run's end. A new item with
+    /// [`ends_run`](NewRunEvent::ends_run) ends its still active run in the same commit.
+    /// `not_found` if the run does not exist; `invalid_argument` if `sequence < 1` or the
+    /// outcome's status is not terminal.
     async fn insert_event(&self, event: NewRunEvent) -> Result<bool>;
 
     /// Stores many result items (of any runs) in one transaction. Returns, per input item
     /// and in input order, whether it was new (a duplicate within the batch is new once;
     /// an item after its run's stored terminal item is not stored, as in `insert_event`).
+    /// Each new item with [`ends_run`](NewRunEvent::ends_run) ends its still active run in
+    /// the same commit.
     async fn insert_events(&self, events: Vec<NewRunEvent>) -> Result<Vec<bool>>;
 
     /// Result items with `sequence > after_sequence`, ascending, at most `limit` (clamped to

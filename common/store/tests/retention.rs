@@ -107,6 +107,7 @@ async fn result_expiry_in_batches(db: TestDb) {
             sequence: 1,
             result_type: "run.completed".into(),
             data: json!({"type": "run.completed", "data": {}}),
+            ends_run: None,
         })
         .await
         .unwrap();

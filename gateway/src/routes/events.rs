@@ -52,7 +52,7 @@ use crate::auth::Caller;
 use crate::error::{ApiError, ApiJson, ApiPath, ApiQuery, ApiResult};
 use crate::normalize::{IngestRequest, NormalizeContext, Normalized, normalize};
 use crate::state::AppState;
-use crate::stream::event_stream;
+use crate::stream::{PendingRoute, event_stream};
 
 /// The `Idempotency-Key` request header.
 pub const IDEMPOTENCY_KEY: HeaderName = HeaderName::from_static("idempotency-key");
@@ -299,6 +299,28 @@ pub async fn ingest(
         outbox.available_at = Some(at);
     }
 
+    // A streamed answer watches the conversation before the event is committed, so nothing
+    // of its run can be published unseen and the route need not be read at once. A bus that
+    // cannot bind now does not refuse the event (accepted events never wait on the broker):
+    // the stream task tries again.
+    let watch = if query.stream {
+        match state
+            .live()
+            .watch_conversation(
+                new_event.workspace_id.as_str(),
+                new_event.conversation_id.as_deref(),
+            )
+            .await
+        {
+            Ok(watch) => Some(watch),
+            Err(error) => {
+                tracing::debug!(%error, "could not watch the conversation before the ingest");
+                None
+            }
+        }
+    } else {
+        None
+    };
     let (record, created) = state
         .stores()
         .events
@@ -315,14 +337,16 @@ pub async fn ingest(
     }
 
     let mut response = if let Some(slot) = slot {
-        let mut response = event_stream(
-            state.stream_context(),
-            record.id,
-            record.workspace_id.clone(),
-            record.conversation_id.clone(),
-            slot,
-        )
-        .into_response();
+        // A repeated key answers with the first event: its route may be known already (so it
+        // is read at once), and its conversation is the one to watch.
+        let pending = PendingRoute {
+            event_id: record.id,
+            workspace: record.workspace_id.clone(),
+            conversation: record.conversation_id.clone(),
+            watch,
+            created,
+        };
+        let mut response = event_stream(state.stream_context(), pending, slot).into_response();
         if let Ok(value) = HeaderValue::from_str(&record.id.to_string()) {
             response.headers_mut().insert(EVENT_ID_HEADER, value);
         }

@@ -1,4 +1,4 @@
-//! Steps 4–11 of routing an event: the run's access, row, session, snapshot and job.
+//! Steps 4–9 of routing an event: the run's access, row, session, snapshot and job.
 
 use std::collections::BTreeMap;
 
@@ -10,7 +10,7 @@ use sb_protocol::host::{AgentBinding, AgentEventEnvelope};
 use sb_protocol::ids::RunId;
 use sb_protocol::messages;
 use sb_store::{
-    EventRecord, EventStatus, EventStatusUpdate, NewRun, RunStatus, StoreError, TurnTag,
+    EventRecord, EventStatus, EventStatusUpdate, NewRun, RunStart, RunStatus, StoreError, TurnTag,
 };
 use serde_json::{Map, Value, json};
 use tracing::Instrument;
@@ -63,48 +63,37 @@ impl EventRouter {
         let now = Utc::now();
         let now_secs = plan::utc_to_epoch(now);
         let timeout = context::run_timeout(&binding.runner_config, options.default_run_timeout);
-        let deadline = context::deadline_at(now_secs, timeout);
-        let (run, created) = stores
-            .runs
-            .create_run(NewRun {
-                // A turn's run takes the turn id chosen at receipt (the turn API answers
-                // with it before the event is routed).
-                id: Some(
-                    TurnTag::from_metadata(&envelope.metadata)
-                        .map_or_else(RunId::new, |tag| tag.turn_id),
-                ),
-                workspace_id: workspace.clone(),
-                event_id: record.id,
-                agent_id: binding.agent_id,
-                runner_id: binding.runner_id.to_string(),
-                pool: dispatch.pool.clone(),
-                conversation_id: envelope.conversation_id.clone(),
-                thread_id: envelope.thread_id.clone(),
-                bot_id: envelope.bot_id.clone(),
-                deadline_at: deadline.and_then(plan::epoch_to_utc),
-                attempt: 1,
-            })
-            .await?;
-        if !created && run.status != RunStatus::Queued {
-            self.leave_queue(record).await?;
-            return Ok(RouteOutcome::AlreadyHandled);
-        }
-        let span = tracing::info_span!("dispatch", run_id = %run.id, event_id = %record.id);
-        async {
-            // The deadline is fixed by the first attempt.
-            let deadline = run.deadline_at.map(plan::utc_to_epoch);
-
-            let state = self.state_snapshot(envelope, binding).await?;
-            let prepared = plan::prepare(
+        let new_run = NewRun {
+            // A turn's run takes the turn id chosen at receipt (the turn API answers with it
+            // before the event is routed).
+            id: Some(
+                TurnTag::from_metadata(&envelope.metadata)
+                    .map_or_else(RunId::new, |tag| tag.turn_id),
+            ),
+            workspace_id: workspace.clone(),
+            event_id: record.id,
+            agent_id: binding.agent_id,
+            runner_id: binding.runner_id.to_string(),
+            pool: dispatch.pool.clone(),
+            conversation_id: envelope.conversation_id.clone(),
+            thread_id: envelope.thread_id.clone(),
+            bot_id: envelope.bot_id.clone(),
+            deadline_at: context::deadline_at(now_secs, timeout).and_then(plan::epoch_to_utc),
+            attempt: 1,
+        };
+        let state = self.state_snapshot(envelope, binding).await?;
+        // The run's deadline is fixed by its first attempt (a redelivery reads it back).
+        let prepare = |run_id: RunId, deadline_at: Option<chrono::DateTime<Utc>>| {
+            plan::prepare(
                 envelope,
                 dispatch,
                 PrepareInputs {
-                    run_id: run.id,
+                    run_id,
                     now_epoch_secs: now_secs,
-                    deadline_at: deadline,
-                    access,
-                    latest_cursor,
-                    state,
+                    deadline_at: deadline_at.map(plan::utc_to_epoch),
+                    access: access.clone(),
+                    latest_cursor: latest_cursor.clone(),
+                    state: state.clone(),
                     host_version: options.host_version.clone(),
                     default_budgets: options.default_budgets,
                     session_grace: options.session_grace,
@@ -112,53 +101,71 @@ impl EventRouter {
                     host_api_token: Some(mint_host_api_token()),
                     accepted_at_ms: Some(record.created_at.timestamp_millis()),
                 },
-            );
+            )
+        };
+        let user_row = journal::user_transcript(envelope);
 
-            if let Some(item) = journal::user_transcript(envelope) {
-                match stores.transcript.append(item).await {
-                    Ok(_) | Err(StoreError::Conflict(_)) => {}
-                    Err(e) => return Err(e.into()),
-                }
+        // A fresh event (the usual case): the run, the user transcript row and the event's
+        // dispatch in one commit. `None` when the event has a run already (an earlier
+        // attempt created it): that one is started the long way below.
+        let mut started = None;
+        if record.run_id.is_none() {
+            let run_id = new_run.id.unwrap_or_default();
+            let prepared = prepare(run_id, new_run.deadline_at);
+            let start_run = RunStart {
+                run: new_run.clone(),
+                user_transcript: user_row.clone(),
+                event: dispatched(run_id, &prepared, binding, dispatch, &start),
+            };
+            if let Some(run) = stores.runs.start_run(start_run).await? {
+                started = Some((run, prepared));
             }
-
+        }
+        let in_one_commit = started.is_some();
+        let (run, prepared, created) = match started {
+            Some((run, prepared)) => (run, prepared, true),
+            None => {
+                let (run, created) = stores.runs.create_run(new_run).await?;
+                if !created && run.status != RunStatus::Queued {
+                    self.leave_queue(record).await?;
+                    return Ok(RouteOutcome::AlreadyHandled);
+                }
+                let prepared = prepare(run.id, run.deadline_at);
+                if let Some(item) = user_row {
+                    match stores.transcript.append(item).await {
+                        Ok(_) | Err(StoreError::Conflict(_)) => {}
+                        Err(e) => return Err(e.into()),
+                    }
+                }
+                (run, prepared, created)
+            }
+        };
+        let span = tracing::info_span!("dispatch", run_id = %run.id, event_id = %record.id);
+        async {
             let snapshot_json = serde_json::to_value(&prepared.snapshot).unwrap_or(Value::Null);
-            self.deps.sessions.put_session(&run.id, &snapshot_json, prepared.session_ttl).await?;
+            self.deps
+                .sessions
+                .put_session(&run.id, &snapshot_json, prepared.session_ttl)
+                .await?;
             // Visible to steering and concurrency only once its session exists; leaves the
             // queue only once it is visible (so the queue's next event cannot start early).
             if let Some(key) = &start.key {
-                self.conversations.add_run(key, run.id, prepared.session_ttl).await?;
+                self.conversations
+                    .add_run(key, run.id, prepared.session_ttl)
+                    .await?;
                 if let Some(member) = &start.parked_member {
                     self.conversations.unpark(key, member).await?;
                 }
             }
-
-            // The event keeps the frozen authorization for operators, without the token's
-            // digest: the credential check belongs to the session alone.
-            let mut authorization = snapshot_json;
-            if let Some(fields) = authorization.as_object_mut() {
-                fields.remove("host_api_token_sha256");
+            if !in_one_commit {
+                stores
+                    .events
+                    .update_status(
+                        record.id,
+                        dispatched(run.id, &prepared, binding, dispatch, &start),
+                    )
+                    .await?;
             }
-            let mut metadata = json!({
-                "authorization": authorization,
-                "routing": {"binding_id": binding.binding_id, "runner_id": binding.runner_id.to_string(), "pool": dispatch.pool},
-            });
-            if let Some(concurrency) = &start.concurrency {
-                metadata["concurrency"] = concurrency.clone();
-            }
-
-            stores
-                .events
-                .update_status(
-                    record.id,
-                    EventStatusUpdate {
-                        status: EventStatus::Dispatched,
-                        reason: None,
-                        run_id: Some(run.id),
-                        claimed_by_run_id: None,
-                        metadata_merge: Some(metadata),
-                    },
-                )
-                .await?;
 
             let topology = &self.deps.topology;
             self.deps
@@ -172,8 +179,11 @@ impl EventRouter {
                 .await?;
             Metrics::global().inc(names::BUS_PUBLISHED_TOTAL, &[("exchange", "runs")]);
             Metrics::global().inc(names::EVENTS_ROUTED_TOTAL, &[("outcome", "dispatched")]);
-            tracing::debug!(created, pool = %dispatch.pool, "run dispatched");
-            Ok(RouteOutcome::Dispatched { run_id: run.id, created })
+            tracing::debug!(created, in_one_commit, pool = %dispatch.pool, "run dispatched");
+            Ok(RouteOutcome::Dispatched {
+                run_id: run.id,
+                created,
+            })
         }
         .instrument(span)
         .await
@@ -207,6 +217,36 @@ impl EventRouter {
             envelope.conversation_id.as_deref(),
             |scope| loaded.remove(&scope),
         ))
+    }
+}
+
+/// The event's routing update once its run is dispatched: `dispatched` with the run, and the
+/// frozen authorization for operators, without the token's digest (the credential check
+/// belongs to the session alone; the result sink reads the rest after the session ended).
+fn dispatched(
+    run_id: RunId,
+    prepared: &plan::Prepared,
+    binding: &AgentBinding,
+    dispatch: &Dispatch,
+    start: &StartContext,
+) -> EventStatusUpdate {
+    let mut authorization = serde_json::to_value(&prepared.snapshot).unwrap_or(Value::Null);
+    if let Some(fields) = authorization.as_object_mut() {
+        fields.remove("host_api_token_sha256");
+    }
+    let mut metadata = json!({
+        "authorization": authorization,
+        "routing": {"binding_id": binding.binding_id, "runner_id": binding.runner_id.to_string(), "pool": dispatch.pool},
+    });
+    if let Some(concurrency) = &start.concurrency {
+        metadata["concurrency"] = concurrency.clone();
+    }
+    EventStatusUpdate {
+        status: EventStatus::Dispatched,
+        reason: None,
+        run_id: Some(run_id),
+        claimed_by_run_id: None,
+        metadata_merge: Some(metadata),
     }
 }
 

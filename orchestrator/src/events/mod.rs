@@ -26,20 +26,26 @@
 //! 4. effective access ([`crate::access`]) from the manifest, the policy, the config and the
 //!    resource catalog;
 //! 5. the transcript's latest cursor (before this event's own row);
-//! 6. the run row (`queued`, unique on the event: a redelivery gets the existing run back,
-//!    with its id and its deadline, which are never recomputed); a turn's run takes the
-//!    turn id chosen at receipt, and a turn is never absorbed as steering input in step 3;
-//! 7. the state snapshot, the context, the frozen snapshot and the job ([`crate::plan`]),
+//! 6. the state snapshot, the context, the frozen snapshot and the job ([`crate::plan`]),
 //!    with a freshly minted remote Host API token (`ctx.runtime.metadata.host_api`; the
 //!    snapshot keeps its SHA-256 only);
-//! 8. the user transcript row (deterministic id: written once);
-//! 9. the session (TTL = deadline + grace) in the session store, then the run in the
+//! 7. for an event without a run yet (the usual case), in **one commit**
+//!    ([`RunLedger::start_run`](sb_store::RunLedger::start_run)): the run row (`queued`;
+//!    a turn's run takes the turn id chosen at receipt), the user transcript row
+//!    (deterministic id: written once) and the event → `dispatched` with the run id and the
+//!    frozen snapshot under `metadata.authorization` (the result sink reads it after the
+//!    session has ended; without the digest of the run's remote Host API token, which only
+//!    the session keeps). A redelivered event whose run exists gets that run back (unique on
+//!    the event), with its id and its deadline, which are never recomputed, and its writes
+//!    are done one by one (the event's update after step 8); a turn is never absorbed as
+//!    steering input in step 3;
+//! 8. the session (TTL = deadline + grace) in the session store, then the run in the
 //!    conversation's active index (and, for a formerly parked event, out of the queue);
-//! 10. the event → `dispatched` with the run id, and the frozen snapshot under
-//!     `metadata.authorization` (the result sink reads it after the session has ended;
-//!     without the digest of the run's remote Host API token, which only the session keeps);
-//! 11. the job to `switchboard.runs.<pool>`, awaited until the broker confirms;
-//! 12. the event delivery is acked.
+//!    a crash before this leaves the event dispatched with a queued run and no session:
+//!    its redelivery (the event is not acked yet) takes the long way of step 7 and
+//!    writes them;
+//! 9. the job to `switchboard.runs.<pool>`, awaited until the broker confirms;
+//! 10. the event delivery is acked.
 //!
 //! If the job publish fails, the delivery is requeued (transient) and the next attempt
 //! republishes the job of the same, still `queued`, run (the policy is not asked again: it
@@ -56,8 +62,8 @@
 //! This module holds the router and its outcome; each child adds the methods of one part of
 //! the pipeline, and none of them is used here: `route` (steps 0–2), `lookup` (the
 //! resolver's cached inputs), `decide` (step 3), `finish` (the ends without a run:
-//! unrouted, parked, rejected), `dispatch` (steps 4–11) and `consume` (the shard loop,
-//! step 12).
+//! unrouted, parked, rejected), `dispatch` (steps 4–9) and `consume` (the shard loop,
+//! step 10).
 
 mod consume;
 mod decide;

@@ -15,8 +15,15 @@ use crate::journal::{self, Effect, RunInfo};
 use crate::lock;
 
 impl ResultSink {
-    /// Applies the side effects of one stored item (see the module docs).
-    pub(super) async fn apply(&self, info: &RunInfo, message: &ResultMessage) -> Result<()> {
+    /// Applies the side effects of one stored item (see the module docs). `ended`: the item
+    /// was inserted just now, and a terminal one ended its run with the insert
+    /// ([`NewRunEvent::ends_run`](sb_store::NewRunEvent::ends_run)).
+    pub(super) async fn apply(
+        &self,
+        info: &RunInfo,
+        message: &ResultMessage,
+        ended: bool,
+    ) -> Result<()> {
         let plan = journal::plan_item(&message.result);
         Metrics::global().inc(
             names::RUN_RESULTS_TOTAL,
@@ -42,7 +49,7 @@ impl ResultSink {
             }
         }
         if let Some(outcome) = plan.outcome {
-            self.finish(info, outcome).await?;
+            self.finish(info, outcome, ended).await?;
         }
         Ok(())
     }
@@ -152,14 +159,15 @@ impl ResultSink {
         Ok(())
     }
 
-    async fn finish(&self, info: &RunInfo, outcome: RunOutcome) -> Result<()> {
+    async fn finish(&self, info: &RunInfo, outcome: RunOutcome, ended: bool) -> Result<()> {
         let status = outcome.status;
-        if self
-            .deps
-            .stores
-            .runs
-            .finish_run(info.run_id, outcome)
-            .await?
+        if ended
+            || self
+                .deps
+                .stores
+                .runs
+                .finish_run(info.run_id, outcome)
+                .await?
         {
             Metrics::global().inc(names::RUNS_TOTAL, &[("status", status.as_str())]);
             tracing::info!(run_id = %info.run_id, status = status.as_str(), "run finished");

@@ -134,6 +134,8 @@ impl ResultSink {
                 outcomes.push(Err(OrchestratorError::Deferred));
                 continue;
             }
+            // A new terminal item ended its run with the insert (`NewRunEvent::ends_run`).
+            let ended = matches!(inserted, Ok(true));
             // A terminal item that is not new is applied anyway when the ledger holds it as
             // is: its worker stored it itself (see `is_stored_as_is`).
             let inserted = match inserted {
@@ -154,8 +156,8 @@ impl ResultSink {
                         outcomes.push(Err(OrchestratorError::Deferred));
                         continue;
                     }
-                    match self.run_info(item.message.run_id).await {
-                        Ok(info) => self.apply(&info, &item.message).await.map(|()| true),
+                    match self.facts_of(&item.message).await {
+                        Ok(info) => self.apply(&info, &item.message, ended).await.map(|()| true),
                         Err(e) => Err(e),
                     }
                 }
@@ -236,11 +238,13 @@ fn has_side_effect(message: &ResultMessage) -> bool {
     !matches!(plan.effect, Effect::None) || plan.outcome.is_some()
 }
 
+/// The ledger row of `message`; a terminal item ends its run with the insert.
 fn ledger_row(message: &ResultMessage) -> NewRunEvent {
     NewRunEvent {
         run_id: message.run_id,
         sequence: i64::try_from(message.sequence).unwrap_or(i64::MAX),
         result_type: message.result.result_type.clone(),
         data: serde_json::to_value(&message.result).unwrap_or(Value::Null),
+        ends_run: journal::plan_item(&message.result).outcome,
     }
 }

@@ -27,15 +27,16 @@ impl ResultSink {
         else {
             return Ok(None);
         };
-        let info = self.run_info(run.id).await?;
         let message = ResultMessage::new(
             run.id,
             run.workspace_id.clone(),
             run.conversation_id.clone(),
             sequence,
             result,
-        );
-        self.apply(&info, &message).await?;
+        )
+        .with_run(Some(super::facts_of_row(run)));
+        let info = self.facts_of(&message).await?;
+        self.apply(&info, &message, false).await?;
         if let Err(error) = self
             .deps
             .bus
@@ -80,15 +81,16 @@ impl ResultSink {
             Finalized::TerminalStored { .. } => self.finish_from_ledger(run).await?,
             Finalized::Ended { sequence } => {
                 Metrics::global().inc(names::RUNS_TOTAL, &[("status", status.as_str())]);
-                let info = self.run_info(run.id).await?;
                 let message = ResultMessage::new(
                     run.id,
                     run.workspace_id.clone(),
                     run.conversation_id.clone(),
                     sequence,
                     result.with_run_id(run.id).with_sequence(sequence),
-                );
-                self.apply(&info, &message).await?;
+                )
+                .with_run(Some(super::facts_of_row(run)));
+                let info = self.facts_of(&message).await?;
+                self.apply(&info, &message, false).await?;
                 // Best effort, like every live delivery: the item is stored and applied, and
                 // a stream that misses it reads it from the ledger.
                 if let Err(error) = self

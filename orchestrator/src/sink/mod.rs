@@ -59,7 +59,7 @@ use std::sync::{Arc, Mutex};
 
 use sb_protocol::host::AuthorizationSnapshot;
 use sb_protocol::ids::RunId;
-use sb_protocol::messages::ResultMessage;
+use sb_protocol::messages::{ResultMessage, RunFacts};
 use sb_protocol::result::AgentRunResult;
 use sb_store::RunRecord;
 
@@ -134,23 +134,43 @@ impl ResultSink {
         lock(&self.runs)
     }
 
-    /// The facts of a run, from its ledger row.
-    async fn run_info(&self, run_id: RunId) -> Result<Arc<RunInfo>> {
+    /// The facts of a message's run: cached, else carried by the message (its worker copied
+    /// them from the job), else read from the run's ledger row.
+    async fn facts_of(&self, message: &ResultMessage) -> Result<Arc<RunInfo>> {
+        let run_id = message.run_id;
         if let Some(info) = self.cache().get(&run_id) {
             return Ok(Arc::clone(info));
         }
-        let run = self
-            .deps
-            .stores
-            .runs
-            .get_run(run_id)
-            .await?
-            .ok_or(OrchestratorError::RunNotFound(run_id))?;
-        let info = Arc::new(run_info_from(&run));
-        let mut cache = self.cache();
-        make_room(&mut cache, &run_id);
-        cache.insert(run_id, Arc::clone(&info));
+        let info = match &message.run {
+            Some(facts) => RunInfo {
+                run_id,
+                workspace_id: message.workspace_id.clone(),
+                event_id: facts.event_id,
+                runner_id: facts.runner_id.clone(),
+                conversation_id: message.conversation_id.clone(),
+                thread_id: facts.thread_id.clone(),
+                bot_id: facts.bot_id.clone(),
+            },
+            None => {
+                let run = self
+                    .deps
+                    .stores
+                    .runs
+                    .get_run(run_id)
+                    .await?
+                    .ok_or(OrchestratorError::RunNotFound(run_id))?;
+                run_info_from(&run)
+            }
+        };
+        let info = Arc::new(info);
+        self.remember(Arc::clone(&info));
         Ok(info)
+    }
+
+    fn remember(&self, info: Arc<RunInfo>) {
+        let mut cache = self.cache();
+        make_room(&mut cache, &info.run_id);
+        cache.insert(info.run_id, info);
     }
 
     /// The run's frozen authorization, kept on its event: read at the run's first state
@@ -201,6 +221,16 @@ impl ResultSink {
                 return Ok(items);
             }
         }
+    }
+}
+
+/// The facts a result message of `run` carries.
+fn facts_of_row(run: &RunRecord) -> RunFacts {
+    RunFacts {
+        event_id: run.event_id,
+        runner_id: run.runner_id.clone(),
+        thread_id: run.thread_id.clone(),
+        bot_id: run.bot_id.clone(),
     }
 }
 

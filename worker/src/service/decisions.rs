@@ -137,13 +137,16 @@ pub(super) fn result_bodies(
     ) {
         if items.len() == 1 {
             let item = items.into_iter().next().expect("one item");
-            out.push(encode(&ResultMessage::new(
-                job.run_id,
-                job.workspace_id.clone(),
-                conversation.clone(),
-                item.sequence,
-                item.result,
-            )));
+            out.push(encode(
+                &ResultMessage::new(
+                    job.run_id,
+                    job.workspace_id.clone(),
+                    conversation.clone(),
+                    item.sequence,
+                    item.result,
+                )
+                .with_run(job.run.clone()),
+            ));
             return;
         }
         let batch = ResultBatch::new(
@@ -151,7 +154,8 @@ pub(super) fn result_bodies(
             job.workspace_id.clone(),
             conversation.clone(),
             items.iter().map(|i| (i.sequence, i.result.clone())),
-        );
+        )
+        .with_run(job.run.clone());
         let body = encode(&batch);
         if body.len() <= BATCH_BYTES_MAX {
             out.push(body);

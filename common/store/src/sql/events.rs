@@ -400,58 +400,20 @@ impl EventLog for SqlStore {
         id: EventId,
         mut update: EventStatusUpdate,
     ) -> Result<EventRecord> {
-        let merge = match update.metadata_merge.take() {
-            None => None,
-            Some(Value::Object(map)) => Some(map),
-            Some(_) => return Err(StoreError::invalid("metadata_merge must be a JSON object")),
-        };
+        let merge = take_merge(&mut update)?;
         // One statement where the backend can merge in place: every Postgres update (jsonb
         // `-` and `||`), and SQLite's unless a key cannot be a JSON path label. Routing
         // writes this once per event, so it is on every run's path.
-        if self.backend() == DbBackend::Postgres
-            || merge
-                .as_ref()
-                .is_none_or(|m| m.keys().all(|k| sqlite_path_label(k).is_some()))
-        {
-            return self.update_status_in_one_statement(id, update, merge).await;
+        if let Some(statement) = status_update(self.backend(), id, update.clone(), merge.clone()) {
+            let model = statement
+                .exec_with_returning(self.writer())
+                .await?
+                .unique_row()
+                .ok_or_else(|| StoreError::not_found(format!("event {id}")))?;
+            return event_record(model);
         }
         let txn = self.write_txn().await?;
-        // Row lock on Postgres (SQLite's write lock is already held) so concurrent merges
-        // serialise instead of overwriting each other.
-        let current = event_log::Entity::find()
-            .filter(event_log::Column::Id.eq(id.into_uuid()))
-            .lock(LockType::Update)
-            .all(&txn)
-            .await?
-            .unique_row()
-            .ok_or_else(|| StoreError::not_found(format!("event {id}")))?;
-        let mut metadata = match current.metadata.clone() {
-            Some(Value::Object(map)) => map,
-            _ => serde_json::Map::new(),
-        };
-        let mut row = current.into_active_model();
-        row.status = Set(update.status.as_str().to_owned());
-        if let Some(reason) = update.reason {
-            row.reason = Set(Some(reason));
-        }
-        if let Some(run_id) = update.run_id {
-            row.run_id = Set(Some(run_id.into_uuid()));
-        }
-        if let Some(run_id) = update.claimed_by_run_id {
-            row.claimed_by_run_id = Set(Some(run_id.into_uuid()));
-        }
-        if let Some(merge) = merge {
-            for (k, v) in merge {
-                if v.is_null() {
-                    metadata.remove(&k);
-                } else {
-                    metadata.insert(k, v);
-                }
-            }
-            row.metadata = Set(metadata_in("metadata", Value::Object(metadata))?);
-        }
-        row.updated_at = Set(now());
-        let model = row.update(&txn).await?;
+        let model = merge_status_in(&txn, id, update, merge).await?;
         txn.commit().await?;
         event_record(model)
     }
@@ -547,54 +509,157 @@ impl EventLog for SqlStore {
     }
 }
 
-impl SqlStore {
-    /// [`EventLog::update_status`] on SQLite as one `UPDATE … RETURNING`, the metadata merge
-    /// done by `json_set`/`json_remove`: atomic under the database's write lock like the
-    /// read-modify-write transaction it replaces, in one round trip on the writer instead of
-    /// four (`BEGIN`, `SELECT`, `UPDATE`, `COMMIT`). Every key of `merge` must have a
-    /// [`sqlite_path_label`].
-    async fn update_status_in_one_statement(
-        &self,
-        id: EventId,
-        update: EventStatusUpdate,
-        merge: Option<serde_json::Map<String, Value>>,
-    ) -> Result<EventRecord> {
-        let mut statement = event_log::Entity::update_many()
-            .col_expr(
-                event_log::Column::Status,
-                Expr::value(update.status.as_str()),
-            )
-            .col_expr(event_log::Column::UpdatedAt, Expr::value(now()));
-        if let Some(reason) = update.reason {
-            statement = statement.col_expr(event_log::Column::Reason, Expr::value(reason));
-        }
-        if let Some(run_id) = update.run_id {
-            statement =
-                statement.col_expr(event_log::Column::RunId, Expr::value(run_id.into_uuid()));
-        }
-        if let Some(run_id) = update.claimed_by_run_id {
-            statement = statement.col_expr(
-                event_log::Column::ClaimedByRunId,
-                Expr::value(run_id.into_uuid()),
-            );
-        }
-        if let Some(merge) = merge.filter(|m| !m.is_empty()) {
-            statement = statement.col_expr(
-                event_log::Column::Metadata,
-                match self.backend() {
-                    DbBackend::Postgres => postgres_metadata_merge(merge),
-                    _ => sqlite_metadata_merge(merge),
-                },
-            );
-        }
-        let model = statement
-            .filter(event_log::Column::Id.eq(id.into_uuid()))
-            .exec_with_returning(self.writer())
-            .await?
-            .unique_row()
-            .ok_or_else(|| StoreError::not_found(format!("event {id}")))?;
-        event_record(model)
+/// Whether event `id` exists.
+pub(super) async fn exists<C: ConnectionTrait>(db: &C, id: EventId) -> Result<bool> {
+    Ok(event_log::Entity::find()
+        .select_only()
+        .column(event_log::Column::Seq)
+        .filter(event_log::Column::Id.eq(id.into_uuid()))
+        .into_tuple::<i64>()
+        .all(db)
+        .await?
+        .unique_row()
+        .is_some())
+}
+
+/// The `metadata_merge` of `update`, taken out of it: a JSON object or nothing.
+fn take_merge(update: &mut EventStatusUpdate) -> Result<Option<serde_json::Map<String, Value>>> {
+    match update.metadata_merge.take() {
+        None => Ok(None),
+        Some(Value::Object(map)) => Ok(Some(map)),
+        Some(_) => Err(StoreError::invalid("metadata_merge must be a JSON object")),
     }
+}
+
+/// [`EventLog::update_status`] of event `id` as one `UPDATE` (`RETURNING` is up to the
+/// caller), the metadata merged in place: jsonb `-` and `||` on Postgres, `json_set` and
+/// `json_remove` on SQLite. Atomic like the read-modify-write transaction
+/// ([`merge_status_in`]) it replaces, in one round trip instead of four (`BEGIN`, `SELECT`,
+/// `UPDATE`, `COMMIT`). `None` on SQLite when a key of `merge` has no
+/// [`sqlite_path_label`]: then only the read-modify-write can merge it.
+fn status_update(
+    backend: DbBackend,
+    id: EventId,
+    update: EventStatusUpdate,
+    merge: Option<serde_json::Map<String, Value>>,
+) -> Option<sea_orm::UpdateMany<event_log::Entity>> {
+    let in_place = backend == DbBackend::Postgres
+        || merge
+            .as_ref()
+            .is_none_or(|m| m.keys().all(|k| sqlite_path_label(k).is_some()));
+    if !in_place {
+        return None;
+    }
+    let mut statement = event_log::Entity::update_many()
+        .col_expr(
+            event_log::Column::Status,
+            Expr::value(update.status.as_str()),
+        )
+        .col_expr(event_log::Column::UpdatedAt, Expr::value(now()));
+    if let Some(reason) = update.reason {
+        statement = statement.col_expr(event_log::Column::Reason, Expr::value(reason));
+    }
+    if let Some(run_id) = update.run_id {
+        statement = statement.col_expr(event_log::Column::RunId, Expr::value(run_id.into_uuid()));
+    }
+    if let Some(run_id) = update.claimed_by_run_id {
+        statement = statement.col_expr(
+            event_log::Column::ClaimedByRunId,
+            Expr::value(run_id.into_uuid()),
+        );
+    }
+    if let Some(merge) = merge.filter(|m| !m.is_empty()) {
+        statement = statement.col_expr(
+            event_log::Column::Metadata,
+            match backend {
+                DbBackend::Postgres => postgres_metadata_merge(merge),
+                _ => sqlite_metadata_merge(merge),
+            },
+        );
+    }
+    Some(statement.filter(event_log::Column::Id.eq(id.into_uuid())))
+}
+
+/// [`EventLog::update_status`] as a read-modify-write inside the caller's transaction `txn`
+/// (the row locked on Postgres, SQLite's write lock already held, so concurrent merges
+/// serialise instead of overwriting each other).
+async fn merge_status_in<C: ConnectionTrait>(
+    txn: &C,
+    id: EventId,
+    update: EventStatusUpdate,
+    merge: Option<serde_json::Map<String, Value>>,
+) -> Result<event_log::Model> {
+    let current = event_log::Entity::find()
+        .filter(event_log::Column::Id.eq(id.into_uuid()))
+        .lock(LockType::Update)
+        .all(txn)
+        .await?
+        .unique_row()
+        .ok_or_else(|| StoreError::not_found(format!("event {id}")))?;
+    let mut metadata = match current.metadata.clone() {
+        Some(Value::Object(map)) => map,
+        _ => serde_json::Map::new(),
+    };
+    let mut row = current.into_active_model();
+    row.status = Set(update.status.as_str().to_owned());
+    if let Some(reason) = update.reason {
+        row.reason = Set(Some(reason));
+    }
+    if let Some(run_id) = update.run_id {
+        row.run_id = Set(Some(run_id.into_uuid()));
+    }
+    if let Some(run_id) = update.claimed_by_run_id {
+        row.claimed_by_run_id = Set(Some(run_id.into_uuid()));
+    }
+    if let Some(merge) = merge {
+        for (k, v) in merge {
+            if v.is_null() {
+                metadata.remove(&k);
+            } else {
+                metadata.insert(k, v);
+            }
+        }
+        row.metadata = Set(metadata_in("metadata", Value::Object(metadata))?);
+    }
+    row.updated_at = Set(now());
+    Ok(row.update(txn).await?)
+}
+
+/// [`EventLog::update_status`] inside the caller's transaction `txn` (one statement where
+/// the backend can merge in place, else the read-modify-write).
+pub(super) async fn update_status_in<C: ConnectionTrait>(
+    txn: &C,
+    id: EventId,
+    mut update: EventStatusUpdate,
+) -> Result<()> {
+    let merge = take_merge(&mut update)?;
+    match status_update(
+        txn.get_database_backend(),
+        id,
+        update.clone(),
+        merge.clone(),
+    ) {
+        Some(statement) => {
+            if statement.exec(txn).await?.rows_affected == 0 {
+                return Err(StoreError::not_found(format!("event {id}")));
+            }
+        }
+        None => {
+            merge_status_in(txn, id, update, merge).await?;
+        }
+    }
+    Ok(())
+}
+
+/// The one-statement update of event `id` on Postgres (where every update is one
+/// statement), for a part of a data-modifying `WITH`.
+pub(super) fn postgres_status_update(
+    id: EventId,
+    mut update: EventStatusUpdate,
+) -> Result<sea_orm::UpdateMany<event_log::Entity>> {
+    let merge = take_merge(&mut update)?;
+    status_update(DbBackend::Postgres, id, update, merge)
+        .ok_or_else(|| StoreError::Corrupt("a Postgres update is always one statement".into()))
 }
 
 /// `metadata` merged with `merge` on Postgres: `coalesce(metadata, '{}')`, minus the keys

@@ -8,12 +8,12 @@ use sb_protocol::ids::{AgentId, EventId, RunId, WorkspaceId};
 use sb_protocol::result::{AgentRunResult, ResultType};
 use sea_orm::sea_query::{CaseStatement, Expr, OnConflict};
 use sea_orm::{
-    ActiveValue::Set, ColumnTrait, Condition, ConnectionTrait, DbBackend, EntityTrait, QueryFilter,
-    QueryOrder, QuerySelect, Statement,
+    ActiveValue::Set, ColumnTrait, Condition, ConnectionTrait, DbBackend, EntityTrait,
+    FromQueryResult, QueryFilter, QueryOrder, QuerySelect, Statement,
 };
 use uuid::Uuid;
 
-use super::entity::{run, run_event};
+use super::entity::{run, run_event, transcript};
 use super::{
     ID_LEN, SqlStore, UniqueRow, check_len, check_len_opt, check_required, now, workspace,
 };
@@ -24,7 +24,7 @@ use crate::page::{
 };
 use crate::runs::{
     CancelOutcome, Finalized, MAX_RUN_EVENTS_BATCH, NewRun, NewRunEvent, RunEventRecord, RunFilter,
-    RunLedger, RunOutcome, RunRecord, RunStatus,
+    RunLedger, RunOutcome, RunRecord, RunStart, RunStatus,
 };
 use crate::transcript::Direction;
 
@@ -101,6 +101,9 @@ fn active() -> Vec<&'static str> {
 fn validate_run_event(event: &NewRunEvent) -> Result<()> {
     if event.sequence < 1 {
         return Err(StoreError::invalid("sequence must be >= 1"));
+    }
+    if let Some(outcome) = &event.ends_run {
+        check_outcome(outcome)?;
     }
     check_required("result_type", &event.result_type, 100)
 }
@@ -190,6 +193,132 @@ fn finish_update(outcome: RunOutcome) -> sea_orm::UpdateMany<run::Entity> {
     update
 }
 
+/// The row of a new `queued` run (validated); the id is the caller's or a fresh UUID v7.
+fn new_run_row(new: NewRun) -> Result<run::ActiveModel> {
+    check_required("runner_id", &new.runner_id, ID_LEN)?;
+    check_required("pool", &new.pool, ID_LEN)?;
+    check_len_opt("conversation_id", new.conversation_id.as_deref(), ID_LEN)?;
+    check_len_opt("thread_id", new.thread_id.as_deref(), ID_LEN)?;
+    check_len_opt("bot_id", new.bot_id.as_deref(), ID_LEN)?;
+    if new.attempt < 1 {
+        return Err(StoreError::invalid("attempt must be >= 1"));
+    }
+    let row = run::ActiveModel {
+        id: Set(new.id.unwrap_or_default().into_uuid()),
+        workspace_id: Set(new.workspace_id.as_str().to_owned()),
+        event_id: Set(new.event_id.into_uuid()),
+        agent_id: Set(new.agent_id.map(AgentId::into_uuid)),
+        runner_id: Set(new.runner_id),
+        pool: Set(new.pool),
+        conversation_id: Set(new.conversation_id),
+        thread_id: Set(new.thread_id),
+        bot_id: Set(new.bot_id),
+        status: Set(RunStatus::Queued.as_str().to_owned()),
+        error_code: Set(None),
+        error_message: Set(None),
+        attempt: Set(new.attempt),
+        worker_id: Set(None),
+        created_at: Set(now()),
+        started_at: Set(None),
+        ended_at: Set(None),
+        deadline_at: Set(new.deadline_at.map(super::micros)),
+        cancel_requested_at: Set(None),
+        cancel_reason: Set(None),
+        last_sequence: Set(0),
+        usage: Set(None),
+        events_expired_at: Set(None),
+    };
+    Ok(row)
+}
+
+/// The insert of a new run, skipped when its event already has one.
+fn run_insert(row: run::ActiveModel) -> sea_orm::Insert<run::ActiveModel> {
+    run::Entity::insert(row).on_conflict(
+        OnConflict::column(run::Column::EventId)
+            .do_nothing()
+            .to_owned(),
+    )
+}
+
+/// [`RunLedger::start_run`] on Postgres as one data-modifying `WITH`, so starting a run costs
+/// one round trip and one commit instead of three of each: the run insert (only if the event
+/// exists; skipped when the event has a run already), then, only if the run was inserted,
+/// the user transcript row (skipped when its id exists) and the event's routing update. It
+/// returns the run row, or no row when nothing was written.
+fn start_run_statement(
+    run_row: &run::ActiveModel,
+    transcript_row: Option<&transcript::ActiveModel>,
+    event_id: EventId,
+    event: crate::EventStatusUpdate,
+) -> Result<Statement> {
+    use sea_orm::sea_query::{CommonTableExpression, PostgresQueryBuilder, Query, WithClause};
+    let event_exists = Expr::exists(
+        Query::select()
+            .expr(Expr::val(1))
+            .from(super::entity::event_log::Entity)
+            .and_where(super::entity::event_log::Column::Id.eq(event_id.into_uuid()))
+            .to_owned(),
+    );
+    let mut insert_run = super::insert_where(run_row, event_exists)?;
+    insert_run
+        .on_conflict(
+            OnConflict::column(run::Column::EventId)
+                .do_nothing()
+                .to_owned(),
+        )
+        .returning_all();
+    let started = Expr::cust(r#"EXISTS (SELECT 1 FROM "started")"#);
+    let mut with = WithClause::new();
+    with.cte(
+        CommonTableExpression::new()
+            .table_name("started")
+            .query(insert_run)
+            .to_owned(),
+    );
+    if let Some(row) = transcript_row {
+        let mut insert = super::insert_where(row, started.clone())?;
+        insert.on_conflict(OnConflict::new().do_nothing().to_owned());
+        with.cte(
+            CommonTableExpression::new()
+                .table_name("transcribed")
+                .query(insert)
+                .to_owned(),
+        );
+    }
+    let mut update =
+        sea_orm::QueryTrait::into_query(super::events::postgres_status_update(event_id, event)?);
+    update.and_where(started);
+    with.cte(
+        CommonTableExpression::new()
+            .table_name("dispatched")
+            .query(update)
+            .to_owned(),
+    );
+    let (sql, values) = with
+        .query(
+            Query::select()
+                .column(sea_orm::sea_query::Asterisk)
+                .from("started")
+                .to_owned(),
+        )
+        .build(PostgresQueryBuilder);
+    Ok(Statement::from_sql_and_values(
+        DbBackend::Postgres,
+        sql,
+        values,
+    ))
+}
+
+/// Ends the run if it is still active; `true` if it was.
+async fn end_run<C: ConnectionTrait>(db: &C, id: Uuid, outcome: RunOutcome) -> Result<bool> {
+    let res = finish_update(outcome)
+        .filter(run::Column::Id.eq(id))
+        .filter(run::Column::Status.is_in(active()))
+        .exec(db)
+        .await?;
+    Ok(res.rows_affected == 1)
+}
+
 fn check_outcome(outcome: &RunOutcome) -> Result<()> {
     if !outcome.status.is_terminal() {
         return Err(StoreError::invalid(format!(
@@ -242,47 +371,12 @@ async fn bump_last_sequences<C: ConnectionTrait>(
 #[async_trait]
 impl RunLedger for SqlStore {
     async fn create_run(&self, new: NewRun) -> Result<(RunRecord, bool)> {
-        check_required("runner_id", &new.runner_id, ID_LEN)?;
-        check_required("pool", &new.pool, ID_LEN)?;
-        check_len_opt("conversation_id", new.conversation_id.as_deref(), ID_LEN)?;
-        check_len_opt("thread_id", new.thread_id.as_deref(), ID_LEN)?;
-        check_len_opt("bot_id", new.bot_id.as_deref(), ID_LEN)?;
-        if new.attempt < 1 {
-            return Err(StoreError::invalid("attempt must be >= 1"));
-        }
-        let id = new.id.unwrap_or_default();
-        let event_id = new.event_id;
-        let row = run::ActiveModel {
-            id: Set(id.into_uuid()),
-            workspace_id: Set(new.workspace_id.as_str().to_owned()),
-            event_id: Set(event_id.into_uuid()),
-            agent_id: Set(new.agent_id.map(AgentId::into_uuid)),
-            runner_id: Set(new.runner_id),
-            pool: Set(new.pool),
-            conversation_id: Set(new.conversation_id),
-            thread_id: Set(new.thread_id),
-            bot_id: Set(new.bot_id),
-            status: Set(RunStatus::Queued.as_str().to_owned()),
-            error_code: Set(None),
-            error_message: Set(None),
-            attempt: Set(new.attempt),
-            worker_id: Set(None),
-            created_at: Set(now()),
-            started_at: Set(None),
-            ended_at: Set(None),
-            deadline_at: Set(new.deadline_at.map(super::micros)),
-            cancel_requested_at: Set(None),
-            cancel_reason: Set(None),
-            last_sequence: Set(0),
-            usage: Set(None),
-            events_expired_at: Set(None),
-        };
-        let inserted = run::Entity::insert(row)
-            .on_conflict(
-                OnConflict::column(run::Column::EventId)
-                    .do_nothing()
-                    .to_owned(),
-            )
+        let (id, event_id) = (new.id.unwrap_or_default(), new.event_id);
+        let row = new_run_row(NewRun {
+            id: Some(id),
+            ..new
+        })?;
+        let inserted = run_insert(row)
             .exec_with_returning_many(self.writer())
             .await
             .map_err(|e| {
@@ -302,6 +396,68 @@ impl RunLedger for SqlStore {
             .unique_row()
             .ok_or_else(|| StoreError::Corrupt("event conflict without a stored run".into()))?;
         Ok((run_record(existing)?, false))
+    }
+
+    async fn start_run(&self, start: RunStart) -> Result<Option<RunRecord>> {
+        let RunStart {
+            run,
+            user_transcript,
+            event,
+        } = start;
+        let Some(id) = run.id else {
+            return Err(StoreError::invalid(
+                "a run is started with the id its job names",
+            ));
+        };
+        let event_id = run.event_id;
+        let row = new_run_row(run)?;
+        let transcript = user_transcript
+            .map(super::transcript::transcript_row)
+            .transpose()?
+            .map(|(_, row)| row);
+        let taken = |e: sea_orm::DbErr| {
+            if is_unique_violation(&e) {
+                StoreError::Conflict(format!("run {id} already exists for another event"))
+            } else {
+                e.into()
+            }
+        };
+        if self.backend() == DbBackend::Postgres {
+            let statement = start_run_statement(&row, transcript.as_ref(), event_id, event)?;
+            if let Some(row) = self
+                .writer()
+                .query_one_raw(statement)
+                .await
+                .map_err(taken)?
+            {
+                return Ok(Some(run_record(run::Model::from_query_result(&row, "")?)?));
+            }
+            // Nothing written: the event has a run already, or there is no such event.
+            return match super::events::exists(self.writer(), event_id).await? {
+                true => Ok(None),
+                false => Err(StoreError::not_found(format!("event {event_id}"))),
+            };
+        }
+        let txn = self.write_txn().await?;
+        let Some(model) = run_insert(row)
+            .exec_with_returning_many(&txn)
+            .await
+            .map_err(taken)?
+            .into_iter()
+            .next()
+        else {
+            return Ok(None);
+        };
+        if let Some(row) = transcript {
+            transcript::Entity::insert(row)
+                .on_conflict(OnConflict::new().do_nothing().to_owned())
+                .exec_without_returning(&txn)
+                .await?;
+        }
+        // `not_found` when there is no such event: dropping `txn` rolls the run back.
+        super::events::update_status_in(&txn, event_id, event).await?;
+        txn.commit().await?;
+        Ok(Some(run_record(model)?))
     }
 
     async fn get_run(&self, id: RunId) -> Result<Option<RunRecord>> {
@@ -385,12 +541,7 @@ impl RunLedger for SqlStore {
 
     async fn finish_run(&self, id: RunId, outcome: RunOutcome) -> Result<bool> {
         check_outcome(&outcome)?;
-        let res = finish_update(outcome)
-            .filter(run::Column::Id.eq(id.into_uuid()))
-            .filter(run::Column::Status.is_in(active()))
-            .exec(self.writer())
-            .await?;
-        Ok(res.rows_affected == 1)
+        end_run(self.writer(), id.into_uuid(), outcome).await
     }
 
     async fn finalize_run(
@@ -435,6 +586,8 @@ impl RunLedger for SqlStore {
                 sequence,
                 result_type: item.result_type.clone(),
                 data: serde_json::to_value(&item).unwrap_or_default(),
+                // The run is ended below, with the status of the caller's outcome.
+                ends_run: None,
             };
             let inserted = run_event::Entity::insert(run_event_model(row, created_at))
                 .on_conflict(on_conflict_skip())
@@ -499,6 +652,7 @@ impl RunLedger for SqlStore {
             txn.commit().await?;
             return Ok(false);
         };
+        let ends_run = event.ends_run.clone();
         let inserted = run_event::Entity::insert(run_event_model(event, now()))
             .on_conflict(on_conflict_skip())
             .exec_without_returning(&txn)
@@ -506,6 +660,9 @@ impl RunLedger for SqlStore {
             .map_err(|e| run_missing(e, &format!("run {run_id}")))?;
         if inserted == 1 {
             bump_last_sequence(&txn, run_id.into_uuid(), sequence).await?;
+            if let Some(outcome) = ends_run {
+                end_run(&txn, run_id.into_uuid(), outcome).await?;
+            }
         }
         txn.commit().await?;
         Ok(inserted == 1)
@@ -655,6 +812,13 @@ impl SqlStore {
     ) -> Result<HashSet<(Uuid, i64)>> {
         let txn = self.write_txn().await?;
         let events = drop_after_terminal(&txn, events).await?;
+        let mut ends: HashMap<(Uuid, i64), RunOutcome> = events
+            .iter()
+            .filter_map(|e| {
+                let outcome = e.ends_run.clone()?;
+                Some(((e.run_id.into_uuid(), e.sequence), outcome))
+            })
+            .collect();
         let mut new_keys: HashSet<(Uuid, i64)> = HashSet::new();
         let mut events = events.into_iter().peekable();
         while events.peek().is_some() {
@@ -676,6 +840,11 @@ impl SqlStore {
             *max = (*max).max(*sequence);
         }
         bump_last_sequences(&txn, &max_new).await?;
+        for key in &new_keys {
+            if let Some(outcome) = ends.remove(key) {
+                end_run(&txn, key.0, outcome).await?;
+            }
+        }
         txn.commit().await?;
         Ok(new_keys)
     }
@@ -701,50 +870,93 @@ async fn insert_chunk_postgres<C: ConnectionTrait>(
         .collect()
 }
 
-/// One Postgres statement that does what the SQLite path does in a transaction: drop the
-/// items that follow a terminal item already in their run's ledger ([`drop_after_terminal`]),
-/// insert the rest skipping the ones already stored and a second terminal item
-/// ([`on_conflict_skip`]), raise each run's `last_sequence` to its highest new item
-/// ([`bump_last_sequences`]) and return the inserted keys. A statement is atomic on its own,
-/// and its data-modifying parts see the same snapshot, as the transaction's statements did
-/// at `READ COMMITTED`.
-fn insert_events_statement(events: &[NewRunEvent], now: DateTime<Utc>) -> Statement {
-    let mut values: Vec<sea_orm::Value> = Vec::with_capacity(events.len() * 5);
-    let mut rows = Vec::with_capacity(events.len());
-    for event in events {
-        super::push_values_row(
-            &mut rows,
-            &mut values,
-            vec![
-                (event.run_id.into_uuid().into(), "uuid"),
-                (event.sequence.into(), "bigint"),
-                (event.result_type.clone().into(), "text"),
-                (event.data.clone().into(), "jsonb"),
-                (now.into(), "timestamptz"),
-            ],
-        );
-    }
+/// The SQL of [`insert_events_statement`]: one text whatever the batch holds (the rows are
+/// one `jsonb` parameter), so Postgres plans it once per connection instead of once per
+/// batch size.
+static INSERT_EVENTS_SQL: std::sync::LazyLock<String> = std::sync::LazyLock::new(|| {
     let [completed, failed] = terminal_types();
-    let sql = format!(
-        r#"WITH input (run_id, sequence, result_type, data, created_at) AS (VALUES {rows}),
+    let active = active()
+        .iter()
+        .map(|s| format!("'{s}'"))
+        .collect::<Vec<_>>()
+        .join(", ");
+    format!(
+        r#"WITH input AS (
+    SELECT * FROM jsonb_to_recordset($1::jsonb) AS x(
+        run_id uuid, sequence bigint, result_type text, data jsonb,
+        status text, error_code text, error_message text, usage jsonb)
+),
 ends AS (
     SELECT run_id, sequence FROM run_events
     WHERE run_id IN (SELECT run_id FROM input) AND result_type IN ('{completed}', '{failed}')
 ),
 ins AS (
     INSERT INTO run_events (run_id, sequence, result_type, data, created_at)
-    SELECT i.run_id, i.sequence, i.result_type, i.data, i.created_at FROM input i
+    SELECT i.run_id, i.sequence, i.result_type, i.data, $2 FROM input i
     WHERE NOT EXISTS (SELECT 1 FROM ends e WHERE e.run_id = i.run_id AND i.sequence > e.sequence)
     ON CONFLICT DO NOTHING
     RETURNING run_id, sequence
 ),
-bump AS (
-    UPDATE runs SET last_sequence = top.sequence
-    FROM (SELECT run_id, max(sequence) AS sequence FROM ins GROUP BY run_id) top
-    WHERE runs.id = top.run_id AND runs.last_sequence < top.sequence
+top AS (
+    SELECT ins.run_id, max(ins.sequence) AS sequence,
+        (array_agg(i.status) FILTER (WHERE i.status IS NOT NULL))[1] AS status,
+        (array_agg(i.error_code) FILTER (WHERE i.status IS NOT NULL))[1] AS error_code,
+        (array_agg(i.error_message) FILTER (WHERE i.status IS NOT NULL))[1] AS error_message,
+        (array_agg(i.usage) FILTER (WHERE i.status IS NOT NULL))[1] AS usage
+    FROM ins JOIN input i ON i.run_id = ins.run_id AND i.sequence = ins.sequence
+    GROUP BY ins.run_id
+),
+upd AS (
+    UPDATE runs SET
+        last_sequence = GREATEST(runs.last_sequence, top.sequence),
+        status = CASE WHEN top.status IS NOT NULL AND runs.status IN ({active})
+            THEN top.status ELSE runs.status END,
+        error_code = CASE WHEN top.status IS NOT NULL AND runs.status IN ({active})
+            THEN top.error_code ELSE runs.error_code END,
+        error_message = CASE WHEN top.status IS NOT NULL AND runs.status IN ({active})
+            THEN top.error_message ELSE runs.error_message END,
+        ended_at = CASE WHEN top.status IS NOT NULL AND runs.status IN ({active})
+            THEN $2 ELSE runs.ended_at END,
+        usage = CASE WHEN top.usage IS NOT NULL AND runs.status IN ({active})
+            THEN top.usage ELSE runs.usage END
+    FROM top
+    WHERE runs.id = top.run_id
+        AND (runs.last_sequence < top.sequence
+            OR (top.status IS NOT NULL AND runs.status IN ({active})))
 )
-SELECT run_id, sequence FROM ins"#,
-        rows = rows.join(", ")
-    );
-    Statement::from_sql_and_values(DbBackend::Postgres, sql, values)
+SELECT run_id, sequence FROM ins"#
+    )
+});
+
+/// One Postgres statement that does what the SQLite path does in a transaction: drop the
+/// items that follow a terminal item already in their run's ledger ([`drop_after_terminal`]),
+/// insert the rest skipping the ones already stored and a second terminal item
+/// ([`on_conflict_skip`]), raise each run's `last_sequence` to its highest new item
+/// ([`bump_last_sequences`]), end the runs whose new items say so
+/// ([`NewRunEvent::ends_run`], as `finish_run`), and return the inserted keys. A statement is
+/// atomic on its own, and its data-modifying parts see the same snapshot, as the
+/// transaction's statements did at `READ COMMITTED`; a run row is updated once (Postgres
+/// applies only one update per row and statement), by `upd`.
+fn insert_events_statement(events: &[NewRunEvent], now: DateTime<Utc>) -> Statement {
+    let rows: Vec<serde_json::Value> = events
+        .iter()
+        .map(|event| {
+            let outcome = event.ends_run.as_ref();
+            serde_json::json!({
+                "run_id": event.run_id.into_uuid(),
+                "sequence": event.sequence,
+                "result_type": event.result_type,
+                "data": event.data,
+                "status": outcome.map(|o| o.status.as_str()),
+                "error_code": outcome.and_then(|o| o.error_code.as_deref()),
+                "error_message": outcome.and_then(|o| o.error_message.as_deref()),
+                "usage": outcome.and_then(|o| o.usage.as_ref()),
+            })
+        })
+        .collect();
+    Statement::from_sql_and_values(
+        DbBackend::Postgres,
+        INSERT_EVENTS_SQL.as_str(),
+        [serde_json::Value::Array(rows).into(), now.into()],
+    )
 }

@@ -73,43 +73,49 @@ fn scoped(
     }
 }
 
+/// The row of a new transcript item (validated) and its id (the caller's or a fresh UUID v7).
+pub(super) fn transcript_row(item: NewTranscriptItem) -> Result<(String, transcript::ActiveModel)> {
+    check_required("conversation_id", &item.conversation_id, ID_LEN)?;
+    check_required("event_id", &item.event_id, ID_LEN)?;
+    check_required("role", &item.role, 50)?;
+    check_required("item_type", &item.item_type, 50)?;
+    check_len_opt("thread_id", item.thread_id.as_deref(), ID_LEN)?;
+    check_len_opt("bot_id", item.bot_id.as_deref(), ID_LEN)?;
+    check_len_opt("runner_id", item.runner_id.as_deref(), ID_LEN)?;
+    let id = match item.id {
+        Some(id) => {
+            check_required("id", &id, ID_LEN)?;
+            id
+        }
+        None => uuid::Uuid::now_v7().to_string(),
+    };
+    let row = transcript::ActiveModel {
+        seq: NotSet,
+        id: Set(id.clone()),
+        workspace_id: Set(item.workspace_id.as_str().to_owned()),
+        conversation_id: Set(item.conversation_id),
+        thread_id: Set(item.thread_id),
+        bot_id: Set(item.bot_id),
+        event_id: Set(item.event_id),
+        run_id: Set(item.run_id.map(RunId::into_uuid)),
+        runner_id: Set(item.runner_id),
+        role: Set(item.role),
+        item_type: Set(item.item_type),
+        content: Set(item
+            .content
+            .map(|c| crate::events::truncate_chars(&c, MAX_TRANSCRIPT_CONTENT_CHARS))),
+        content_json: Set(item.content_json),
+        artifact_refs: Set(item.artifact_refs),
+        metadata: Set(metadata_in("metadata", item.metadata)?),
+        created_at: Set(now()),
+    };
+    Ok((id, row))
+}
+
 #[async_trait]
 impl Transcript for SqlStore {
     async fn append(&self, item: NewTranscriptItem) -> Result<TranscriptRecord> {
-        check_required("conversation_id", &item.conversation_id, ID_LEN)?;
-        check_required("event_id", &item.event_id, ID_LEN)?;
-        check_required("role", &item.role, 50)?;
-        check_required("item_type", &item.item_type, 50)?;
-        check_len_opt("thread_id", item.thread_id.as_deref(), ID_LEN)?;
-        check_len_opt("bot_id", item.bot_id.as_deref(), ID_LEN)?;
-        check_len_opt("runner_id", item.runner_id.as_deref(), ID_LEN)?;
-        let id = match item.id {
-            Some(id) => {
-                check_required("id", &id, ID_LEN)?;
-                id
-            }
-            None => uuid::Uuid::now_v7().to_string(),
-        };
-        let row = transcript::ActiveModel {
-            seq: NotSet,
-            id: Set(id.clone()),
-            workspace_id: Set(item.workspace_id.as_str().to_owned()),
-            conversation_id: Set(item.conversation_id),
-            thread_id: Set(item.thread_id),
-            bot_id: Set(item.bot_id),
-            event_id: Set(item.event_id),
-            run_id: Set(item.run_id.map(RunId::into_uuid)),
-            runner_id: Set(item.runner_id),
-            role: Set(item.role),
-            item_type: Set(item.item_type),
-            content: Set(item
-                .content
-                .map(|c| crate::events::truncate_chars(&c, MAX_TRANSCRIPT_CONTENT_CHARS))),
-            content_json: Set(item.content_json),
-            artifact_refs: Set(item.artifact_refs),
-            metadata: Set(metadata_in("metadata", item.metadata)?),
-            created_at: Set(now()),
-        };
+        let (id, row) = transcript_row(item)?;
         let model = transcript::Entity::insert(row)
             .exec_with_returning(self.writer())
             .await

@@ -102,6 +102,7 @@ fn run_event(run_id: RunId, sequence: i64, text: &str) -> NewRunEvent {
         sequence,
         result_type: "message.delta".into(),
         data: json!({"type": "message.delta", "data": {"chunk": text}}),
+        ends_run: None,
     }
 }
 

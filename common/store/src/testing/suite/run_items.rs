@@ -16,11 +16,122 @@ fn terminal_event(run_id: RunId, sequence: i64, result_type: &str) -> NewRunEven
         sequence,
         result_type: result_type.to_owned(),
         data: json!({"type": result_type, "data": {}}),
+        ends_run: None,
     }
 }
 
 fn is_terminal_type(result_type: &str) -> bool {
     matches!(result_type, "run.completed" | "run.failed")
+}
+
+/// A new terminal item with `ends_run` ends its active run in the same commit, alone or in
+/// a batch of many runs, through both `insert_event` and `insert_events`; a duplicate, an
+/// item of an already ended run and an invalid outcome change nothing.
+pub async fn run_items_that_end_their_run_end_it_with_the_insert(db: &TestDb) {
+    let ending = |run_id, sequence, outcome: RunOutcome| NewRunEvent {
+        ends_run: Some(outcome),
+        ..terminal_event(run_id, sequence, "run.failed")
+    };
+    let failed = || RunOutcome::with_error(RunStatus::Failed, "runner.crashed", "boom");
+
+    // A batch: two runs streaming, one of them ending; its usage is kept.
+    let a = create_run(db, None).await;
+    let b = create_run(db, None).await;
+    assert!(db.stores.runs.claim_run(a.id, "w1").await.unwrap());
+    assert!(db.stores.runs.claim_run(b.id, "w1").await.unwrap());
+    let mut completed = RunOutcome::completed();
+    completed.usage = Some(json!({"output_tokens": 3}));
+    let batch = vec![
+        run_event(a.id, 1, "x"),
+        run_event(b.id, 1, "y"),
+        NewRunEvent {
+            ends_run: Some(completed.clone()),
+            ..terminal_event(a.id, 2, "run.completed")
+        },
+    ];
+    assert_eq!(
+        db.stores.runs.insert_events(batch.clone()).await.unwrap(),
+        vec![true, true, true]
+    );
+    let run_a = db.stores.runs.get_run(a.id).await.unwrap().unwrap();
+    assert_eq!(run_a.status, RunStatus::Completed);
+    assert_eq!(run_a.last_sequence, 2);
+    assert_eq!(run_a.usage, Some(json!({"output_tokens": 3})));
+    assert!(run_a.ended_at.is_some());
+    let run_b = db.stores.runs.get_run(b.id).await.unwrap().unwrap();
+    assert_eq!(
+        run_b.status,
+        RunStatus::Running,
+        "no ending item: still running"
+    );
+    assert_eq!(run_b.last_sequence, 1);
+
+    // Again: nothing is new, and the run keeps its end.
+    assert_eq!(
+        db.stores.runs.insert_events(batch).await.unwrap(),
+        vec![false, false, false]
+    );
+
+    // One item: ends the run with its error.
+    assert!(
+        db.stores
+            .runs
+            .insert_event(ending(b.id, 2, failed()))
+            .await
+            .unwrap()
+    );
+    let run_b = db.stores.runs.get_run(b.id).await.unwrap().unwrap();
+    assert_eq!(run_b.status, RunStatus::Failed);
+    assert_eq!(run_b.error_code.as_deref(), Some("runner.crashed"));
+    assert_eq!(run_b.error_message.as_deref(), Some("boom"));
+
+    // A run ended otherwise keeps that end when a new item says something else.
+    let c = create_run(db, None).await;
+    assert!(db.stores.runs.claim_run(c.id, "w1").await.unwrap());
+    assert!(
+        db.stores
+            .runs
+            .finish_run(
+                c.id,
+                RunOutcome::with_error(RunStatus::Cancelled, "cancelled", "stop")
+            )
+            .await
+            .unwrap()
+    );
+    assert_eq!(
+        db.stores
+            .runs
+            .insert_events(vec![ending(c.id, 1, failed())])
+            .await
+            .unwrap(),
+        vec![true]
+    );
+    let run_c = db.stores.runs.get_run(c.id).await.unwrap().unwrap();
+    assert_eq!(run_c.status, RunStatus::Cancelled);
+    assert_eq!(run_c.error_code.as_deref(), Some("cancelled"));
+    assert_eq!(run_c.last_sequence, 1);
+
+    // An outcome that is not an end is refused, and nothing is stored.
+    let d = create_run(db, None).await;
+    let not_an_end = RunOutcome {
+        status: RunStatus::Running,
+        ..RunOutcome::completed()
+    };
+    assert_code(
+        db.stores
+            .runs
+            .insert_events(vec![ending(d.id, 1, not_an_end)])
+            .await,
+        ErrorCode::InvalidArgument,
+    );
+    assert!(
+        db.stores
+            .runs
+            .events_after(d.id, 0, 10)
+            .await
+            .unwrap()
+            .is_empty()
+    );
 }
 
 /// `finalize_run` stores the host-made terminal item and the terminal status in one

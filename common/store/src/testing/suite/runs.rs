@@ -3,7 +3,7 @@
 
 use chrono::{TimeDelta, Utc};
 use sb_protocol::error::ErrorCode;
-use sb_protocol::ids::RunId;
+use sb_protocol::ids::{EventId, RunId};
 use serde_json::json;
 
 use super::{assert_code, create_run, message, new_run, other_ws, ws};
@@ -39,6 +39,105 @@ pub async fn run_create_is_idempotent_on_event(db: &TestDb) {
     let mut clash = new_run(Some("c1"));
     clash.id = Some(run.id);
     assert_code(db.stores.runs.create_run(clash).await, ErrorCode::Conflict);
+}
+
+/// `start_run` writes the run, the user transcript row and the event's dispatch in one
+/// commit; for an event that has a run already, or that does not exist, it writes nothing.
+pub async fn run_start_writes_the_run_the_user_row_and_the_dispatch_at_once(db: &TestDb) {
+    let (event, _) = db
+        .stores
+        .events
+        .append(message("c1", "hello"), Vec::new())
+        .await
+        .unwrap();
+    let start = |id: RunId| {
+        let mut run = new_run(Some("c1"));
+        run.id = Some(id);
+        run.event_id = event.id;
+        let mut row = NewTranscriptItem::message(ws(), "c1", event.id.to_string(), "user", "hello");
+        row.id = Some(format!("{}:user", event.id));
+        RunStart {
+            run,
+            user_transcript: Some(row),
+            event: EventStatusUpdate {
+                status: EventStatus::Dispatched,
+                reason: None,
+                run_id: Some(id),
+                claimed_by_run_id: None,
+                metadata_merge: Some(json!({"routing": {"pool": "default"}})),
+            },
+        }
+    };
+    let transcript = || async {
+        db.stores
+            .transcript
+            .page(TranscriptQuery::new(ws(), "c1"))
+            .await
+            .unwrap()
+            .items
+    };
+
+    let id = RunId::new();
+    let run = db.stores.runs.start_run(start(id)).await.unwrap().unwrap();
+    assert_eq!((run.id, run.event_id), (id, event.id));
+    assert_eq!(run.status, RunStatus::Queued);
+    assert_eq!(db.stores.runs.get_run(id).await.unwrap().unwrap(), run);
+    let stored = db.stores.events.get(event.id).await.unwrap().unwrap();
+    assert_eq!(stored.status, EventStatus::Dispatched);
+    assert_eq!(stored.run_id, Some(id));
+    assert_eq!(stored.metadata["routing"], json!({"pool": "default"}));
+    let rows = transcript().await;
+    assert_eq!(rows.len(), 1);
+    assert_eq!(rows[0].content.as_deref(), Some("hello"));
+
+    // Again with another id (a redelivery): nothing is written, the first run stays.
+    let mut again = start(RunId::new());
+    again.event.metadata_merge = Some(json!({"routing": {"pool": "other"}}));
+    assert_eq!(db.stores.runs.start_run(again).await.unwrap(), None);
+    let stored = db.stores.events.get(event.id).await.unwrap().unwrap();
+    assert_eq!(stored.run_id, Some(id));
+    assert_eq!(stored.metadata["routing"], json!({"pool": "default"}));
+    assert_eq!(transcript().await.len(), 1);
+    assert_eq!(
+        db.stores.runs.create_run(start(id).run).await.unwrap(),
+        (run, false)
+    );
+
+    // No such event: `not_found`, and no run.
+    let mut orphan = start(RunId::new());
+    orphan.run.event_id = EventId::new();
+    let orphan_id = orphan.run.id.unwrap();
+    assert_code(db.stores.runs.start_run(orphan).await, ErrorCode::NotFound);
+    assert!(db.stores.runs.get_run(orphan_id).await.unwrap().is_none());
+
+    // The run id of another event is a conflict; a run without an id is refused.
+    let (other, _) = db
+        .stores
+        .events
+        .append(message("c1", "again"), Vec::new())
+        .await
+        .unwrap();
+    let mut clash = start(id);
+    clash.run.event_id = other.id;
+    clash.user_transcript = None;
+    assert_code(db.stores.runs.start_run(clash).await, ErrorCode::Conflict);
+    let mut unnamed = start(id);
+    unnamed.run.event_id = other.id;
+    unnamed.run.id = None;
+    assert_code(
+        db.stores.runs.start_run(unnamed).await,
+        ErrorCode::InvalidArgument,
+    );
+    assert_eq!(
+        db.stores
+            .events
+            .get(other.id)
+            .await
+            .unwrap()
+            .unwrap()
+            .status,
+        EventStatus::Received
+    );
 }
 
 /// Among many concurrent claimers exactly one wins.
