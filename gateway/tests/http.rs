@@ -116,6 +116,7 @@ impl Harness {
                 result_type: result.result_type.clone(),
                 data: serde_json::to_value(&result).unwrap(),
                 ends_run: None,
+                transcript: None,
             })
             .await
             .unwrap();

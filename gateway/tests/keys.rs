@@ -516,6 +516,7 @@ async fn open_streams_are_limited_per_key_and_given_back() {
             result_type: done.result_type.clone(),
             data: serde_json::to_value(&done).unwrap(),
             ends_run: None,
+            transcript: None,
         })
         .await
         .unwrap();

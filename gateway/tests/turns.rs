@@ -386,6 +386,7 @@ async fn turns_are_idempotent_and_snapshots_follow_the_run() {
             result_type: (*kind).into(),
             data: json!({"run_id": turn_id.to_string(), "type": kind, "data": data, "sequence": sequence}),
             ends_run: None,
+            transcript: None,
         })
         .await
         .unwrap();

@@ -60,6 +60,7 @@ async fn a_pass_deletes_what_is_past_retention_once_and_counts_it() {
                 result_type: "message.delta".into(),
                 data: json!({"type": "message.delta", "data": {"chunk": "x"}}),
                 ends_run: None,
+                transcript: None,
             })
             .await
             .unwrap();

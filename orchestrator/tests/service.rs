@@ -903,6 +903,7 @@ async fn reaper_times_out_overdue_runs() {
         result_type: "message.delta".into(),
         data: serde_json::to_value(&msg.result).unwrap(),
         ends_run: None,
+        transcript: None,
     };
     assert!(h.stores.runs.insert_event(seq1).await.unwrap());
     assert!(h.sessions.get_session(&run_id).await.unwrap().is_some());
@@ -1400,6 +1401,7 @@ async fn the_reaper_finishes_a_run_from_its_stored_terminal_item_once() {
             result_type: result["type"].as_str().unwrap().into(),
             data: result,
             ends_run: None,
+            transcript: None,
         };
         assert!(h.stores.runs.insert_event(row).await.unwrap());
     }
@@ -1557,6 +1559,7 @@ async fn reaper_interrupts_runs_whose_lease_stays_missing() {
         result_type: "run.completed".into(),
         data: json!({"type": "run.completed", "data": {}}),
         ends_run: None,
+        transcript: None,
     };
     assert!(!h.stores.runs.insert_event(late).await.unwrap());
     assert!(reaper.reap_once().await.unwrap().is_empty());

@@ -219,6 +219,7 @@ async fn recovery_ends_each_run_with_exactly_one_terminal_item() {
         result_type: result_type.to_owned(),
         data: serde_json::json!({"type": result_type, "data": {}}),
         ends_run: None,
+        transcript: None,
     };
     let (partial, finished) = (runs[0], runs[1]);
     stores

@@ -296,6 +296,11 @@ pub struct NewRunEvent {
     /// of its own. `None` for every other item, and for a terminal item whose run is ended
     /// some other way.
     pub ends_run: Option<RunOutcome>,
+    /// The transcript row this item makes (the assistant's message of a complete message
+    /// item): written with the insert, in the same commit, when the item is new, unless a
+    /// row with its id exists (as [`Transcript::append`](crate::Transcript::append), whose
+    /// validation it passes), so the result sink writes it without a statement of its own.
+    pub transcript: Option<crate::NewTranscriptItem>,
 }
 
 /// A stored result item.
@@ -420,7 +425,8 @@ pub trait RunLedger: Send + Sync + 'static {
 
     /// Stores one result item. `true` if it was new. An item after the run's stored terminal
     /// item is not stored (`false`): nothing follows a run's end. A new item with
-    /// [`ends_run`](NewRunEvent::ends_run) ends its still active run in the same commit.
+    /// [`ends_run`](NewRunEvent::ends_run) ends its still active run, and one with a
+    /// [`transcript`](NewRunEvent::transcript) row writes it, in the same commit.
     /// `not_found` if the run does not exist; `invalid_argument` if `sequence < 1` or the
     /// outcome's status is not terminal.
     async fn insert_event(&self, event: NewRunEvent) -> Result<bool>;
@@ -428,8 +434,8 @@ pub trait RunLedger: Send + Sync + 'static {
     /// Stores many result items (of any runs) in one transaction. Returns, per input item
     /// and in input order, whether it was new (a duplicate within the batch is new once;
     /// an item after its run's stored terminal item is not stored, as in `insert_event`).
-    /// Each new item with [`ends_run`](NewRunEvent::ends_run) ends its still active run in
-    /// the same commit.
+    /// Each new item with [`ends_run`](NewRunEvent::ends_run) ends its still active run, and
+    /// each with a [`transcript`](NewRunEvent::transcript) row writes it, in the same commit.
     async fn insert_events(&self, events: Vec<NewRunEvent>) -> Result<Vec<bool>>;
 
     /// Result items with `sequence > after_sequence`, ascending, at most `limit` (clamped to

@@ -108,6 +108,7 @@ async fn result_expiry_in_batches(db: TestDb) {
             result_type: "run.completed".into(),
             data: json!({"type": "run.completed", "data": {}}),
             ends_run: None,
+            transcript: None,
         })
         .await
         .unwrap();

@@ -7,7 +7,7 @@ use sb_protocol::messages::ResultMessage;
 use sb_protocol::result::{AgentRunResult, ArtifactCreated, StateUpdated};
 use sb_store::{RunOutcome, StoreError};
 
-use super::{ResultSink, make_room};
+use super::{ResultSink, Written, make_room};
 use crate::concurrency::ConversationKey;
 use crate::deps::OrchestratorDeps;
 use crate::error::Result;
@@ -15,14 +15,13 @@ use crate::journal::{self, Effect, RunInfo};
 use crate::lock;
 
 impl ResultSink {
-    /// Applies the side effects of one stored item (see the module docs). `ended`: the item
-    /// was inserted just now, and a terminal one ended its run with the insert
-    /// ([`NewRunEvent::ends_run`](sb_store::NewRunEvent::ends_run)).
+    /// Applies the side effects of one stored item (see the module docs), except what its
+    /// insert already `written`.
     pub(super) async fn apply(
         &self,
         info: &RunInfo,
         message: &ResultMessage,
-        ended: bool,
+        written: Written,
     ) -> Result<()> {
         let plan = journal::plan_item(&message.result);
         Metrics::global().inc(
@@ -40,16 +39,17 @@ impl ResultSink {
         }
         match &plan.effect {
             Effect::None => {}
-            Effect::AssistantMessage(m) => {
+            Effect::AssistantMessage(m) if !written.transcribed => {
                 self.write_assistant(info, message.sequence, m).await?;
             }
+            Effect::AssistantMessage(_) => {}
             Effect::State(update) => self.apply_state(info, update).await?,
             Effect::Artifact(created) => {
                 self.store_artifact(info, message.sequence, created).await?
             }
         }
         if let Some(outcome) = plan.outcome {
-            self.finish(info, outcome, ended).await?;
+            self.finish(info, outcome, written.ended).await?;
         }
         Ok(())
     }

@@ -5,12 +5,16 @@ use sb_common::bus::Delivery;
 use sb_common::shutdown::Shutdown;
 use sb_common::telemetry::{Metrics, names};
 use sb_protocol::messages::{self, ResultMessage};
-use sb_store::NewRunEvent;
+use std::collections::HashMap;
+
+use sb_protocol::ids::RunId;
+use sb_store::{NewRunEvent, NewTranscriptItem};
 use serde_json::Value;
 
-use super::{Item, ResultSink};
+use super::{Item, ResultSink, Written};
 use crate::error::{OrchestratorError, Result};
-use crate::journal::{self, Effect};
+use crate::journal::{self, AppliedItems, Effect};
+use crate::lock;
 use crate::settle::{pause, settle};
 
 impl ResultSink {
@@ -99,8 +103,14 @@ impl ResultSink {
             return Vec::new();
         }
 
-        // 2. One ledger call for the whole batch.
-        let rows: Vec<NewRunEvent> = items.iter().map(|i| ledger_row(&i.message)).collect();
+        // 2. One ledger call for the whole batch, with the runs' ends and the assistant
+        // transcript rows it can carry.
+        let transcripts = self.transcripts(&items).await;
+        let rows: Vec<NewRunEvent> = items
+            .iter()
+            .zip(&transcripts)
+            .map(|(i, transcript)| ledger_row(&i.message, transcript.clone()))
+            .collect();
         let inserted: Vec<Result<bool>> =
             match self.deps.stores.runs.insert_events(rows.clone()).await {
                 Ok(flags) if flags.len() == rows.len() => flags.into_iter().map(Ok).collect(),
@@ -134,8 +144,11 @@ impl ResultSink {
                 outcomes.push(Err(OrchestratorError::Deferred));
                 continue;
             }
-            // A new terminal item ended its run with the insert (`NewRunEvent::ends_run`).
-            let ended = matches!(inserted, Ok(true));
+            // What a new item's insert wrote besides its row.
+            let written = Written {
+                ended: matches!(inserted, Ok(true)),
+                transcribed: matches!(inserted, Ok(true)) && transcripts[index].is_some(),
+            };
             // A terminal item that is not new is applied anyway when the ledger holds it as
             // is: its worker stored it itself (see `is_stored_as_is`).
             let inserted = match inserted {
@@ -157,7 +170,10 @@ impl ResultSink {
                         continue;
                     }
                     match self.facts_of(&item.message).await {
-                        Ok(info) => self.apply(&info, &item.message, ended).await.map(|()| true),
+                        Ok(info) => self
+                            .apply(&info, &item.message, written)
+                            .await
+                            .map(|()| true),
                         Err(e) => Err(e),
                     }
                 }
@@ -211,6 +227,42 @@ impl ResultSink {
         waiting
     }
 
+    /// The assistant transcript rows of the batch's items, as far as they are known before
+    /// the insert (then the insert writes them, [`NewRunEvent::transcript`], and the side
+    /// effects do not): a complete assistant message of a run with a conversation, whose
+    /// earlier items this sink applied from the first without a gap or holds in this batch,
+    /// so its artifact references are known without reading the ledger. `None` for every
+    /// other item, and where the facts cannot be had now: its side effects write it then.
+    async fn transcripts(&self, items: &[Item]) -> Vec<Option<NewTranscriptItem>> {
+        let mut applied: HashMap<RunId, AppliedItems> = HashMap::new();
+        let mut rows = Vec::with_capacity(items.len());
+        for item in items {
+            let message = &item.message;
+            let plan = journal::plan_item(&message.result);
+            let record = applied.entry(message.run_id).or_insert_with(|| {
+                lock(&self.applied)
+                    .get(&message.run_id)
+                    .cloned()
+                    .unwrap_or_default()
+            });
+            let refs = record.artifact_refs_before(message.sequence);
+            record.note(&message.run_id, message.sequence, &plan.effect);
+            let row = match (&plan.effect, refs) {
+                (Effect::AssistantMessage(reply), Some(refs))
+                    if message.conversation_id.is_some() =>
+                {
+                    match self.facts_of(message).await {
+                        Ok(info) => journal::assistant_transcript(&info, reply, refs),
+                        Err(_) => None,
+                    }
+                }
+                _ => None,
+            };
+            rows.push(row);
+        }
+        rows
+    }
+
     /// Whether `message` is exactly the item the ledger holds at its sequence: a terminal
     /// item a worker stored itself before publishing it (a lost run finalized `interrupted`,
     /// [`RunLedger::finalize_run`](sb_store::RunLedger::finalize_run)), whose side effects
@@ -238,13 +290,15 @@ fn has_side_effect(message: &ResultMessage) -> bool {
     !matches!(plan.effect, Effect::None) || plan.outcome.is_some()
 }
 
-/// The ledger row of `message`; a terminal item ends its run with the insert.
-fn ledger_row(message: &ResultMessage) -> NewRunEvent {
+/// The ledger row of `message`: a terminal item ends its run with the insert, and an item
+/// carries its assistant `transcript` row when it is known before the insert.
+fn ledger_row(message: &ResultMessage, transcript: Option<NewTranscriptItem>) -> NewRunEvent {
     NewRunEvent {
         run_id: message.run_id,
         sequence: i64::try_from(message.sequence).unwrap_or(i64::MAX),
         result_type: message.result.result_type.clone(),
         data: serde_json::to_value(&message.result).unwrap_or(Value::Null),
         ends_run: journal::plan_item(&message.result).outcome,
+        transcript,
     }
 }

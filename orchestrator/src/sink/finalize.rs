@@ -6,7 +6,7 @@ use sb_protocol::messages::ResultMessage;
 use sb_protocol::result::AgentRunResult;
 use sb_store::{Finalized, RunOutcome, RunRecord, audit};
 
-use super::ResultSink;
+use super::{ResultSink, Written};
 use crate::error::Result;
 
 impl ResultSink {
@@ -36,7 +36,7 @@ impl ResultSink {
         )
         .with_run(Some(super::facts_of_row(run)));
         let info = self.facts_of(&message).await?;
-        self.apply(&info, &message, false).await?;
+        self.apply(&info, &message, Written::default()).await?;
         if let Err(error) = self
             .deps
             .bus
@@ -90,7 +90,7 @@ impl ResultSink {
                 )
                 .with_run(Some(super::facts_of_row(run)));
                 let info = self.facts_of(&message).await?;
-                self.apply(&info, &message, false).await?;
+                self.apply(&info, &message, Written::default()).await?;
                 // Best effort, like every live delivery: the item is stored and applied, and
                 // a stream that misses it reads it from the ledger.
                 if let Err(error) = self

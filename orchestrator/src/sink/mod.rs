@@ -104,6 +104,18 @@ pub struct ResultSink {
     conversations: Conversations,
 }
 
+/// What the ledger insert of an item wrote besides its row, so applying the item does not
+/// write it again.
+#[derive(Debug, Clone, Copy, Default)]
+struct Written {
+    /// The item is new and, if terminal, ended its run
+    /// ([`NewRunEvent::ends_run`](sb_store::NewRunEvent::ends_run)).
+    ended: bool,
+    /// The item is new and wrote its assistant transcript row
+    /// ([`NewRunEvent::transcript`](sb_store::NewRunEvent::transcript)).
+    transcribed: bool,
+}
+
 /// One result of a batch: a bus delivery holds one (`switchboard.result/1`) or several
 /// (`switchboard.results/1`) of them.
 struct Item {

@@ -105,7 +105,31 @@ fn validate_run_event(event: &NewRunEvent) -> Result<()> {
     if let Some(outcome) = &event.ends_run {
         check_outcome(outcome)?;
     }
+    if let Some(item) = &event.transcript {
+        super::transcript::transcript_row(item.clone())?;
+    }
     check_required("result_type", &event.result_type, 100)
+}
+
+/// What a new item writes besides its row ([`NewRunEvent::ends_run`],
+/// [`NewRunEvent::transcript`]), inside the insert's transaction `db`.
+async fn item_writes<C: ConnectionTrait>(
+    db: &C,
+    run_id: Uuid,
+    ends_run: Option<RunOutcome>,
+    transcript: Option<crate::NewTranscriptItem>,
+) -> Result<()> {
+    if let Some(outcome) = ends_run {
+        end_run(db, run_id, outcome).await?;
+    }
+    if let Some(item) = transcript {
+        let (_, row) = super::transcript::transcript_row(item)?;
+        transcript::Entity::insert(row)
+            .on_conflict(OnConflict::new().do_nothing().to_owned())
+            .exec_without_returning(db)
+            .await?;
+    }
+    Ok(())
 }
 
 fn run_event_model(event: NewRunEvent, now: DateTime<Utc>) -> run_event::ActiveModel {
@@ -588,6 +612,7 @@ impl RunLedger for SqlStore {
                 data: serde_json::to_value(&item).unwrap_or_default(),
                 // The run is ended below, with the status of the caller's outcome.
                 ends_run: None,
+                transcript: None,
             };
             let inserted = run_event::Entity::insert(run_event_model(row, created_at))
                 .on_conflict(on_conflict_skip())
@@ -652,7 +677,7 @@ impl RunLedger for SqlStore {
             txn.commit().await?;
             return Ok(false);
         };
-        let ends_run = event.ends_run.clone();
+        let (ends_run, transcript) = (event.ends_run.clone(), event.transcript.clone());
         let inserted = run_event::Entity::insert(run_event_model(event, now()))
             .on_conflict(on_conflict_skip())
             .exec_without_returning(&txn)
@@ -660,9 +685,7 @@ impl RunLedger for SqlStore {
             .map_err(|e| run_missing(e, &format!("run {run_id}")))?;
         if inserted == 1 {
             bump_last_sequence(&txn, run_id.into_uuid(), sequence).await?;
-            if let Some(outcome) = ends_run {
-                end_run(&txn, run_id.into_uuid(), outcome).await?;
-            }
+            item_writes(&txn, run_id.into_uuid(), ends_run, transcript).await?;
         }
         txn.commit().await?;
         Ok(inserted == 1)
@@ -812,11 +835,13 @@ impl SqlStore {
     ) -> Result<HashSet<(Uuid, i64)>> {
         let txn = self.write_txn().await?;
         let events = drop_after_terminal(&txn, events).await?;
-        let mut ends: HashMap<(Uuid, i64), RunOutcome> = events
+        type Writes = (Option<RunOutcome>, Option<crate::NewTranscriptItem>);
+        let mut writes: HashMap<(Uuid, i64), Writes> = events
             .iter()
-            .filter_map(|e| {
-                let outcome = e.ends_run.clone()?;
-                Some(((e.run_id.into_uuid(), e.sequence), outcome))
+            .filter(|e| e.ends_run.is_some() || e.transcript.is_some())
+            .map(|e| {
+                let key = (e.run_id.into_uuid(), e.sequence);
+                (key, (e.ends_run.clone(), e.transcript.clone()))
             })
             .collect();
         let mut new_keys: HashSet<(Uuid, i64)> = HashSet::new();
@@ -841,8 +866,8 @@ impl SqlStore {
         }
         bump_last_sequences(&txn, &max_new).await?;
         for key in &new_keys {
-            if let Some(outcome) = ends.remove(key) {
-                end_run(&txn, key.0, outcome).await?;
+            if let Some((ends_run, transcript)) = writes.remove(key) {
+                item_writes(&txn, key.0, ends_run, transcript).await?;
             }
         }
         txn.commit().await?;
@@ -857,7 +882,7 @@ async fn insert_chunk_postgres<C: ConnectionTrait>(
     now: DateTime<Utc>,
 ) -> Result<Vec<(Uuid, i64)>> {
     let rows = db
-        .query_all_raw(insert_events_statement(events, now))
+        .query_all_raw(insert_events_statement(events, now)?)
         .await
         .map_err(|e| run_missing(e, "run of a result item"))?;
     rows.iter()
@@ -884,7 +909,7 @@ static INSERT_EVENTS_SQL: std::sync::LazyLock<String> = std::sync::LazyLock::new
         r#"WITH input AS (
     SELECT * FROM jsonb_to_recordset($1::jsonb) AS x(
         run_id uuid, sequence bigint, result_type text, data jsonb,
-        status text, error_code text, error_message text, usage jsonb)
+        status text, error_code text, error_message text, usage jsonb, transcript jsonb)
 ),
 ends AS (
     SELECT run_id, sequence FROM run_events
@@ -923,6 +948,22 @@ upd AS (
     WHERE runs.id = top.run_id
         AND (runs.last_sequence < top.sequence
             OR (top.status IS NOT NULL AND runs.status IN ({active})))
+),
+transcribed AS (
+    INSERT INTO transcript (id, workspace_id, conversation_id, thread_id, bot_id, event_id,
+        run_id, runner_id, role, item_type, content, content_json, artifact_refs, metadata,
+        created_at)
+    SELECT t.id, t.workspace_id, t.conversation_id, t.thread_id, t.bot_id, t.event_id,
+        t.run_id, t.runner_id, t.role, t.item_type, t.content, t.content_json,
+        t.artifact_refs, t.metadata, $2
+    FROM input i
+    JOIN ins ON ins.run_id = i.run_id AND ins.sequence = i.sequence
+    CROSS JOIN LATERAL jsonb_to_record(i.transcript) AS t(
+        id text, workspace_id text, conversation_id text, thread_id text, bot_id text,
+        event_id text, run_id uuid, runner_id text, role text, item_type text, content text,
+        content_json jsonb, artifact_refs jsonb, metadata jsonb)
+    WHERE i.transcript IS NOT NULL
+    ON CONFLICT DO NOTHING
 )
 SELECT run_id, sequence FROM ins"#
     )
@@ -933,16 +974,18 @@ SELECT run_id, sequence FROM ins"#
 /// insert the rest skipping the ones already stored and a second terminal item
 /// ([`on_conflict_skip`]), raise each run's `last_sequence` to its highest new item
 /// ([`bump_last_sequences`]), end the runs whose new items say so
-/// ([`NewRunEvent::ends_run`], as `finish_run`), and return the inserted keys. A statement is
+/// ([`NewRunEvent::ends_run`], as `finish_run`), write the transcript rows of the new items
+/// that carry one ([`NewRunEvent::transcript`]), and return the inserted keys. A statement is
 /// atomic on its own, and its data-modifying parts see the same snapshot, as the
 /// transaction's statements did at `READ COMMITTED`; a run row is updated once (Postgres
 /// applies only one update per row and statement), by `upd`.
-fn insert_events_statement(events: &[NewRunEvent], now: DateTime<Utc>) -> Statement {
+fn insert_events_statement(events: &[NewRunEvent], now: DateTime<Utc>) -> Result<Statement> {
     let rows: Vec<serde_json::Value> = events
         .iter()
         .map(|event| {
             let outcome = event.ends_run.as_ref();
-            serde_json::json!({
+            let transcript = event.transcript.clone().map(transcript_json).transpose()?;
+            Ok(serde_json::json!({
                 "run_id": event.run_id.into_uuid(),
                 "sequence": event.sequence,
                 "result_type": event.result_type,
@@ -951,12 +994,42 @@ fn insert_events_statement(events: &[NewRunEvent], now: DateTime<Utc>) -> Statem
                 "error_code": outcome.and_then(|o| o.error_code.as_deref()),
                 "error_message": outcome.and_then(|o| o.error_message.as_deref()),
                 "usage": outcome.and_then(|o| o.usage.as_ref()),
-            })
+                "transcript": transcript,
+            }))
         })
-        .collect();
-    Statement::from_sql_and_values(
+        .collect::<Result<_>>()?;
+    Ok(Statement::from_sql_and_values(
         DbBackend::Postgres,
         INSERT_EVENTS_SQL.as_str(),
         [serde_json::Value::Array(rows).into(), now.into()],
-    )
+    ))
+}
+
+/// A transcript row as the `transcript` object of an [`insert_events_statement`] row: the
+/// values [`Transcript::append`](crate::Transcript::append) would write (validated, content
+/// cut, empty metadata stored as `NULL`).
+fn transcript_json(item: crate::NewTranscriptItem) -> Result<serde_json::Value> {
+    fn value<V: Clone + Into<sea_orm::Value>>(v: &sea_orm::ActiveValue<V>) -> Option<V> {
+        match v {
+            sea_orm::ActiveValue::Set(v) | sea_orm::ActiveValue::Unchanged(v) => Some(v.clone()),
+            sea_orm::ActiveValue::NotSet => None,
+        }
+    }
+    let (_, row) = super::transcript::transcript_row(item)?;
+    Ok(serde_json::json!({
+        "id": value(&row.id),
+        "workspace_id": value(&row.workspace_id),
+        "conversation_id": value(&row.conversation_id),
+        "thread_id": value(&row.thread_id).flatten(),
+        "bot_id": value(&row.bot_id).flatten(),
+        "event_id": value(&row.event_id),
+        "run_id": value(&row.run_id).flatten(),
+        "runner_id": value(&row.runner_id).flatten(),
+        "role": value(&row.role),
+        "item_type": value(&row.item_type),
+        "content": value(&row.content).flatten(),
+        "content_json": value(&row.content_json).flatten(),
+        "artifact_refs": value(&row.artifact_refs).flatten(),
+        "metadata": value(&row.metadata).flatten(),
+    }))
 }

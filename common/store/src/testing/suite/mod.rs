@@ -103,6 +103,7 @@ fn run_event(run_id: RunId, sequence: i64, text: &str) -> NewRunEvent {
         result_type: "message.delta".into(),
         data: json!({"type": "message.delta", "data": {"chunk": text}}),
         ends_run: None,
+        transcript: None,
     }
 }
 

@@ -6,7 +6,7 @@ use sb_protocol::error::ErrorCode;
 use sb_protocol::ids::RunId;
 use serde_json::json;
 
-use super::{assert_code, create_run, run_event};
+use super::{assert_code, create_run, run_event, ws};
 use crate::testing::TestDb;
 use crate::*;
 
@@ -17,6 +17,7 @@ fn terminal_event(run_id: RunId, sequence: i64, result_type: &str) -> NewRunEven
         result_type: result_type.to_owned(),
         data: json!({"type": result_type, "data": {}}),
         ends_run: None,
+        transcript: None,
     }
 }
 
@@ -24,9 +25,10 @@ fn is_terminal_type(result_type: &str) -> bool {
     matches!(result_type, "run.completed" | "run.failed")
 }
 
-/// A new terminal item with `ends_run` ends its active run in the same commit, alone or in
-/// a batch of many runs, through both `insert_event` and `insert_events`; a duplicate, an
-/// item of an already ended run and an invalid outcome change nothing.
+/// A new terminal item with `ends_run` ends its active run, and a new item with a
+/// `transcript` row writes it, in the same commit, alone or in a batch of many runs, through
+/// both `insert_event` and `insert_events`; a duplicate, an item of an already ended run, an
+/// existing transcript row and an invalid outcome change nothing.
 pub async fn run_items_that_end_their_run_end_it_with_the_insert(db: &TestDb) {
     let ending = |run_id, sequence, outcome: RunOutcome| NewRunEvent {
         ends_run: Some(outcome),
@@ -41,8 +43,18 @@ pub async fn run_items_that_end_their_run_end_it_with_the_insert(db: &TestDb) {
     assert!(db.stores.runs.claim_run(b.id, "w1").await.unwrap());
     let mut completed = RunOutcome::completed();
     completed.usage = Some(json!({"output_tokens": 3}));
+    let reply = |id: &str, text: &str| {
+        let mut row =
+            NewTranscriptItem::message(ws(), "c-items", a.event_id.to_string(), "assistant", text);
+        row.id = Some(id.to_owned());
+        row.run_id = Some(a.id);
+        Some(row)
+    };
     let batch = vec![
-        run_event(a.id, 1, "x"),
+        NewRunEvent {
+            transcript: reply("a:assistant", "hello"),
+            ..run_event(a.id, 1, "x")
+        },
         run_event(b.id, 1, "y"),
         NewRunEvent {
             ends_run: Some(completed.clone()),
@@ -66,17 +78,49 @@ pub async fn run_items_that_end_their_run_end_it_with_the_insert(db: &TestDb) {
     );
     assert_eq!(run_b.last_sequence, 1);
 
-    // Again: nothing is new, and the run keeps its end.
+    let transcript = || async {
+        db.stores
+            .transcript
+            .page(TranscriptQuery::new(ws(), "c-items"))
+            .await
+            .unwrap()
+            .items
+    };
+    let rows = transcript().await;
+    assert_eq!(rows.len(), 1, "the new item's transcript row");
+    assert_eq!(rows[0].id, "a:assistant");
+    assert_eq!(rows[0].content.as_deref(), Some("hello"));
+    assert_eq!(rows[0].run_id, Some(a.id));
+
+    // Again: nothing is new, the run keeps its end, and no transcript row is written (not
+    // even another one that an item carries only now).
+    let mut again = batch;
+    again[0].transcript = reply("a:other", "hello again");
     assert_eq!(
-        db.stores.runs.insert_events(batch).await.unwrap(),
+        db.stores.runs.insert_events(again).await.unwrap(),
         vec![false, false, false]
     );
+    assert_eq!(transcript().await.len(), 1);
+    // An existing row with the id is kept.
+    assert!(
+        db.stores
+            .runs
+            .insert_event(NewRunEvent {
+                transcript: reply("a:assistant", "changed"),
+                ..run_event(b.id, 2, "z")
+            })
+            .await
+            .unwrap()
+    );
+    let rows = transcript().await;
+    assert_eq!(rows.len(), 1);
+    assert_eq!(rows[0].content.as_deref(), Some("hello"));
 
     // One item: ends the run with its error.
     assert!(
         db.stores
             .runs
-            .insert_event(ending(b.id, 2, failed()))
+            .insert_event(ending(b.id, 3, failed()))
             .await
             .unwrap()
     );
