@@ -777,6 +777,42 @@ mod tests {
     }
 
     #[test]
+    fn a_live_item_naming_the_event_is_its_route() {
+        use std::sync::Arc;
+
+        use sb_protocol::ids::{EventId, RunId, WorkspaceId};
+        use sb_protocol::messages::{DeliveryMessage, ResultMessage, RunFacts};
+        use sb_protocol::result::AgentRunResult;
+
+        let item = |run_id: RunId, event_id: Option<EventId>| {
+            let facts = event_id.map(|event_id| RunFacts {
+                event_id,
+                runner_id: "echo".into(),
+                thread_id: None,
+                bot_id: None,
+            });
+            let result = AgentRunResult::run_failed("x", "y", false);
+            let message = ResultMessage::new(
+                run_id,
+                WorkspaceId::default_workspace(),
+                Some("c".into()),
+                1,
+                result,
+            )
+            .with_run(facts);
+            Arc::new(DeliveryMessage::from(message))
+        };
+        let (ours, other_event) = (EventId::new(), EventId::new());
+        let (run, other_run) = (RunId::new(), RunId::new());
+        // Another run of the conversation, or an item of an older host (no event id): not
+        // the route, the state must be read.
+        let head = vec![item(other_run, Some(other_event)), item(other_run, None)];
+        assert_eq!(super::own_run(&head, ours), None);
+        let head = vec![item(other_run, Some(other_event)), item(run, Some(ours))];
+        assert_eq!(super::own_run(&head, ours), Some(run));
+    }
+
+    #[test]
     fn only_what_continues_the_last_sequence_without_a_hole_is_sendable() {
         assert_eq!(dense_prefix(0, [1, 2, 3]), 3);
         assert_eq!(dense_prefix(156, [157, 158]), 2);

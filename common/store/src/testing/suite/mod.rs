@@ -92,6 +92,16 @@ fn new_run(conv: Option<&str>) -> NewRun {
     }
 }
 
+/// The transcript rows of conversation `conv` of [`ws`], oldest first.
+async fn transcript_rows(db: &TestDb, conv: &str) -> Vec<TranscriptRecord> {
+    db.stores
+        .transcript
+        .page(TranscriptQuery::new(ws(), conv))
+        .await
+        .unwrap()
+        .items
+}
+
 async fn create_run(db: &TestDb, conv: Option<&str>) -> RunRecord {
     db.stores.runs.create_run(new_run(conv)).await.unwrap().0
 }

@@ -6,7 +6,7 @@ use sb_protocol::error::ErrorCode;
 use sb_protocol::ids::RunId;
 use serde_json::json;
 
-use super::{assert_code, create_run, run_event, ws};
+use super::{assert_code, create_run, run_event, transcript_rows, ws};
 use crate::testing::TestDb;
 use crate::*;
 
@@ -78,15 +78,7 @@ pub async fn run_items_that_end_their_run_end_it_with_the_insert(db: &TestDb) {
     );
     assert_eq!(run_b.last_sequence, 1);
 
-    let transcript = || async {
-        db.stores
-            .transcript
-            .page(TranscriptQuery::new(ws(), "c-items"))
-            .await
-            .unwrap()
-            .items
-    };
-    let rows = transcript().await;
+    let rows = transcript_rows(db, "c-items").await;
     assert_eq!(rows.len(), 1, "the new item's transcript row");
     assert_eq!(rows[0].id, "a:assistant");
     assert_eq!(rows[0].content.as_deref(), Some("hello"));
@@ -100,7 +92,7 @@ pub async fn run_items_that_end_their_run_end_it_with_the_insert(db: &TestDb) {
         db.stores.runs.insert_events(again).await.unwrap(),
         vec![false, false, false]
     );
-    assert_eq!(transcript().await.len(), 1);
+    assert_eq!(transcript_rows(db, "c-items").await.len(), 1);
     // An existing row with the id is kept.
     assert!(
         db.stores
@@ -112,7 +104,7 @@ pub async fn run_items_that_end_their_run_end_it_with_the_insert(db: &TestDb) {
             .await
             .unwrap()
     );
-    let rows = transcript().await;
+    let rows = transcript_rows(db, "c-items").await;
     assert_eq!(rows.len(), 1);
     assert_eq!(rows[0].content.as_deref(), Some("hello"));
 

@@ -6,7 +6,7 @@ use sb_protocol::error::ErrorCode;
 use sb_protocol::ids::{EventId, RunId};
 use serde_json::json;
 
-use super::{assert_code, create_run, message, new_run, other_ws, ws};
+use super::{assert_code, create_run, message, new_run, other_ws, transcript_rows, ws};
 use crate::testing::TestDb;
 use crate::*;
 
@@ -68,14 +68,6 @@ pub async fn run_start_writes_the_run_the_user_row_and_the_dispatch_at_once(db: 
             },
         }
     };
-    let transcript = || async {
-        db.stores
-            .transcript
-            .page(TranscriptQuery::new(ws(), "c1"))
-            .await
-            .unwrap()
-            .items
-    };
 
     let id = RunId::new();
     let run = db.stores.runs.start_run(start(id)).await.unwrap().unwrap();
@@ -86,7 +78,7 @@ pub async fn run_start_writes_the_run_the_user_row_and_the_dispatch_at_once(db: 
     assert_eq!(stored.status, EventStatus::Dispatched);
     assert_eq!(stored.run_id, Some(id));
     assert_eq!(stored.metadata["routing"], json!({"pool": "default"}));
-    let rows = transcript().await;
+    let rows = transcript_rows(db, "c1").await;
     assert_eq!(rows.len(), 1);
     assert_eq!(rows[0].content.as_deref(), Some("hello"));
 
@@ -97,7 +89,7 @@ pub async fn run_start_writes_the_run_the_user_row_and_the_dispatch_at_once(db: 
     let stored = db.stores.events.get(event.id).await.unwrap().unwrap();
     assert_eq!(stored.run_id, Some(id));
     assert_eq!(stored.metadata["routing"], json!({"pool": "default"}));
-    assert_eq!(transcript().await.len(), 1);
+    assert_eq!(transcript_rows(db, "c1").await.len(), 1);
     assert_eq!(
         db.stores.runs.create_run(start(id).run).await.unwrap(),
         (run, false)
