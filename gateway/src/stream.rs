@@ -256,18 +256,6 @@ pub struct PendingRoute {
     pub created: bool,
 }
 
-impl PendingRoute {
-    /// Whether the first read of the route can be skipped: the watch was in place before the
-    /// event was committed, so the event cannot have been routed before it, and every item
-    /// of its run reaches the watch.
-    fn watched_before_commit(&self) -> bool {
-        self.created
-            && self.watch.as_ref().is_some_and(|w| {
-                w.covers_conversation(self.workspace.as_str(), self.conversation.as_deref())
-            })
-    }
-}
-
 /// The SSE response of `POST /v1/events?stream=true`: waits until the event is routed,
 /// then streams the run that handles it. The caller took the key's stream `slot`.
 pub fn event_stream(
@@ -604,22 +592,26 @@ async fn wait_for_route(
     pending: PendingRoute,
     tx: &mpsc::Sender<Event>,
 ) -> Result<Option<Route>, End> {
-    let mut read = !pending.watched_before_commit();
     let PendingRoute {
         event_id,
         workspace,
         conversation,
         watch,
-        ..
+        created,
     } = pending;
-    let mut watch = match watch {
+    // The first read of the route is skipped when the watch was in place before this
+    // request committed the event: it cannot have been routed before, and every item of its
+    // run reaches the watch.
+    let (mut watch, mut read) = match watch {
         Some(watch) if watch.covers_conversation(workspace.as_str(), conversation.as_deref()) => {
-            watch
+            (watch, !created)
         }
         _ => {
-            ctx.live
+            let watch = ctx
+                .live
                 .watch_conversation(workspace.as_str(), conversation.as_deref())
-                .await?
+                .await?;
+            (watch, true)
         }
     };
     let deadline = tokio::time::Instant::now() + ctx.options.route_wait;

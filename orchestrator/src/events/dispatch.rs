@@ -108,19 +108,23 @@ impl EventRouter {
         // A fresh event (the usual case): the run, the user transcript row and the event's
         // dispatch in one commit. `None` when the event has a run already (an earlier
         // attempt created it): that one is started the long way below.
-        let mut started = None;
-        if record.run_id.is_none() {
-            let run_id = new_run.id.unwrap_or_default();
-            let prepared = prepare(run_id, new_run.deadline_at);
-            let start_run = RunStart {
-                run: new_run.clone(),
-                user_transcript: user_row.clone(),
-                event: dispatched(run_id, &prepared, binding, dispatch, &start),
-            };
-            if let Some(run) = stores.runs.start_run(start_run).await? {
-                started = Some((run, prepared));
+        let started = match record.run_id {
+            Some(_) => None,
+            None => {
+                let run_id = new_run.id.unwrap_or_default();
+                let prepared = prepare(run_id, new_run.deadline_at);
+                let start_run = RunStart {
+                    run: new_run.clone(),
+                    user_transcript: user_row.clone(),
+                    event: dispatched(run_id, &prepared, binding, dispatch, &start),
+                };
+                stores
+                    .runs
+                    .start_run(start_run)
+                    .await?
+                    .map(|run| (run, prepared))
             }
-        }
+        };
         let in_one_commit = started.is_some();
         let (run, prepared, created) = match started {
             Some((run, prepared)) => (run, prepared, true),

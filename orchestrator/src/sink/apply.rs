@@ -11,19 +11,20 @@ use super::{ResultSink, Written, make_room};
 use crate::concurrency::ConversationKey;
 use crate::deps::OrchestratorDeps;
 use crate::error::Result;
-use crate::journal::{self, Effect, RunInfo};
+use crate::journal::{self, Effect, ItemPlan, RunInfo};
 use crate::lock;
 
 impl ResultSink {
-    /// Applies the side effects of one stored item (see the module docs), except what its
-    /// insert already `written`.
+    /// Applies the side effects of one stored item, as `plan`ned
+    /// ([`journal::plan_item`]), except what its insert already `written` (see the module
+    /// docs).
     pub(super) async fn apply(
         &self,
         info: &RunInfo,
         message: &ResultMessage,
+        plan: &ItemPlan,
         written: Written,
     ) -> Result<()> {
-        let plan = journal::plan_item(&message.result);
         Metrics::global().inc(
             names::RUN_RESULTS_TOTAL,
             &[("type", result_type_label(&message.result))],
@@ -48,8 +49,8 @@ impl ResultSink {
                 self.store_artifact(info, message.sequence, created).await?
             }
         }
-        if let Some(outcome) = plan.outcome {
-            self.finish(info, outcome, written.ended).await?;
+        if let Some(outcome) = &plan.outcome {
+            self.finish(info, outcome.clone(), written.ended).await?;
         }
         Ok(())
     }

@@ -93,6 +93,7 @@ impl ResultSink {
                     items.extend(decoded.into_iter().map(|message| Item {
                         delivery: index,
                         redelivered,
+                        plan: journal::plan_item(&message.result),
                         message,
                     }));
                 }
@@ -109,7 +110,7 @@ impl ResultSink {
         let rows: Vec<NewRunEvent> = items
             .iter()
             .zip(&transcripts)
-            .map(|(i, transcript)| ledger_row(&i.message, transcript.clone()))
+            .map(|(i, transcript)| ledger_row(i, transcript.clone()))
             .collect();
         let inserted: Vec<Result<bool>> =
             match self.deps.stores.runs.insert_events(rows.clone()).await {
@@ -162,7 +163,7 @@ impl ResultSink {
                 Ok(new) if !new && !item.redelivered => Ok(false),
                 Ok(_) => {
                     if !unsent.is_empty()
-                        && has_side_effect(&item.message)
+                        && has_side_effect(&item.plan)
                         && !self.deliver(&items, &mut unsent, &mut outcomes).await
                     {
                         halted = true;
@@ -171,7 +172,7 @@ impl ResultSink {
                     }
                     match self.facts_of(&item.message).await {
                         Ok(info) => self
-                            .apply(&info, &item.message, written)
+                            .apply(&info, &item.message, &item.plan, written)
                             .await
                             .map(|()| true),
                         Err(e) => Err(e),
@@ -237,8 +238,7 @@ impl ResultSink {
         let mut applied: HashMap<RunId, AppliedItems> = HashMap::new();
         let mut rows = Vec::with_capacity(items.len());
         for item in items {
-            let message = &item.message;
-            let plan = journal::plan_item(&message.result);
+            let (message, plan) = (&item.message, &item.plan);
             let record = applied.entry(message.run_id).or_insert_with(|| {
                 lock(&self.applied)
                     .get(&message.run_id)
@@ -283,22 +283,22 @@ impl ResultSink {
     }
 }
 
-/// Whether applying `message` writes anything besides its ledger row (transcript, state,
-/// artifact, run status).
-fn has_side_effect(message: &ResultMessage) -> bool {
-    let plan = journal::plan_item(&message.result);
+/// Whether applying an item so `plan`ned writes anything besides its ledger row
+/// (transcript, state, artifact, run status).
+fn has_side_effect(plan: &journal::ItemPlan) -> bool {
     !matches!(plan.effect, Effect::None) || plan.outcome.is_some()
 }
 
-/// The ledger row of `message`: a terminal item ends its run with the insert, and an item
+/// The ledger row of `item`: a terminal item ends its run with the insert, and an item
 /// carries its assistant `transcript` row when it is known before the insert.
-fn ledger_row(message: &ResultMessage, transcript: Option<NewTranscriptItem>) -> NewRunEvent {
+fn ledger_row(item: &Item, transcript: Option<NewTranscriptItem>) -> NewRunEvent {
+    let message = &item.message;
     NewRunEvent {
         run_id: message.run_id,
         sequence: i64::try_from(message.sequence).unwrap_or(i64::MAX),
         result_type: message.result.result_type.clone(),
         data: serde_json::to_value(&message.result).unwrap_or(Value::Null),
-        ends_run: journal::plan_item(&message.result).outcome,
+        ends_run: item.plan.outcome.clone(),
         transcript,
     }
 }

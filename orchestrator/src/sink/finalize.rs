@@ -8,6 +8,7 @@ use sb_store::{Finalized, RunOutcome, RunRecord, audit};
 
 use super::{ResultSink, Written};
 use crate::error::Result;
+use crate::journal;
 
 impl ResultSink {
     /// Finishes `run` from a terminal item already in its ledger, if there is one: applies it
@@ -36,7 +37,9 @@ impl ResultSink {
         )
         .with_run(Some(super::facts_of_row(run)));
         let info = self.facts_of(&message).await?;
-        self.apply(&info, &message, Written::default()).await?;
+        let plan = journal::plan_item(&message.result);
+        self.apply(&info, &message, &plan, Written::default())
+            .await?;
         if let Err(error) = self
             .deps
             .bus
@@ -90,7 +93,9 @@ impl ResultSink {
                 )
                 .with_run(Some(super::facts_of_row(run)));
                 let info = self.facts_of(&message).await?;
-                self.apply(&info, &message, Written::default()).await?;
+                let plan = journal::plan_item(&message.result);
+                self.apply(&info, &message, &plan, Written::default())
+                    .await?;
                 // Best effort, like every live delivery: the item is stored and applied, and
                 // a stream that misses it reads it from the ledger.
                 if let Err(error) = self

@@ -58,7 +58,7 @@ use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 
 use sb_protocol::host::AuthorizationSnapshot;
-use sb_protocol::ids::RunId;
+use sb_protocol::ids::{RunId, WorkspaceId};
 use sb_protocol::messages::{ResultMessage, RunFacts};
 use sb_protocol::result::AgentRunResult;
 use sb_store::RunRecord;
@@ -66,7 +66,7 @@ use sb_store::RunRecord;
 use crate::conversations::Conversations;
 use crate::deps::{OrchestratorDeps, OrchestratorOptions};
 use crate::error::{OrchestratorError, Result};
-use crate::journal::{AppliedItems, RunInfo};
+use crate::journal::{AppliedItems, ItemPlan, RunInfo};
 use crate::lock;
 
 pub use consume::run_shard;
@@ -125,6 +125,8 @@ struct Item {
     /// the item's insert and its side effects).
     redelivered: bool,
     message: ResultMessage,
+    /// What applying it does ([`journal::plan_item`], made once per item).
+    plan: ItemPlan,
 }
 
 impl ResultSink {
@@ -154,15 +156,12 @@ impl ResultSink {
             return Ok(Arc::clone(info));
         }
         let info = match &message.run {
-            Some(facts) => RunInfo {
+            Some(facts) => run_info(
                 run_id,
-                workspace_id: message.workspace_id.clone(),
-                event_id: facts.event_id,
-                runner_id: facts.runner_id.clone(),
-                conversation_id: message.conversation_id.clone(),
-                thread_id: facts.thread_id.clone(),
-                bot_id: facts.bot_id.clone(),
-            },
+                &message.workspace_id,
+                message.conversation_id.as_ref(),
+                facts,
+            ),
             None => {
                 let run = self
                     .deps
@@ -171,7 +170,12 @@ impl ResultSink {
                     .get_run(run_id)
                     .await?
                     .ok_or(OrchestratorError::RunNotFound(run_id))?;
-                run_info_from(&run)
+                run_info(
+                    run.id,
+                    &run.workspace_id,
+                    run.conversation_id.as_ref(),
+                    &facts_of_row(&run),
+                )
             }
         };
         let info = Arc::new(info);
@@ -246,14 +250,20 @@ fn facts_of_row(run: &RunRecord) -> RunFacts {
     }
 }
 
-fn run_info_from(run: &RunRecord) -> RunInfo {
+/// The facts of run `run_id` the sink applies items with.
+fn run_info(
+    run_id: RunId,
+    workspace_id: &WorkspaceId,
+    conversation_id: Option<&String>,
+    facts: &RunFacts,
+) -> RunInfo {
     RunInfo {
-        run_id: run.id,
-        workspace_id: run.workspace_id.clone(),
-        event_id: run.event_id,
-        runner_id: run.runner_id.clone(),
-        conversation_id: run.conversation_id.clone(),
-        thread_id: run.thread_id.clone(),
-        bot_id: run.bot_id.clone(),
+        run_id,
+        workspace_id: workspace_id.clone(),
+        event_id: facts.event_id,
+        runner_id: facts.runner_id.clone(),
+        conversation_id: conversation_id.cloned(),
+        thread_id: facts.thread_id.clone(),
+        bot_id: facts.bot_id.clone(),
     }
 }

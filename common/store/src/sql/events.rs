@@ -404,8 +404,8 @@ impl EventLog for SqlStore {
         // One statement where the backend can merge in place: every Postgres update (jsonb
         // `-` and `||`), and SQLite's unless a key cannot be a JSON path label. Routing
         // writes this once per event, so it is on every run's path.
-        if let Some(statement) = status_update(self.backend(), id, update.clone(), merge.clone()) {
-            let model = statement
+        if merges_in_place(self.backend(), merge.as_ref()) {
+            let model = status_update(self.backend(), id, update, merge)
                 .exec_with_returning(self.writer())
                 .await?
                 .unique_row()
@@ -509,19 +509,6 @@ impl EventLog for SqlStore {
     }
 }
 
-/// Whether event `id` exists.
-pub(super) async fn exists<C: ConnectionTrait>(db: &C, id: EventId) -> Result<bool> {
-    Ok(event_log::Entity::find()
-        .select_only()
-        .column(event_log::Column::Seq)
-        .filter(event_log::Column::Id.eq(id.into_uuid()))
-        .into_tuple::<i64>()
-        .all(db)
-        .await?
-        .unique_row()
-        .is_some())
-}
-
 /// The `metadata_merge` of `update`, taken out of it: a JSON object or nothing.
 fn take_merge(update: &mut EventStatusUpdate) -> Result<Option<serde_json::Map<String, Value>>> {
     match update.metadata_merge.take() {
@@ -531,25 +518,25 @@ fn take_merge(update: &mut EventStatusUpdate) -> Result<Option<serde_json::Map<S
     }
 }
 
+/// Whether `backend` can merge `merge` into the stored metadata in place
+/// ([`status_update`]): Postgres always, SQLite unless a key has no [`sqlite_path_label`]
+/// (then only the read-modify-write, [`merge_status_in`], can merge it).
+fn merges_in_place(backend: DbBackend, merge: Option<&serde_json::Map<String, Value>>) -> bool {
+    backend == DbBackend::Postgres
+        || merge.is_none_or(|m| m.keys().all(|k| sqlite_path_label(k).is_some()))
+}
+
 /// [`EventLog::update_status`] of event `id` as one `UPDATE` (`RETURNING` is up to the
 /// caller), the metadata merged in place: jsonb `-` and `||` on Postgres, `json_set` and
 /// `json_remove` on SQLite. Atomic like the read-modify-write transaction
 /// ([`merge_status_in`]) it replaces, in one round trip instead of four (`BEGIN`, `SELECT`,
-/// `UPDATE`, `COMMIT`). `None` on SQLite when a key of `merge` has no
-/// [`sqlite_path_label`]: then only the read-modify-write can merge it.
+/// `UPDATE`, `COMMIT`). Only where [`merges_in_place`] says so.
 fn status_update(
     backend: DbBackend,
     id: EventId,
     update: EventStatusUpdate,
     merge: Option<serde_json::Map<String, Value>>,
-) -> Option<sea_orm::UpdateMany<event_log::Entity>> {
-    let in_place = backend == DbBackend::Postgres
-        || merge
-            .as_ref()
-            .is_none_or(|m| m.keys().all(|k| sqlite_path_label(k).is_some()));
-    if !in_place {
-        return None;
-    }
+) -> sea_orm::UpdateMany<event_log::Entity> {
     let mut statement = event_log::Entity::update_many()
         .col_expr(
             event_log::Column::Status,
@@ -577,7 +564,7 @@ fn status_update(
             },
         );
     }
-    Some(statement.filter(event_log::Column::Id.eq(id.into_uuid())))
+    statement.filter(event_log::Column::Id.eq(id.into_uuid()))
 }
 
 /// [`EventLog::update_status`] as a read-modify-write inside the caller's transaction `txn`
@@ -633,20 +620,18 @@ pub(super) async fn update_status_in<C: ConnectionTrait>(
     mut update: EventStatusUpdate,
 ) -> Result<()> {
     let merge = take_merge(&mut update)?;
-    match status_update(
-        txn.get_database_backend(),
-        id,
-        update.clone(),
-        merge.clone(),
-    ) {
-        Some(statement) => {
-            if statement.exec(txn).await?.rows_affected == 0 {
-                return Err(StoreError::not_found(format!("event {id}")));
-            }
+    let backend = txn.get_database_backend();
+    if merges_in_place(backend, merge.as_ref()) {
+        if status_update(backend, id, update, merge)
+            .exec(txn)
+            .await?
+            .rows_affected
+            == 0
+        {
+            return Err(StoreError::not_found(format!("event {id}")));
         }
-        None => {
-            merge_status_in(txn, id, update, merge).await?;
-        }
+    } else {
+        merge_status_in(txn, id, update, merge).await?;
     }
     Ok(())
 }
@@ -658,8 +643,7 @@ pub(super) fn postgres_status_update(
     mut update: EventStatusUpdate,
 ) -> Result<sea_orm::UpdateMany<event_log::Entity>> {
     let merge = take_merge(&mut update)?;
-    status_update(DbBackend::Postgres, id, update, merge)
-        .ok_or_else(|| StoreError::Corrupt("a Postgres update is always one statement".into()))
+    Ok(status_update(DbBackend::Postgres, id, update, merge))
 }
 
 /// `metadata` merged with `merge` on Postgres: `coalesce(metadata, '{}')`, minus the keys

@@ -105,14 +105,13 @@ fn validate_run_event(event: &NewRunEvent) -> Result<()> {
     if let Some(outcome) = &event.ends_run {
         check_outcome(outcome)?;
     }
-    if let Some(item) = &event.transcript {
-        super::transcript::transcript_row(item.clone())?;
-    }
     check_required("result_type", &event.result_type, 100)
 }
 
 /// What a new item writes besides its row ([`NewRunEvent::ends_run`],
-/// [`NewRunEvent::transcript`]), inside the insert's transaction `db`.
+/// [`NewRunEvent::transcript`]), inside the insert's transaction `db`: a transcript row
+/// that does not validate fails the call before the commit, so nothing is written (on
+/// Postgres it fails while the statement is built, [`transcript_json`]).
 async fn item_writes<C: ConnectionTrait>(
     db: &C,
     run_id: Uuid,
@@ -124,11 +123,21 @@ async fn item_writes<C: ConnectionTrait>(
     }
     if let Some(item) = transcript {
         let (_, row) = super::transcript::transcript_row(item)?;
-        transcript::Entity::insert(row)
-            .on_conflict(OnConflict::new().do_nothing().to_owned())
-            .exec_without_returning(db)
-            .await?;
+        insert_transcript_once(db, row).await?;
     }
+    Ok(())
+}
+
+/// Inserts a transcript row unless a row with its id exists (deterministic ids: written
+/// once).
+async fn insert_transcript_once<C: ConnectionTrait>(
+    db: &C,
+    row: transcript::ActiveModel,
+) -> Result<()> {
+    transcript::Entity::insert(row)
+        .on_conflict(OnConflict::new().do_nothing().to_owned())
+        .exec_without_returning(db)
+        .await?;
     Ok(())
 }
 
@@ -257,11 +266,14 @@ fn new_run_row(new: NewRun) -> Result<run::ActiveModel> {
 
 /// The insert of a new run, skipped when its event already has one.
 fn run_insert(row: run::ActiveModel) -> sea_orm::Insert<run::ActiveModel> {
-    run::Entity::insert(row).on_conflict(
-        OnConflict::column(run::Column::EventId)
-            .do_nothing()
-            .to_owned(),
-    )
+    run::Entity::insert(row).on_conflict(one_run_per_event())
+}
+
+/// An event has one run: a second insert for it does nothing.
+fn one_run_per_event() -> OnConflict {
+    OnConflict::column(run::Column::EventId)
+        .do_nothing()
+        .to_owned()
 }
 
 /// [`RunLedger::start_run`] on Postgres as one data-modifying `WITH`, so starting a run costs
@@ -284,13 +296,7 @@ fn start_run_statement(
             .to_owned(),
     );
     let mut insert_run = super::insert_where(run_row, event_exists)?;
-    insert_run
-        .on_conflict(
-            OnConflict::column(run::Column::EventId)
-                .do_nothing()
-                .to_owned(),
-        )
-        .returning_all();
+    insert_run.on_conflict(one_run_per_event()).returning_all();
     let started = Expr::cust(r#"EXISTS (SELECT 1 FROM "started")"#);
     let mut with = WithClause::new();
     with.cte(
@@ -457,9 +463,9 @@ impl RunLedger for SqlStore {
                 return Ok(Some(run_record(run::Model::from_query_result(&row, "")?)?));
             }
             // Nothing written: the event has a run already, or there is no such event.
-            return match super::events::exists(self.writer(), event_id).await? {
-                true => Ok(None),
-                false => Err(StoreError::not_found(format!("event {event_id}"))),
+            return match crate::EventLog::routing(self, event_id).await? {
+                Some(_) => Ok(None),
+                None => Err(StoreError::not_found(format!("event {event_id}"))),
             };
         }
         let txn = self.write_txn().await?;
@@ -473,10 +479,7 @@ impl RunLedger for SqlStore {
             return Ok(None);
         };
         if let Some(row) = transcript {
-            transcript::Entity::insert(row)
-                .on_conflict(OnConflict::new().do_nothing().to_owned())
-                .exec_without_returning(&txn)
-                .await?;
+            insert_transcript_once(&txn, row).await?;
         }
         // `not_found` when there is no such event: dropping `txn` rolls the run back.
         super::events::update_status_in(&txn, event_id, event).await?;
@@ -1009,27 +1012,21 @@ fn insert_events_statement(events: &[NewRunEvent], now: DateTime<Utc>) -> Result
 /// values [`Transcript::append`](crate::Transcript::append) would write (validated, content
 /// cut, empty metadata stored as `NULL`).
 fn transcript_json(item: crate::NewTranscriptItem) -> Result<serde_json::Value> {
-    fn value<V: Clone + Into<sea_orm::Value>>(v: &sea_orm::ActiveValue<V>) -> Option<V> {
-        match v {
-            sea_orm::ActiveValue::Set(v) | sea_orm::ActiveValue::Unchanged(v) => Some(v.clone()),
-            sea_orm::ActiveValue::NotSet => None,
-        }
-    }
     let (_, row) = super::transcript::transcript_row(item)?;
     Ok(serde_json::json!({
-        "id": value(&row.id),
-        "workspace_id": value(&row.workspace_id),
-        "conversation_id": value(&row.conversation_id),
-        "thread_id": value(&row.thread_id).flatten(),
-        "bot_id": value(&row.bot_id).flatten(),
-        "event_id": value(&row.event_id),
-        "run_id": value(&row.run_id).flatten(),
-        "runner_id": value(&row.runner_id).flatten(),
-        "role": value(&row.role),
-        "item_type": value(&row.item_type),
-        "content": value(&row.content).flatten(),
-        "content_json": value(&row.content_json).flatten(),
-        "artifact_refs": value(&row.artifact_refs).flatten(),
-        "metadata": value(&row.metadata).flatten(),
+        "id": row.id.try_as_ref(),
+        "workspace_id": row.workspace_id.try_as_ref(),
+        "conversation_id": row.conversation_id.try_as_ref(),
+        "thread_id": row.thread_id.try_as_ref(),
+        "bot_id": row.bot_id.try_as_ref(),
+        "event_id": row.event_id.try_as_ref(),
+        "run_id": row.run_id.try_as_ref(),
+        "runner_id": row.runner_id.try_as_ref(),
+        "role": row.role.try_as_ref(),
+        "item_type": row.item_type.try_as_ref(),
+        "content": row.content.try_as_ref(),
+        "content_json": row.content_json.try_as_ref(),
+        "artifact_refs": row.artifact_refs.try_as_ref(),
+        "metadata": row.metadata.try_as_ref(),
     }))
 }

@@ -168,6 +168,44 @@ pub async fn run_items_that_end_their_run_end_it_with_the_insert(db: &TestDb) {
             .unwrap()
             .is_empty()
     );
+
+    // So is a transcript row that does not validate (no conversation), with the batch's
+    // other items and run ends, through both calls.
+    let mut bad_row = reply("d:assistant", "hi");
+    if let Some(row) = bad_row.as_mut() {
+        row.conversation_id = String::new();
+    }
+    let bad = || NewRunEvent {
+        transcript: bad_row.clone(),
+        ..run_event(d.id, 2, "x")
+    };
+    assert_code(
+        db.stores
+            .runs
+            .insert_events(vec![
+                run_event(d.id, 1, "w"),
+                bad(),
+                ending(d.id, 3, failed()),
+            ])
+            .await,
+        ErrorCode::InvalidArgument,
+    );
+    assert_code(
+        db.stores.runs.insert_event(bad()).await,
+        ErrorCode::InvalidArgument,
+    );
+    assert!(
+        db.stores
+            .runs
+            .events_after(d.id, 0, 10)
+            .await
+            .unwrap()
+            .is_empty()
+    );
+    assert_eq!(
+        db.stores.runs.get_run(d.id).await.unwrap().unwrap().status,
+        RunStatus::Queued
+    );
 }
 
 /// `finalize_run` stores the host-made terminal item and the terminal status in one
