@@ -8,6 +8,8 @@
 //!   re-exported by `config`, which depends on them and never the reverse.
 //! - [`egress`]: which addresses model and tool calls may reach (SPEC §14).
 //! - [`secrets`]: which environment variables models and tools may reference (SPEC §14).
+//! - [`group_commit`]: natural batching of concurrent writes into one commit (the ingest's
+//!   group commit).
 //! - [`error`]: re-export of the closed error-code set and the `HasErrorCode` trait, plus
 //!   `ShutdownError`.
 //! - [`bus`]: the `Bus` trait (publish with confirm, subscribe with manual ack), its in-memory
@@ -27,6 +29,7 @@ pub mod config;
 pub mod egress;
 mod env_list;
 pub mod error;
+pub mod group_commit;
 pub mod retry;
 pub mod secrets;
 pub mod session;

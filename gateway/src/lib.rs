@@ -68,6 +68,7 @@
 //! - [`conversation_stream`]: the same for every run of a conversation, with a resumable
 //!   conversation-level position.
 //! - [`live`]: the gateway's exclusive delivery queue and the per-run fan-out.
+//! - [`ingest`]: the group commit of `POST /v1/events` (concurrent ingests share one commit).
 //! - [`relay`]: the outbox relay task.
 //! - [`request_id`]: the per-request id of responses, error bodies and log lines.
 //! - [`server`]: the HTTP/1 accept loop, its connection options and the head limits.
@@ -77,6 +78,7 @@ pub mod auth;
 pub mod console;
 pub mod conversation_stream;
 pub mod error;
+pub mod ingest;
 pub mod limits;
 pub mod live;
 pub mod normalize;

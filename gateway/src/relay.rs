@@ -1,18 +1,30 @@
 //! The outbox relay: publishes the messages that committed transactions left in the outbox.
 //!
 //! Ingest writes the event row and its `switchboard.event/1` outbox row in one transaction
-//! (SPEC §2 step 1) and then only [`wakes`](RelayHandle::wake) the relay; the relay does the
-//! publishing. So an accepted event is never lost while the broker is down: its row waits,
-//! and the relay publishes it once the broker is back.
+//! (SPEC §2 step 1); the relay does the publishing. So an accepted event is never lost while
+//! the broker is down: its row waits, and the relay publishes it once the broker is back.
+//!
+//! Rows reach the relay two ways:
+//!
+//! - **Handed over** ([`RelayHandle::hand`]): the ingest's group commit
+//!   ([`crate::ingest`]) writes the rows of `POST /v1/events` already leased to this relay
+//!   ([`EventLog::append_batch`](sb_store::EventLog::append_batch)) and passes them on, so
+//!   they are published right after the commit without a claim statement.
+//! - **Claimed** ([`Outbox::claim`]): rows written by anything else (which only
+//!   [`wakes`](RelayHandle::wake) the relay), rows whose lease ran out (a relay that died
+//!   after the commit), rows due later and rows left by a broker outage. The poll interval
+//!   makes this the recovery path: nothing committed waits on a hand-over that never
+//!   comes.
 //!
 //! One round:
 //!
 //! ```text
-//!  claim(batch, lease) ──none──▶ sleep until woken, poll interval, or shutdown
+//!  handed rows ─┐
+//!  claim(batch, lease) (when woken, polled, or after a failure)
 //!        │ rows
 //!        ▼
-//!  publish_batch (confirmed) ──all ok──▶ mark_published(all) ──▶ next round at once
-//!        │ some failed
+//!  publish_batch (confirmed) ──all ok──▶ mark_published(all) ──▶ wait for a hand-over, a
+//!        │ some failed                                            wake, the poll or shutdown
 //!        ▼
 //!  mark_published(ok ones), release(failed ones), back off (exponential, capped)
 //! ```
@@ -22,7 +34,8 @@
 //! event id. Several gateways can relay the same outbox: claims are leased, so a row is
 //! worked on by one relay at a time.
 
-use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use bytes::Bytes;
@@ -41,6 +54,10 @@ pub struct RelayOptions {
     /// How long a claim is held before another relay may take the rows. Must comfortably
     /// exceed one publish round trip.
     pub lease: Duration,
+    /// How long rows handed over by the ingest are leased to this relay: short, since they
+    /// are published at once, and since the rows of a relay that died after the commit wait
+    /// this long before any relay claims them.
+    pub handover_lease: Duration,
     /// How often to look for rows nobody woke us for (other gateways' rows after they died,
     /// rows left by a broker outage).
     pub poll_interval: Duration,
@@ -56,16 +73,28 @@ impl Default for RelayOptions {
             // A confirmed batch takes milliseconds; 30 s leaves room for a slow broker without
             // stalling rows of a crashed relay for long.
             lease: Duration::from_secs(30),
+            handover_lease: Duration::from_secs(5),
             poll_interval: Duration::from_millis(500),
             retry: RetryPolicy::new(Duration::from_millis(100), Duration::from_secs(5)),
         }
     }
 }
 
-/// Wakes the relay after an ingest committed. Cheap to clone.
+/// Wakes the relay after an ingest committed, and hands it leased rows. Cheap to clone.
 #[derive(Debug, Clone, Default)]
 pub struct RelayHandle {
-    notify: Arc<Notify>,
+    inner: Arc<HandleInner>,
+}
+
+#[derive(Debug, Default)]
+struct HandleInner {
+    notify: Notify,
+    /// A claim round is wanted: rows were written without a lease.
+    claim: AtomicBool,
+    /// Rows handed over and not yet taken by the relay loop.
+    handed: Mutex<Vec<OutboxMessage>>,
+    /// A relay loop is running on this handle (rows handed over will be published).
+    attached: AtomicBool,
 }
 
 impl RelayHandle {
@@ -74,10 +103,62 @@ impl RelayHandle {
         Self::default()
     }
 
-    /// Asks the relay to run a round now. Wakes coalesce: many ingests during one round
-    /// cause one more round, not many.
+    /// Asks the relay to claim and publish now. Wakes coalesce: many ingests during one
+    /// round cause one more round, not many.
     pub fn wake(&self) {
-        self.notify.notify_one();
+        self.inner.claim.store(true, Ordering::Release);
+        self.inner.notify.notify_one();
+    }
+
+    /// Whether a relay loop runs on this handle, so rows handed over get published. Rows
+    /// should be written leased only then: without a relay they would wait for their lease
+    /// to run out.
+    pub fn is_attached(&self) -> bool {
+        self.inner.attached.load(Ordering::Acquire)
+    }
+
+    /// Hands rows leased to this relay ([`Appended::leased`](sb_store::Appended::leased)) to
+    /// the relay loop, which publishes them without claiming them.
+    pub fn hand(&self, rows: Vec<OutboxMessage>) {
+        if rows.is_empty() {
+            return;
+        }
+        self.inner
+            .handed
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .extend(rows);
+        self.inner.notify.notify_one();
+    }
+
+    pub(crate) fn take_handed(&self) -> Vec<OutboxMessage> {
+        std::mem::take(
+            &mut *self
+                .inner
+                .handed
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner),
+        )
+    }
+
+    fn take_claim(&self) -> bool {
+        self.inner.claim.swap(false, Ordering::AcqRel)
+    }
+}
+
+/// Marks a handle attached for as long as a relay loop runs on it.
+pub(crate) struct Attached<'a>(&'a RelayHandle);
+
+impl<'a> Attached<'a> {
+    pub(crate) fn new(handle: &'a RelayHandle) -> Self {
+        handle.inner.attached.store(true, Ordering::Release);
+        Self(handle)
+    }
+}
+
+impl Drop for Attached<'_> {
+    fn drop(&mut self) {
+        self.0.inner.attached.store(false, Ordering::Release);
     }
 }
 
@@ -121,8 +202,11 @@ impl OutboxRelay {
     /// Runs rounds until `shutdown` is cancelled. A round in flight is finished (its rows
     /// are marked or released), so nothing stays leased needlessly after a clean shutdown.
     pub async fn run(self, shutdown: CancellationToken) {
+        let _attached = Attached::new(&self.handle);
         let mut retry = self.options.retry.start();
         let mut gauge_due = tokio::time::Instant::now();
+        // The first round claims: rows may have been left by an earlier run.
+        let mut claim = true;
         tracing::info!(batch = self.options.batch, "outbox relay started");
         loop {
             if shutdown.is_cancelled() {
@@ -136,16 +220,18 @@ impl OutboxRelay {
                     Err(error) => tracing::debug!(%error, "counting pending outbox rows failed"),
                 }
             }
-            let pause = match self.round().await {
+            claim |= self.handle.take_claim();
+            let pause = match self.step(claim).await {
                 Ok(report) if report.failed == 0 => {
                     retry.reset();
-                    if report.claimed as u64 >= self.options.batch {
-                        // A full batch: there is probably more; go again at once.
+                    // A full claim: there is probably more; go again at once. Otherwise
+                    // nothing else was claimable, and rows written since then woke the
+                    // relay during the round (`Notify` keeps that wake-up for the wait
+                    // below), so no extra (empty) claim is needed to find them.
+                    claim = claim && report.claimed as u64 >= self.options.batch;
+                    if claim {
                         continue;
                     }
-                    // Not full: nothing else was claimable. Rows committed since then woke
-                    // the relay during the round, and `Notify` keeps that wake-up for the
-                    // wait below, so no extra (empty) claim is needed to find them.
                     None
                 }
                 Ok(report) => {
@@ -154,10 +240,12 @@ impl OutboxRelay {
                         published = report.published,
                         "outbox publish failed; backing off"
                     );
+                    claim = true;
                     Some(retry.next_delay())
                 }
                 Err(error) => {
                     tracing::warn!(%error, "outbox relay round failed; backing off");
+                    claim = true;
                     Some(retry.next_delay())
                 }
             };
@@ -167,11 +255,30 @@ impl OutboxRelay {
                 () = shutdown.cancelled() => break,
                 // After a failure only the timer ends the pause: waking early would hammer a
                 // broker that is down.
-                () = self.handle.notify.notified(), if pause.is_none() => {}
-                () = tokio::time::sleep(sleep) => {}
+                () = self.handle.inner.notify.notified(), if pause.is_none() => {}
+                () = tokio::time::sleep(sleep) => claim = true,
             }
         }
         tracing::info!("outbox relay stopped");
+    }
+
+    /// Publishes the rows handed over since the last step, then claims and publishes a batch
+    /// if `claim`.
+    async fn step(&self, claim: bool) -> Result<RoundReport, sb_store::StoreError> {
+        let handed = self.handle.take_handed();
+        let mut report = RoundReport::default();
+        if !handed.is_empty() {
+            let published = self.publish(handed).await?;
+            report.published += published.published;
+            report.failed += published.failed;
+        }
+        if claim {
+            let round = self.round().await?;
+            report.claimed += round.claimed;
+            report.published += round.published;
+            report.failed += round.failed;
+        }
+        Ok(report)
     }
 
     /// Claims, publishes and settles one batch.
@@ -180,10 +287,19 @@ impl OutboxRelay {
             .outbox
             .claim(self.options.batch, self.options.lease)
             .await?;
+        let claimed = rows.len();
+        Ok(RoundReport {
+            claimed,
+            ..self.publish(rows).await?
+        })
+    }
+
+    /// Publishes leased rows (confirmed), marks the confirmed ones published and releases
+    /// the others.
+    async fn publish(&self, rows: Vec<OutboxMessage>) -> Result<RoundReport, sb_store::StoreError> {
         if rows.is_empty() {
             return Ok(RoundReport::default());
         }
-        let claimed = rows.len();
         let ids: Vec<i64> = rows.iter().map(|r| r.id).collect();
         let messages: Vec<Outgoing> = rows.iter().map(to_outgoing).collect();
         let (published, failed): (Vec<i64>, Vec<i64>) = match self.bus.publish_batch(messages).await
@@ -211,7 +327,7 @@ impl OutboxRelay {
             self.outbox.release(&failed).await?;
         }
         Ok(RoundReport {
-            claimed,
+            claimed: 0,
             published: published.len(),
             failed: failed.len(),
         })

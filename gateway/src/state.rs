@@ -20,6 +20,7 @@ use sb_host_api::providers::ProviderOptions;
 use sb_store::Stores;
 
 use crate::auth::{AuthOptions, KeyCache};
+use crate::ingest::IngestWriter;
 use crate::limits::{KeyLimitOptions, KeyLimits};
 use crate::live::LiveHub;
 use crate::normalize::NormalizeLimits;
@@ -144,6 +145,7 @@ struct Inner {
     options: GatewayOptions,
     live: LiveHub,
     relay: RelayHandle,
+    ingest: IngestWriter,
     shutdown: Shutdown,
     host_api: Arc<dyn HostApi>,
     keys: KeyCache,
@@ -153,7 +155,7 @@ struct Inner {
 impl AppState {
     /// Builds the state and starts the live-delivery hub (declares this gateway's exclusive
     /// delivery queue). The outbox relay is started by [`crate::run`] (or by a test) with
-    /// [`AppState::relay`]; ingest only wakes it.
+    /// [`AppState::relay`]; ingest hands it rows or wakes it.
     pub async fn new(
         deps: GatewayDeps,
         options: GatewayOptions,
@@ -179,12 +181,19 @@ impl AppState {
             Arc::new(ApiGate::new(Arc::clone(&deps.sessions), dispatcher));
         let keys = KeyCache::new(options.auth);
         let key_limits = KeyLimits::new(options.key_limits);
+        let relay = RelayHandle::new();
+        let ingest = IngestWriter::start(
+            Arc::clone(&deps.stores.events),
+            relay.clone(),
+            options.relay.handover_lease,
+        );
         Ok(Self {
             inner: Arc::new(Inner {
                 deps,
                 options,
                 live,
-                relay: RelayHandle::new(),
+                relay,
+                ingest,
                 shutdown,
                 host_api,
                 keys,
@@ -223,9 +232,14 @@ impl AppState {
         &self.inner.live
     }
 
-    /// Wakes the outbox relay.
+    /// Wakes the outbox relay and hands it leased rows.
     pub fn relay(&self) -> &RelayHandle {
         &self.inner.relay
+    }
+
+    /// The ingest's group commit (`POST /v1/events`).
+    pub fn ingest(&self) -> &IngestWriter {
+        &self.inner.ingest
     }
 
     /// The Host API pipeline (gate, then actions) that remote runner calls go through once

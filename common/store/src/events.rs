@@ -427,6 +427,29 @@ impl NewOutboxMessage {
     }
 }
 
+/// One request of [`EventLog::append_batch`]: an event and the outbox messages announcing it.
+#[derive(Debug, Clone, PartialEq)]
+pub struct AppendRequest {
+    /// The event.
+    pub event: NewEvent,
+    /// Its outbox messages, written in the event's transaction.
+    pub outbox: Vec<NewOutboxMessage>,
+}
+
+/// What [`EventLog::append_batch`] did for one request.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Appended {
+    /// The stored event (the first one, for a repeated idempotency key).
+    pub record: EventRecord,
+    /// Whether this request created it.
+    pub created: bool,
+    /// The request's outbox rows that were written already leased (see
+    /// [`EventLog::append_batch`]), in order: the caller publishes them and then marks them
+    /// published or releases them, as after an [`Outbox::claim`]. Empty without a lease, for
+    /// a replay, and for rows available only later.
+    pub leased: Vec<OutboxMessage>,
+}
+
 /// A claimed outbox row.
 #[derive(Debug, Clone, PartialEq)]
 pub struct OutboxMessage {
@@ -487,6 +510,29 @@ pub trait EventLog: Send + Sync + 'static {
         event: NewEvent,
         outbox: Vec<NewOutboxMessage>,
     ) -> Result<(EventRecord, bool)>;
+
+    /// Appends every request of `batch` as [`append`](Self::append) would, in **one** commit
+    /// where the backend allows (group commit: concurrent ingests share a transaction and, on
+    /// Postgres, one statement). Returns one outcome per request, in order.
+    ///
+    /// - **Isolation of failures.** A request that fails (validation, a reused idempotency
+    ///   key with another request) fails alone: the others are written as if it had not been
+    ///   in the batch.
+    /// - **Idempotency** as for `append`, also between requests of one batch: the first
+    ///   request with a key creates the event, a later one gets it back (`created = false`).
+    /// - **Leased outbox rows.** With `lease`, the outbox rows that are available now are
+    ///   written as [`Outbox::claim`] would leave them after claiming them for `lease`
+    ///   (`locked_until` set, `attempts = 1`) and are returned in [`Appended::leased`], so
+    ///   the caller publishes them without a claim. If it never does, the lease runs out and
+    ///   any relay claims them: nothing committed is lost. Without `lease` the rows are
+    ///   written unleased, as by `append`.
+    /// - **Durability.** Returns only after the writes of every created event have
+    ///   committed.
+    async fn append_batch(
+        &self,
+        batch: Vec<AppendRequest>,
+        lease: Option<Duration>,
+    ) -> Vec<Result<Appended>>;
 
     /// The event with this id, if any.
     async fn get(&self, id: EventId) -> Result<Option<EventRecord>>;

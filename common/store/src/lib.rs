@@ -69,9 +69,9 @@ pub use artifacts::{
 };
 pub use error::{Result, StoreError};
 pub use events::{
-    DELIVER_AT_METADATA_KEY, EventLog, EventQuery, EventRecord, EventRouting, EventStatus,
-    EventStatusUpdate, EventTarget, NewEvent, NewOutboxMessage, Outbox, OutboxMessage,
-    TARGET_METADATA_KEY,
+    AppendRequest, Appended, DELIVER_AT_METADATA_KEY, EventLog, EventQuery, EventRecord,
+    EventRouting, EventStatus, EventStatusUpdate, EventTarget, NewEvent, NewOutboxMessage, Outbox,
+    OutboxMessage, TARGET_METADATA_KEY,
 };
 pub use page::{Page, ThreadFilter};
 pub use resources::{

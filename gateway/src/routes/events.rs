@@ -321,14 +321,9 @@ pub async fn ingest(
     } else {
         None
     };
-    let (record, created) = state
-        .stores()
-        .events
-        .append(new_event, vec![outbox])
-        .await?;
+    let (record, created) = state.ingest().append(new_event, vec![outbox]).await?;
     let metrics = Metrics::global();
     if created {
-        state.relay().wake();
         metrics.inc(names::EVENTS_INGESTED_TOTAL, &[("outcome", "accepted")]);
         tracing::debug!(event_id = %record.id, event_type = %record.event_type, "event accepted");
     } else {

@@ -1,5 +1,6 @@
 //! [`EventLog`] and [`Outbox`] on SQL.
 
+use std::collections::HashMap;
 use std::time::Duration;
 
 use async_trait::async_trait;
@@ -20,8 +21,8 @@ use super::{
 };
 use crate::error::{Result, StoreError, is_unique_violation};
 use crate::events::{
-    EventLog, EventQuery, EventRecord, EventRouting, EventStatus, EventStatusUpdate,
-    MAX_INPUT_SUMMARY_CHARS, NewEvent, NewOutboxMessage, Outbox, OutboxMessage,
+    AppendRequest, Appended, EventLog, EventQuery, EventRecord, EventRouting, EventStatus,
+    EventStatusUpdate, MAX_INPUT_SUMMARY_CHARS, NewEvent, NewOutboxMessage, Outbox, OutboxMessage,
     is_valid_idempotency_key, truncate_chars,
 };
 use crate::page::{
@@ -122,40 +123,66 @@ fn outbox_message(m: outbox::Model) -> OutboxMessage {
     }
 }
 
-fn outbox_models(messages: Vec<NewOutboxMessage>, now: DateTime<Utc>) -> Vec<outbox::ActiveModel> {
+fn outbox_models(
+    messages: Vec<NewOutboxMessage>,
+    now: DateTime<Utc>,
+    until: Option<DateTime<Utc>>,
+) -> Vec<outbox::ActiveModel> {
     messages
         .into_iter()
-        .map(|m| outbox::ActiveModel {
-            id: NotSet,
-            exchange: Set(m.exchange),
-            routing_key: Set(m.routing_key),
-            body: Set(m.body),
-            headers: Set(m.headers),
-            created_at: Set(now),
-            available_at: Set(m.available_at.map_or(now, super::micros)),
-            locked_until: Set(None),
-            published_at: Set(None),
-            attempts: Set(0),
+        .map(|m| {
+            let leased = leased_until(&m, now, until);
+            outbox::ActiveModel {
+                id: NotSet,
+                exchange: Set(m.exchange),
+                routing_key: Set(m.routing_key),
+                body: Set(m.body),
+                headers: Set(m.headers),
+                created_at: Set(now),
+                available_at: Set(m.available_at.map_or(now, super::micros)),
+                locked_until: Set(leased),
+                published_at: Set(None),
+                attempts: Set(i64::from(leased.is_some())),
+            }
         })
         .collect()
+}
+
+/// The lease an appended outbox row is written with ([`EventLog::append_batch`]): `until`
+/// for a row available now, none for a row due later (a relay claims it when due).
+fn leased_until(
+    message: &NewOutboxMessage,
+    now: DateTime<Utc>,
+    until: Option<DateTime<Utc>>,
+) -> Option<DateTime<Utc>> {
+    until.filter(|_| message.available_at.is_none_or(|at| at <= now))
+}
+
+/// The end of a lease taken now.
+fn lease_end(lease: Duration) -> Result<DateTime<Utc>> {
+    Ok(now()
+        + chrono::Duration::from_std(lease)
+            .map_err(|_| StoreError::invalid("lease is too long"))?)
 }
 
 async fn insert_outbox<C: ConnectionTrait>(
     db: &C,
     messages: Vec<NewOutboxMessage>,
     now: DateTime<Utc>,
-) -> Result<Vec<i64>> {
+    until: Option<DateTime<Utc>>,
+) -> Result<Vec<outbox::Model>> {
     if messages.is_empty() {
         return Ok(Vec::new());
     }
-    let mut rows = outbox::Entity::insert_many(outbox_models(messages, now))
+    let mut rows = outbox::Entity::insert_many(outbox_models(messages, now, until))
         .exec_with_returning(db)
         .await?;
     rows.sort_by_key(|m| m.id);
-    Ok(rows.into_iter().map(|m| m.id).collect())
+    Ok(rows)
 }
 
 /// An event ready to append: its row and what resolving an idempotency conflict needs.
+#[derive(Clone)]
 struct Append {
     row: event_log::ActiveModel,
     id: EventId,
@@ -241,6 +268,39 @@ impl Append {
         }
     }
 
+    /// The row as an element of [`APPEND_EVENTS_SQL`]'s first parameter, at position `ord`.
+    fn json(&self, ord: usize) -> Value {
+        let r = &self.row;
+        serde_json::json!({
+            "ord": ord,
+            "id": r.id.try_as_ref(),
+            "workspace_id": r.workspace_id.try_as_ref(),
+            "idempotency_key": r.idempotency_key.try_as_ref(),
+            "request_hash": r.request_hash.try_as_ref(),
+            "event_type": r.event_type.try_as_ref(),
+            "source": r.source.try_as_ref(),
+            "event_time": r.event_time.try_as_ref(),
+            "bot_id": r.bot_id.try_as_ref(),
+            "conversation_id": r.conversation_id.try_as_ref(),
+            "thread_id": r.thread_id.try_as_ref(),
+            "actor_type": r.actor_type.try_as_ref(),
+            "actor_id": r.actor_id.try_as_ref(),
+            "actor_name": r.actor_name.try_as_ref(),
+            "subject_type": r.subject_type.try_as_ref(),
+            "subject_id": r.subject_id.try_as_ref(),
+            "input_summary": r.input_summary.try_as_ref(),
+            "envelope": r.envelope.try_as_ref(),
+            "raw_ref": r.raw_ref.try_as_ref(),
+            "status": r.status.try_as_ref(),
+            "reason": r.reason.try_as_ref(),
+            "run_id": r.run_id.try_as_ref(),
+            "runner_id": r.runner_id.try_as_ref(),
+            "claimed_by_run_id": r.claimed_by_run_id.try_as_ref(),
+            "metadata": r.metadata.try_as_ref(),
+            "created_at": r.created_at.try_as_ref(),
+        })
+    }
+
     /// The event stored under this append's idempotency key (the insert did nothing): the
     /// same request again gets it back, another request with the key is a conflict.
     async fn replay<C: ConnectionTrait>(&self, db: &C) -> Result<event_log::Model> {
@@ -262,45 +322,235 @@ impl Append {
         }
         Ok(existing)
     }
+}
 
-    /// The event insert and its outbox rows as **one** Postgres statement (a data-modifying
-    /// `WITH`): the outbox rows are written only if the event was, and the statement is
-    /// atomic on its own, so an ingest costs one round trip and one commit instead of four
-    /// (`BEGIN`, two inserts, `COMMIT`). It returns the event row, or no row on an
-    /// idempotency conflict.
-    fn postgres_statement(&self, outbox: Vec<NewOutboxMessage>) -> Statement {
-        let mut insert = self.insert();
-        sea_orm::QueryTrait::query(&mut insert).returning_all();
-        let built = sea_orm::QueryTrait::build(&insert, DbBackend::Postgres);
-        let mut values = built.values.map(|v| v.0).unwrap_or_default();
-        let mut rows = Vec::with_capacity(outbox.len());
-        for message in outbox {
-            let available_at = message.available_at.map_or(self.now, super::micros);
-            super::push_values_row(
-                &mut rows,
-                &mut values,
-                vec![
-                    (message.exchange.into(), "text"),
-                    (message.routing_key.into(), "text"),
-                    (message.body.into(), "bytea"),
-                    (message.headers.into(), "jsonb"),
-                    (self.now.into(), "timestamptz"),
-                    (available_at.into(), "timestamptz"),
-                ],
-            );
+/// The outcome of a request [`SqlStore::append_together`] did not answer (a bug).
+fn missing_outcome() -> Result<Appended> {
+    Err(StoreError::Corrupt("an append without an outcome".into()))
+}
+
+/// The SQL of [`SqlStore::append_postgres`]: the events and their outbox rows of a whole
+/// batch as one data-modifying `WITH`. Its text is fixed (the rows are two `jsonb`
+/// parameters), so Postgres plans it once per connection.
+///
+/// - `e` inserts the events; an idempotency conflict (with a stored event or an earlier row
+///   of the batch) inserts nothing for that row.
+/// - `messages` draws the outbox ids of the inserted events' messages in request order; it
+///   is materialized once (it calls `nextval`), so `o` and the result see the same ids.
+/// - The result is one row per inserted event and outbox message (an event without
+///   messages once, with a null `outbox_ord`).
+const APPEND_EVENTS_SQL: &str = r#"WITH input AS (
+    SELECT * FROM jsonb_to_recordset($1::jsonb) AS x(
+        ord int, id uuid, workspace_id text, idempotency_key text, request_hash text,
+        event_type text, source text, event_time timestamptz, bot_id text,
+        conversation_id text, thread_id text, actor_type text, actor_id text,
+        actor_name text, subject_type text, subject_id text, input_summary text,
+        envelope jsonb, raw_ref text, status text, reason text, run_id uuid, runner_id text,
+        claimed_by_run_id uuid, metadata jsonb, created_at timestamptz)
+),
+e AS (
+    INSERT INTO event_log (id, workspace_id, idempotency_key, request_hash, event_type,
+        source, event_time, bot_id, conversation_id, thread_id, actor_type, actor_id,
+        actor_name, subject_type, subject_id, input_summary, envelope, raw_ref, status,
+        reason, run_id, runner_id, claimed_by_run_id, metadata, created_at, updated_at)
+    SELECT id, workspace_id, idempotency_key, request_hash, event_type, source, event_time,
+        bot_id, conversation_id, thread_id, actor_type, actor_id, actor_name, subject_type,
+        subject_id, input_summary, envelope, raw_ref, status, reason, run_id, runner_id,
+        claimed_by_run_id, metadata, created_at, created_at
+    FROM input ORDER BY ord
+    ON CONFLICT (workspace_id, idempotency_key) DO NOTHING
+    RETURNING *
+),
+messages AS (
+    SELECT ordered.*, nextval(pg_get_serial_sequence('outbox', 'id')) AS outbox_id
+    FROM (
+        SELECT m.* FROM jsonb_to_recordset($2::jsonb) AS m(
+            ord int, event_id uuid, exchange text, routing_key text, body text,
+            headers jsonb, created_at timestamptz, available_at timestamptz,
+            locked_until timestamptz)
+        WHERE m.event_id IN (SELECT id FROM e)
+        ORDER BY m.ord
+    ) AS ordered
+),
+o AS (
+    INSERT INTO outbox (id, exchange, routing_key, body, headers, created_at, available_at,
+        locked_until, attempts)
+    SELECT outbox_id, exchange, routing_key, decode(body, 'hex'), headers, created_at,
+        available_at, locked_until, CASE WHEN locked_until IS NULL THEN 0 ELSE 1 END
+    FROM messages
+)
+SELECT e.*, messages.ord AS outbox_ord, messages.outbox_id
+FROM e LEFT JOIN messages ON messages.event_id = e.id"#;
+
+impl SqlStore {
+    /// Writes `appends` in one commit: one statement on Postgres, one transaction on
+    /// SQLite. `Err` when the shared write failed as a whole; otherwise one outcome per
+    /// append, in order (a replay's conflict is that append's outcome).
+    async fn append_together(
+        &self,
+        appends: &[(Append, Vec<NewOutboxMessage>)],
+        until: Option<DateTime<Utc>>,
+    ) -> Result<Vec<Result<Appended>>> {
+        if appends.is_empty() {
+            return Ok(Vec::new());
         }
-        let sql = if rows.is_empty() {
-            built.sql
+        if self.backend() == DbBackend::Postgres {
+            self.append_postgres(appends, until).await
         } else {
-            format!(
-                "WITH e AS ({event}), o AS (INSERT INTO outbox (exchange, routing_key, body, \
-                 headers, created_at, available_at, attempts) SELECT v.*, 0 FROM (VALUES \
-                 {rows}) AS v WHERE EXISTS (SELECT 1 FROM e)) SELECT * FROM e",
-                event = built.sql,
-                rows = rows.join(", ")
-            )
-        };
-        Statement::from_sql_and_values(DbBackend::Postgres, sql, values)
+            self.append_in_transaction(appends, until).await
+        }
+    }
+
+    /// [`Self::append_together`] on Postgres: [`APPEND_EVENTS_SQL`], then a read of the
+    /// stored event for each request that hit an idempotency conflict.
+    async fn append_postgres(
+        &self,
+        appends: &[(Append, Vec<NewOutboxMessage>)],
+        until: Option<DateTime<Utc>>,
+    ) -> Result<Vec<Result<Appended>>> {
+        let mut events = Vec::with_capacity(appends.len());
+        let mut messages = Vec::new();
+        for (ord, (append, outbox)) in appends.iter().enumerate() {
+            events.push(append.json(ord));
+            for message in outbox {
+                messages.push(serde_json::json!({
+                    "ord": messages.len(),
+                    "event_id": append.id,
+                    "exchange": message.exchange,
+                    "routing_key": message.routing_key,
+                    "body": hex::encode(&message.body),
+                    "headers": message.headers,
+                    "created_at": append.now,
+                    "available_at": message.available_at.map_or(append.now, super::micros),
+                    "locked_until": leased_until(message, append.now, until),
+                }));
+            }
+        }
+        let statement = Statement::from_sql_and_values(
+            DbBackend::Postgres,
+            APPEND_EVENTS_SQL,
+            [Value::Array(events).into(), Value::Array(messages).into()],
+        );
+        let rows = self
+            .writer()
+            .query_all_raw(statement)
+            .await
+            .map_err(|e| match appends {
+                [(append, _)] => append.insert_error(e),
+                _ => e.into(),
+            })?;
+        // Per inserted event: its row and the ids of its outbox rows by message position.
+        let mut inserted: HashMap<uuid::Uuid, (event_log::Model, Vec<(usize, i64)>)> =
+            HashMap::with_capacity(rows.len());
+        for row in &rows {
+            let model = event_log::Model::from_query_result(row, "")?;
+            let message: Option<(i32, i64)> = match row.try_get::<Option<i32>>("", "outbox_ord")? {
+                Some(ord) => Some((ord, row.try_get::<i64>("", "outbox_id")?)),
+                None => None,
+            };
+            let entry = inserted
+                .entry(model.id)
+                .or_insert_with(|| (model, Vec::new()));
+            if let Some((ord, id)) = message {
+                entry.1.push((usize::try_from(ord).unwrap_or_default(), id));
+            }
+        }
+        let mut outcomes = Vec::with_capacity(appends.len());
+        let mut first_message = 0;
+        for (append, outbox) in appends {
+            let positions = first_message..first_message + outbox.len();
+            first_message += outbox.len();
+            let outcome = match inserted.remove(&append.id.into_uuid()) {
+                Some((model, ids)) => {
+                    let ids: HashMap<usize, i64> = ids.into_iter().collect();
+                    let leased = positions
+                        .zip(outbox)
+                        .filter_map(|(position, message)| {
+                            let locked_until = leased_until(message, append.now, until)?;
+                            Some(leased_row(
+                                message,
+                                ids.get(&position).copied()?,
+                                append.now,
+                                locked_until,
+                            ))
+                        })
+                        .collect();
+                    event_record(model).map(|record| Appended {
+                        record,
+                        created: true,
+                        leased,
+                    })
+                }
+                None => replayed(append.replay(self.writer()).await),
+            };
+            outcomes.push(outcome);
+        }
+        Ok(outcomes)
+    }
+
+    /// [`Self::append_together`] on SQLite: every append in one write transaction.
+    async fn append_in_transaction(
+        &self,
+        appends: &[(Append, Vec<NewOutboxMessage>)],
+        until: Option<DateTime<Utc>>,
+    ) -> Result<Vec<Result<Appended>>> {
+        let txn = self.write_txn().await?;
+        let mut outcomes = Vec::with_capacity(appends.len());
+        for (append, outbox) in appends {
+            let inserted = append
+                .insert()
+                .exec_with_returning_many(&txn)
+                .await
+                .map_err(|e| append.insert_error(e))?;
+            let outcome = match inserted.into_iter().next() {
+                Some(model) => {
+                    let rows = insert_outbox(&txn, outbox.clone(), append.now, until).await?;
+                    let leased = rows
+                        .into_iter()
+                        .filter(|row| row.locked_until.is_some())
+                        .map(outbox_message)
+                        .collect();
+                    event_record(model).map(|record| Appended {
+                        record,
+                        created: true,
+                        leased,
+                    })
+                }
+                None => replayed(append.replay(&txn).await),
+            };
+            outcomes.push(outcome);
+        }
+        txn.commit().await?;
+        Ok(outcomes)
+    }
+}
+
+/// The outcome of a request whose event was already stored.
+fn replayed(stored: Result<event_log::Model>) -> Result<Appended> {
+    Ok(Appended {
+        record: event_record(stored?)?,
+        created: false,
+        leased: Vec::new(),
+    })
+}
+
+/// The row an outbox message was written as, leased until `locked_until`.
+fn leased_row(
+    message: &NewOutboxMessage,
+    id: i64,
+    now: DateTime<Utc>,
+    locked_until: DateTime<Utc>,
+) -> OutboxMessage {
+    OutboxMessage {
+        id,
+        exchange: message.exchange.clone(),
+        routing_key: message.routing_key.clone(),
+        body: message.body.clone(),
+        headers: message.headers.clone(),
+        created_at: now,
+        available_at: message.available_at.map_or(now, super::micros),
+        locked_until: Some(locked_until),
+        attempts: 1,
     }
 }
 
@@ -321,7 +571,7 @@ pub(super) async fn append_in(
         .map_err(|e| append.insert_error(e))?;
     Ok(match inserted.into_iter().next() {
         Some(model) => {
-            insert_outbox(txn, outbox, append.now).await?;
+            insert_outbox(txn, outbox, append.now, None).await?;
             (model, true)
         }
         None => (append.replay(txn).await?, false),
@@ -337,21 +587,69 @@ impl EventLog for SqlStore {
     ) -> Result<(EventRecord, bool)> {
         if self.backend() == DbBackend::Postgres {
             let append = Append::new(event, &outbox)?;
-            let row = self
-                .writer()
-                .query_one_raw(append.postgres_statement(outbox))
-                .await
-                .map_err(|e| append.insert_error(e))?;
-            let (model, created) = match row {
-                Some(row) => (event_log::Model::from_query_result(&row, "")?, true),
-                None => (append.replay(self.writer()).await?, false),
-            };
-            return Ok((event_record(model)?, created));
+            let appended = self
+                .append_postgres(&[(append, outbox)], None)
+                .await?
+                .pop()
+                .unwrap_or_else(missing_outcome)?;
+            return Ok((appended.record, appended.created));
         }
         let txn = self.write_txn().await?;
         let (model, created) = append_in(&txn, event, outbox).await?;
         txn.commit().await?;
         Ok((event_record(model)?, created))
+    }
+
+    async fn append_batch(
+        &self,
+        batch: Vec<AppendRequest>,
+        lease: Option<Duration>,
+    ) -> Vec<Result<Appended>> {
+        let until = match lease.map(lease_end).transpose() {
+            Ok(until) => until,
+            Err(_) => {
+                return batch
+                    .iter()
+                    .map(|_| Err(StoreError::invalid("lease is too long")))
+                    .collect();
+            }
+        };
+        let mut outcomes: Vec<Option<Result<Appended>>> = Vec::with_capacity(batch.len());
+        let mut slots = Vec::with_capacity(batch.len());
+        let mut appends = Vec::with_capacity(batch.len());
+        for request in batch {
+            match Append::new(request.event, &request.outbox) {
+                Ok(append) => {
+                    slots.push(outcomes.len());
+                    appends.push((append, request.outbox));
+                    outcomes.push(None);
+                }
+                Err(error) => outcomes.push(Some(Err(error))),
+            }
+        }
+        let written = match self.append_together(&appends, until).await {
+            Ok(written) => written,
+            Err(error) => {
+                // One request can fail a shared statement or transaction for all (a taken
+                // event id): each is tried alone, so it fails alone.
+                tracing::debug!(%error, requests = appends.len(), "batched append failed; appending one by one");
+                let mut alone = Vec::with_capacity(appends.len());
+                for append in appends.chunks(1) {
+                    alone.push(match self.append_together(append, until).await {
+                        Ok(mut one) => one.pop().unwrap_or_else(missing_outcome),
+                        Err(error) => Err(error),
+                    });
+                }
+                alone
+            }
+        };
+        for (slot, outcome) in slots.into_iter().zip(written) {
+            outcomes[slot] = Some(outcome);
+        }
+        outcomes
+            .into_iter()
+            .map(|outcome| outcome.unwrap_or_else(missing_outcome))
+            .collect()
     }
 
     async fn get(&self, id: EventId) -> Result<Option<EventRecord>> {
@@ -708,7 +1006,8 @@ impl Outbox for SqlStore {
         for message in &messages {
             validate_outbox(message)?;
         }
-        insert_outbox(self.writer(), messages, now()).await
+        let rows = insert_outbox(self.writer(), messages, now(), None).await?;
+        Ok(rows.into_iter().map(|m| m.id).collect())
     }
 
     async fn claim(&self, limit: u64, lease: Duration) -> Result<Vec<OutboxMessage>> {

@@ -355,24 +355,6 @@ fn validate_schema_name(schema: &str) -> Result<()> {
     }
 }
 
-/// Appends one Postgres `VALUES` row to `rows`, its values to `values`: a placeholder per
-/// `(value, cast)` of `row`, numbered after those already in `values` and cast to its
-/// column's type, since a parameter in a `VALUES` list has no column to take a type from.
-pub(crate) fn push_values_row(
-    rows: &mut Vec<String>,
-    values: &mut Vec<sea_orm::Value>,
-    row: Vec<(sea_orm::Value, &str)>,
-) {
-    let placeholders: Vec<String> = row
-        .into_iter()
-        .map(|(value, cast)| {
-            values.push(value);
-            format!("${}::{cast}", values.len())
-        })
-        .collect();
-    rows.push(format!("({})", placeholders.join(", ")));
-}
-
 /// An insert of the columns `model` sets that writes its row only where `condition` holds
 /// (`INSERT … SELECT <values> WHERE <condition>`): a part of a data-modifying `WITH` that
 /// depends on another part, which sea-orm's `Insert` (always `VALUES`) cannot say.

@@ -144,6 +144,8 @@ macro_rules! store_suite {
             turn_sessions_and_turn_identities,
             event_append_concurrent_same_key_creates_one,
             event_append_failure_writes_no_outbox,
+            event_append_batch_answers_each_request,
+            event_append_batch_leases_only_when_asked,
             event_input_summary_is_truncated,
             event_update_status_merges_metadata,
             event_routing_follows_the_status,

@@ -3,9 +3,10 @@
 //! and reading one status across workspaces.
 
 use std::collections::HashSet;
+use std::time::Duration;
 
 use chrono::{TimeDelta, Utc};
-use sb_protocol::error::ErrorCode;
+use sb_protocol::error::{ErrorCode, HasErrorCode as _};
 use sb_protocol::ids::{EventId, RunId};
 use serde_json::{Value, json};
 
@@ -748,5 +749,138 @@ pub async fn event_with_status_pages_across_workspaces(db: &TestDb) {
             .with_status(EventStatus::Received, Some(item.cursor), None)
             .await,
         ErrorCode::InvalidArgument,
+    );
+}
+
+/// A batch of appends in one commit: each request has its own outcome (created, replayed,
+/// refused) as if appended alone, and with a lease the rows available now come back leased.
+pub async fn event_append_batch_answers_each_request(db: &TestDb) {
+    let (stored, _) = db
+        .stores
+        .events
+        .append(message("c0", "stored"), vec![])
+        .await
+        .unwrap();
+    let keyed = |text: &str, key: &str, hash: &str| {
+        let mut event = message("c1", text);
+        event.idempotency_key = Some(key.into());
+        event.request_hash = Some(hash.repeat(64));
+        event
+    };
+    let mut taken_id = message("c1", "taken id");
+    taken_id.id = Some(stored.id);
+    let mut delayed = outbox_msg("later");
+    delayed.available_at = Some(Utc::now() + TimeDelta::hours(1));
+    let request = |event: NewEvent, outbox: Vec<NewOutboxMessage>| AppendRequest { event, outbox };
+    let batch = vec![
+        request(keyed("first", "k1", "a"), vec![outbox_msg("k1")]),
+        request(message("c1", "plain"), vec![outbox_msg("p1"), delayed]),
+        // The same key and request as the first: its event back, nothing written.
+        request(keyed("first", "k1", "a"), vec![outbox_msg("k1-again")]),
+        // The same key, another request: refused alone.
+        request(keyed("other", "k1", "b"), vec![outbox_msg("k1-other")]),
+        // Invalid: refused alone.
+        request(
+            message("c1", "bad"),
+            vec![NewOutboxMessage::new("", "k", vec![])],
+        ),
+        // A taken event id fails a shared statement: the others still get written.
+        request(taken_id, vec![outbox_msg("taken")]),
+        request(message("c2", "last"), vec![]),
+    ];
+    let lease = Duration::from_secs(60);
+    let outcomes = db.stores.events.append_batch(batch, Some(lease)).await;
+    assert_eq!(outcomes.len(), 7);
+    let ok = |i: usize| outcomes[i].as_ref().unwrap();
+    assert!(ok(0).created && ok(1).created && ok(6).created);
+    assert!(!ok(2).created);
+    assert_eq!(ok(2).record.id, ok(0).record.id);
+    assert!(ok(2).leased.is_empty());
+    for (i, code) in [
+        (3, ErrorCode::Conflict),
+        (4, ErrorCode::InvalidArgument),
+        (5, ErrorCode::Conflict),
+    ] {
+        let error = outcomes[i].as_ref().unwrap_err();
+        assert_eq!(error.code(), code, "request {i}: {error}");
+    }
+    assert_eq!(ok(1).record.input_summary.as_deref(), Some("plain"));
+    // Leased: the rows available now, as a claim would have left them; not the delayed row.
+    let keys = |rows: &[OutboxMessage]| {
+        rows.iter()
+            .map(|r| r.routing_key.clone())
+            .collect::<Vec<_>>()
+    };
+    assert_eq!(keys(&ok(0).leased), ["k1"]);
+    assert_eq!(keys(&ok(1).leased), ["p1"]);
+    assert!(ok(6).leased.is_empty());
+    for row in ok(0).leased.iter().chain(&ok(1).leased) {
+        assert_eq!(row.attempts, 1);
+        assert!(row.locked_until.is_some_and(|until| until > Utc::now()));
+        assert_eq!(row.exchange, "switchboard.events");
+    }
+    // Nothing to claim while leased; the events are stored once each.
+    assert!(drain_outbox(db).await.is_empty());
+    let page = db.stores.events.page(EventQuery::new(ws())).await.unwrap();
+    assert_eq!(page.items.len(), 4, "stored, first, plain, last");
+    // The leased rows are real rows: published, they are done; the delayed one stays pending.
+    let ids: Vec<i64> = ok(0)
+        .leased
+        .iter()
+        .chain(&ok(1).leased)
+        .map(|r| r.id)
+        .collect();
+    db.stores.outbox.mark_published(&ids).await.unwrap();
+    assert_eq!(db.stores.outbox.pending().await.unwrap(), 1);
+}
+
+/// Without a lease a batch writes its rows unleased, for any relay to claim; leased rows
+/// whose lease runs out are claimable again (the relay that held them died).
+pub async fn event_append_batch_leases_only_when_asked(db: &TestDb) {
+    let request = |text: &str| AppendRequest {
+        event: message("c1", text),
+        outbox: vec![outbox_msg(text)],
+    };
+    let outcomes = db
+        .stores
+        .events
+        .append_batch(vec![request("a"), request("b")], None)
+        .await;
+    assert!(
+        outcomes
+            .iter()
+            .all(|o| o.as_ref().is_ok_and(|a| a.created && a.leased.is_empty()))
+    );
+    let claimed = drain_outbox(db).await;
+    assert_eq!(
+        claimed
+            .iter()
+            .map(|r| r.routing_key.as_str())
+            .collect::<Vec<_>>(),
+        ["a", "b"]
+    );
+
+    let outcomes = db
+        .stores
+        .events
+        .append_batch(vec![request("c")], Some(Duration::from_millis(200)))
+        .await;
+    let leased = &outcomes[0].as_ref().unwrap().leased;
+    assert_eq!(leased.len(), 1);
+    assert!(drain_outbox(db).await.is_empty());
+    tokio::time::sleep(Duration::from_millis(400)).await;
+    let again = drain_outbox(db).await;
+    assert_eq!(
+        again.iter().map(|r| r.id).collect::<Vec<_>>(),
+        [leased[0].id]
+    );
+    assert_eq!(again[0].attempts, 2);
+    // An empty batch is no error.
+    assert!(
+        db.stores
+            .events
+            .append_batch(Vec::new(), None)
+            .await
+            .is_empty()
     );
 }

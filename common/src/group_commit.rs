@@ -1,0 +1,166 @@
+//! Group commit by natural batching: concurrent callers submit requests, one task commits
+//! whatever is pending as one batch and answers each caller with its part.
+//!
+//! ```text
+//!  submit(a) ─┐                         ┌─▶ a's answer
+//!  submit(b) ─┼─▶ queue ─▶ commit([a, b, c]) ─┼─▶ b's answer
+//!  submit(c) ─┘   (one task)            └─▶ c's answer
+//! ```
+//!
+//! The task never waits for more requests than are already queued: with one caller at a
+//! time every batch holds one request and costs what a direct call costs; under load the
+//! requests that arrive while a batch is committing form the next batch, so batches grow
+//! with the load by themselves. One commit is in flight at a time, which is what makes the
+//! batches form: the database does one transaction's work where it did one per request.
+
+use std::future::Future;
+
+use tokio::sync::{mpsc, oneshot};
+
+/// A request and the channel its answer goes back on.
+type Job<Req, Resp> = (Req, oneshot::Sender<Resp>);
+
+/// The committing task is gone (it panicked, or the runtime is shutting down): the request
+/// was not answered, and may or may not have been committed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+#[error("the group-commit task is gone")]
+pub struct GroupCommitClosed;
+
+/// The submitting side of a group-commit task. Cheap to clone; the task ends when the last
+/// clone is dropped, after committing what is queued.
+#[derive(Debug)]
+pub struct GroupCommit<Req, Resp> {
+    tx: mpsc::Sender<Job<Req, Resp>>,
+}
+
+impl<Req, Resp> Clone for GroupCommit<Req, Resp> {
+    fn clone(&self) -> Self {
+        Self {
+            tx: self.tx.clone(),
+        }
+    }
+}
+
+impl<Req: Send + 'static, Resp: Send + 'static> GroupCommit<Req, Resp> {
+    /// Spawns the committing task on the current Tokio runtime. `commit` receives up to
+    /// `max_batch` requests (at least one) in submission order and must return one answer
+    /// per request, in the same order; a request left without an answer gets
+    /// [`GroupCommitClosed`].
+    ///
+    /// # Panics
+    /// Outside a Tokio runtime.
+    pub fn spawn<F, Fut>(max_batch: usize, mut commit: F) -> Self
+    where
+        F: FnMut(Vec<Req>) -> Fut + Send + 'static,
+        Fut: Future<Output = Vec<Resp>> + Send + 'static,
+    {
+        let max_batch = max_batch.max(1);
+        // Room for a few batches: a full queue makes submitters wait (backpressure) rather
+        // than grow memory without bound.
+        let (tx, mut rx) = mpsc::channel::<Job<Req, Resp>>(max_batch.saturating_mul(4));
+        tokio::spawn(async move {
+            let mut jobs = Vec::with_capacity(max_batch);
+            while rx.recv_many(&mut jobs, max_batch).await > 0 {
+                let (requests, waiters): (Vec<Req>, Vec<oneshot::Sender<Resp>>) =
+                    jobs.drain(..).unzip();
+                let answers = commit(requests).await;
+                for (waiter, answer) in waiters.into_iter().zip(answers) {
+                    // A caller that gave up (its request was cancelled) is not waiting.
+                    let _ = waiter.send(answer);
+                }
+            }
+        });
+        Self { tx }
+    }
+
+    /// Queues `request` for the next batch and waits for its answer. Dropping the future
+    /// does not withdraw a queued request: it is committed all the same.
+    pub async fn submit(&self, request: Req) -> Result<Resp, GroupCommitClosed> {
+        let (answer, answered) = oneshot::channel();
+        self.tx
+            .send((request, answer))
+            .await
+            .map_err(|_| GroupCommitClosed)?;
+        answered.await.map_err(|_| GroupCommitClosed)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Arc;
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    use std::time::Duration;
+
+    use super::*;
+
+    #[tokio::test]
+    async fn one_caller_gets_batches_of_one() {
+        let batches = Arc::new(std::sync::Mutex::new(Vec::new()));
+        let seen = Arc::clone(&batches);
+        let group = GroupCommit::spawn(8, move |requests: Vec<u32>| {
+            seen.lock().unwrap().push(requests.len());
+            async move { requests.into_iter().map(|r| r * 10).collect() }
+        });
+        for i in 0..3 {
+            assert_eq!(group.submit(i).await, Ok(i * 10));
+        }
+        assert_eq!(*batches.lock().unwrap(), [1, 1, 1]);
+    }
+
+    #[tokio::test]
+    async fn requests_queued_during_a_commit_share_the_next_one() {
+        let commits = Arc::new(AtomicUsize::new(0));
+        let counted = Arc::clone(&commits);
+        let group = GroupCommit::spawn(100, move |requests: Vec<u32>| {
+            counted.fetch_add(1, Ordering::SeqCst);
+            async move {
+                // A slow commit: everything submitted meanwhile waits for the next one.
+                tokio::time::sleep(Duration::from_millis(50)).await;
+                requests
+            }
+        });
+        let calls: Vec<_> = (0..20)
+            .map(|i| {
+                let group = group.clone();
+                tokio::spawn(async move { group.submit(i).await })
+            })
+            .collect();
+        for (i, call) in calls.into_iter().enumerate() {
+            assert_eq!(call.await.unwrap(), Ok(u32::try_from(i).unwrap()));
+        }
+        let commits = commits.load(Ordering::SeqCst);
+        assert!(
+            (1..=3).contains(&commits),
+            "20 concurrent requests took {commits} commits"
+        );
+    }
+
+    #[tokio::test]
+    async fn batches_are_capped_and_answers_keep_their_order() {
+        let sizes = Arc::new(std::sync::Mutex::new(Vec::new()));
+        let seen = Arc::clone(&sizes);
+        let group = GroupCommit::spawn(4, move |requests: Vec<u32>| {
+            seen.lock().unwrap().push(requests.len());
+            async move {
+                tokio::time::sleep(Duration::from_millis(10)).await;
+                requests.into_iter().map(|r| r + 1).collect()
+            }
+        });
+        let calls: Vec<_> = (0..10)
+            .map(|i| {
+                let group = group.clone();
+                tokio::spawn(async move { group.submit(i).await })
+            })
+            .collect();
+        for (i, call) in calls.into_iter().enumerate() {
+            assert_eq!(call.await.unwrap(), Ok(u32::try_from(i).unwrap() + 1));
+        }
+        assert!(sizes.lock().unwrap().iter().all(|&n| (1..=4).contains(&n)));
+    }
+
+    #[tokio::test]
+    async fn a_missing_answer_is_an_error_not_a_hang() {
+        let group = GroupCommit::spawn(4, |_: Vec<u32>| async { Vec::<u32>::new() });
+        assert_eq!(group.submit(1).await, Err(GroupCommitClosed));
+    }
+}
