@@ -116,14 +116,18 @@ impl Watch {
 
     /// Appends the items already received to `into`, without waiting. Items were skipped
     /// (lag) before the ones appended last: what `into` held before the lag is dropped, so
-    /// it always ends with items received without a gap. `false` if the hub stopped.
-    pub fn drain_into(&mut self, into: &mut Vec<Arc<DeliveryMessage>>) -> bool {
+    /// it always ends with items received without a gap.
+    pub fn drain_into(&mut self, into: &mut Vec<Arc<DeliveryMessage>>) -> Drained {
+        let mut drained = Drained::Complete;
         loop {
             match self.receiver.try_recv() {
                 Ok(message) => into.push(message),
-                Err(broadcast::error::TryRecvError::Lagged(_)) => into.clear(),
-                Err(broadcast::error::TryRecvError::Empty) => return true,
-                Err(broadcast::error::TryRecvError::Closed) => return false,
+                Err(broadcast::error::TryRecvError::Lagged(_)) => {
+                    into.clear();
+                    drained = Drained::Lagged;
+                }
+                Err(broadcast::error::TryRecvError::Empty) => return drained,
+                Err(broadcast::error::TryRecvError::Closed) => return Drained::Closed,
             }
         }
     }
@@ -143,6 +147,17 @@ impl Watch {
     pub fn covers_conversation(&self, workspace: &str, conversation: Option<&str>) -> bool {
         self.guard.key == WatchKey::conversation(workspace, conversation)
     }
+}
+
+/// How [`Watch::drain_into`] ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Drained {
+    /// Every item received since the last call was appended.
+    Complete,
+    /// Items were skipped (lag); those appended came after the gap.
+    Lagged,
+    /// The hub stopped: no more live items will come.
+    Closed,
 }
 
 struct WatchGuard {

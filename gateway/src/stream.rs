@@ -53,6 +53,10 @@
 //! was persisted. And when the run's item of sequence 1 itself arrived through it, step 2 is
 //! skipped: every later item of the run is published after that one, so live items and the
 //! ledger (for gaps, step 3) cover the rest, and the first item goes out without a ledger read.
+//! Step 2 is skipped too when the timer found the event dispatched before any item of its
+//! run arrived (a busy host): the registration has then provably missed nothing of the run
+//! (no lag, nothing dropped that could be the run's), so the run is streamed live from its
+//! first item.
 
 use std::convert::Infallible;
 use std::sync::Arc;
@@ -75,7 +79,7 @@ use tokio_util::sync::CancellationToken;
 
 use crate::error::ApiError;
 use crate::limits::StreamSlot;
-use crate::live::{LiveHub, Watch};
+use crate::live::{Drained, LiveHub, Watch};
 
 /// Tuning of result streams.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -277,7 +281,12 @@ pub fn event_stream(
                     terminal: false,
                     hole_since: None,
                 };
-                let outcome = pump_run_with(&mut pump, Some((route.watch, route.head))).await;
+                let bound = Bound {
+                    watch: route.watch,
+                    head: route.head,
+                    complete: route.complete,
+                };
+                let outcome = pump_run_with(&mut pump, Some(bound)).await;
                 if let Err(end) = outcome {
                     send_end(&tx, end).await;
                 }
@@ -480,22 +489,32 @@ async fn pump_run(p: &mut Pump<'_>) -> Result<(), End> {
     pump_run_with(p, None).await
 }
 
-/// [`pump_run`] with step 1 already done by the caller, if `bound` is given: a watch bound
-/// before anything of the run was persisted, and items it already received, in order and
-/// without a gap. When these include the run's item after `last`, step 2 is skipped: every
-/// later item of the run was published after that one, so it reaches the watch as well.
-async fn pump_run_with(
-    p: &mut Pump<'_>,
-    bound: Option<(Watch, Vec<Arc<DeliveryMessage>>)>,
-) -> Result<(), End> {
+/// Step 1 of [`pump_run`], done by the caller ([`wait_for_route`]).
+struct Bound {
+    /// A watch bound before anything of the run was persisted.
+    watch: Watch,
+    /// Items it received in its last wake-up, in order and without a gap.
+    head: Vec<Arc<DeliveryMessage>>,
+    /// The watch has received every item of the run published so far: it was bound
+    /// before the run's event was committed, and it dropped nothing that could have been
+    /// the run's (see [`wait_for_route`]).
+    complete: bool,
+}
+
+/// [`pump_run`] with step 1 already done by the caller, if `bound` is given. When its items
+/// include the run's item after `last`, or when the watch missed nothing of the run, step 2
+/// is skipped: every later item of the run is published after those, so it reaches the
+/// watch as well (the ledger poll of step 3 stays the safety net for a lost delivery).
+async fn pump_run_with(p: &mut Pump<'_>, bound: Option<Bound>) -> Result<(), End> {
     // 1. Bind first.
-    let (mut watch, head) = match bound {
-        Some(bound) => bound,
-        None => (p.ctx.live.watch(p.run_id).await?, Vec::new()),
+    let (mut watch, head, complete) = match bound {
+        Some(bound) => (bound.watch, bound.head, bound.complete),
+        None => (p.ctx.live.watch(p.run_id).await?, Vec::new(), false),
     };
-    let continues_live = head
-        .iter()
-        .any(|m| m.run_id == p.run_id && m.sequence == p.last + 1);
+    let continues_live = (complete && p.last == 0)
+        || head
+            .iter()
+            .any(|m| m.run_id == p.run_id && m.sequence == p.last + 1);
     if continues_live {
         for message in &head {
             p.on_live(message).await?;
@@ -581,12 +600,19 @@ struct Route {
     watch: Watch,
     /// The items the watch received in its last wake-up, in order (see [`pump_run_with`]).
     head: Vec<Arc<DeliveryMessage>>,
+    /// See [`Bound::complete`].
+    complete: bool,
 }
 
 /// Waits until the event is routed, woken by the live items of the event's conversation
 /// (`pending.watch`) and, as a safety net, by a sparse timer ([`route_poll_delay`]). An item
 /// that names the event as its run's trigger is the route itself; any other wake-up reads
 /// the event's routing state. Returns the run to stream, or `Ok(None)` when the client left.
+///
+/// A watch bound before the event was committed has seen every item of the event's run,
+/// unless it lagged or this loop dropped an item that does not name its trigger (an older
+/// host's): while neither happened, a route read from the ledger is streamed live from its
+/// first item without reading the ledger ([`Bound::complete`]).
 async fn wait_for_route(
     ctx: &StreamContext,
     pending: PendingRoute,
@@ -602,16 +628,16 @@ async fn wait_for_route(
     // The first read of the route is skipped when the watch was in place before this
     // request committed the event: it cannot have been routed before, and every item of its
     // run reaches the watch.
-    let (mut watch, mut read) = match watch {
+    let (mut watch, mut read, mut complete) = match watch {
         Some(watch) if watch.covers_conversation(workspace.as_str(), conversation.as_deref()) => {
-            (watch, !created)
+            (watch, !created, created)
         }
         _ => {
             let watch = ctx
                 .live
                 .watch_conversation(workspace.as_str(), conversation.as_deref())
                 .await?;
-            (watch, true)
+            (watch, true, false)
         }
     };
     let deadline = tokio::time::Instant::now() + ctx.options.route_wait;
@@ -625,15 +651,20 @@ async fn wait_for_route(
                 after: 0,
                 watch,
                 head,
+                complete: false,
             }));
         }
         if read {
-            if let Some((run_id, after)) = read_route(ctx, event_id).await? {
+            if let Some((run_id, after, dispatched)) = read_route(ctx, event_id).await? {
+                // A run that absorbed the event as steering input streamed items before the
+                // watch was bound; the head may hold items that do not name their trigger.
+                let complete = complete && dispatched && head.iter().all(|m| m.event_id.is_some());
                 return Ok(Some(Route {
                     run_id,
                     after,
                     watch,
                     head,
+                    complete,
                 }));
             }
         }
@@ -655,16 +686,28 @@ async fn wait_for_route(
             () = tx.closed() => return Ok(None),
             item = watch.recv(), if live => {
                 // Something happened in the conversation: look again, once for everything
-                // that arrived meanwhile (kept: it may be the run's first item).
+                // that arrived meanwhile (kept: it may be the run's first item). An item
+                // dropped here is provably another run's only if it names its trigger.
+                complete &= head.iter().all(|m| m.event_id.is_some());
                 head.clear();
                 live = match item {
                     Ok(message) => {
                         head.push(message);
                         true
                     }
-                    Err(broadcast::error::RecvError::Lagged(_)) => true,
+                    Err(broadcast::error::RecvError::Lagged(_)) => {
+                        complete = false;
+                        true
+                    }
                     Err(broadcast::error::RecvError::Closed) => false,
-                } && watch.drain_into(&mut head);
+                };
+                if live {
+                    let drained = watch.drain_into(&mut head);
+                    live = drained != Drained::Closed;
+                    complete &= drained == Drained::Complete;
+                } else {
+                    complete = false;
+                }
             }
             () = tokio::time::sleep(route_poll_delay(&ctx.options, ticks).min(deadline - now)) => {
                 ticks = ticks.saturating_add(1);
@@ -692,9 +735,13 @@ fn route_extra(event_id: EventId, status: EventStatus, reason: Option<&str>) -> 
     extra
 }
 
-/// Reads the event's routing state: the run to stream and the sequence to stream after once
-/// routed, `None` while it is not, or the error that ends the stream.
-async fn read_route(ctx: &StreamContext, event_id: EventId) -> Result<Option<(RunId, u64)>, End> {
+/// Reads the event's routing state: the run to stream, the sequence to stream after and
+/// whether the run is the event's own (`dispatched`, not a run it steers) once routed,
+/// `None` while it is not, or the error that ends the stream.
+async fn read_route(
+    ctx: &StreamContext,
+    event_id: EventId,
+) -> Result<Option<(RunId, u64, bool)>, End> {
     let Some(event) = ctx.events.routing(event_id).await? else {
         return Err(End::Error {
             code: ErrorCode::NotFound,
@@ -704,7 +751,7 @@ async fn read_route(ctx: &StreamContext, event_id: EventId) -> Result<Option<(Ru
     };
     let extra = route_extra(event_id, event.status, event.reason.as_deref());
     match event.status {
-        EventStatus::Dispatched => Ok(event.run_id.map(|run_id| (run_id, 0))),
+        EventStatus::Dispatched => Ok(event.run_id.map(|run_id| (run_id, 0, true))),
         EventStatus::Claimed => match event.claimed_by_run_id.or(event.run_id) {
             Some(run_id) => {
                 // The message steers a run that already streamed earlier items; the reply to
@@ -714,7 +761,7 @@ async fn read_route(ctx: &StreamContext, event_id: EventId) -> Result<Option<(Ru
                     .get_run(run_id)
                     .await?
                     .map_or(0, |r| u64::try_from(r.last_sequence).unwrap_or(0));
-                Ok(Some((run_id, after)))
+                Ok(Some((run_id, after, false)))
             }
             None => Ok(None),
         },

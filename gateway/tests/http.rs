@@ -14,7 +14,9 @@ use sb_common::shutdown::Shutdown;
 use sb_gateway::relay::{OutboxRelay, RelayHandle, RelayOptions};
 use sb_gateway::{GatewayDeps, GatewayOptions};
 use sb_protocol::ids::{EventId, RunId, WorkspaceId};
-use sb_protocol::messages::{DeliveryMessage, EventMessage, ResultMessage, decode, encode};
+use sb_protocol::messages::{
+    DeliveryMessage, EventMessage, ResultMessage, RunFacts, decode, encode,
+};
 use sb_protocol::result::AgentRunResult;
 use sb_store::{
     ApiKeyRole, EventStatus, EventStatusUpdate, NewRun, NewRunEvent, NewTranscriptItem, RunnerRow,
@@ -83,6 +85,29 @@ impl Harness {
     /// A queued run for a freshly ingested event in conversation `c1`.
     async fn run(&self) -> RunId {
         let event_id = self.ingested(&message("hello")).await;
+        self.run_of(event_id).await
+    }
+
+    /// What the orchestrator does for `event_id` (in conversation `c1`): a queued run, and
+    /// the event `dispatched` to it.
+    async fn dispatch(&self, event_id: EventId) -> RunId {
+        let run_id = self.run_of(event_id).await;
+        self.stores
+            .events
+            .update_status(
+                event_id,
+                EventStatusUpdate {
+                    run_id: Some(run_id),
+                    ..EventStatusUpdate::status(EventStatus::Dispatched)
+                },
+            )
+            .await
+            .unwrap();
+        run_id
+    }
+
+    /// A queued run for `event_id` in conversation `c1`.
+    async fn run_of(&self, event_id: EventId) -> RunId {
         let (run, created) = self
             .stores
             .runs
@@ -132,15 +157,47 @@ impl Harness {
             sequence,
             result,
         ));
+        self.publish_delivery(run_id, &message).await;
+    }
+
+    async fn publish_delivery(&self, run_id: RunId, message: &DeliveryMessage) {
         self.bus
             .publish(
                 &self.topology.deliveries_exchange(),
                 &deliveries_routing_key("default", Some("c1"), &run_id),
-                encode(&message).into(),
+                encode(message).into(),
                 PublishOptions::best_effort(),
             )
             .await
             .unwrap();
+    }
+
+    /// Publishes a live delivery by hand, as the result sink does after persisting, naming
+    /// the run's triggering event as today's hosts do.
+    async fn deliver_of(
+        &self,
+        run_id: RunId,
+        event_id: EventId,
+        sequence: u64,
+        result: AgentRunResult,
+    ) {
+        let facts = RunFacts {
+            event_id,
+            runner_id: "plugin:acme/echo/default".into(),
+            thread_id: None,
+            bot_id: None,
+        };
+        let message = DeliveryMessage::from(
+            ResultMessage::new(
+                run_id,
+                WorkspaceId::default_workspace(),
+                Some("c1".into()),
+                sequence,
+                result,
+            )
+            .with_run(Some(facts)),
+        );
+        self.publish_delivery(run_id, &message).await;
     }
 
     async fn relay_round(&self) -> sb_gateway::relay::RoundReport {
@@ -1372,6 +1429,59 @@ async fn ingest_with_stream_sends_the_first_live_item_that_found_the_route() {
     h.store_result(run.id, 3, AgentRunResult::run_completed())
         .await;
     h.deliver(run.id, 3, AgentRunResult::run_completed()).await;
+    let rest = tokio::time::timeout(Duration::from_secs(10), sse.sequences_until_end())
+        .await
+        .expect("live items");
+    assert_eq!(rest, [2, 3]);
+}
+
+/// A busy host: the timer finds the event dispatched before any item of its run arrived.
+/// The conversation's registration was in place before the event was committed and missed
+/// nothing, so the run streams live from its first item (the ledger is not needed for it:
+/// the item is left out of the ledger here, and the ledger polls are an hour away); a gap
+/// is still filled from the ledger.
+#[tokio::test]
+async fn ingest_with_stream_whose_route_was_read_first_streams_live_from_the_first_item() {
+    let mut options = GatewayOptions::default();
+    options.stream.ledger_poll = Duration::from_secs(3600);
+    options.stream.route_poll_min = Duration::from_millis(20);
+    options.stream.route_poll_max = Duration::from_millis(20);
+    let h = harness_with(options).await;
+    let response = h
+        .send(h.post_json("/v1/events?stream=true", &message("hi")))
+        .await;
+    let event_id: EventId = response.headers()["x-event-id"]
+        .to_str()
+        .unwrap()
+        .parse()
+        .unwrap();
+    let mut sse = SseReader::new(response);
+
+    // Another run of the conversation streams meanwhile: its items name their own trigger.
+    let other = RunId::new();
+    h.deliver_of(other, EventId::new(), 1, AgentRunResult::delta("other"))
+        .await;
+    let run = h.dispatch(event_id).await;
+    // Let the timer read the route before the run's first item is delivered.
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    h.deliver_of(run, event_id, 1, AgentRunResult::delta("live"))
+        .await;
+    let first = tokio::time::timeout(Duration::from_secs(10), sse.next())
+        .await
+        .expect("the first item is sent live")
+        .unwrap();
+    assert_eq!(first.data["sequence"], 1);
+    assert!(
+        first.data.to_string().contains("\"live\""),
+        "{}",
+        first.data
+    );
+
+    h.store_result(run, 2, AgentRunResult::delta("two")).await;
+    h.store_result(run, 3, AgentRunResult::run_completed())
+        .await;
+    h.deliver_of(run, event_id, 3, AgentRunResult::run_completed())
+        .await;
     let rest = tokio::time::timeout(Duration::from_secs(10), sse.sequences_until_end())
         .await
         .expect("live items");
