@@ -82,6 +82,19 @@ impl Harness {
         body["event_id"].as_str().unwrap().parse().unwrap()
     }
 
+    /// `POST /v1/events?stream=true`: the event's id (`x-event-id`) and its stream.
+    async fn ingest_streamed(&self, body: &Value) -> (EventId, SseReader) {
+        let response = self
+            .send(self.post_json("/v1/events?stream=true", body))
+            .await;
+        let event_id = response.headers()["x-event-id"]
+            .to_str()
+            .unwrap()
+            .parse()
+            .unwrap();
+        (event_id, SseReader::new(response))
+    }
+
     /// A queued run for a freshly ingested event in conversation `c1`.
     async fn run(&self) -> RunId {
         let event_id = self.ingested(&message("hello")).await;
@@ -1237,15 +1250,7 @@ async fn stream_survives_lost_live_items_through_ledger_polls() {
 #[tokio::test]
 async fn ingest_with_stream_waits_for_routing_then_streams() {
     let h = harness().await;
-    let response = h
-        .send(h.post_json("/v1/events?stream=true", &message("hi")))
-        .await;
-    let event_id: EventId = response.headers()["x-event-id"]
-        .to_str()
-        .unwrap()
-        .parse()
-        .unwrap();
-    let mut sse = SseReader::new(response);
+    let (event_id, mut sse) = h.ingest_streamed(&message("hi")).await;
 
     // Play the orchestrator and the result sink.
     let (run, _) = h
@@ -1299,15 +1304,7 @@ async fn ingest_with_stream_is_woken_by_the_conversations_live_items() {
     options.stream.route_poll_max = Duration::from_secs(3600);
     options.stream.route_wait = Duration::from_secs(7200);
     let h = harness_with(options).await;
-    let response = h
-        .send(h.post_json("/v1/events?stream=true", &message("hi")))
-        .await;
-    let event_id: EventId = response.headers()["x-event-id"]
-        .to_str()
-        .unwrap()
-        .parse()
-        .unwrap();
-    let mut sse = SseReader::new(response);
+    let (event_id, mut sse) = h.ingest_streamed(&message("hi")).await;
     // Let the stream read the event once (still `received`) and go to sleep.
     tokio::time::sleep(Duration::from_millis(50)).await;
 
@@ -1371,15 +1368,7 @@ async fn ingest_with_stream_sends_the_first_live_item_that_found_the_route() {
     options.stream.route_poll_max = Duration::from_secs(3600);
     options.stream.route_wait = Duration::from_secs(7200);
     let h = harness_with(options).await;
-    let response = h
-        .send(h.post_json("/v1/events?stream=true", &message("hi")))
-        .await;
-    let event_id: EventId = response.headers()["x-event-id"]
-        .to_str()
-        .unwrap()
-        .parse()
-        .unwrap();
-    let mut sse = SseReader::new(response);
+    let (event_id, mut sse) = h.ingest_streamed(&message("hi")).await;
     tokio::time::sleep(Duration::from_millis(50)).await;
 
     let (run, _) = h
@@ -1447,15 +1436,7 @@ async fn ingest_with_stream_whose_route_was_read_first_streams_live_from_the_fir
     options.stream.route_poll_min = Duration::from_millis(20);
     options.stream.route_poll_max = Duration::from_millis(20);
     let h = harness_with(options).await;
-    let response = h
-        .send(h.post_json("/v1/events?stream=true", &message("hi")))
-        .await;
-    let event_id: EventId = response.headers()["x-event-id"]
-        .to_str()
-        .unwrap()
-        .parse()
-        .unwrap();
-    let mut sse = SseReader::new(response);
+    let (event_id, mut sse) = h.ingest_streamed(&message("hi")).await;
 
     // Another run of the conversation streams meanwhile: its items name their own trigger.
     let other = RunId::new();
@@ -1491,15 +1472,7 @@ async fn ingest_with_stream_whose_route_was_read_first_streams_live_from_the_fir
 #[tokio::test]
 async fn ingest_with_stream_reports_unrouted_events() {
     let h = harness().await;
-    let response = h
-        .send(h.post_json("/v1/events?stream=true", &message("hi")))
-        .await;
-    let event_id: EventId = response.headers()["x-event-id"]
-        .to_str()
-        .unwrap()
-        .parse()
-        .unwrap();
-    let mut sse = SseReader::new(response);
+    let (event_id, mut sse) = h.ingest_streamed(&message("hi")).await;
     h.stores
         .events
         .update_status(
