@@ -977,6 +977,10 @@ async fn runs_and_their_events_page_by_sequence() {
     assert_eq!(run["status"], "queued");
     assert_eq!(run["last_sequence"], 5);
     assert_eq!(run["conversation_id"], "c1");
+    // Millisecond companions of the second timestamps.
+    let ms = run["created_at_ms"].as_i64().unwrap();
+    assert_eq!(ms.div_euclid(1000), run["created_at"].as_i64().unwrap());
+    assert!(run["started_at_ms"].is_null() && run["ended_at_ms"].is_null());
 
     let page = json_body(
         h.send(h.get(&format!(

@@ -234,6 +234,31 @@ impl TestCluster {
 // HTTP client
 // ---------------------------------------------------------------------------------------------
 
+/// A completed run's path from the API's millisecond times: the event committed, the run
+/// created (the event routed), claimed and ended, in order. Panics when a `*_ms` time is
+/// missing, disagrees with its seconds field, or the order is broken.
+#[track_caller]
+pub fn assert_run_path_in_order(event: &Value, run: &Value) {
+    let at = |view: &Value, field: &str| {
+        let ms = view[format!("{field}_ms")]
+            .as_i64()
+            .unwrap_or_else(|| panic!("{field}_ms missing: {view}"));
+        assert_eq!(
+            ms.div_euclid(1000),
+            view[field].as_i64().unwrap_or_default(),
+            "{field}"
+        );
+        ms
+    };
+    let path = [
+        at(event, "created_at"),
+        at(run, "created_at"),
+        at(run, "started_at"),
+        at(run, "ended_at"),
+    ];
+    assert!(path.windows(2).all(|w| w[0] <= w[1]), "{path:?}");
+}
+
 /// The body of a `message.received` event from user `u1` in `conversation`.
 #[must_use]
 pub fn message(conversation: &str, text: &str) -> Value {

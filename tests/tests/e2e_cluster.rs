@@ -235,6 +235,7 @@ async fn streaming_happy_path_through_each_gateway() {
         let event = other.get_event(event_id).await;
         assert_eq!(event["status"], "dispatched");
         assert_eq!(event["run_id"], run_id.to_string());
+        sb_tests::assert_run_path_in_order(&event, &run);
     }
 }
 

@@ -133,6 +133,15 @@ async fn echo_streams_word_by_word_and_records_the_transcript() {
         assert_eq!(frame.result().run_id, run_id.to_string());
     }
 
+    // The run's path, in milliseconds: ingested, routed (the run created), claimed, ended.
+    let run = client.get_run(run_id).await;
+    let event_view = client
+        .get(&format!("/v1/events/{event}"))
+        .await
+        .expect(200)
+        .body;
+    sb_tests::assert_run_path_in_order(&event_view, &run);
+
     // The ledger holds exactly what was streamed.
     let items = client.run_events(run_id, 0).await;
     assert_dense_with_one_terminal(run_id, &items);

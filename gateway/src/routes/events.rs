@@ -47,7 +47,7 @@ use sb_store::events::{
 use serde::{Deserialize, Serialize};
 use serde_json::{Map, Value};
 
-use super::{epoch, parse_id};
+use super::{epoch, epoch_ms, parse_id};
 use crate::auth::Caller;
 use crate::error::{ApiError, ApiJson, ApiPath, ApiQuery, ApiResult};
 use crate::normalize::{IngestRequest, NormalizeContext, Normalized, normalize};
@@ -473,6 +473,10 @@ pub struct EventView {
     pub created_at: i64,
     /// Last status change, epoch seconds.
     pub updated_at: i64,
+    /// `created_at` in epoch milliseconds: when the event was committed.
+    pub created_at_ms: i64,
+    /// `updated_at` in epoch milliseconds: for a routed event, when it was routed.
+    pub updated_at_ms: i64,
 }
 
 impl From<EventRecord> for EventView {
@@ -505,6 +509,8 @@ impl From<EventRecord> for EventView {
             metadata: r.metadata,
             created_at: epoch(r.created_at),
             updated_at: epoch(r.updated_at),
+            created_at_ms: epoch_ms(r.created_at),
+            updated_at_ms: epoch_ms(r.updated_at),
         }
     }
 }

@@ -111,6 +111,13 @@ pub(crate) fn epoch(at: DateTime<Utc>) -> i64 {
     at.timestamp()
 }
 
+/// The `*_ms` companions of a run's and an event's times: epoch milliseconds, so the path of
+/// a run (ingest → routed → started → ended) can be read from the API, where whole seconds
+/// hide it.
+pub(crate) fn epoch_ms(at: DateTime<Utc>) -> i64 {
+    at.timestamp_millis()
+}
+
 /// Parses a path id. A malformed id cannot name anything: `404` with the usual message, so
 /// probing ids reveals nothing about their format rules beyond "not found".
 pub(crate) fn parse_id<T: FromStr>(what: &str, id: &str) -> Result<T, ApiError> {

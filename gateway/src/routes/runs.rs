@@ -21,7 +21,7 @@ use sb_store::runs::{RunFilter, RunRecord, RunStatus};
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
-use super::{ListPage, epoch, parse_id};
+use super::{ListPage, epoch, epoch_ms, parse_id};
 use crate::auth::Caller;
 use crate::error::{ApiError, ApiJson, ApiPath, ApiQuery, ApiResult};
 use crate::state::AppState;
@@ -66,6 +66,12 @@ pub struct RunView {
     pub started_at: Option<i64>,
     /// Epoch seconds.
     pub ended_at: Option<i64>,
+    /// `created_at` in epoch milliseconds: when the run was created (its event routed).
+    pub created_at_ms: i64,
+    /// `started_at` in epoch milliseconds: when a worker claimed the run.
+    pub started_at_ms: Option<i64>,
+    /// `ended_at` in epoch milliseconds: when the run reached its terminal status.
+    pub ended_at_ms: Option<i64>,
     /// Epoch seconds.
     pub deadline_at: Option<i64>,
     /// Epoch seconds.
@@ -108,6 +114,9 @@ impl From<RunRecord> for RunView {
             created_at: epoch(r.created_at),
             started_at: r.started_at.map(epoch),
             ended_at: r.ended_at.map(epoch),
+            created_at_ms: epoch_ms(r.created_at),
+            started_at_ms: r.started_at.map(epoch_ms),
+            ended_at_ms: r.ended_at.map(epoch_ms),
             deadline_at: r.deadline_at.map(epoch),
             cancel_requested_at: r.cancel_requested_at.map(epoch),
             cancel_reason: r.cancel_reason,
