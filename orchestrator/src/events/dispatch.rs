@@ -54,11 +54,16 @@ impl EventRouter {
             &catalog,
         );
 
-        // Read before this event's own user row is written.
-        let latest_cursor = match conversation {
-            Some(c) => stores.transcript.latest_cursor(workspace, c).await?,
-            None => None,
+        // The transcript's cursor (read before this event's own user row is written) and the
+        // state snapshot, read side by side: two round trips, one wait.
+        let cursor = async {
+            match conversation {
+                Some(c) => Ok(stores.transcript.latest_cursor(workspace, c).await?),
+                None => Ok(None),
+            }
         };
+        let (latest_cursor, state) =
+            tokio::try_join!(cursor, self.state_snapshot(envelope, binding))?;
 
         let now = Utc::now();
         let now_secs = plan::utc_to_epoch(now);
@@ -81,7 +86,6 @@ impl EventRouter {
             deadline_at: context::deadline_at(now_secs, timeout).and_then(plan::epoch_to_utc),
             attempt: 1,
         };
-        let state = self.state_snapshot(envelope, binding).await?;
         // The run's deadline is fixed by its first attempt (a redelivery reads it back).
         let prepare = |run_id: RunId, deadline_at: Option<chrono::DateTime<Utc>>| {
             plan::prepare(

@@ -25,7 +25,8 @@
 //!    cancels the active runs first (`interrupt`) or rejects it (`reject`);
 //! 4. effective access ([`crate::access`]) from the manifest, the policy, the config and the
 //!    resource catalog;
-//! 5. the transcript's latest cursor (before this event's own row);
+//! 5. the transcript's latest cursor (before this event's own row), read side by side with
+//!    the state of step 6;
 //! 6. the state snapshot, the context, the frozen snapshot and the job ([`crate::plan`]),
 //!    with a freshly minted remote Host API token (`ctx.runtime.metadata.host_api`; the
 //!    snapshot keeps its SHA-256 only);
