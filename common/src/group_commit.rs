@@ -14,14 +14,16 @@
 //! batches form: the database does one transaction's work where it did one per request.
 
 use std::future::Future;
+use std::panic::AssertUnwindSafe;
 
+use futures::FutureExt as _;
 use tokio::sync::{mpsc, oneshot};
 
 /// A request and the channel its answer goes back on.
 type Job<Req, Resp> = (Req, oneshot::Sender<Resp>);
 
-/// The committing task is gone (it panicked, or the runtime is shutting down): the request
-/// was not answered, and may or may not have been committed.
+/// The request was not answered: its batch's commit panicked, or the committing task is gone
+/// (the runtime is shutting down). It may or may not have been committed.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
 #[error("the group-commit task is gone")]
 pub struct GroupCommitClosed;
@@ -63,7 +65,19 @@ impl<Req: Send + 'static, Resp: Send + 'static> GroupCommit<Req, Resp> {
             while rx.recv_many(&mut jobs, max_batch).await > 0 {
                 let (requests, waiters): (Vec<Req>, Vec<oneshot::Sender<Resp>>) =
                     jobs.drain(..).unzip();
-                let answers = commit(requests).await;
+                // A commit that panics (a bug) fails its own batch only: its callers get
+                // `GroupCommitClosed`, and the next batch is committed as usual, instead of
+                // every later request failing with the task gone.
+                let answers = match AssertUnwindSafe(commit(requests)).catch_unwind().await {
+                    Ok(answers) => answers,
+                    Err(_) => {
+                        tracing::error!(
+                            requests = waiters.len(),
+                            "a group commit panicked; its batch is failed"
+                        );
+                        continue;
+                    }
+                };
                 for (waiter, answer) in waiters.into_iter().zip(answers) {
                     // A caller that gave up (its request was cancelled) is not waiting.
                     let _ = waiter.send(answer);
@@ -156,6 +170,16 @@ mod tests {
             assert_eq!(call.await.unwrap(), Ok(u32::try_from(i).unwrap() + 1));
         }
         assert!(sizes.lock().unwrap().iter().all(|&n| (1..=4).contains(&n)));
+    }
+
+    #[tokio::test]
+    async fn a_panicking_commit_fails_its_batch_only() {
+        let group = GroupCommit::spawn(4, |requests: Vec<u32>| async move {
+            assert!(requests != [13], "unlucky");
+            requests
+        });
+        assert_eq!(group.submit(13).await, Err(GroupCommitClosed));
+        assert_eq!(group.submit(14).await, Ok(14));
     }
 
     #[tokio::test]

@@ -182,7 +182,6 @@ async fn insert_outbox<C: ConnectionTrait>(
 }
 
 /// An event ready to append: its row and what resolving an idempotency conflict needs.
-#[derive(Clone)]
 struct Append {
     row: event_log::ActiveModel,
     id: EventId,
