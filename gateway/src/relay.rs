@@ -123,22 +123,20 @@ impl RelayHandle {
         if rows.is_empty() {
             return;
         }
-        self.inner
-            .handed
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner)
-            .extend(rows);
+        self.handed().extend(rows);
         self.inner.notify.notify_one();
     }
 
     pub(crate) fn take_handed(&self) -> Vec<OutboxMessage> {
-        std::mem::take(
-            &mut *self
-                .inner
-                .handed
-                .lock()
-                .unwrap_or_else(std::sync::PoisonError::into_inner),
-        )
+        std::mem::take(&mut *self.handed())
+    }
+
+    fn handed(&self) -> std::sync::MutexGuard<'_, Vec<OutboxMessage>> {
+        // A panic while holding the lock leaves a valid `Vec`: keep using it.
+        self.inner
+            .handed
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
     }
 
     fn take_claim(&self) -> bool {
@@ -221,7 +219,7 @@ impl OutboxRelay {
                 }
             }
             claim |= self.handle.take_claim();
-            let pause = match self.step(claim).await {
+            let pause = match self.publish_round(self.handle.take_handed(), claim).await {
                 Ok(report) if report.failed == 0 => {
                     retry.reset();
                     // A full claim: there is probably more; go again at once. Otherwise
@@ -262,32 +260,36 @@ impl OutboxRelay {
         tracing::info!("outbox relay stopped");
     }
 
-    /// Publishes the rows handed over since the last step, then claims and publishes a batch
-    /// if `claim`.
-    async fn step(&self, claim: bool) -> Result<RoundReport, sb_store::StoreError> {
-        let handed = self.handle.take_handed();
-        let mut report = RoundReport::default();
-        if !handed.is_empty() {
-            let published = self.publish(handed).await?;
-            report.published += published.published;
-            report.failed += published.failed;
-        }
-        if claim {
-            let round = self.round().await?;
-            report.claimed += round.claimed;
-            report.published += round.published;
-            report.failed += round.failed;
-        }
-        Ok(report)
-    }
-
     /// Claims, publishes and settles one batch.
     pub async fn round(&self) -> Result<RoundReport, sb_store::StoreError> {
-        let rows = self
-            .outbox
-            .claim(self.options.batch, self.options.lease)
-            .await?;
-        let claimed = rows.len();
+        self.publish_round(Vec::new(), true).await
+    }
+
+    /// Publishes and settles `handed` rows together with a claimed batch if `claim`: one
+    /// confirmed publish and one mark for both. If the claim fails, the handed rows are
+    /// still published before the error is returned.
+    async fn publish_round(
+        &self,
+        mut rows: Vec<OutboxMessage>,
+        claim: bool,
+    ) -> Result<RoundReport, sb_store::StoreError> {
+        let mut claimed = 0;
+        if claim {
+            match self
+                .outbox
+                .claim(self.options.batch, self.options.lease)
+                .await
+            {
+                Ok(batch) => {
+                    claimed = batch.len();
+                    rows.extend(batch);
+                }
+                Err(error) => {
+                    self.publish(rows).await?;
+                    return Err(error);
+                }
+            }
+        }
         Ok(RoundReport {
             claimed,
             ..self.publish(rows).await?

@@ -28,6 +28,22 @@ impl ResultSink {
         else {
             return Ok(None);
         };
+        self.apply_and_deliver(run, sequence, result, "stored")
+            .await?;
+        Ok(Some(sequence))
+    }
+
+    /// Applies `run`'s terminal item `result`, stored at `sequence` without any of its side
+    /// effects, and publishes it for live delivery. The delivery is best effort, like every
+    /// live delivery: the item is stored and applied, and a stream that misses it reads it
+    /// from the ledger. `origin` names the item in the log (`stored`, `host-made`).
+    async fn apply_and_deliver(
+        &self,
+        run: &RunRecord,
+        sequence: u64,
+        result: AgentRunResult,
+        origin: &str,
+    ) -> Result<()> {
         let message = ResultMessage::new(
             run.id,
             run.workspace_id.clone(),
@@ -46,9 +62,9 @@ impl ResultSink {
             .publish_batch(vec![self.outgoing(&[&message])])
             .await
         {
-            tracing::warn!(run_id = %run.id, %error, "live delivery of a stored terminal item failed");
+            tracing::warn!(run_id = %run.id, %error, origin, "live delivery of a terminal item failed");
         }
-        Ok(Some(sequence))
+        Ok(())
     }
 
     /// Finalizes `run` with a host-made terminal item: the reaper's `timeout` (deadline,
@@ -84,28 +100,9 @@ impl ResultSink {
             Finalized::TerminalStored { .. } => self.finish_from_ledger(run).await?,
             Finalized::Ended { sequence } => {
                 Metrics::global().inc(names::RUNS_TOTAL, &[("status", status.as_str())]);
-                let message = ResultMessage::new(
-                    run.id,
-                    run.workspace_id.clone(),
-                    run.conversation_id.clone(),
-                    sequence,
-                    result.with_run_id(run.id).with_sequence(sequence),
-                )
-                .with_run(Some(super::facts_of_row(run)));
-                let info = self.facts_of(&message).await?;
-                let plan = journal::plan_item(&message.result);
-                self.apply(&info, &message, &plan, Written::default())
+                let result = result.with_run_id(run.id).with_sequence(sequence);
+                self.apply_and_deliver(run, sequence, result, "host-made")
                     .await?;
-                // Best effort, like every live delivery: the item is stored and applied, and
-                // a stream that misses it reads it from the ledger.
-                if let Err(error) = self
-                    .deps
-                    .bus
-                    .publish_batch(vec![self.outgoing(&[&message])])
-                    .await
-                {
-                    tracing::warn!(run_id = %run.id, %error, "live delivery of a host-made terminal item failed");
-                }
                 Some(sequence)
             }
         };

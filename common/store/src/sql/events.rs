@@ -158,11 +158,15 @@ fn leased_until(
     until.filter(|_| message.available_at.is_none_or(|at| at <= now))
 }
 
-/// The end of a lease taken now.
-fn lease_end(lease: Duration) -> Result<DateTime<Utc>> {
-    Ok(now()
-        + chrono::Duration::from_std(lease)
-            .map_err(|_| StoreError::invalid("lease is too long"))?)
+/// The end of a lease of `lease` taken at `now` (claims, and rows appended leased).
+fn lease_end(now: DateTime<Utc>, lease: Duration) -> Result<DateTime<Utc>> {
+    chrono::Duration::from_std(lease)
+        .map(|lease| now + lease)
+        .map_err(|_| lease_too_long())
+}
+
+fn lease_too_long() -> StoreError {
+    StoreError::invalid("lease is too long")
 }
 
 async fn insert_outbox<C: ConnectionTrait>(
@@ -438,21 +442,16 @@ impl SqlStore {
                 [(append, _)] => append.insert_error(e),
                 _ => e.into(),
             })?;
-        // Per inserted event: its row and the ids of its outbox rows by message position.
-        let mut inserted: HashMap<uuid::Uuid, (event_log::Model, Vec<(usize, i64)>)> =
-            HashMap::with_capacity(rows.len());
+        // The inserted events' rows, and the outbox ids by message position in the batch.
+        let mut inserted: HashMap<uuid::Uuid, event_log::Model> = HashMap::new();
+        let mut outbox_ids: HashMap<usize, i64> = HashMap::new();
         for row in &rows {
-            let model = event_log::Model::from_query_result(row, "")?;
-            let message: Option<(i32, i64)> = match row.try_get::<Option<i32>>("", "outbox_ord")? {
-                Some(ord) => Some((ord, row.try_get::<i64>("", "outbox_id")?)),
-                None => None,
-            };
-            let entry = inserted
-                .entry(model.id)
-                .or_insert_with(|| (model, Vec::new()));
-            if let Some((ord, id)) = message {
-                entry.1.push((usize::try_from(ord).unwrap_or_default(), id));
+            if let Some(ord) = row.try_get::<Option<i32>>("", "outbox_ord")? {
+                let position = usize::try_from(ord).unwrap_or_default();
+                outbox_ids.insert(position, row.try_get::<i64>("", "outbox_id")?);
             }
+            let model = event_log::Model::from_query_result(row, "")?;
+            inserted.entry(model.id).or_insert(model);
         }
         let mut outcomes = Vec::with_capacity(appends.len());
         let mut first_message = 0;
@@ -460,15 +459,14 @@ impl SqlStore {
             let positions = first_message..first_message + outbox.len();
             first_message += outbox.len();
             let outcome = match inserted.remove(&append.id.into_uuid()) {
-                Some((model, ids)) => {
-                    let ids: HashMap<usize, i64> = ids.into_iter().collect();
+                Some(model) => {
                     let leased = positions
                         .zip(outbox)
                         .filter_map(|(position, message)| {
                             let locked_until = leased_until(message, append.now, until)?;
                             Some(leased_row(
                                 message,
-                                ids.get(&position).copied()?,
+                                outbox_ids.get(&position).copied()?,
                                 append.now,
                                 locked_until,
                             ))
@@ -604,13 +602,10 @@ impl EventLog for SqlStore {
         batch: Vec<AppendRequest>,
         lease: Option<Duration>,
     ) -> Vec<Result<Appended>> {
-        let until = match lease.map(lease_end).transpose() {
+        let until = match lease.map(|lease| lease_end(now(), lease)).transpose() {
             Ok(until) => until,
             Err(_) => {
-                return batch
-                    .iter()
-                    .map(|_| Err(StoreError::invalid("lease is too long")))
-                    .collect();
+                return batch.iter().map(|_| Err(lease_too_long())).collect();
             }
         };
         let mut outcomes: Vec<Option<Result<Appended>>> = Vec::with_capacity(batch.len());
@@ -1012,9 +1007,7 @@ impl Outbox for SqlStore {
     async fn claim(&self, limit: u64, lease: Duration) -> Result<Vec<OutboxMessage>> {
         let limit = limit.clamp(1, MAX_OUTBOX_CLAIM);
         let now = now();
-        let until = now
-            + chrono::Duration::from_std(lease)
-                .map_err(|_| StoreError::invalid("lease is too long"))?;
+        let until = lease_end(now, lease)?;
         let lease_free = || {
             Condition::any()
                 .add(outbox::Column::LockedUntil.is_null())

@@ -92,6 +92,11 @@ fn new_run(conv: Option<&str>) -> NewRun {
     }
 }
 
+/// The first ten stored items of run `run_id`.
+async fn stored_items(db: &TestDb, run_id: RunId) -> Vec<RunEventRecord> {
+    db.stores.runs.events_after(run_id, 0, 10).await.unwrap()
+}
+
 /// The transcript rows of conversation `conv` of [`ws`], oldest first.
 async fn transcript_rows(db: &TestDb, conv: &str) -> Vec<TranscriptRecord> {
     db.stores

@@ -6,7 +6,7 @@ use sb_protocol::error::ErrorCode;
 use sb_protocol::ids::RunId;
 use serde_json::json;
 
-use super::{assert_code, create_run, run_event, transcript_rows, ws};
+use super::{assert_code, create_run, run_event, stored_items, transcript_rows, ws};
 use crate::testing::TestDb;
 use crate::*;
 
@@ -160,14 +160,7 @@ pub async fn run_items_that_end_their_run_end_it_with_the_insert(db: &TestDb) {
             .await,
         ErrorCode::InvalidArgument,
     );
-    assert!(
-        db.stores
-            .runs
-            .events_after(d.id, 0, 10)
-            .await
-            .unwrap()
-            .is_empty()
-    );
+    assert!(stored_items(db, d.id).await.is_empty());
 
     // So is a transcript row that does not validate (no conversation), with the batch's
     // other items and run ends, through both calls.
@@ -194,14 +187,7 @@ pub async fn run_items_that_end_their_run_end_it_with_the_insert(db: &TestDb) {
         db.stores.runs.insert_event(bad()).await,
         ErrorCode::InvalidArgument,
     );
-    assert!(
-        db.stores
-            .runs
-            .events_after(d.id, 0, 10)
-            .await
-            .unwrap()
-            .is_empty()
-    );
+    assert!(stored_items(db, d.id).await.is_empty());
     assert_eq!(
         db.stores.runs.get_run(d.id).await.unwrap().unwrap().status,
         RunStatus::Queued
@@ -253,12 +239,7 @@ pub async fn run_finalize_stores_the_item_with_the_status(db: &TestDb) {
         Finalized::AlreadyEnded(RunStatus::Interrupted)
     );
     assert_eq!(
-        db.stores
-            .runs
-            .events_after(run.id, 0, 10)
-            .await
-            .unwrap()
-            .len(),
+        stored_items(db, run.id).await.len(),
         2,
         "nothing written for an ended run"
     );
@@ -311,7 +292,7 @@ pub async fn run_finalize_stores_the_item_with_the_status(db: &TestDb) {
             .unwrap(),
         vec![false, false]
     );
-    let items = db.stores.runs.events_after(own.id, 0, 10).await.unwrap();
+    let items = stored_items(db, own.id).await;
     assert_eq!(
         items.iter().map(|e| e.sequence).collect::<Vec<_>>(),
         vec![1]
@@ -613,7 +594,7 @@ pub async fn run_insert_events_batch_reports_new_rows(db: &TestDb) {
             .last_sequence,
         5
     );
-    let b_events = db.stores.runs.events_after(b.id, 0, 10).await.unwrap();
+    let b_events = stored_items(db, b.id).await;
     assert_eq!(
         b_events.iter().map(|e| e.sequence).collect::<Vec<_>>(),
         vec![4, 5]
@@ -674,23 +655,8 @@ pub async fn run_expire_events(db: &TestDb) {
         0,
         "already expired"
     );
-    assert!(
-        db.stores
-            .runs
-            .events_after(ended.id, 0, 10)
-            .await
-            .unwrap()
-            .is_empty()
-    );
-    assert_eq!(
-        db.stores
-            .runs
-            .events_after(active.id, 0, 10)
-            .await
-            .unwrap()
-            .len(),
-        2
-    );
+    assert!(stored_items(db, ended.id).await.is_empty());
+    assert_eq!(stored_items(db, active.id).await.len(), 2);
     let stored = db.stores.runs.get_run(ended.id).await.unwrap().unwrap();
     assert!(stored.events_expired_at.is_some());
     assert_eq!(stored.last_sequence, 2);
