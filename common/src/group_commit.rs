@@ -28,6 +28,14 @@ type Job<Req, Resp> = (Req, oneshot::Sender<Resp>);
 #[error("the group-commit task is gone")]
 pub struct GroupCommitClosed;
 
+impl sb_protocol::error::HasErrorCode for GroupCommitClosed {
+    /// Retryable: a request made again is committed by a task that works (or, at shutdown,
+    /// by the next process).
+    fn code(&self) -> sb_protocol::error::ErrorCode {
+        sb_protocol::error::ErrorCode::Unavailable
+    }
+}
+
 /// The submitting side of a group-commit task. Cheap to clone; the task ends when the last
 /// clone is dropped, after committing what is queued.
 #[derive(Debug)]

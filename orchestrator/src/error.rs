@@ -5,6 +5,7 @@
 
 use sb_common::bus::{BatchPublishError, BusError};
 use sb_common::error::ShutdownError;
+use sb_common::group_commit::GroupCommitClosed;
 use sb_common::session::SessionError;
 use sb_protocol::error::{ErrorCode, HasErrorCode};
 use sb_protocol::ids::{EventId, RunId};
@@ -40,6 +41,9 @@ pub enum OrchestratorError {
     /// A task was refused because shutdown has begun.
     #[error(transparent)]
     Shutdown(#[from] ShutdownError),
+    /// A group commit's task did not answer (its batch panicked, or shutdown).
+    #[error(transparent)]
+    GroupCommit(#[from] GroupCommitClosed),
     /// The event a message points to does not exist (in its workspace).
     #[error("event {0} not found")]
     EventNotFound(EventId),
@@ -89,6 +93,7 @@ impl HasErrorCode for OrchestratorError {
             Self::Decode(e) => e.code(),
             Self::Catalog(e) => e.code(),
             Self::Shutdown(e) => e.code(),
+            Self::GroupCommit(e) => e.code(),
             // A pointer to nothing: nothing to do, ever.
             Self::EventNotFound(_) | Self::RunNotFound(_) => ErrorCode::NotFound,
             // The message points to a broken record: keep it for an operator.

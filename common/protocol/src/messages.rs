@@ -121,16 +121,34 @@ pub struct EventMessage {
     pub workspace_id: WorkspaceId,
     /// The event-log id.
     pub event_id: EventId,
+    /// The event's ordering lane: a consumer routes the events of one lane in the order they
+    /// were published and may route those of different lanes side by side. Events of one
+    /// conversation share a lane; an event without a conversation has one of its own (see
+    /// `sb_common::bus::topology::event_lane`). Absent (a message from a publisher that
+    /// predates lanes): the event is routed alone, after every message before it and before
+    /// every message after it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub lane: Option<u64>,
 }
 
 impl EventMessage {
-    /// A pointer to an accepted event.
+    /// A pointer to an accepted event, without a lane (routed alone).
     #[must_use]
     pub fn new(workspace_id: WorkspaceId, event_id: EventId) -> Self {
         Self {
             schema: EventSchema,
             workspace_id,
             event_id,
+            lane: None,
+        }
+    }
+
+    /// The same pointer in ordering lane `lane`.
+    #[must_use]
+    pub fn in_lane(self, lane: u64) -> Self {
+        Self {
+            lane: Some(lane),
+            ..self
         }
     }
 }

@@ -72,6 +72,24 @@ pub fn events_shard(workspace: &str, conversation: Option<&str>, shards: NonZero
     (fnv1a(&key) % u64::from(shards.get())) as u32
 }
 
+/// Ordering lane of an event ([`EventMessage::lane`]): `fnv1a(workspace + "\0" +
+/// conversation)`, the key its shard is taken from, so the events of one conversation share
+/// a lane; an event without a conversation (none or empty) has a lane of its own,
+/// `fnv1a(event_id as text)`. Two conversations that collide share a lane and are routed one
+/// after the other, as they would be without lanes.
+pub fn event_lane(workspace: &str, event_id: EventId, conversation: Option<&str>) -> u64 {
+    match conversation.filter(|c| !c.is_empty()) {
+        Some(conversation) => {
+            let mut key = Vec::with_capacity(workspace.len() + 1 + conversation.len());
+            key.extend_from_slice(workspace.as_bytes());
+            key.push(0);
+            key.extend_from_slice(conversation.as_bytes());
+            fnv1a(&key)
+        }
+        None => fnv1a(event_id.to_string().as_bytes()),
+    }
+}
+
 /// Results shard of a run: `fnv1a(run_id as text) % shards`.
 pub fn results_shard(run_id: &RunId, shards: NonZeroU32) -> u32 {
     (fnv1a(run_id.to_string().as_bytes()) % u64::from(shards.get())) as u32
@@ -324,7 +342,11 @@ impl Topology {
         event_id: EventId,
         conversation: Option<&str>,
     ) -> Announcement {
-        let message = EventMessage::new(workspace.clone(), event_id);
+        let message = EventMessage::new(workspace.clone(), event_id).in_lane(event_lane(
+            workspace.as_str(),
+            event_id,
+            conversation,
+        ));
         Announcement {
             exchange: self.events_exchange(),
             routing_key: self.events_routing_key(workspace.as_str(), conversation),
@@ -482,7 +504,33 @@ mod tests {
             topology.events_routing_key("ws-1", Some("c1"))
         );
         let message: EventMessage = sb_protocol::messages::decode(&announcement.body).unwrap();
-        assert_eq!(message, EventMessage::new(workspace, event_id));
+        assert_eq!(
+            message,
+            EventMessage::new(workspace.clone(), event_id).in_lane(event_lane(
+                "ws-1",
+                event_id,
+                Some("c1")
+            ))
+        );
+    }
+
+    #[test]
+    fn events_of_a_conversation_share_a_lane_and_others_have_their_own() {
+        let (a, b) = (EventId::new(), EventId::new());
+        assert_eq!(
+            event_lane("ws", a, Some("c1")),
+            event_lane("ws", b, Some("c1"))
+        );
+        assert_ne!(
+            event_lane("ws", a, Some("c1")),
+            event_lane("ws", a, Some("c2"))
+        );
+        assert_ne!(
+            event_lane("ws", a, Some("c1")),
+            event_lane("other", a, Some("c1"))
+        );
+        assert_ne!(event_lane("ws", a, None), event_lane("ws", b, None));
+        assert_eq!(event_lane("ws", a, Some("")), event_lane("ws", a, None));
     }
 
     #[test]

@@ -1,5 +1,6 @@
 //! The run ledger and the result items of every run.
 
+use std::collections::HashSet;
 use std::str::FromStr;
 
 use async_trait::async_trait;
@@ -362,6 +363,17 @@ pub trait RunLedger: Send + Sync + 'static {
     /// does not exist (nothing is written); the validation errors of the three writes.
     async fn start_run(&self, start: RunStart) -> Result<Option<RunRecord>>;
 
+    /// [`start_run`](Self::start_run) for the runs of several events at once, in **one
+    /// commit**: one statement on Postgres, one transaction on SQLite. Each start gets the
+    /// answer `start_run` would have given it, in order; one that fails (a run id taken by
+    /// another event, a missing event, a bad row) fails alone, because when the shared
+    /// commit fails each start is made again on its own. The starts must be of different
+    /// events (the router holds each event's route lock while it starts its run).
+    ///
+    /// The router's group commit calls this with whatever starts are pending at once, so
+    /// the runs routed side by side share a commit.
+    async fn start_runs(&self, starts: Vec<RunStart>) -> Vec<Result<Option<RunRecord>>>;
+
     /// The run, if any.
     async fn get_run(&self, id: RunId) -> Result<Option<RunRecord>>;
 
@@ -396,6 +408,12 @@ pub trait RunLedger: Send + Sync + 'static {
 
     /// `queued → running` for `worker_id`. `true` iff this call made the transition.
     async fn claim_run(&self, id: RunId, worker_id: &str) -> Result<bool>;
+
+    /// [`claim_run`](Self::claim_run) for several runs at once, in one statement: returns the
+    /// runs this call moved `queued → running` for `worker_id` (the others were not queued
+    /// or do not exist). A worker's group commit calls this with the claims of the jobs it
+    /// received together.
+    async fn claim_runs(&self, ids: &[RunId], worker_id: &str) -> Result<HashSet<RunId>>;
 
     /// Ends an active run with a terminal status. `true` iff this call ended it;
     /// `invalid_argument` if `outcome.status` is not terminal.

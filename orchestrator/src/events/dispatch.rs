@@ -122,10 +122,9 @@ impl EventRouter {
                     user_transcript: user_row.clone(),
                     event: dispatched(run_id, &prepared, binding, dispatch, &start),
                 };
-                stores
-                    .runs
-                    .start_run(start_run)
-                    .await?
+                self.starts
+                    .submit(start_run)
+                    .await??
                     .map(|run| (run, prepared))
             }
         };

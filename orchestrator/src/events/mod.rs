@@ -75,7 +75,9 @@ mod route;
 
 use std::sync::Arc;
 
+use sb_common::group_commit::GroupCommit;
 use sb_protocol::ids::RunId;
+use sb_store::{RunRecord, RunStart};
 use serde_json::Value;
 
 use crate::concurrency::ConversationKey;
@@ -125,7 +127,15 @@ pub struct EventRouter {
     conversations: Conversations,
     /// The workspace's agents and the runners' descriptors, as last read.
     cache: RouteCache,
+    /// Step 7's commit, shared by the runs started side by side (by every shard loop of this
+    /// orchestrator, and by the conversations of one shard batch): one statement for all the
+    /// starts pending at once ([`RunLedger::start_runs`](sb_store::RunLedger::start_runs)).
+    starts: GroupCommit<RunStart, sb_store::Result<Option<RunRecord>>>,
 }
+
+/// Most run starts one commit carries: far above what one orchestrator routes in one
+/// commit's time.
+const MAX_STARTS_PER_COMMIT: usize = 64;
 
 /// How a run is started for an event of a conversation.
 #[derive(Debug, Default)]
@@ -140,15 +150,24 @@ struct StartContext {
 
 impl EventRouter {
     /// A router over `deps`.
+    ///
+    /// # Panics
+    /// Outside a Tokio runtime (the starts' group commit is a task).
     #[must_use]
     pub fn new(deps: OrchestratorDeps, options: Arc<OrchestratorOptions>) -> Self {
         let conversations = deps.conversations(&options);
         let cache = RouteCache::new(options.route_cache_max_age);
+        let runs = Arc::clone(&deps.stores.runs);
+        let starts = GroupCommit::spawn(MAX_STARTS_PER_COMMIT, move |batch: Vec<RunStart>| {
+            let runs = Arc::clone(&runs);
+            async move { runs.start_runs(batch).await }
+        });
         Self {
             deps,
             options,
             conversations,
             cache,
+            starts,
         }
     }
 }

@@ -54,6 +54,7 @@ use tokio_util::sync::CancellationToken;
 use tokio_util::task::AbortOnDropHandle;
 use tracing::Instrument as _;
 
+use super::claims::Claims;
 use super::decisions::{
     ClaimLost, PreStart, cancel_reason, decide_claim_lost, decide_pre_start, result_bodies,
     settlement_for, terminal_status,
@@ -83,6 +84,8 @@ pub(super) struct Core {
     bus: Arc<dyn Bus>,
     sessions: Arc<dyn SessionStore>,
     ledger: Arc<dyn RunLedger>,
+    /// The claims, in commits shared by the jobs received together.
+    claims: Claims,
     /// Audit rows (`steering.dropped`).
     events: Arc<dyn EventLog>,
     topology: Topology,
@@ -165,6 +168,7 @@ impl Core {
         stop: CancellationToken,
     ) -> Self {
         Self {
+            claims: Claims::start(Arc::clone(&deps.stores.runs), id.clone()),
             id,
             retry: deps.config.retry.policy(),
             bus: deps.bus,
@@ -347,7 +351,11 @@ impl Core {
         // `restart_postgres`).
         let mut retry = self.retry.start();
         loop {
-            match self.ledger.claim_run(run_id, &self.id).await {
+            let claimed = match self.claims.claim(run_id).await {
+                Ok(claimed) => claimed,
+                Err(closed) => return settlement_for(closed.code()),
+            };
+            match claimed {
                 Ok(true) => break,
                 Ok(false) => return self.on_claim_lost(job, reservation).await,
                 Err(error) if error.is_transient() => {

@@ -16,6 +16,8 @@
 //! - `decisions`: the pure rules ([`settlement_for`], [`decide_claim_lost`],
 //!   [`decide_pre_start`], [`decide_lost_lease`], result batching) with their unit tests,
 //!   and why a redelivered job looks at the run's session.
+//! - `claims`: the runs' claims, group-committed (the jobs received together claim their
+//!   runs in one statement).
 //! - `job`: the pipeline of one job, delivery to settlement (its diagram is there), and why
 //!   the lease comes before the claim.
 //! - `lease`: the run lease's key ([`lease_key`]) and the heartbeat that keeps it.
@@ -35,6 +37,7 @@ use self::job::Core;
 use self::loops::supervise;
 use self::startup::start;
 
+mod claims;
 mod decisions;
 mod deps;
 mod error;

@@ -276,62 +276,109 @@ fn one_run_per_event() -> OnConflict {
         .to_owned()
 }
 
-/// [`RunLedger::start_run`] on Postgres as one data-modifying `WITH`, so starting a run costs
-/// one round trip and one commit instead of three of each: the run insert (only if the event
-/// exists; skipped when the event has a run already), then, only if the run was inserted,
-/// the user transcript row (skipped when its id exists) and the event's routing update. It
-/// returns the run row, or no row when nothing was written.
-fn start_run_statement(
-    run_row: &run::ActiveModel,
-    transcript_row: Option<&transcript::ActiveModel>,
+/// A run start validated and turned into rows ([`RunLedger::start_run`]).
+#[derive(Clone)]
+struct Start {
+    id: RunId,
     event_id: EventId,
+    run: run::ActiveModel,
+    transcript: Option<transcript::ActiveModel>,
     event: crate::EventStatusUpdate,
-) -> Result<Statement> {
-    use sea_orm::sea_query::{CommonTableExpression, PostgresQueryBuilder, Query, WithClause};
-    let event_exists = Expr::exists(
-        Query::select()
-            .expr(Expr::val(1))
-            .from(super::entity::event_log::Entity)
-            .and_where(super::entity::event_log::Column::Id.eq(event_id.into_uuid()))
-            .to_owned(),
-    );
-    let mut insert_run = super::insert_where(run_row, event_exists)?;
-    insert_run.on_conflict(one_run_per_event()).returning_all();
-    let started = Expr::cust(r#"EXISTS (SELECT 1 FROM "started")"#);
+}
+
+impl Start {
+    fn new(start: RunStart) -> Result<Self> {
+        let RunStart {
+            run,
+            user_transcript,
+            event,
+        } = start;
+        let Some(id) = run.id else {
+            return Err(StoreError::invalid(
+                "a run is started with the id its job names",
+            ));
+        };
+        let event_id = run.event_id;
+        let run = new_run_row(run)?;
+        let transcript = user_transcript
+            .map(super::transcript::transcript_row)
+            .transpose()?
+            .map(|(_, row)| row);
+        Ok(Self {
+            id,
+            event_id,
+            run,
+            transcript,
+            event,
+        })
+    }
+}
+
+/// [`RunLedger::start_runs`] on Postgres as one data-modifying `WITH`, so starting runs costs
+/// one round trip and one commit however many there are. For each start `i`: the run insert
+/// `started_i` (only if the event exists; skipped when the event has a run already), then,
+/// only if that run was inserted, the user transcript row `transcribed_i` (skipped when its
+/// id exists) and the event's routing update `dispatched_i`. It returns the inserted run
+/// rows; a start without a row wrote nothing.
+fn start_runs_statement(starts: &[Start]) -> Result<Statement> {
+    use sea_orm::sea_query::{
+        Alias, CommonTableExpression, PostgresQueryBuilder, Query, SelectStatement, UnionType,
+        WithClause,
+    };
     let mut with = WithClause::new();
-    with.cte(
-        CommonTableExpression::new()
-            .table_name("started")
-            .query(insert_run)
-            .to_owned(),
-    );
-    if let Some(row) = transcript_row {
-        let mut insert = super::insert_where(row, started.clone())?;
-        insert.on_conflict(OnConflict::new().do_nothing().to_owned());
-        with.cte(
-            CommonTableExpression::new()
-                .table_name("transcribed")
-                .query(insert)
+    let mut select: Option<SelectStatement> = None;
+    for (i, start) in starts.iter().enumerate() {
+        let event_exists = Expr::exists(
+            Query::select()
+                .expr(Expr::val(1))
+                .from(super::entity::event_log::Entity)
+                .and_where(super::entity::event_log::Column::Id.eq(start.event_id.into_uuid()))
                 .to_owned(),
         );
-    }
-    let mut update =
-        sea_orm::QueryTrait::into_query(super::events::postgres_status_update(event_id, event)?);
-    update.and_where(started);
-    with.cte(
-        CommonTableExpression::new()
-            .table_name("dispatched")
-            .query(update)
-            .to_owned(),
-    );
-    let (sql, values) = with
-        .query(
-            Query::select()
-                .column(sea_orm::sea_query::Asterisk)
-                .from("started")
+        let mut insert_run = super::insert_where(&start.run, event_exists)?;
+        insert_run.on_conflict(one_run_per_event()).returning_all();
+        let started_table = format!("started_{i}");
+        let started = Expr::cust(format!(r#"EXISTS (SELECT 1 FROM "{started_table}")"#));
+        with.cte(
+            CommonTableExpression::new()
+                .table_name(Alias::new(started_table.clone()))
+                .query(insert_run)
                 .to_owned(),
-        )
-        .build(PostgresQueryBuilder);
+        );
+        if let Some(row) = &start.transcript {
+            let mut insert = super::insert_where(row, started.clone())?;
+            insert.on_conflict(OnConflict::new().do_nothing().to_owned());
+            with.cte(
+                CommonTableExpression::new()
+                    .table_name(Alias::new(format!("transcribed_{i}")))
+                    .query(insert)
+                    .to_owned(),
+            );
+        }
+        let mut update = sea_orm::QueryTrait::into_query(super::events::postgres_status_update(
+            start.event_id,
+            start.event.clone(),
+        )?);
+        update.and_where(started);
+        with.cte(
+            CommonTableExpression::new()
+                .table_name(Alias::new(format!("dispatched_{i}")))
+                .query(update)
+                .to_owned(),
+        );
+        let rows = Query::select()
+            .column(sea_orm::sea_query::Asterisk)
+            .from(Alias::new(started_table))
+            .to_owned();
+        match &mut select {
+            None => select = Some(rows),
+            Some(select) => {
+                select.union(UnionType::All, rows);
+            }
+        }
+    }
+    let select = select.ok_or_else(|| StoreError::invalid("no run to start"))?;
+    let (sql, values) = with.query(select).build(PostgresQueryBuilder);
     Ok(Statement::from_sql_and_values(
         DbBackend::Postgres,
         sql,
@@ -398,6 +445,72 @@ async fn bump_last_sequences<C: ConnectionTrait>(
     Ok(())
 }
 
+impl SqlStore {
+    /// Starts `starts` in one commit (see [`RunLedger::start_runs`]); an error fails them
+    /// all and writes nothing.
+    async fn start_together(&self, starts: &[Start]) -> Result<Vec<Result<Option<RunRecord>>>> {
+        let taken = |e: sea_orm::DbErr| {
+            if is_unique_violation(&e) {
+                StoreError::Conflict(match starts {
+                    [start] => format!("run {} already exists for another event", start.id),
+                    _ => "a run id already exists for another event".into(),
+                })
+            } else {
+                e.into()
+            }
+        };
+        if starts.is_empty() {
+            return Ok(Vec::new());
+        }
+        if self.backend() == DbBackend::Postgres {
+            let rows = self
+                .writer()
+                .query_all_raw(start_runs_statement(starts)?)
+                .await
+                .map_err(taken)?;
+            let mut started = HashMap::with_capacity(rows.len());
+            for row in rows {
+                let record = run_record(run::Model::from_query_result(&row, "")?)?;
+                started.insert(record.id, record);
+            }
+            let mut outcomes = Vec::with_capacity(starts.len());
+            for start in starts {
+                outcomes.push(match started.remove(&start.id) {
+                    Some(record) => Ok(Some(record)),
+                    // Nothing written: the event has a run already, or there is no such event.
+                    None => match crate::EventLog::routing(self, start.event_id).await? {
+                        Some(_) => Ok(None),
+                        None => Err(StoreError::not_found(format!("event {}", start.event_id))),
+                    },
+                });
+            }
+            return Ok(outcomes);
+        }
+        let txn = self.write_txn().await?;
+        let mut outcomes = Vec::with_capacity(starts.len());
+        for start in starts {
+            let Some(model) = run_insert(start.run.clone())
+                .exec_with_returning_many(&txn)
+                .await
+                .map_err(taken)?
+                .into_iter()
+                .next()
+            else {
+                outcomes.push(Ok(None));
+                continue;
+            };
+            if let Some(row) = start.transcript.clone() {
+                insert_transcript_once(&txn, row).await?;
+            }
+            // `not_found` when there is no such event: dropping `txn` rolls the runs back.
+            super::events::update_status_in(&txn, start.event_id, start.event.clone()).await?;
+            outcomes.push(Ok(Some(run_record(model)?)));
+        }
+        txn.commit().await?;
+        Ok(outcomes)
+    }
+}
+
 #[async_trait]
 impl RunLedger for SqlStore {
     async fn create_run(&self, new: NewRun) -> Result<(RunRecord, bool)> {
@@ -429,62 +542,56 @@ impl RunLedger for SqlStore {
     }
 
     async fn start_run(&self, start: RunStart) -> Result<Option<RunRecord>> {
-        let RunStart {
-            run,
-            user_transcript,
-            event,
-        } = start;
-        let Some(id) = run.id else {
-            return Err(StoreError::invalid(
-                "a run is started with the id its job names",
-            ));
-        };
-        let event_id = run.event_id;
-        let row = new_run_row(run)?;
-        let transcript = user_transcript
-            .map(super::transcript::transcript_row)
-            .transpose()?
-            .map(|(_, row)| row);
-        let taken = |e: sea_orm::DbErr| {
-            if is_unique_violation(&e) {
-                StoreError::Conflict(format!("run {id} already exists for another event"))
-            } else {
-                e.into()
+        let start = Start::new(start)?;
+        self.start_together(std::slice::from_ref(&start))
+            .await?
+            .pop()
+            .unwrap_or_else(|| Err(StoreError::Corrupt("a run start went unanswered".into())))
+    }
+
+    async fn start_runs(&self, starts: Vec<RunStart>) -> Vec<Result<Option<RunRecord>>> {
+        let mut outcomes: Vec<Option<Result<Option<RunRecord>>>> = Vec::with_capacity(starts.len());
+        let mut slots = Vec::with_capacity(starts.len());
+        let mut valid = Vec::with_capacity(starts.len());
+        for start in starts {
+            match Start::new(start) {
+                Ok(start) => {
+                    slots.push(outcomes.len());
+                    valid.push(start);
+                    outcomes.push(None);
+                }
+                Err(error) => outcomes.push(Some(Err(error))),
             }
-        };
-        if self.backend() == DbBackend::Postgres {
-            let statement = start_run_statement(&row, transcript.as_ref(), event_id, event)?;
-            if let Some(row) = self
-                .writer()
-                .query_one_raw(statement)
-                .await
-                .map_err(taken)?
-            {
-                return Ok(Some(run_record(run::Model::from_query_result(&row, "")?)?));
-            }
-            // Nothing written: the event has a run already, or there is no such event.
-            return match crate::EventLog::routing(self, event_id).await? {
-                Some(_) => Ok(None),
-                None => Err(StoreError::not_found(format!("event {event_id}"))),
-            };
         }
-        let txn = self.write_txn().await?;
-        let Some(model) = run_insert(row)
-            .exec_with_returning_many(&txn)
-            .await
-            .map_err(taken)?
+        let started = match self.start_together(&valid).await {
+            Ok(started) => started,
+            Err(error) => {
+                // One start can fail the shared statement or transaction for all (a run id
+                // taken by another event): each is made alone, so it fails alone.
+                tracing::debug!(%error, starts = valid.len(), "batched run start failed; starting one by one");
+                let mut alone = Vec::with_capacity(valid.len());
+                for start in valid.chunks(1) {
+                    alone.push(match self.start_together(start).await {
+                        Ok(mut one) => one.pop().unwrap_or_else(|| {
+                            Err(StoreError::Corrupt("a run start went unanswered".into()))
+                        }),
+                        Err(error) => Err(error),
+                    });
+                }
+                alone
+            }
+        };
+        for (slot, outcome) in slots.into_iter().zip(started) {
+            outcomes[slot] = Some(outcome);
+        }
+        outcomes
             .into_iter()
-            .next()
-        else {
-            return Ok(None);
-        };
-        if let Some(row) = transcript {
-            insert_transcript_once(&txn, row).await?;
-        }
-        // `not_found` when there is no such event: dropping `txn` rolls the run back.
-        super::events::update_status_in(&txn, event_id, event).await?;
-        txn.commit().await?;
-        Ok(Some(run_record(model)?))
+            .map(|outcome| {
+                outcome.unwrap_or_else(|| {
+                    Err(StoreError::Corrupt("a run start went unanswered".into()))
+                })
+            })
+            .collect()
     }
 
     async fn get_run(&self, id: RunId) -> Result<Option<RunRecord>> {
@@ -551,19 +658,29 @@ impl RunLedger for SqlStore {
     }
 
     async fn claim_run(&self, id: RunId, worker_id: &str) -> Result<bool> {
+        Ok(self.claim_runs(&[id], worker_id).await?.contains(&id))
+    }
+
+    async fn claim_runs(&self, ids: &[RunId], worker_id: &str) -> Result<HashSet<RunId>> {
         check_required("worker_id", worker_id, ID_LEN)?;
-        let res = run::Entity::update_many()
+        if ids.is_empty() {
+            return Ok(HashSet::new());
+        }
+        let claimed = run::Entity::update_many()
             .col_expr(
                 run::Column::Status,
                 Expr::value(RunStatus::Running.as_str()),
             )
             .col_expr(run::Column::WorkerId, Expr::value(worker_id))
             .col_expr(run::Column::StartedAt, Expr::value(now()))
-            .filter(run::Column::Id.eq(id.into_uuid()))
+            .filter(run::Column::Id.is_in(ids.iter().map(|id| id.into_uuid())))
             .filter(run::Column::Status.eq(RunStatus::Queued.as_str()))
-            .exec(self.writer())
+            .exec_with_returning(self.writer())
             .await?;
-        Ok(res.rows_affected == 1)
+        Ok(claimed
+            .into_iter()
+            .map(|row| RunId::from_uuid(row.id))
+            .collect())
     }
 
     async fn finish_run(&self, id: RunId, outcome: RunOutcome) -> Result<bool> {

@@ -132,6 +132,129 @@ pub async fn run_start_writes_the_run_the_user_row_and_the_dispatch_at_once(db: 
     );
 }
 
+/// `start_runs` starts the runs of several events in one call, each answered as `start_run`
+/// would answer it alone: a start that fails (a run id another start of the batch takes, a
+/// missing event, a run without an id) fails alone, the others are written.
+pub async fn run_starts_of_many_events_fail_alone(db: &TestDb) {
+    let mut events = Vec::new();
+    for text in ["one", "two", "three", "four"] {
+        let (event, _) = db
+            .stores
+            .events
+            .append(message("c1", text), Vec::new())
+            .await
+            .unwrap();
+        events.push(event);
+    }
+    let start = |event: &EventRecord, id: RunId| {
+        let mut run = new_run(Some("c1"));
+        run.id = Some(id);
+        run.event_id = event.id;
+        let mut row = NewTranscriptItem::message(ws(), "c1", event.id.to_string(), "user", "hi");
+        row.id = Some(format!("{}:user", event.id));
+        RunStart {
+            run,
+            user_transcript: Some(row),
+            event: EventStatusUpdate {
+                status: EventStatus::Dispatched,
+                reason: None,
+                run_id: Some(id),
+                claimed_by_run_id: None,
+                metadata_merge: None,
+            },
+        }
+    };
+
+    // Two good starts: both written in one call.
+    let (a, b) = (RunId::new(), RunId::new());
+    let started = db
+        .stores
+        .runs
+        .start_runs(vec![start(&events[0], a), start(&events[1], b)])
+        .await;
+    let ids: Vec<_> = started
+        .into_iter()
+        .map(|s| s.unwrap().map(|run| run.id))
+        .collect();
+    assert_eq!(ids, [Some(a), Some(b)]);
+    assert_eq!(transcript_rows(db, "c1").await.len(), 2);
+
+    // A mixed batch: a redelivery (nothing written), a clash with `a`'s id, a missing event,
+    // a run without an id and a good start, each with its own answer.
+    let mut orphan = start(&events[2], RunId::new());
+    orphan.run.event_id = EventId::new();
+    let orphan_id = orphan.run.id.unwrap();
+    let mut unnamed = start(&events[2], RunId::new());
+    unnamed.run.id = None;
+    let c = RunId::new();
+    let answers = db
+        .stores
+        .runs
+        .start_runs(vec![
+            start(&events[0], RunId::new()),
+            start(&events[3], a),
+            orphan,
+            unnamed,
+            start(&events[2], c),
+        ])
+        .await;
+    let mut answers = answers.into_iter();
+    assert_eq!(answers.next().unwrap().unwrap(), None);
+    assert_code(answers.next().unwrap(), ErrorCode::Conflict);
+    assert_code(answers.next().unwrap(), ErrorCode::NotFound);
+    assert_code(answers.next().unwrap(), ErrorCode::InvalidArgument);
+    assert_eq!(answers.next().unwrap().unwrap().map(|run| run.id), Some(c));
+    assert!(answers.next().is_none());
+    assert!(db.stores.runs.get_run(orphan_id).await.unwrap().is_none());
+    for (event, run) in events.iter().zip([a, b, c]) {
+        let stored = db.stores.events.get(event.id).await.unwrap().unwrap();
+        assert_eq!(stored.status, EventStatus::Dispatched);
+        assert_eq!(stored.run_id, Some(run));
+    }
+    assert_eq!(transcript_rows(db, "c1").await.len(), 3);
+    let clashed = db.stores.events.get(events[3].id).await.unwrap().unwrap();
+    assert_eq!(
+        (clashed.status, clashed.run_id),
+        (EventStatus::Received, None)
+    );
+    assert!(db.stores.runs.start_runs(Vec::new()).await.is_empty());
+}
+
+/// `claim_runs` claims several runs in one call: only those still queued, once.
+pub async fn run_claims_of_many_runs_at_once(db: &TestDb) {
+    let (a, b, c) = (
+        create_run(db, None).await.id,
+        create_run(db, None).await.id,
+        create_run(db, None).await.id,
+    );
+    let claimed = db.stores.runs.claim_runs(&[a, b], "w1").await.unwrap();
+    assert_eq!(claimed, [a, b].into_iter().collect());
+    let claimed = db
+        .stores
+        .runs
+        .claim_runs(&[a, c, RunId::new()], "w2")
+        .await
+        .unwrap();
+    assert_eq!(claimed, [c].into_iter().collect());
+    for (run, worker) in [(a, "w1"), (b, "w1"), (c, "w2")] {
+        let stored = db.stores.runs.get_run(run).await.unwrap().unwrap();
+        assert_eq!(stored.status, RunStatus::Running);
+        assert_eq!(stored.worker_id.as_deref(), Some(worker));
+    }
+    assert!(
+        db.stores
+            .runs
+            .claim_runs(&[], "w1")
+            .await
+            .unwrap()
+            .is_empty()
+    );
+    assert_code(
+        db.stores.runs.claim_runs(&[a], "").await,
+        ErrorCode::InvalidArgument,
+    );
+}
+
 /// Among many concurrent claimers exactly one wins.
 pub async fn run_claim_race_has_exactly_one_winner(db: &TestDb) {
     let run = create_run(db, Some("c1")).await;
