@@ -30,8 +30,9 @@
 //! 6. the state snapshot, the context, the frozen snapshot and the job ([`crate::plan`]),
 //!    with a freshly minted remote Host API token (`ctx.runtime.metadata.host_api`; the
 //!    snapshot keeps its SHA-256 only);
-//! 7. for an event without a run yet (the usual case), in **one commit**
-//!    ([`RunLedger::start_run`](sb_store::RunLedger::start_run)): the run row (`queued`;
+//! 7. for an event without a run yet (the usual case), in **one commit**, shared with the
+//!    runs other lanes and shards start at the same moment
+//!    ([`RunLedger::start_runs`](sb_store::RunLedger::start_runs)): the run row (`queued`;
 //!    a turn's run takes the turn id chosen at receipt), the user transcript row
 //!    (deterministic id: written once) and the event → `dispatched` with the run id and the
 //!    frozen snapshot under `metadata.authorization` (the result sink reads it after the
@@ -63,7 +64,8 @@
 //! This module holds the router and its outcome; each child adds the methods of one part of
 //! the pipeline, and none of them is used here: `route` (steps 0–2), `lookup` (the
 //! resolver's cached inputs), `decide` (step 3), `finish` (the ends without a run:
-//! unrouted, parked, rejected), `dispatch` (steps 4–9) and `consume` (the shard loop,
+//! unrouted, parked, rejected), `dispatch` (steps 4–9) and `consume` (the shard loop: the
+//! deliveries ready at once routed side by side by ordering lane, each lane in order;
 //! step 10).
 
 mod consume;
