@@ -108,16 +108,26 @@ impl Conversations {
         Ok(active)
     }
 
-    /// Adds a run whose session was just written (`session_ttl` = that session's TTL).
-    pub async fn add_run(
+    /// Writes a run's session (`session_ttl`) and then adds the run to the active index
+    /// (which lives at least as long as the session), in one step of the session store: the
+    /// run is visible to steering and concurrency only once its session exists.
+    pub async fn put_session_and_add_run(
         &self,
         key: &ConversationKey,
         run_id: RunId,
+        session: &serde_json::Value,
         session_ttl: Duration,
     ) -> Result<()> {
         let ttl = self.index_ttl.max(session_ttl);
         self.sessions
-            .set_add(&key.active_set(), &run_id.to_string(), Some(ttl))
+            .put_session_and_add(
+                &run_id,
+                session,
+                session_ttl,
+                &key.active_set(),
+                &run_id.to_string(),
+                Some(ttl),
+            )
             .await?;
         Ok(())
     }

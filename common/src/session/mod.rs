@@ -76,7 +76,7 @@ pub fn cancel_flag_key(run_id: &RunId) -> String {
 /// Cross-role contract: whoever changes agents or runners (the gateway's agent routes, a
 /// worker registering its runners, the bootstrap of the default agent) calls
 /// [`announce_routing_change`] *after* the change is committed; an orchestrator caching what
-/// it read for routing reads the epoch ([`routing_epoch`]) before each routing and reloads
+/// it read for routing reads the epoch (a plain key, with its route lock) before each routing and reloads
 /// when it differs from the one its cache was filled under. A store that comes back empty
 /// has no epoch, which differs from every announced one, so caches reload then too.
 pub const ROUTING_EPOCH_KEY: &str = "routing-epoch";
@@ -92,12 +92,6 @@ pub async fn announce_routing_change(sessions: &dyn SessionStore) -> Result<()> 
     sessions
         .set_ex(ROUTING_EPOCH_KEY, epoch.as_bytes(), ROUTING_EPOCH_TTL)
         .await
-}
-
-/// The current routing epoch (see [`ROUTING_EPOCH_KEY`]); `None` when none was announced
-/// since the store started.
-pub async fn routing_epoch(sessions: &dyn SessionStore) -> Result<Option<Vec<u8>>> {
-    sessions.get(ROUTING_EPOCH_KEY).await
 }
 
 /// The plain key (`<prefix>lease:<run_id>`; the store adds the family prefix) of a run's
@@ -233,6 +227,45 @@ pub trait SessionStore: Send + Sync + 'static {
 
     /// Current holder of the lease, if any.
     async fn lease_holder(&self, key: &str) -> Result<Option<String>>;
+
+    /// Takes the lease `key` as [`acquire_lease`](Self::acquire_lease) does and reads the
+    /// plain key `read` (as [`get`](Self::get)) right after, whether or not the lease was
+    /// taken: the router takes an event's route lock and reads the routing epoch with it.
+    ///
+    /// The Redis backend does this in one round trip (one script). This provided body makes
+    /// the two calls one after the other.
+    async fn acquire_lease_and_get(
+        &self,
+        key: &str,
+        holder: &str,
+        ttl: Duration,
+        read: &str,
+    ) -> Result<(bool, Option<Vec<u8>>)> {
+        let acquired = self.acquire_lease(key, holder, ttl).await?;
+        Ok((acquired, self.get(read).await?))
+    }
+
+    /// Stores (or replaces) a run's session for `ttl`, as
+    /// [`put_session`](Self::put_session), then adds `member` to the set `set` as
+    /// [`set_add`](Self::set_add) does with `set_ttl`: a reader that finds the member in the
+    /// set finds the session written. The router writes a run's session and its
+    /// conversation's active index so.
+    ///
+    /// The Redis backend does this in one round trip (one script). This provided body makes
+    /// the two calls in that order.
+    async fn put_session_and_add(
+        &self,
+        run_id: &RunId,
+        session: &Value,
+        ttl: Duration,
+        set: &str,
+        member: &str,
+        set_ttl: Option<Duration>,
+    ) -> Result<()> {
+        self.put_session(run_id, session, ttl).await?;
+        self.set_add(set, member, set_ttl).await?;
+        Ok(())
+    }
 
     /// Starts `holder`'s execution of a run: takes the run lease for `ttl` and reads what the
     /// worker checks before starting the run (see the contract).

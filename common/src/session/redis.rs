@@ -93,6 +93,8 @@ struct Scripts {
     incr_with_ttl: Script,
     try_add: Script,
     set_add: Script,
+    acquire_lease_and_get: Script,
+    put_session_and_add: Script,
 }
 
 fn scripts() -> &'static Scripts {
@@ -252,6 +254,33 @@ fn scripts() -> &'static Scripts {
             local ttl = tonumber(ARGV[2])
             if ttl > 0 then redis.call('PEXPIRE', KEYS[1], ttl) end
             return added
+            ",
+        ),
+        // KEYS: lease, plain key. ARGV: holder, ttl ms. The lease part is acquire_lease's.
+        // Returns {1 if taken else 0, the plain key's value or nil}.
+        acquire_lease_and_get: Script::new(
+            r"
+            local cur = redis.call('GET', KEYS[1])
+            local won = 0
+            if cur == ARGV[1] then
+              redis.call('PEXPIRE', KEYS[1], ARGV[2])
+              won = 1
+            elseif not cur then
+              redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[2])
+              won = 1
+            end
+            return {won, redis.call('GET', KEYS[2])}
+            ",
+        ),
+        // KEYS: session, set. ARGV: session, ttl ms, member, set ttl ms (0 = none). The set
+        // part is set_add's.
+        put_session_and_add: Script::new(
+            r"
+            redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[2])
+            redis.call('SADD', KEYS[2], ARGV[3])
+            local ttl = tonumber(ARGV[4])
+            if ttl > 0 then redis.call('PEXPIRE', KEYS[2], ttl) end
+            return 1
             ",
         ),
     })
@@ -505,6 +534,55 @@ impl SessionStore for RedisSessionStore {
             .await
             .map_err(map_err)?;
         Ok(won == 1)
+    }
+
+    async fn acquire_lease_and_get(
+        &self,
+        key: &str,
+        holder: &str,
+        ttl: Duration,
+        read: &str,
+    ) -> Result<(bool, Option<Vec<u8>>)> {
+        check_ttl(ttl)?;
+        let (won, value): (i64, Option<Vec<u8>>) = self
+            .scripts
+            .acquire_lease_and_get
+            .key(self.keys.lease(key))
+            .key(self.keys.kv(read))
+            .arg(holder)
+            .arg(ttl_millis(ttl))
+            .invoke_async(&mut self.conn())
+            .await
+            .map_err(map_err)?;
+        Ok((won == 1, value))
+    }
+
+    async fn put_session_and_add(
+        &self,
+        run_id: &RunId,
+        session: &Value,
+        ttl: Duration,
+        set: &str,
+        member: &str,
+        set_ttl: Option<Duration>,
+    ) -> Result<()> {
+        check_ttl(ttl)?;
+        if let Some(set_ttl) = set_ttl {
+            check_ttl(set_ttl)?;
+        }
+        let _: i64 = self
+            .scripts
+            .put_session_and_add
+            .key(self.keys.session(run_id))
+            .key(self.keys.set(set))
+            .arg(json_bytes(session))
+            .arg(ttl_millis(ttl))
+            .arg(member)
+            .arg(set_ttl.map_or(0, ttl_millis))
+            .invoke_async(&mut self.conn())
+            .await
+            .map_err(map_err)?;
+        Ok(())
     }
 
     async fn renew_lease(&self, key: &str, holder: &str, ttl: Duration) -> Result<()> {

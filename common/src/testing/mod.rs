@@ -237,6 +237,8 @@ macro_rules! session_suite {
                 end_session_returns_session_and_steering,
                 end_session_exactly_once_under_concurrency,
                 lease_acquire_renew_release,
+                lease_acquire_and_get_reads_the_key,
+                put_session_and_add_writes_both,
                 lease_expiry_lets_another_holder_steal,
                 lease_acquire_race_has_one_winner,
                 begin_run_takes_the_lease_and_reads_flag_and_session,

@@ -189,6 +189,58 @@ pub async fn lease_acquire_renew_release(fx: &SessionFixture) {
     );
 }
 
+/// `acquire_lease_and_get` takes the lease as `acquire_lease` does and reads the key with
+/// it, taken or not.
+pub async fn lease_acquire_and_get_reads_the_key(fx: &SessionFixture) {
+    let s = &fx.store;
+    assert_eq!(
+        s.acquire_lease_and_get("route-1", "o1", LONG, "epoch")
+            .await
+            .unwrap(),
+        (true, None)
+    );
+    s.set_ex("epoch", b"e1", LONG).await.unwrap();
+    assert_eq!(
+        s.acquire_lease_and_get("route-1", "o2", LONG, "epoch")
+            .await
+            .unwrap(),
+        (false, Some(b"e1".to_vec()))
+    );
+    assert_eq!(
+        s.acquire_lease_and_get("route-1", "o1", LONG, "epoch")
+            .await
+            .unwrap(),
+        (true, Some(b"e1".to_vec())),
+        "re-acquire by the holder"
+    );
+    assert_eq!(
+        s.lease_holder("route-1").await.unwrap().as_deref(),
+        Some("o1")
+    );
+    assert!(s.release_lease("route-1", "o1").await.unwrap());
+}
+
+/// `put_session_and_add` writes the session and adds the member to the set, with its TTL.
+pub async fn put_session_and_add_writes_both(fx: &SessionFixture) {
+    let s = &fx.store;
+    let run = RunId::new();
+    s.put_session_and_add(
+        &run,
+        &json!({"run": 1}),
+        LONG,
+        "active:c1",
+        &run.to_string(),
+        Some(SHORT),
+    )
+    .await
+    .unwrap();
+    assert_eq!(s.get_session(&run).await.unwrap(), Some(json!({"run": 1})));
+    assert_eq!(s.set_members("active:c1").await.unwrap(), [run.to_string()]);
+    tokio::time::sleep(PAST_SHORT).await;
+    assert!(s.set_members("active:c1").await.unwrap().is_empty());
+    assert_eq!(s.get_session(&run).await.unwrap(), Some(json!({"run": 1})));
+}
+
 /// An expired lease is free: another holder takes it and the old one sees `LeaseLost`.
 pub async fn lease_expiry_lets_another_holder_steal(fx: &SessionFixture) {
     let s = &fx.store;

@@ -150,18 +150,23 @@ impl EventRouter {
         let span = tracing::info_span!("dispatch", run_id = %run.id, event_id = %record.id);
         async {
             let snapshot_json = serde_json::to_value(&prepared.snapshot).unwrap_or(Value::Null);
-            self.deps
-                .sessions
-                .put_session(&run.id, &snapshot_json, prepared.session_ttl)
-                .await?;
-            // Visible to steering and concurrency only once its session exists; leaves the
-            // queue only once it is visible (so the queue's next event cannot start early).
-            if let Some(key) = &start.key {
-                self.conversations
-                    .add_run(key, run.id, prepared.session_ttl)
-                    .await?;
-                if let Some(member) = &start.parked_member {
-                    self.conversations.unpark(key, member).await?;
+            // Visible to steering and concurrency only once its session exists (one step of
+            // the session store writes both); leaves the queue only once it is visible (so
+            // the queue's next event cannot start early).
+            match &start.key {
+                Some(key) => {
+                    self.conversations
+                        .put_session_and_add_run(key, run.id, &snapshot_json, prepared.session_ttl)
+                        .await?;
+                    if let Some(member) = &start.parked_member {
+                        self.conversations.unpark(key, member).await?;
+                    }
+                }
+                None => {
+                    self.deps
+                        .sessions
+                        .put_session(&run.id, &snapshot_json, prepared.session_ttl)
+                        .await?;
                 }
             }
             if !in_one_commit {

@@ -4,7 +4,8 @@
 //! For one event, in this order (every step is idempotent, so a redelivered event redoes
 //! them without effect beyond the first time):
 //!
-//! 0. take the event's route lock (a session-store lease `route:<event_id>`): a copy of the
+//! 0. take the event's route lock (a session-store lease `route:<event_id>`, read together
+//!    with the routing epoch of the route cache in one round trip): a copy of the
 //!    event that another orchestrator is routing right now is requeued, so one event is never
 //!    both claimed and dispatched, claimed twice, or parked behind its own run;
 //! 1. load the event from the event log (the message is only a pointer); an event already
@@ -42,7 +43,8 @@
 //!    are done one by one (the event's update after step 8); a turn is never absorbed as
 //!    steering input in step 3;
 //! 8. the session (TTL = deadline + grace) in the session store, then the run in the
-//!    conversation's active index (and, for a formerly parked event, out of the queue);
+//!    conversation's active index, in one step of the store (and, for a formerly parked
+//!    event, out of the queue);
 //!    a crash before this leaves the event dispatched with a queued run and no session:
 //!    its redelivery (the event is not acked yet) takes the long way of step 7 and
 //!    writes them;

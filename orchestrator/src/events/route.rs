@@ -1,7 +1,7 @@
 //! Steps 0–2 of routing an event: the route lock, loading the event, resolving its binding
 //! and runner (see the [module docs](super) for the whole pipeline).
 
-use sb_common::session::routing_epoch;
+use sb_common::session::ROUTING_EPOCH_KEY;
 use sb_protocol::host::AgentEventEnvelope;
 use sb_protocol::messages::EventMessage;
 use sb_rules::bindings;
@@ -20,20 +20,32 @@ impl EventRouter {
         let lock = format!("route:{}", message.event_id);
         let holder = uuid::Uuid::new_v4().to_string();
         let sessions = &self.deps.sessions;
-        if !sessions
-            .acquire_lease(&lock, &holder, self.options.route_lock_ttl)
-            .await?
-        {
+        let ttl = self.options.route_lock_ttl;
+        // The routing epoch is read with the lock, before the lookups, so a change committed
+        // meanwhile is seen next time.
+        let (locked, epoch) = if self.cache.is_enabled() {
+            sessions
+                .acquire_lease_and_get(&lock, &holder, ttl, ROUTING_EPOCH_KEY)
+                .await?
+        } else {
+            (sessions.acquire_lease(&lock, &holder, ttl).await?, None)
+        };
+        if !locked {
             return Err(OrchestratorError::RouteInProgress(message.event_id));
         }
-        let outcome = self.route_locked(message).await;
+        let outcome = self.route_locked(message, epoch.as_deref()).await;
         if let Err(error) = sessions.release_lease(&lock, &holder).await {
             tracing::warn!(%error, "could not release the route lock; it expires with its ttl");
         }
         outcome
     }
 
-    async fn route_locked(&self, message: &EventMessage) -> Result<RouteOutcome> {
+    /// Steps 1–2 under the route lock; `epoch` is the routing epoch read with the lock.
+    async fn route_locked(
+        &self,
+        message: &EventMessage,
+        epoch: Option<&[u8]>,
+    ) -> Result<RouteOutcome> {
         let stores = &self.deps.stores;
         let record = stores
             .events
@@ -60,15 +72,7 @@ impl EventRouter {
         }
 
         let envelope = decode_envelope(&record)?;
-        // Read before the lookups, so a change committed meanwhile is seen next time.
-        let epoch = if self.cache.is_enabled() {
-            routing_epoch(self.deps.sessions.as_ref()).await?
-        } else {
-            None
-        };
-        let candidates = self
-            .candidates(&envelope.workspace_id, epoch.as_deref())
-            .await?;
+        let candidates = self.candidates(&envelope.workspace_id, epoch).await?;
         // A turn's event goes to its session's agent, an addressed event to the agent it
         // names, whatever the scopes say.
         let target = TurnTag::from_metadata(&envelope.metadata)
@@ -77,7 +81,7 @@ impl EventRouter {
         let resolution = bindings::resolve_event(&envelope, &candidates, target.as_ref());
         let lookup = match &resolution {
             bindings::Resolution::Matched(binding) => {
-                Some(self.lookup_runner(binding, epoch.as_deref()).await?)
+                Some(self.lookup_runner(binding, epoch).await?)
             }
             _ => None,
         };
