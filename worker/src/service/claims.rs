@@ -73,36 +73,13 @@ async fn claim_together(
 
 #[cfg(test)]
 mod tests {
+    use sb_store::RunStatus;
     use sb_store::testing::sqlite_memory_db;
-    use sb_store::{NewEvent, NewRun, RunStatus};
 
     use super::*;
 
     async fn queued_run(db: &sb_store::testing::TestDb) -> RunId {
-        let workspace = sb_protocol::ids::WorkspaceId::default_workspace();
-        let (event, _) = db
-            .stores
-            .events
-            .append(
-                NewEvent::new(workspace.clone(), "message.received", "api"),
-                Vec::new(),
-            )
-            .await
-            .unwrap();
-        let run = NewRun {
-            id: None,
-            workspace_id: workspace,
-            event_id: event.id,
-            agent_id: None,
-            runner_id: "plugin:acme/echo/echo".into(),
-            pool: "default".into(),
-            conversation_id: None,
-            thread_id: None,
-            bot_id: None,
-            deadline_at: None,
-            attempt: 1,
-        };
-        db.stores.runs.create_run(run).await.unwrap().0.id
+        sb_store::testing::suite::create_run(db, None).await.id
     }
 
     #[tokio::test]

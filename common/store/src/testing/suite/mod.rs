@@ -107,7 +107,9 @@ async fn transcript_rows(db: &TestDb, conv: &str) -> Vec<TranscriptRecord> {
         .items
 }
 
-async fn create_run(db: &TestDb, conv: Option<&str>) -> RunRecord {
+/// A queued run of conversation `conv` (of no stored event), for tests of what follows a
+/// run's creation (claims, items, ends).
+pub async fn create_run(db: &TestDb, conv: Option<&str>) -> RunRecord {
     db.stores.runs.create_run(new_run(conv)).await.unwrap().0
 }
 

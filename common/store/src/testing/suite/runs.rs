@@ -41,6 +41,26 @@ pub async fn run_create_is_idempotent_on_event(db: &TestDb) {
     assert_code(db.stores.runs.create_run(clash).await, ErrorCode::Conflict);
 }
 
+/// The start of run `id` for event `event_id` of conversation `c1` with its user row `text`.
+fn run_start(event_id: EventId, id: RunId, text: &str) -> RunStart {
+    let mut run = new_run(Some("c1"));
+    run.id = Some(id);
+    run.event_id = event_id;
+    let mut row = NewTranscriptItem::message(ws(), "c1", event_id.to_string(), "user", text);
+    row.id = Some(format!("{event_id}:user"));
+    RunStart {
+        run,
+        user_transcript: Some(row),
+        event: EventStatusUpdate {
+            status: EventStatus::Dispatched,
+            reason: None,
+            run_id: Some(id),
+            claimed_by_run_id: None,
+            metadata_merge: None,
+        },
+    }
+}
+
 /// `start_run` writes the run, the user transcript row and the event's dispatch in one
 /// commit; for an event that has a run already, or that does not exist, it writes nothing.
 pub async fn run_start_writes_the_run_the_user_row_and_the_dispatch_at_once(db: &TestDb) {
@@ -51,22 +71,9 @@ pub async fn run_start_writes_the_run_the_user_row_and_the_dispatch_at_once(db: 
         .await
         .unwrap();
     let start = |id: RunId| {
-        let mut run = new_run(Some("c1"));
-        run.id = Some(id);
-        run.event_id = event.id;
-        let mut row = NewTranscriptItem::message(ws(), "c1", event.id.to_string(), "user", "hello");
-        row.id = Some(format!("{}:user", event.id));
-        RunStart {
-            run,
-            user_transcript: Some(row),
-            event: EventStatusUpdate {
-                status: EventStatus::Dispatched,
-                reason: None,
-                run_id: Some(id),
-                claimed_by_run_id: None,
-                metadata_merge: Some(json!({"routing": {"pool": "default"}})),
-            },
-        }
+        let mut start = run_start(event.id, id, "hello");
+        start.event.metadata_merge = Some(json!({"routing": {"pool": "default"}}));
+        start
     };
 
     let id = RunId::new();
@@ -146,24 +153,7 @@ pub async fn run_starts_of_many_events_fail_alone(db: &TestDb) {
             .unwrap();
         events.push(event);
     }
-    let start = |event: &EventRecord, id: RunId| {
-        let mut run = new_run(Some("c1"));
-        run.id = Some(id);
-        run.event_id = event.id;
-        let mut row = NewTranscriptItem::message(ws(), "c1", event.id.to_string(), "user", "hi");
-        row.id = Some(format!("{}:user", event.id));
-        RunStart {
-            run,
-            user_transcript: Some(row),
-            event: EventStatusUpdate {
-                status: EventStatus::Dispatched,
-                reason: None,
-                run_id: Some(id),
-                claimed_by_run_id: None,
-                metadata_merge: None,
-            },
-        }
-    };
+    let start = |event: &EventRecord, id: RunId| run_start(event.id, id, "hi");
 
     // Two good starts: both written in one call.
     let (a, b) = (RunId::new(), RunId::new());
