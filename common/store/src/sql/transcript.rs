@@ -5,8 +5,8 @@ use chrono::{DateTime, Utc};
 use sb_protocol::ids::{RunId, WorkspaceId};
 use sea_orm::sea_query::{Alias, Expr, JoinType, Query};
 use sea_orm::{
-    ActiveValue::NotSet, ColumnTrait, DbBackend, EntityTrait, Order, QueryFilter, QueryOrder,
-    QuerySelect, QueryTrait, Select, Set,
+    ActiveValue::NotSet, ColumnTrait, ConnectionTrait, DbBackend, EntityTrait, Order, QueryFilter,
+    QueryOrder, QuerySelect, QueryTrait, Select, Set,
 };
 
 use super::entity::transcript;
@@ -112,6 +112,9 @@ pub(super) fn transcript_row(item: NewTranscriptItem) -> Result<(String, transcr
     Ok((id, row))
 }
 
+/// The latest transcript `seq` of a conversation on Postgres ([`Transcript::latest_cursor`]).
+const LATEST_SEQ_SQL: &str = r#"SELECT "seq" FROM "transcript" WHERE "workspace_id" = $1 AND "conversation_id" = $2 ORDER BY "seq" DESC LIMIT 1"#;
+
 #[async_trait]
 impl Transcript for SqlStore {
     async fn append(&self, item: NewTranscriptItem) -> Result<TranscriptRecord> {
@@ -169,19 +172,36 @@ impl Transcript for SqlStore {
         conversation_id: &str,
     ) -> Result<Option<String>> {
         check_len("conversation_id", conversation_id, ID_LEN)?;
-        // `max` rather than `ORDER BY seq DESC LIMIT 1`: the same single index seek on both
-        // backends, without the bound `LIMIT` that makes SQLite re-prepare the statement on
-        // every call (see the `sql` module docs).
-        let seq: Option<i64> = transcript::Entity::find()
-            .select_only()
-            .column_as(transcript::Column::Seq.max(), "seq")
-            .filter(transcript::Column::WorkspaceId.eq(workspace_id.as_str()))
-            .filter(transcript::Column::ConversationId.eq(conversation_id))
-            .into_tuple::<Option<i64>>()
-            .all(&self.db)
-            .await?
-            .unique_row()
-            .flatten();
+        let seq: Option<i64> = if self.backend() == DbBackend::Postgres {
+            // `ORDER BY seq DESC LIMIT 1` with the limit in the text: one backward seek on
+            // `(workspace_id, conversation_id, seq)`. Postgres plans `max(seq)` as an
+            // aggregate over every row of the conversation whenever its statistics say the
+            // conversation is small (a busy conversation between two analyzes: hundreds of
+            // rows, and heap fetches for each).
+            self.db
+                .query_one_raw(sea_orm::Statement::from_sql_and_values(
+                    DbBackend::Postgres,
+                    LATEST_SEQ_SQL,
+                    [workspace_id.as_str().into(), conversation_id.into()],
+                ))
+                .await?
+                .map(|row| row.try_get::<i64>("", "seq"))
+                .transpose()?
+        } else {
+            // `max` rather than `ORDER BY seq DESC LIMIT 1`: SQLite seeks the index for it,
+            // without the bound `LIMIT` that makes it re-prepare the statement on every call
+            // (see the `sql` module docs).
+            transcript::Entity::find()
+                .select_only()
+                .column_as(transcript::Column::Seq.max(), "seq")
+                .filter(transcript::Column::WorkspaceId.eq(workspace_id.as_str()))
+                .filter(transcript::Column::ConversationId.eq(conversation_id))
+                .into_tuple::<Option<i64>>()
+                .all(&self.db)
+                .await?
+                .unique_row()
+                .flatten()
+        };
         Ok(seq.map(|s| encode_seq(CursorKind::Transcript, s)))
     }
 
