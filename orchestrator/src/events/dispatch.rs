@@ -58,7 +58,7 @@ impl EventRouter {
         // state snapshot, read side by side: two round trips, one wait.
         let cursor = async {
             match conversation {
-                Some(c) => Ok(stores.transcript.latest_cursor(workspace, c).await?),
+                Some(c) => self.reads.latest_cursor(workspace, c).await,
                 None => Ok(None),
             }
         };
@@ -218,7 +218,7 @@ impl EventRouter {
                 .collect();
             // Every enabled scope in one read.
             let keys: Vec<String> = scopes.iter().map(|(_, key)| key.clone()).collect();
-            let values = self.deps.stores.state.snapshots(&keys).await?;
+            let values = self.reads.snapshots(keys).await?;
             for (scope, key) in scopes {
                 let scope_values = values.get(&key).cloned().unwrap_or_default();
                 loaded.insert(scope, scope_values.into_iter().collect());

@@ -64,7 +64,8 @@
 //!
 //! # Layout
 //! This module holds the router and its outcome; each child adds the methods of one part of
-//! the pipeline, and none of them is used here: `route` (steps 0–2), `lookup` (the
+//! the pipeline, and none of them is used here: `route` (steps 0–2), `reads` (the ledger
+//! reads of steps 1, 5 and 6, shared by the routes that wait at once), `lookup` (the
 //! resolver's cached inputs), `decide` (step 3), `finish` (the ends without a run:
 //! unrouted, parked, rejected), `dispatch` (steps 4–9) and `consume` (the shard loop: the
 //! deliveries ready at once routed side by side by ordering lane, each lane in order;
@@ -75,6 +76,7 @@ mod decide;
 mod dispatch;
 mod finish;
 mod lookup;
+mod reads;
 mod route;
 
 use std::sync::Arc;
@@ -89,6 +91,7 @@ use crate::conversations::Conversations;
 use crate::deps::{OrchestratorDeps, OrchestratorOptions};
 use crate::plan::UnroutedReason;
 use crate::route_cache::RouteCache;
+use reads::RouteReads;
 
 pub use consume::run_shard;
 
@@ -135,6 +138,8 @@ pub struct EventRouter {
     /// orchestrator, and by the conversations of one shard batch): one statement for all the
     /// starts pending at once ([`RunLedger::start_runs`](sb_store::RunLedger::start_runs)).
     starts: GroupCommit<RunStart, sb_store::Result<Option<RunRecord>>>,
+    /// Steps 1, 5 and 6's ledger reads, shared the same way.
+    reads: RouteReads,
 }
 
 /// Most run starts one commit carries: far above what one orchestrator routes in one
@@ -166,12 +171,14 @@ impl EventRouter {
             let runs = Arc::clone(&runs);
             async move { runs.start_runs(batch).await }
         });
+        let reads = RouteReads::start(&deps.stores);
         Self {
             deps,
             options,
             conversations,
             cache,
             starts,
+            reads,
         }
     }
 }

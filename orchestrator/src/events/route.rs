@@ -47,9 +47,9 @@ impl EventRouter {
         epoch: Option<&[u8]>,
     ) -> Result<RouteOutcome> {
         let stores = &self.deps.stores;
-        let record = stores
-            .events
-            .get(message.event_id)
+        let record = self
+            .reads
+            .event(message.event_id)
             .await?
             .filter(|r| r.workspace_id == message.workspace_id)
             .ok_or(OrchestratorError::EventNotFound(message.event_id))?;

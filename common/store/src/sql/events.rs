@@ -646,6 +646,22 @@ impl EventLog for SqlStore {
             .collect()
     }
 
+    async fn get_many(&self, ids: &[EventId]) -> Result<Vec<Option<EventRecord>>> {
+        if ids.is_empty() {
+            return Ok(Vec::new());
+        }
+        let rows = event_log::Entity::find()
+            .filter(event_log::Column::Id.is_in(ids.iter().map(|id| id.into_uuid())))
+            .all(&self.db)
+            .await?;
+        let mut found = std::collections::HashMap::with_capacity(rows.len());
+        for row in rows {
+            let record = event_record(row)?;
+            found.insert(record.id, record);
+        }
+        Ok(ids.iter().map(|id| found.get(id).cloned()).collect())
+    }
+
     async fn get(&self, id: EventId) -> Result<Option<EventRecord>> {
         event_log::Entity::find()
             .filter(event_log::Column::Id.eq(id.into_uuid()))

@@ -115,6 +115,10 @@ pub(super) fn transcript_row(item: NewTranscriptItem) -> Result<(String, transcr
 /// The latest transcript `seq` of a conversation on Postgres ([`Transcript::latest_cursor`]).
 const LATEST_SEQ_SQL: &str = r#"SELECT "seq" FROM "transcript" WHERE "workspace_id" = $1 AND "conversation_id" = $2 ORDER BY "seq" DESC LIMIT 1"#;
 
+/// The latest transcript `seq` of each conversation of a `jsonb` list of `{ord, ws, conv}` on
+/// Postgres ([`Transcript::latest_cursors`]): [`LATEST_SEQ_SQL`]'s seek once per conversation.
+const LATEST_SEQS_SQL: &str = r#"SELECT k.ord, (SELECT t."seq" FROM "transcript" t WHERE t."workspace_id" = k.ws AND t."conversation_id" = k.conv ORDER BY t."seq" DESC LIMIT 1) AS seq FROM jsonb_to_recordset($1::jsonb) AS k(ord int, ws text, conv text)"#;
+
 #[async_trait]
 impl Transcript for SqlStore {
     async fn append(&self, item: NewTranscriptItem) -> Result<TranscriptRecord> {
@@ -203,6 +207,47 @@ impl Transcript for SqlStore {
                 .flatten()
         };
         Ok(seq.map(|s| encode_seq(CursorKind::Transcript, s)))
+    }
+
+    async fn latest_cursors(
+        &self,
+        conversations: &[(WorkspaceId, String)],
+    ) -> Result<Vec<Option<String>>> {
+        for (_, conversation_id) in conversations {
+            check_len("conversation_id", conversation_id, ID_LEN)?;
+        }
+        if self.backend() != DbBackend::Postgres || conversations.len() < 2 {
+            let mut cursors = Vec::with_capacity(conversations.len());
+            for (workspace_id, conversation_id) in conversations {
+                cursors.push(self.latest_cursor(workspace_id, conversation_id).await?);
+            }
+            return Ok(cursors);
+        }
+        let keys: Vec<serde_json::Value> = conversations
+            .iter()
+            .enumerate()
+            .map(|(ord, (workspace_id, conversation_id))| {
+                serde_json::json!({"ord": ord, "ws": workspace_id.as_str(), "conv": conversation_id})
+            })
+            .collect();
+        let rows = self
+            .db
+            .query_all_raw(sea_orm::Statement::from_sql_and_values(
+                DbBackend::Postgres,
+                LATEST_SEQS_SQL,
+                [serde_json::Value::Array(keys).into()],
+            ))
+            .await?;
+        let mut cursors = vec![None; conversations.len()];
+        for row in rows {
+            let ord = usize::try_from(row.try_get::<i32>("", "ord")?).unwrap_or(usize::MAX);
+            if let (Some(slot), Some(seq)) =
+                (cursors.get_mut(ord), row.try_get::<Option<i64>>("", "seq")?)
+            {
+                *slot = Some(encode_seq(CursorKind::Transcript, seq));
+            }
+        }
+        Ok(cursors)
     }
 
     async fn search(&self, search: TranscriptSearch) -> Result<Vec<TranscriptRecord>> {

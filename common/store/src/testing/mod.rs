@@ -149,6 +149,7 @@ macro_rules! store_suite {
             event_input_summary_is_truncated,
             event_update_status_merges_metadata,
             event_routing_follows_the_status,
+            event_get_many_answers_by_position,
             event_update_status_merge_replaces_whole_values,
             event_update_status_concurrent_merges_keep_all_keys,
             event_page_orders_filters_and_follows_cursors,

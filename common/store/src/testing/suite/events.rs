@@ -884,3 +884,27 @@ pub async fn event_append_batch_leases_only_when_asked(db: &TestDb) {
             .is_empty()
     );
 }
+
+/// `get_many` reads several events at once, answered by position.
+pub async fn event_get_many_answers_by_position(db: &TestDb) {
+    let (a, _) = db
+        .stores
+        .events
+        .append(message("c1", "a"), Vec::new())
+        .await
+        .unwrap();
+    let (b, _) = db
+        .stores
+        .events
+        .append(message("c2", "b"), Vec::new())
+        .await
+        .unwrap();
+    let found = db
+        .stores
+        .events
+        .get_many(&[b.id, EventId::new(), a.id, b.id])
+        .await
+        .unwrap();
+    assert_eq!(found, [Some(b.clone()), None, Some(a), Some(b)]);
+    assert!(db.stores.events.get_many(&[]).await.unwrap().is_empty());
+}
