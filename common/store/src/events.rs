@@ -538,15 +538,8 @@ pub trait EventLog: Send + Sync + 'static {
     async fn get(&self, id: EventId) -> Result<Option<EventRecord>>;
 
     /// [`get`](Self::get) of each of `ids` in one read, answered by position (`None` where
-    /// there is no such event): the router loads the events it routes side by side so. This
-    /// provided body reads them one by one.
-    async fn get_many(&self, ids: &[EventId]) -> Result<Vec<Option<EventRecord>>> {
-        let mut found = Vec::with_capacity(ids.len());
-        for id in ids {
-            found.push(self.get(*id).await?);
-        }
-        Ok(found)
-    }
+    /// there is no such event): the router loads the events it routes side by side so.
+    async fn get_many(&self, ids: &[EventId]) -> Result<Vec<Option<EventRecord>>>;
 
     /// The routing state of the event with this id, if any: what [`get`](Self::get) says
     /// about it, read without the large documents (a stream waiting for the route reads it

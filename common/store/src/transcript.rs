@@ -250,17 +250,11 @@ pub trait Transcript: Send + Sync + 'static {
 
     /// [`latest_cursor`](Self::latest_cursor) of each `(workspace, conversation)` in one
     /// read, answered by position: the router reads the cursors of the events it routes side
-    /// by side so. This provided body reads them one by one.
+    /// by side so.
     async fn latest_cursors(
         &self,
         conversations: &[(WorkspaceId, String)],
-    ) -> Result<Vec<Option<String>>> {
-        let mut cursors = Vec::with_capacity(conversations.len());
-        for (workspace_id, conversation_id) in conversations {
-            cursors.push(self.latest_cursor(workspace_id, conversation_id).await?);
-        }
-        Ok(cursors)
-    }
+    ) -> Result<Vec<Option<String>>>;
 
     /// Full-text search, best match first, at most `top_k` items.
     async fn search(&self, search: TranscriptSearch) -> Result<Vec<TranscriptRecord>>;

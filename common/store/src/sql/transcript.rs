@@ -213,15 +213,16 @@ impl Transcript for SqlStore {
         &self,
         conversations: &[(WorkspaceId, String)],
     ) -> Result<Vec<Option<String>>> {
-        for (_, conversation_id) in conversations {
-            check_len("conversation_id", conversation_id, ID_LEN)?;
-        }
         if self.backend() != DbBackend::Postgres || conversations.len() < 2 {
+            // SQLite reads one conversation per statement anyway (the same cost, in process).
             let mut cursors = Vec::with_capacity(conversations.len());
             for (workspace_id, conversation_id) in conversations {
                 cursors.push(self.latest_cursor(workspace_id, conversation_id).await?);
             }
             return Ok(cursors);
+        }
+        for (_, conversation_id) in conversations {
+            check_len("conversation_id", conversation_id, ID_LEN)?;
         }
         let keys: Vec<serde_json::Value> = conversations
             .iter()
