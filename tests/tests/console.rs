@@ -461,6 +461,29 @@ async fn the_console_works_in_a_real_browser() {
             "return !document.querySelector('form.composer button[type=submit]').disabled;",
         )
         .await;
+    // The run is created and ends between the stream's first 404 and the turn snapshot that
+    // follows it (a busy host, a fast runner): the browser's first stream request is answered
+    // 404 only once the run has completed, and the reply must still show it.
+    browser
+        .client
+        .execute(
+            "const real = window.fetch; window.__sbRealFetch = real; window.__sbLateRuns = 0; \
+             window.fetch = async (input, init) => { \
+               const m = String(input).match(/\\/v1\\/runs\\/([^/?]+)\\/stream/); \
+               if (!m || window.__sbLateRuns > 0) return real(input, init); \
+               window.__sbLateRuns++; \
+               for (;;) { \
+                 const r = await real(`/v1/runs/${m[1]}`, { headers: init.headers }); \
+                 if (r.ok && (await r.json()).status === 'completed') break; \
+                 await new Promise((ok) => setTimeout(ok, 20)); \
+               } \
+               return new Response(JSON.stringify({code: 'not_found', message: 'no such run'}), \
+                 {status: 404, headers: {'content-type': 'application/json'}}); \
+             };",
+            vec![],
+        )
+        .await
+        .expect("the late-run fetch is installed");
     browser
         .type_into("textarea[name=message]", &format!("raw {results}"))
         .await;
@@ -486,6 +509,15 @@ async fn the_console_works_in_a_real_browser() {
         ]),
         "collapsed cards"
     );
+    let late = browser
+        .client
+        .execute(
+            "window.fetch = window.__sbRealFetch; return window.__sbLateRuns;",
+            vec![],
+        )
+        .await
+        .unwrap();
+    assert_eq!(late, json!(1), "the reply's stream was first answered 404");
     browser
         .click(".msg.assistant:last-of-type details.card-citations > summary")
         .await;

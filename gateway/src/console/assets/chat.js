@@ -103,15 +103,20 @@ export async function chatPage(main) {
         replace(status, state === "live" ? "Receiving…" : state === "reconnecting" ? "Reconnecting…" : "");
         if (state === "failed") showError(detail);
       },
-      // Until the orchestrator created the run, the stream is 404: wait while the turn is queued.
+      // Until the orchestrator created the run, the stream is 404: wait while the turn is
+      // queued. The run may be created, and even end, between that 404 and this snapshot
+      // (a busy host, a fast runner): a running turn, or one whose run has items, is opened
+      // again and replays from the ledger. Only a turn that ended without a run (unrouted,
+      // rejected) shows its failure here.
       onNotFound: async () => {
         const snapshot = await api.get(`/v1/turns/${turnId}`);
-        if (snapshot.status === "queued") return true;
+        if (snapshot.status === "queued" || snapshot.status === "running" || snapshot.last_sequence > 0) {
+          return true;
+        }
         if (snapshot.failure) {
           reply.add({ type: "run.failed", data: { code: snapshot.failure.code, error: snapshot.failure.message } });
-          return false;
         }
-        return snapshot.status === "running";
+        return false;
       },
     });
     turn = { id: turnId, stream, reply };
