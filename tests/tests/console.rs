@@ -49,12 +49,25 @@ fn browser_binaries() -> Option<(PathBuf, PathBuf)> {
     (chromium.is_file() && driver.is_file()).then_some((chromium, driver))
 }
 
-/// A chromedriver process and its WebDriver session; the driver is killed on drop.
+/// A chromedriver process and its WebDriver session. The driver runs in a process group of
+/// its own, which the Chromium it starts joins; dropping the browser kills the whole group,
+/// so a test that panics before closing its session leaves no Chromium behind (killing only
+/// the driver would orphan it, still running, for the rest of the suite).
 struct Browser {
     client: Client,
     _driver: Child,
+    driver_group: Option<nix::unistd::Pid>,
     _profile: tempfile::TempDir,
     screenshots: PathBuf,
+}
+
+impl Drop for Browser {
+    fn drop(&mut self) {
+        if let Some(group) = self.driver_group {
+            // ESRCH (the group already gone) is what a closed session leaves: nothing to do.
+            let _ = nix::sys::signal::killpg(group, nix::sys::signal::Signal::SIGKILL);
+        }
+    }
 }
 
 impl Browser {
@@ -79,8 +92,13 @@ impl Browser {
             .stdout(Stdio::null())
             .stderr(Stdio::null())
             .kill_on_drop(true)
+            .process_group(0)
             .spawn()
             .expect("chromedriver starts");
+        let driver_group = driver
+            .id()
+            .and_then(|id| i32::try_from(id).ok())
+            .map(nix::unistd::Pid::from_raw);
         let profile = tempfile::tempdir().expect("a profile directory");
         let mut capabilities = Capabilities::new();
         capabilities.insert("browserName".into(), json!("chrome"));
@@ -124,6 +142,7 @@ impl Browser {
         Some(Self {
             client,
             _driver: driver,
+            driver_group,
             _profile: profile,
             screenshots,
         })
