@@ -15,6 +15,7 @@ use sea_orm::{
 use serde_json::Value;
 
 use super::entity::{event_log, outbox};
+use super::shared::Shared;
 use super::{
     ID_LEN, SqlStore, UniqueRow, check_len, check_len_opt, check_required, metadata_in,
     metadata_out, now, workspace,
@@ -608,42 +609,14 @@ impl EventLog for SqlStore {
                 return batch.iter().map(|_| Err(lease_too_long())).collect();
             }
         };
-        let mut outcomes: Vec<Option<Result<Appended>>> = Vec::with_capacity(batch.len());
-        let mut slots = Vec::with_capacity(batch.len());
-        let mut appends = Vec::with_capacity(batch.len());
-        for request in batch {
-            match Append::new(request.event, &request.outbox) {
-                Ok(append) => {
-                    slots.push(outcomes.len());
-                    appends.push((append, request.outbox));
-                    outcomes.push(None);
-                }
-                Err(error) => outcomes.push(Some(Err(error))),
-            }
-        }
-        let written = match self.append_together(&appends, until).await {
-            Ok(written) => written,
-            Err(error) => {
-                // One request can fail a shared statement or transaction for all (a taken
-                // event id): each is tried alone, so it fails alone.
-                tracing::debug!(%error, requests = appends.len(), "batched append failed; appending one by one");
-                let mut alone = Vec::with_capacity(appends.len());
-                for append in appends.chunks(1) {
-                    alone.push(match self.append_together(append, until).await {
-                        Ok(mut one) => one.pop().unwrap_or_else(missing_outcome),
-                        Err(error) => Err(error),
-                    });
-                }
-                alone
-            }
-        };
-        for (slot, outcome) in slots.into_iter().zip(written) {
-            outcomes[slot] = Some(outcome);
-        }
-        outcomes
-            .into_iter()
-            .map(|outcome| outcome.unwrap_or_else(missing_outcome))
-            .collect()
+        const WHAT: &str = "an append";
+        let shared = Shared::validate(batch, |request| {
+            Append::new(request.event, &request.outbox).map(|append| (append, request.outbox))
+        });
+        let written = shared
+            .write(WHAT, |appends| self.append_together(appends, until))
+            .await;
+        shared.answer(written, WHAT)
     }
 
     async fn get_many(&self, ids: &[EventId]) -> Result<Vec<Option<EventRecord>>> {

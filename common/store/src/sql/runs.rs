@@ -14,6 +14,7 @@ use sea_orm::{
 use uuid::Uuid;
 
 use super::entity::{run, run_event, transcript};
+use super::shared::Shared;
 use super::{
     ID_LEN, SqlStore, UniqueRow, check_len, check_len_opt, check_required, now, workspace,
 };
@@ -550,48 +551,12 @@ impl RunLedger for SqlStore {
     }
 
     async fn start_runs(&self, starts: Vec<RunStart>) -> Vec<Result<Option<RunRecord>>> {
-        let mut outcomes: Vec<Option<Result<Option<RunRecord>>>> = Vec::with_capacity(starts.len());
-        let mut slots = Vec::with_capacity(starts.len());
-        let mut valid = Vec::with_capacity(starts.len());
-        for start in starts {
-            match Start::new(start) {
-                Ok(start) => {
-                    slots.push(outcomes.len());
-                    valid.push(start);
-                    outcomes.push(None);
-                }
-                Err(error) => outcomes.push(Some(Err(error))),
-            }
-        }
-        let started = match self.start_together(&valid).await {
-            Ok(started) => started,
-            Err(error) => {
-                // One start can fail the shared statement or transaction for all (a run id
-                // taken by another event): each is made alone, so it fails alone.
-                tracing::debug!(%error, starts = valid.len(), "batched run start failed; starting one by one");
-                let mut alone = Vec::with_capacity(valid.len());
-                for start in valid.chunks(1) {
-                    alone.push(match self.start_together(start).await {
-                        Ok(mut one) => one.pop().unwrap_or_else(|| {
-                            Err(StoreError::Corrupt("a run start went unanswered".into()))
-                        }),
-                        Err(error) => Err(error),
-                    });
-                }
-                alone
-            }
-        };
-        for (slot, outcome) in slots.into_iter().zip(started) {
-            outcomes[slot] = Some(outcome);
-        }
-        outcomes
-            .into_iter()
-            .map(|outcome| {
-                outcome.unwrap_or_else(|| {
-                    Err(StoreError::Corrupt("a run start went unanswered".into()))
-                })
-            })
-            .collect()
+        const WHAT: &str = "a run start";
+        let shared = Shared::validate(starts, Start::new);
+        let started = shared
+            .write(WHAT, |starts| self.start_together(starts))
+            .await;
+        shared.answer(started, WHAT)
     }
 
     async fn get_run(&self, id: RunId) -> Result<Option<RunRecord>> {
