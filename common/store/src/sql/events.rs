@@ -179,7 +179,18 @@ async fn insert_outbox<C: ConnectionTrait>(
     if messages.is_empty() {
         return Ok(Vec::new());
     }
-    let mut rows = outbox::Entity::insert_many(outbox_models(messages, now, until))
+    insert_outbox_rows(db, outbox_models(messages, now, until)).await
+}
+
+/// Inserts outbox rows in one statement; returns them sorted by id (= in `rows`' order).
+async fn insert_outbox_rows<C: ConnectionTrait>(
+    db: &C,
+    rows: Vec<outbox::ActiveModel>,
+) -> Result<Vec<outbox::Model>> {
+    if rows.is_empty() {
+        return Ok(Vec::new());
+    }
+    let mut rows = outbox::Entity::insert_many(rows)
         .exec_with_returning(db)
         .await?;
     rows.sort_by_key(|m| m.id);
@@ -253,14 +264,17 @@ impl Append {
     /// key (even racing ones, on Postgres the second waits for the first to commit) end with
     /// one row, and the loser reads the winner's event ([`Self::replay`]).
     fn insert(&self) -> sea_orm::Insert<event_log::ActiveModel> {
-        event_log::Entity::insert(self.row.clone()).on_conflict(
-            OnConflict::columns([
-                event_log::Column::WorkspaceId,
-                event_log::Column::IdempotencyKey,
-            ])
-            .do_nothing()
-            .to_owned(),
-        )
+        event_log::Entity::insert(self.row.clone()).on_conflict(Self::on_idempotency_conflict())
+    }
+
+    /// `ON CONFLICT (workspace_id, idempotency_key) DO NOTHING`.
+    fn on_idempotency_conflict() -> OnConflict {
+        OnConflict::columns([
+            event_log::Column::WorkspaceId,
+            event_log::Column::IdempotencyKey,
+        ])
+        .do_nothing()
+        .to_owned()
     }
 
     /// The error of a failed insert: a taken event id is a conflict.
@@ -493,18 +507,39 @@ impl SqlStore {
         until: Option<DateTime<Utc>>,
     ) -> Result<Vec<Result<Appended>>> {
         let txn = self.write_txn().await?;
-        let mut outcomes = Vec::with_capacity(appends.len());
+        // Every event in one multi-row insert (SQLite runs each statement on its connection's
+        // thread: a statement per row cost a hand-over there and back per event). A taken
+        // event id fails it for all (the caller then appends one by one); a taken
+        // idempotency key only skips its row, whose request then reads the stored event.
+        let inserted = event_log::Entity::insert_many(appends.iter().map(|(a, _)| a.row.clone()))
+            .on_conflict(Append::on_idempotency_conflict())
+            .exec_with_returning(&txn)
+            .await
+            .map_err(|e| match appends {
+                [(append, _)] => append.insert_error(e),
+                _ => e.into(),
+            })?;
+        let mut inserted: HashMap<uuid::Uuid, event_log::Model> =
+            inserted.into_iter().map(|row| (row.id, row)).collect();
+        let mut created = Vec::with_capacity(appends.len());
+        let mut messages = Vec::new();
         for (append, outbox) in appends {
-            let inserted = append
-                .insert()
-                .exec_with_returning_many(&txn)
-                .await
-                .map_err(|e| append.insert_error(e))?;
-            let outcome = match inserted.into_iter().next() {
+            let model = inserted.remove(&append.id.into_uuid());
+            if model.is_some() {
+                messages.extend(outbox_models(outbox.clone(), append.now, until));
+            }
+            created.push(model);
+        }
+        // The outbox rows of the new events, also in one insert: SQLite numbers a statement's
+        // rows in order, so sorted by id they are the messages in request order.
+        let mut rows = insert_outbox_rows(&txn, messages).await?.into_iter();
+        let mut outcomes = Vec::with_capacity(appends.len());
+        for ((append, outbox), model) in appends.iter().zip(created) {
+            let outcome = match model {
                 Some(model) => {
-                    let rows = insert_outbox(&txn, outbox.clone(), append.now, until).await?;
                     let leased = rows
-                        .into_iter()
+                        .by_ref()
+                        .take(outbox.len())
                         .filter(|row| row.locked_until.is_some())
                         .map(outbox_message)
                         .collect();
