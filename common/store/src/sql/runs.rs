@@ -488,15 +488,21 @@ impl SqlStore {
             return Ok(outcomes);
         }
         let txn = self.write_txn().await?;
-        let mut outcomes = Vec::with_capacity(starts.len());
-        for start in starts {
-            let Some(model) = run_insert(start.run.clone())
-                .exec_with_returning_many(&txn)
+        // Every run in one multi-row insert (each SQLite statement is a hand-over to the
+        // connection's thread and back): an event that has a run already skips its row; a
+        // taken run id fails the statement for all (the caller then starts one by one).
+        let mut inserted: HashMap<uuid::Uuid, run::Model> =
+            run::Entity::insert_many(starts.iter().map(|start| start.run.clone()))
+                .on_conflict(one_run_per_event())
+                .exec_with_returning(&txn)
                 .await
                 .map_err(taken)?
                 .into_iter()
-                .next()
-            else {
+                .map(|model| (model.id, model))
+                .collect();
+        let mut outcomes = Vec::with_capacity(starts.len());
+        for start in starts {
+            let Some(model) = inserted.remove(&start.id.into_uuid()) else {
                 outcomes.push(Ok(None));
                 continue;
             };
