@@ -644,14 +644,13 @@ impl EventLog for SqlStore {
                 return batch.iter().map(|_| Err(lease_too_long())).collect();
             }
         };
-        const WHAT: &str = "an append";
-        let shared = Shared::validate(batch, |request| {
+        let shared = Shared::validate("an append", batch, |request| {
             Append::new(request.event, &request.outbox).map(|append| (append, request.outbox))
         });
         let written = shared
-            .write(WHAT, |appends| self.append_together(appends, until))
+            .write(|appends| self.append_together(appends, until))
             .await;
-        shared.answer(written, WHAT)
+        shared.answer(written)
     }
 
     async fn get_many(&self, ids: &[EventId]) -> Result<Vec<Option<EventRecord>>> {

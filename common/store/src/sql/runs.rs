@@ -557,12 +557,9 @@ impl RunLedger for SqlStore {
     }
 
     async fn start_runs(&self, starts: Vec<RunStart>) -> Vec<Result<Option<RunRecord>>> {
-        const WHAT: &str = "a run start";
-        let shared = Shared::validate(starts, Start::new);
-        let started = shared
-            .write(WHAT, |starts| self.start_together(starts))
-            .await;
-        shared.answer(started, WHAT)
+        let shared = Shared::validate("a run start", starts, Start::new);
+        let started = shared.write(|starts| self.start_together(starts)).await;
+        shared.answer(started)
     }
 
     async fn get_run(&self, id: RunId) -> Result<Option<RunRecord>> {
