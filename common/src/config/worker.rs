@@ -48,7 +48,7 @@ pub struct WorkerConfig {
     #[serde(with = "humantime_serde")]
     pub drain_timeout: Duration,
     /// Longest a run's result item waits for the items after it before they are published
-    /// together as one `switchboard.results/1` message (a terminal item, or 64 items, flush
+    /// together as one `switchboard.results/1` message (a terminal item, or 256 items, flush
     /// at once). Each message is a confirmed quorum-queue write and a sink transaction, so a
     /// short run that fits in one costs about half; the price is at most this much latency on
     /// an item that is not followed at once. `0s`: publish whatever is ready, never wait.

@@ -66,8 +66,13 @@ use crate::runner::{RunHandle, RunRequest, RunnerHost};
 use crate::sequencer::RunItem;
 use sb_host_api::actions::AUDIT_TARGET;
 
-/// Most result items taken from a run for one publish.
-const MAX_BATCH: usize = 64;
+/// Most result items taken from a run for one publish. A burst (a runner that streams a
+/// whole reply at once) leaves in as few messages as this allows: each message is a
+/// confirmed quorum-queue write, a sink transaction and a delivery, so 200 deltas cost one of
+/// each instead of four (measured: cluster streamed items/s 19,966 → 21,566–22,646, broker
+/// CPU per 200-item run 3.5 → 2.9 ms). Bodies stay under
+/// [`BATCH_BYTES_MAX`](super::decisions::BATCH_BYTES_MAX) whatever the count.
+const MAX_BATCH: usize = 256;
 
 fn now_ms() -> i64 {
     SystemTime::now()
