@@ -107,18 +107,22 @@ impl ResultSink {
         // 2. One ledger call for the whole batch, with the runs' ends and the assistant
         // transcript rows it can carry.
         let transcripts = self.transcripts(&items).await;
-        let rows: Vec<NewRunEvent> = items
-            .iter()
-            .zip(&transcripts)
-            .map(|(i, transcript)| ledger_row(i, transcript.clone()))
-            .collect();
+        // Built again for the per-item fallback rather than cloned for it up front: a clone
+        // copies every item's JSON, on every batch, for a path that is rarely taken.
+        let rows = || -> Vec<NewRunEvent> {
+            items
+                .iter()
+                .zip(&transcripts)
+                .map(|(i, transcript)| ledger_row(i, transcript.clone()))
+                .collect()
+        };
         let inserted: Vec<Result<bool>> =
-            match self.deps.stores.runs.insert_events(rows.clone()).await {
-                Ok(flags) if flags.len() == rows.len() => flags.into_iter().map(Ok).collect(),
+            match self.deps.stores.runs.insert_events(rows()).await {
+                Ok(flags) if flags.len() == items.len() => flags.into_iter().map(Ok).collect(),
                 Ok(_) | Err(_) => {
                     // Find out per item (one missing run must not fail the others).
-                    let mut each = Vec::with_capacity(rows.len());
-                    for row in rows {
+                    let mut each = Vec::with_capacity(items.len());
+                    for row in rows() {
                         each.push(
                             self.deps
                                 .stores

@@ -940,12 +940,14 @@ impl SqlStore {
                 .take(INSERT_CHUNK)
                 .map(|e| run_event_model(e, now))
                 .collect();
-            let rows = run_event::Entity::insert_many(chunk)
+            // The keys only: the whole rows would come back with every item's `data`,
+            // parsed into JSON again for nothing (a fifth of a streaming run's sink time).
+            let keys = run_event::Entity::insert_many(chunk)
                 .on_conflict(on_conflict_skip())
-                .exec_with_returning(&txn)
+                .exec_with_returning_keys(&txn)
                 .await
                 .map_err(|e| run_missing(e, "run of a result item"))?;
-            new_keys.extend(rows.into_iter().map(|m| (m.run_id, m.sequence)));
+            new_keys.extend(keys);
         }
         let mut max_new: HashMap<Uuid, i64> = HashMap::new();
         for (run_id, sequence) in &new_keys {
