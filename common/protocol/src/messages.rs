@@ -640,6 +640,13 @@ pub fn encode<M: BusMessage>(message: &M) -> Vec<u8> {
 /// Decodes a bus body, checking `schema` first so that a message of the wrong kind or
 /// version gets a [`DecodeError::WrongSchema`] rather than a confusing field error.
 pub fn decode<M: BusMessage>(bytes: &[u8]) -> Result<M, DecodeError> {
+    // The body is parsed once when it is what it should be (every `schema` field is a
+    // required marker that only takes `M::SCHEMA`); only a body that fails is looked at
+    // again, to say why.
+    let source = match serde_json::from_slice(bytes) {
+        Ok(message) => return Ok(message),
+        Err(source) => source,
+    };
     #[derive(Deserialize)]
     struct Peek<'a> {
         #[serde(borrow)]
@@ -664,7 +671,7 @@ pub fn decode<M: BusMessage>(bytes: &[u8]) -> Result<M, DecodeError> {
         }
         Some(_) => {}
     }
-    serde_json::from_slice(bytes).map_err(|source| DecodeError::Invalid {
+    Err(DecodeError::Invalid {
         expected: M::SCHEMA,
         source,
     })

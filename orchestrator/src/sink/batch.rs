@@ -116,25 +116,24 @@ impl ResultSink {
                 .map(|(i, transcript)| ledger_row(i, transcript.clone()))
                 .collect()
         };
-        let inserted: Vec<Result<bool>> =
-            match self.deps.stores.runs.insert_events(rows()).await {
-                Ok(flags) if flags.len() == items.len() => flags.into_iter().map(Ok).collect(),
-                Ok(_) | Err(_) => {
-                    // Find out per item (one missing run must not fail the others).
-                    let mut each = Vec::with_capacity(items.len());
-                    for row in rows() {
-                        each.push(
-                            self.deps
-                                .stores
-                                .runs
-                                .insert_event(row)
-                                .await
-                                .map_err(Into::into),
-                        );
-                    }
-                    each
+        let inserted: Vec<Result<bool>> = match self.deps.stores.runs.insert_events(rows()).await {
+            Ok(flags) if flags.len() == items.len() => flags.into_iter().map(Ok).collect(),
+            Ok(_) | Err(_) => {
+                // Find out per item (one missing run must not fail the others).
+                let mut each = Vec::with_capacity(items.len());
+                for row in rows() {
+                    each.push(
+                        self.deps
+                            .stores
+                            .runs
+                            .insert_event(row)
+                            .await
+                            .map_err(Into::into),
+                    );
                 }
-            };
+                each
+            }
+        };
 
         // 3. Side effects, in queue order; stop at the first transient failure. Applied items
         // are delivered (4.) in queue order as well, and *before* the side effects of a later
