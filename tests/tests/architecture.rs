@@ -4,8 +4,9 @@
 //! restarted on its own, and talks to the others only through the bus and the stores. A
 //! role crate that links another one would let their internals leak into each other (and
 //! rebuild both for every change of either), so a rule two roles need lives below them, in
-//! a shared crate (`sb-protocol`, `sb-common`, `sb-store`, `sb-rules`). Only the crates that
-//! wire roles together (the root crate `switchboard`, this harness) link several roles.
+//! a shared crate (`sb-protocol`, `sb-common`, `sb-store`, `sb-rules`, `sb-lifecycle`). Only
+//! the crates that wire roles together (the root crate `switchboard`, this harness) link
+//! several roles.
 //!
 //! The check reads the manifests (`cargo metadata --no-deps`), so it covers every kind of
 //! dependency: normal, dev (a role's tests must not need another role either) and build.

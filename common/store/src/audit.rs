@@ -33,6 +33,8 @@ use serde_json::{Value, json};
 use crate::events::{EventStatus, NewEvent, is_valid_idempotency_key};
 use crate::redact::{sanitize_attachments, sanitize_contents};
 
+/// Tracing target of audit log lines (every role's, so one filter shows them all).
+pub const LOG_TARGET: &str = "audit";
 /// Event type of the row of a pulled steering item.
 pub const STEERING_INJECTED: &str = "steering.injected";
 /// Event type of the row of a steering item its run never pulled.

@@ -1,84 +1,24 @@
-//! Host-made run ends: finishing a run from the terminal item its ledger already holds,
-//! and finalizing it with a terminal item of the host's own (reaper, recovery).
+//! Host-made run ends (reaper, embedded recovery) through the one finalize of
+//! [`sb_lifecycle`]: the sink is its hand-over, applying the terminal item's side effects and
+//! publishing it for live delivery.
 
-use sb_common::telemetry::{Metrics, names};
+use async_trait::async_trait;
+use sb_lifecycle::{Finalizer, HandOver, Origin, RunRef, SessionEnd};
 use sb_protocol::messages::ResultMessage;
 use sb_protocol::result::AgentRunResult;
-use sb_store::{Finalized, RunOutcome, RunRecord, audit};
+use sb_store::{RunOutcome, RunRecord};
 
 use super::{ResultSink, Written};
-use crate::error::Result;
+use crate::error::{OrchestratorError, Result};
 use crate::journal;
 
 impl ResultSink {
-    /// Finishes `run` from a terminal item already in its ledger, if there is one: applies it
-    /// again (every side effect is idempotent, see the module docs) and publishes it for live
-    /// delivery. Returns its sequence, or `None` when the ledger holds no terminal item.
-    ///
-    /// The reaper calls this before making a terminal item of its own: an item is stored
-    /// (step 2) before its side effects, so a run whose terminal item was stored but never
-    /// applied (its delivery dead-lettered) still looks active, and a second, host-made
-    /// terminal item would end it twice.
-    pub async fn finish_from_ledger(&self, run: &RunRecord) -> Result<Option<u64>> {
-        let Some((sequence, result)) = self
-            .stored_items(run.id)
-            .await?
-            .into_iter()
-            .find(|(_, result)| result.is_terminal())
-        else {
-            return Ok(None);
-        };
-        self.apply_and_deliver(run, sequence, result, "stored")
-            .await?;
-        Ok(Some(sequence))
-    }
-
-    /// Applies `run`'s terminal item `result`, stored at `sequence` without any of its side
-    /// effects, and publishes it for live delivery. The delivery is best effort, like every
-    /// live delivery: the item is stored and applied, and a stream that misses it reads it
-    /// from the ledger. `origin` names the item in the log (`stored`, `host-made`).
-    async fn apply_and_deliver(
-        &self,
-        run: &RunRecord,
-        sequence: u64,
-        result: AgentRunResult,
-        origin: &str,
-    ) -> Result<()> {
-        let message = ResultMessage::new(
-            run.id,
-            run.workspace_id.clone(),
-            run.conversation_id.clone(),
-            sequence,
-            result,
-        )
-        .with_run(Some(super::facts_of_row(run)));
-        let info = self.facts_of(&message).await?;
-        let plan = journal::plan_item(&message.result);
-        self.apply(&info, &message, &plan, Written::default())
-            .await?;
-        if let Err(error) = self
-            .deps
-            .bus
-            .publish_batch(vec![self.outgoing(&[&message])])
-            .await
-        {
-            tracing::warn!(run_id = %run.id, %error, origin, "live delivery of a terminal item failed");
-        }
-        Ok(())
-    }
-
     /// Finalizes `run` with a host-made terminal item: the reaper's `timeout` (deadline,
     /// deployment maximum) or `interrupted` (lost lease), the embedded recovery's
-    /// `interrupted`. The one way the orchestrator's side ends a run that its worker did not:
-    ///
-    /// 1. the ledger stores the item at the first free sequence **and** the terminal status
-    ///    in one commit ([`RunLedger::finalize_run`](sb_store::RunLedger::finalize_run)), so
-    ///    a stream reader never sees the status without the item; if the run's own terminal
-    ///    item is already stored, that one ends the run instead ([`Self::finish_from_ledger`]),
-    ///    so a run has exactly one terminal item whatever races;
-    /// 2. the item's side effects are applied and it is published for live delivery;
-    /// 3. the run's session is ended (Host API calls for it are refused) and the steering
-    ///    items it never pulled are audited as `steering.dropped`.
+    /// `interrupted`. The steps, the one-terminal-item rule and the session's end are
+    /// [`Finalizer::finalize`]'s; a run whose own terminal item is already stored ends with
+    /// that one (an item is stored before its side effects, so a run whose terminal item was
+    /// stored but never applied still looks active).
     ///
     /// Returns the sequence of the terminal item that ended the run, or `None` when the run
     /// had already ended (someone else finalized it; nothing is done).
@@ -88,49 +28,64 @@ impl ResultSink {
         outcome: RunOutcome,
         result: AgentRunResult,
     ) -> Result<Option<u64>> {
-        let status = outcome.status;
-        let sequence = match self
-            .deps
-            .stores
-            .runs
-            .finalize_run(run.id, outcome, result.clone())
-            .await?
-        {
-            Finalized::AlreadyEnded(_) => return Ok(None),
-            Finalized::TerminalStored { .. } => self.finish_from_ledger(run).await?,
-            Finalized::Ended { sequence } => {
-                Metrics::global().inc(names::RUNS_TOTAL, &[("status", status.as_str())]);
-                let result = result.with_run_id(run.id).with_sequence(sequence);
-                self.apply_and_deliver(run, sequence, result, "host-made")
-                    .await?;
-                Some(sequence)
-            }
+        let stores = &self.deps.stores;
+        let finalizer = Finalizer {
+            ledger: stores.runs.as_ref(),
+            events: stores.events.as_ref(),
+            sessions: self.deps.sessions.as_ref(),
         };
-        self.end_session(run).await;
-        Ok(sequence)
-    }
-
-    /// Ends `run`'s session and audits the steering items it never pulled.
-    async fn end_session(&self, run: &RunRecord) {
-        match self.deps.sessions.end_session(&run.id).await {
-            Ok(Some(ended)) => {
-                for item in &ended.steering {
-                    let row = audit::steering_dropped(
-                        item,
-                        run.id,
-                        &run.runner_id,
-                        &run.workspace_id,
-                        audit::DROPPED_RUN_ENDED,
-                    );
-                    if let Err(error) = self.deps.stores.events.append(row, Vec::new()).await {
-                        tracing::warn!(run_id = %run.id, %error, "could not audit a dropped steering item");
-                    }
-                }
-            }
-            Ok(None) => {}
-            Err(error) => {
-                tracing::warn!(run_id = %run.id, %error, "could not end the session of a finalized run; it expires with its ttl");
-            }
+        let run_ref = RunRef {
+            run_id: run.id,
+            runner_id: &run.runner_id,
+            workspace_id: &run.workspace_id,
+        };
+        let hand_over = ApplyAndDeliver { sink: self, run };
+        match finalizer
+            .finalize(run_ref, outcome, result, SessionEnd::Host, &hand_over)
+            .await
+        {
+            Ok(ended) => Ok(ended.map(|ended| ended.sequence)),
+            Err(sb_lifecycle::FinalizeError::Ledger(error)) => Err(error.into()),
+            Err(sb_lifecycle::FinalizeError::HandOver { error, .. }) => Err(error),
         }
+    }
+}
+
+/// The sink's hand-over: apply the terminal item, then publish it for live delivery.
+struct ApplyAndDeliver<'a> {
+    sink: &'a ResultSink,
+    run: &'a RunRecord,
+}
+
+#[async_trait]
+impl HandOver for ApplyAndDeliver<'_> {
+    type Error = OrchestratorError;
+
+    /// Applies the item and publishes it for live delivery. The delivery is best effort,
+    /// like every live delivery: the item is stored and applied, and a stream that misses it
+    /// reads it from the ledger.
+    async fn hand_over(&self, sequence: u64, item: AgentRunResult, origin: Origin) -> Result<()> {
+        let (sink, run) = (self.sink, self.run);
+        let message = ResultMessage::new(
+            run.id,
+            run.workspace_id.clone(),
+            run.conversation_id.clone(),
+            sequence,
+            item,
+        )
+        .with_run(Some(super::facts_of_row(run)));
+        let info = sink.facts_of(&message).await?;
+        let plan = journal::plan_item(&message.result);
+        sink.apply(&info, &message, &plan, Written::default())
+            .await?;
+        if let Err(error) = sink
+            .deps
+            .bus
+            .publish_batch(vec![sink.outgoing(&[&message])])
+            .await
+        {
+            tracing::warn!(run_id = %run.id, %error, origin = origin.as_str(), "live delivery of a terminal item failed");
+        }
+        Ok(())
     }
 }

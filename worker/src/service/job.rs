@@ -36,18 +36,20 @@ use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
+use async_trait::async_trait;
 use sb_common::bus::topology::Topology;
 use sb_common::bus::{Bus, Delivery, Outgoing, Settlement};
 use sb_common::config::WorkerConfig;
 use sb_common::retry::RetryPolicy;
 use sb_common::session::{RUN_HANDED_OFF_TTL, RunBegin, SessionError, SessionStore};
 use sb_common::telemetry::{Metrics, names};
+use sb_lifecycle::{FinalizeError, Finalizer, HandOver, Origin, RunRef, SessionEnd};
 use sb_protocol::error::{ErrorCode, HasErrorCode, run_failure};
 use sb_protocol::ids::RunId;
 use sb_protocol::manifest::RunnerId;
 use sb_protocol::messages::{RunJob, decode};
 use sb_protocol::result::AgentRunResult;
-use sb_store::{EventLog, Finalized, RunLedger, RunOutcome, RunStatus, audit};
+use sb_store::{EventLog, RunLedger, RunOutcome, RunStatus};
 use serde_json::Value;
 use tokio::sync::{OwnedSemaphorePermit, watch};
 use tokio_util::sync::CancellationToken;
@@ -64,7 +66,6 @@ use super::lease::{HeartbeatRun, heartbeat, lease_key};
 use crate::lock::lock;
 use crate::runner::{RunHandle, RunRequest, RunnerHost};
 use crate::sequencer::RunItem;
-use sb_host_api::actions::AUDIT_TARGET;
 
 /// Most result items taken from a run for one publish. A burst (a runner that streams a
 /// whole reply at once) leaves in as few messages as this allows: each message is a
@@ -417,19 +418,19 @@ impl Core {
     }
 
     /// A redelivered job of a run that started on a worker that is gone: never re-executed,
-    /// it ends `interrupted`. The terminal item and the status are stored in one ledger
-    /// commit ([`RunLedger::finalize_run`]) before the item is published: a stream reader
-    /// never sees the status without the item, and the item takes the first free sequence
-    /// even if the lost worker's last results are still in flight. The result sink applies
-    /// the published item's side effects and delivers it (it finds it stored as is). The run
-    /// ends (session, lease) before the item is published: the ledger already says how it
-    /// ended, so the lease protects nothing any more.
+    /// it ends `interrupted` through the one finalize ([`Finalizer::finalize`]): the terminal
+    /// item and the status in one ledger commit (a stream reader never sees the status
+    /// without the item, and the item takes the first free sequence even if the lost
+    /// worker's last results are still in flight), then the run's session and this worker's
+    /// lease end (the ledger already says how the run ended, so the lease protects nothing
+    /// any more), then the item is published to the result sink, which applies its side
+    /// effects and delivers it (it finds it stored as is). A run whose own terminal item is
+    /// already stored ends with that one, published again the same way.
     async fn finalize_interrupted(
         &self,
         job: &RunJob,
         reservation: &mut Reservation,
     ) -> Settlement {
-        let run_id = job.run_id;
         let message = "the worker executing the run was lost";
         let outcome =
             RunOutcome::with_error(RunStatus::Interrupted, run_failure::INTERRUPTED, message);
@@ -438,36 +439,60 @@ impl Core {
             message,
             run_failure::default_retryable(run_failure::INTERRUPTED),
         );
-        let sequence = match self
-            .ledger
-            .finalize_run(run_id, outcome, result.clone())
-            .await
-        {
-            Ok(Finalized::Ended { sequence }) => sequence,
-            Ok(other) => {
-                // Its own terminal item is stored (the reaper applies it) or it ended.
-                tracing::info!(?other, "run was finished concurrently; nothing to finalize");
-                return Settlement::Ack;
+        let hand_over = PublishToSink { core: self, job };
+        let runner_id = job.runner_id.to_string();
+        let ended = self
+            .finalizer()
+            .finalize(
+                run_ref(job, &runner_id),
+                outcome,
+                result,
+                self.session_end(),
+                &hand_over,
+            )
+            .await;
+        match ended {
+            Ok(Some(ended)) => {
+                reservation.lease_released = ended.session_answered;
+                tracing::warn!(
+                    sequence = ended.sequence,
+                    origin = ended.origin.as_str(),
+                    "run was interrupted by the loss of its worker; finalized"
+                );
+                Settlement::Ack
             }
-            Err(error) => {
+            Ok(None) => {
+                tracing::info!("run was finished concurrently; nothing to finalize");
+                Settlement::Ack
+            }
+            Err(FinalizeError::Ledger(error)) => {
                 tracing::warn!(%error, "finalizing the interrupted run failed");
-                return settlement_for(error.code());
+                settlement_for(error.code())
             }
-        };
-        tracing::warn!(
-            sequence,
-            "run was interrupted by the loss of its worker; finalized as interrupted"
-        );
-        self.end_run(job, reservation).await;
-        let item = RunItem {
-            sequence,
-            result: result.with_run_id(run_id).with_sequence(sequence),
-        };
-        if self.publish_items(job, vec![item]).await {
-            Settlement::Ack
-        } else {
-            // Forced drain: the ledger already says interrupted, so the redelivery drops it.
-            Settlement::Nack { requeue: true }
+            Err(FinalizeError::HandOver { ended, .. }) => {
+                reservation.lease_released = ended.session_answered;
+                // Forced drain: the ledger already holds the terminal item, so the
+                // redelivery finds it stored and publishes it again.
+                Settlement::Nack { requeue: true }
+            }
+        }
+    }
+
+    /// The stores a run's end writes to ([`sb_lifecycle`]).
+    fn finalizer(&self) -> Finalizer<'_> {
+        Finalizer {
+            ledger: self.ledger.as_ref(),
+            events: self.events.as_ref(),
+            sessions: self.sessions.as_ref(),
+        }
+    }
+
+    /// How this worker ends the session of a run it holds: with its lease, marking the run
+    /// handed off to the result sink.
+    fn session_end(&self) -> SessionEnd<'_> {
+        SessionEnd::Holder {
+            holder: &self.id,
+            handed_off_ttl: RUN_HANDED_OFF_TTL,
         }
     }
 
@@ -733,54 +758,54 @@ impl Core {
     /// not take a lagging result sink for a lost worker), and the lease is released. Then
     /// audits the steering items the run never pulled.
     async fn end_run(&self, job: &RunJob, reservation: &mut Reservation) {
-        match self
-            .sessions
-            .end_run(&job.run_id, &self.id, RUN_HANDED_OFF_TTL)
+        let runner_id = job.runner_id.to_string();
+        if self
+            .finalizer()
+            .end_session(run_ref(job, &runner_id), self.session_end())
             .await
         {
-            Ok(end) => {
-                reservation.lease_released = true;
-                match end.ended {
-                    Some(ended) => self.audit_dropped_steering(job, &ended.steering).await,
-                    None => tracing::debug!("run session was already gone"),
-                }
-            }
-            // The session and flag expire on their own; until then late Host API calls still
-            // pass the gate's session check but the runner host refuses calls for ended runs.
-            // `process` still tries to release the lease.
-            Err(error) => tracing::warn!(%error, "ending the run in the session store failed"),
+            reservation.lease_released = true;
         }
+        // Otherwise the session and flag expire on their own; until then late Host API calls
+        // still pass the gate's session check but the runner host refuses calls for ended
+        // runs. `process` still tries to release the lease.
     }
+}
 
-    /// Audits each steering item the run never pulled as a `steering.dropped` event-log row
-    /// (reason `run_ended`) and on the audit log target. The row's idempotency key makes a
-    /// repeated audit append once. The items are gone from the session store either way, so
-    /// a failed append is logged rather than retried.
-    async fn audit_dropped_steering(&self, job: &RunJob, items: &[Value]) {
-        let run_id = job.run_id;
-        let runner_id = job.runner_id.to_string();
-        for item in items {
-            let event_id = item
-                .pointer("/event/event_id")
-                .and_then(Value::as_str)
-                .unwrap_or("");
-            tracing::info!(
-                target: AUDIT_TARGET,
-                audit = audit::STEERING_DROPPED,
-                %run_id,
-                event_id,
-                "steering item dropped: the run ended before pulling it"
-            );
-            let row = audit::steering_dropped(
-                item,
-                run_id,
-                &runner_id,
-                &job.workspace_id,
-                audit::DROPPED_RUN_ENDED,
-            );
-            if let Err(error) = self.events.append(row, Vec::new()).await {
-                tracing::warn!(%error, event_id, "writing the steering.dropped audit row failed");
-            }
+/// The run a job executes, as its end names it (`runner_id` is the job's, written out).
+fn run_ref<'a>(job: &'a RunJob, runner_id: &'a str) -> RunRef<'a> {
+    RunRef {
+        run_id: job.run_id,
+        runner_id,
+        workspace_id: &job.workspace_id,
+    }
+}
+
+/// The worker's hand-over of a finalized run's terminal item: publish it to the result sink
+/// (which applies it and delivers it live), as every item of a run the worker executes.
+struct PublishToSink<'a> {
+    core: &'a Core,
+    job: &'a RunJob,
+}
+
+/// The result sink could not be reached before the forced drain gave up.
+struct Unpublished;
+
+#[async_trait]
+impl HandOver for PublishToSink<'_> {
+    type Error = Unpublished;
+
+    async fn hand_over(
+        &self,
+        sequence: u64,
+        result: AgentRunResult,
+        _origin: Origin,
+    ) -> Result<(), Unpublished> {
+        let item = RunItem { sequence, result };
+        if self.core.publish_items(self.job, vec![item]).await {
+            Ok(())
+        } else {
+            Err(Unpublished)
         }
     }
 }

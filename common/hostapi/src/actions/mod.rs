@@ -73,8 +73,9 @@ use crate::api::{ApiStream, Dispatcher, GatedCall, host_version};
 use crate::providers::{ProviderClient, ProviderOptions};
 use params::Params;
 
-/// Tracing target of the Host API audit events (refusals and host failures).
-pub const AUDIT_TARGET: &str = "audit";
+/// Tracing target of the Host API audit events (refusals and host failures): the one audit
+/// target of every role.
+pub const AUDIT_TARGET: &str = sb_store::audit::LOG_TARGET;
 
 /// A per-run call rate: at most `max_calls` admitted calls in any fixed window of `window`
 /// that starts with the first call (the session store's `rate_limit_hit`).
