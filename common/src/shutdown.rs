@@ -48,6 +48,13 @@ pub struct Shutdown {
     tasks: Arc<TaskRegistry>,
 }
 
+/// The root token, for the shared loops that stop on a token ([`crate::bus::consumer`]).
+impl AsRef<CancellationToken> for Shutdown {
+    fn as_ref(&self) -> &CancellationToken {
+        &self.token
+    }
+}
+
 impl std::fmt::Debug for Shutdown {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Shutdown")

@@ -34,7 +34,11 @@
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, MutexGuard};
 
-use sb_common::bus::{Binding, Bus, BusError, ConsumeOptions, QueueSpec, Subscription};
+use sb_common::bus::consumer::{ConsumeLoop, Ended, settle};
+use sb_common::bus::{
+    Binding, Bus, BusError, ConsumeOptions, Delivery, QueueSpec, Settlement, Subscription,
+};
+use sb_common::retry::RetryConfig;
 use sb_protocol::ids::RunId;
 use sb_protocol::messages::{DeliveryMessage, decode_deliveries};
 use tokio::sync::broadcast;
@@ -220,7 +224,7 @@ impl LiveHub {
             }),
         };
         let fan_out = hub.clone();
-        tokio::spawn(async move { fan_out.consume(subscription, shutdown).await });
+        tokio::spawn(async move { fan_out.consume(subscription, prefetch, shutdown).await });
         Ok(hub)
     }
 
@@ -366,34 +370,39 @@ impl LiveHub {
         }
     }
 
-    async fn consume(self, mut subscription: Subscription, shutdown: CancellationToken) {
-        loop {
-            let delivery = tokio::select! {
-                biased;
-                () = shutdown.cancelled() => break,
-                delivery = subscription.next() => delivery,
-            };
-            let delivery = match delivery {
-                Ok(delivery) => delivery,
-                Err(BusError::Closed) => {
-                    tracing::info!("live delivery queue closed");
-                    break;
-                }
-                Err(error) => {
-                    tracing::warn!(%error, "live delivery consumer error");
-                    continue;
-                }
-            };
-            match decode_deliveries(&delivery.body) {
-                Ok(messages) => self.fan_out(messages),
-                Err(error) => {
-                    tracing::warn!(%error, routing_key = %delivery.routing_key, "undecodable live delivery dropped");
+    /// Fans the deliveries out until `shutdown` or until the queue is lost (through the
+    /// shared consume loop, [`ConsumeLoop`]). Not subscribed again: the exclusive queue and
+    /// its bindings went with the subscription.
+    async fn consume(self, subscription: Subscription, prefetch: u16, shutdown: CancellationToken) {
+        let retry = RetryConfig::default().policy();
+        let consumer = ConsumeLoop {
+            bus: self.inner.bus.as_ref(),
+            queue: &self.inner.queue,
+            prefetch,
+            max_batch: usize::from(prefetch),
+            retry,
+        };
+        let queue = self.inner.queue.name.as_str();
+        let mut handle = |batch: Vec<Delivery>| {
+            let (hub, shutdown, retry) = (&self, &shutdown, &retry);
+            async move {
+                for delivery in batch {
+                    match decode_deliveries(&delivery.body) {
+                        Ok(messages) => hub.fan_out(messages),
+                        Err(error) => {
+                            tracing::warn!(%error, routing_key = %delivery.routing_key, "undecodable live delivery dropped");
+                        }
+                    }
+                    // Live items are not worth redelivering: the ledger has them.
+                    settle(delivery, Settlement::Ack, queue, retry, shutdown).await;
                 }
             }
-            // Live items are not worth redelivering: the ledger has them.
-            if let Err(error) = delivery.ack().await {
-                tracing::debug!(%error, "live delivery ack failed");
-            }
+        };
+        if let Ended::Lost = consumer
+            .run_subscription(subscription, &shutdown, &mut handle)
+            .await
+        {
+            tracing::info!("live delivery queue closed");
         }
         // Wake every stream so it stops waiting for live items and relies on the ledger.
         self.lock().clear();

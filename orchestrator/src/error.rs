@@ -1,7 +1,7 @@
 //! [`OrchestratorError`]: everything that can go wrong while handling one message, and its
 //! protocol code. What happens to the message is decided from the code alone
 //! ([`ErrorCode::disposition`], the project's one disposition mapping) by the consumer
-//! loops' `settle` (which uses this module).
+//! loops' `sb_common::bus::consumer::settle_outcome`.
 
 use sb_common::bus::{BatchPublishError, BusError};
 use sb_common::error::ShutdownError;

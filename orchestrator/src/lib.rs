@@ -51,7 +51,6 @@
 //! - [`service`]: [`Orchestrator::spawn`] and the shard reconciler: starts and supervises
 //!   the loops above.
 //! - [`deps`]: [`OrchestratorDeps`] and [`OrchestratorOptions`], what every loop runs on.
-//! - `settle` (crate-private): how the consumer loops ack, retry or dead-letter a handled message.
 //! - [`error`]: [`OrchestratorError`] and its error codes.
 
 pub mod access;
@@ -70,7 +69,6 @@ pub mod retention;
 pub mod route_cache;
 pub mod scheduler;
 pub mod service;
-mod settle;
 pub mod shards;
 pub mod sink;
 pub mod steering;

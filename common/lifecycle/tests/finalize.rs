@@ -177,8 +177,7 @@ async fn a_stored_terminal_item_ends_the_run_instead_of_a_host_made_one() {
         .unwrap()
         .expect("the stored item ends the run");
     assert_eq!((ended.sequence, ended.origin), (2, Origin::Stored));
-    let handed = recorder.handed.lock().unwrap();
-    let (_, item, _) = &handed[0];
+    let (_, item, _) = recorder.handed.lock().unwrap()[0].clone();
     assert_eq!(item.result_type.as_str(), "run.completed");
     assert_eq!(item.sequence, Some(2));
     // The hand-over applies it; the ledger holds it once and nothing after it.

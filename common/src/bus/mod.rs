@@ -40,6 +40,7 @@ use tokio::sync::mpsc;
 
 #[cfg(feature = "amqp")]
 pub mod amqp;
+pub mod consumer;
 pub mod dead_letters;
 pub mod memory;
 pub mod topology;

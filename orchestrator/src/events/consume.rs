@@ -12,13 +12,13 @@ use std::collections::HashMap;
 use std::sync::Arc;
 
 use sb_common::bus::Delivery;
+use sb_common::bus::consumer::{ConsumeLoop, pause, settle_outcome};
 use sb_common::shutdown::Shutdown;
 use sb_protocol::messages::{self, DecodeError, EventMessage};
 use tracing::Instrument;
 
 use super::{EventRouter, RouteOutcome};
 use crate::error::{OrchestratorError, Result};
-use crate::settle::{consume, pause, settle};
 
 impl EventRouter {
     /// Routes a consumed event message. While another consumer holds the event's route lock,
@@ -49,7 +49,7 @@ impl EventRouter {
                 }
                 Err(error) if error.is_backend_outage() && !shutdown.is_shutting_down() => {
                     tracing::warn!(%error, event_id = %message.event_id, attempt = outages, "backend unreachable; retrying the event in place");
-                    if !pause(self.options.retry_delay(outages), shutdown).await {
+                    if !pause(self.options.retry_delay(outages), shutdown.as_ref()).await {
                         return Err(error);
                     }
                     outages = outages.saturating_add(1);
@@ -73,13 +73,15 @@ const MAX_ROUTE_BATCH: usize = 64;
 pub async fn run_shard(router: Arc<EventRouter>, shard: u32, shutdown: Shutdown) {
     let queue = router.deps.topology.events_queue(shard);
     let options = &router.options;
-    consume(
-        router.deps.bus.as_ref(),
-        &queue,
-        MAX_ROUTE_BATCH,
-        options,
-        &shutdown,
-        |batch| async {
+    let consumer = ConsumeLoop {
+        bus: router.deps.bus.as_ref(),
+        queue: &queue,
+        prefetch: options.prefetch,
+        max_batch: MAX_ROUTE_BATCH,
+        retry: options.retry,
+    };
+    consumer
+        .run(None, shutdown.as_ref(), |batch| async {
             let decoded = batch.into_iter().map(|delivery| {
                 let message = messages::decode::<EventMessage>(&delivery.body);
                 (delivery, message)
@@ -92,14 +94,20 @@ pub async fn run_shard(router: Arc<EventRouter>, shard: u32, shutdown: Shutdown)
                 futures::future::join_all(segment.into_iter().map(|lane| async {
                     for (delivery, message) in lane {
                         let outcome = router.handle(message, &shutdown).await.map(|_| ());
-                        settle(delivery, &outcome, &queue.name, options, &shutdown).await;
+                        settle_outcome(
+                            delivery,
+                            &outcome,
+                            &queue.name,
+                            &options.retry,
+                            shutdown.as_ref(),
+                        )
+                        .await;
                     }
                 }))
                 .await;
             }
-        },
-    )
-    .await;
+        })
+        .await;
 }
 
 /// Lanes that may run side by side, each a list of items to handle in order.

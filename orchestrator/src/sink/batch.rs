@@ -2,6 +2,7 @@
 //! delivery in queue order, then settling (steps 1–5 of the [module docs](super)).
 
 use sb_common::bus::Delivery;
+use sb_common::bus::consumer::{pause, settle_outcome};
 use sb_common::shutdown::Shutdown;
 use sb_common::telemetry::{Metrics, names};
 use sb_protocol::messages::{self, ResultMessage};
@@ -15,7 +16,6 @@ use super::{Item, ResultSink, Written};
 use crate::error::{OrchestratorError, Result};
 use crate::journal::{self, AppliedItems, Effect};
 use crate::lock;
-use crate::settle::{pause, settle};
 
 impl ResultSink {
     /// Persists, applies and delivers one batch of result deliveries, then settles them.
@@ -51,7 +51,7 @@ impl ResultSink {
                 attempt,
                 "ledger or session store unreachable; retrying the results in place"
             );
-            if !pause(self.options.retry_delay(attempt), shutdown).await {
+            if !pause(self.options.retry_delay(attempt), shutdown.as_ref()).await {
                 // Shutting down: hand them back to the broker for another consumer.
                 for delivery in waiting {
                     if let Err(error) = delivery.nack(true).await {
@@ -97,7 +97,11 @@ impl ResultSink {
                         message,
                     }));
                 }
-                Err(e) => settle(delivery, &Err(e.into()), queue, options, shutdown).await,
+                Err(e) => {
+                    let outcome: Result<()> = Err(e.into());
+                    settle_outcome(delivery, &outcome, queue, &options.retry, shutdown.as_ref())
+                        .await;
+                }
             }
         }
         if items.is_empty() {
@@ -225,7 +229,10 @@ impl ResultSink {
                         tracing::warn!(%error, queue, "could not requeue a deferred delivery");
                     }
                 }
-                other => settle(delivery, &other, queue, options, shutdown).await,
+                other => {
+                    settle_outcome(delivery, &other, queue, &options.retry, shutdown.as_ref())
+                        .await;
+                }
             }
         }
         waiting

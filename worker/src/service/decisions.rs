@@ -12,7 +12,7 @@
 //! is left to the orchestrator's reaper, which finalizes runs with expired leases.
 
 use sb_common::bus::Settlement;
-use sb_protocol::error::{Disposition, ErrorCode, run_failure};
+use sb_protocol::error::{ErrorCode, run_failure};
 use sb_protocol::manifest::RunnerId;
 use sb_protocol::messages::{ResultBatch, ResultMessage, RunJob, encode};
 use sb_protocol::result::{AgentRunResult, ResultType};
@@ -25,14 +25,11 @@ use crate::sequencer::RunItem;
 /// size limit, and small enough that one batch never holds a shard's consumer for long.
 pub(super) const BATCH_BYTES_MAX: usize = 1024 * 1024;
 
-/// How a bus settlement follows from an error code (the one disposition mapping).
+/// How a bus settlement follows from an error code: its disposition (the one mapping,
+/// [`ErrorCode::disposition`]) as a settlement.
 #[must_use]
 pub fn settlement_for(code: ErrorCode) -> Settlement {
-    match code.disposition() {
-        Disposition::Ack => Settlement::Ack,
-        Disposition::Retry => Settlement::Nack { requeue: true },
-        Disposition::DeadLetter => Settlement::Nack { requeue: false },
-    }
+    code.disposition().into()
 }
 
 /// What to do with a job whose claim was lost while this worker holds the run's lease.

@@ -37,6 +37,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use async_trait::async_trait;
+use sb_common::bus::consumer::settle;
 use sb_common::bus::topology::Topology;
 use sb_common::bus::{Bus, Delivery, Outgoing, Settlement};
 use sb_common::config::WorkerConfig;
@@ -238,7 +239,7 @@ impl Core {
     pub(super) async fn handle_job(
         self: Arc<Self>,
         queue: String,
-        mut delivery: Delivery,
+        delivery: Delivery,
         _slot: OwnedSemaphorePermit,
     ) {
         let settlement = match decode::<RunJob>(&delivery.body) {
@@ -256,19 +257,18 @@ impl Core {
                 settlement_for(error.code())
             }
         };
-        let disposition = match settlement {
-            Settlement::Ack => "ack",
-            Settlement::Nack { requeue: true } => "retry",
-            Settlement::Nack { requeue: false } => "dead_letter",
-        };
-        self.metrics.inc(
-            names::BUS_CONSUMED_TOTAL,
-            &[("queue", &queue), ("disposition", disposition)],
-        );
-        if let Err(error) = delivery.settle(settlement).await {
-            // The message is (or will be) redelivered; the redelivery is recognized then.
-            tracing::warn!(%error, ?settlement, "settling a run job failed");
-        }
+        settle(delivery, settlement, &queue, &self.retry, &self.stop).await;
+    }
+
+    /// The bus the worker consumes and publishes on.
+    pub(super) fn bus(&self) -> &dyn Bus {
+        self.bus.as_ref()
+    }
+
+    /// The configured retry policy (`[retry]`): the consume loops' resubscribe and requeue
+    /// delays.
+    pub(super) fn retry(&self) -> RetryPolicy {
+        self.retry
     }
 
     async fn process(&self, job: &RunJob) -> Settlement {

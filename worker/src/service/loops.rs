@@ -18,9 +18,9 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use sb_common::bus::{BusError, Settlement, Subscription};
+use sb_common::bus::consumer::{ConsumeLoop, settle, settle_outcome};
+use sb_common::bus::{QueueSpec, Settlement, Subscription};
 use sb_common::config::WorkerConfig;
-use sb_protocol::error::HasErrorCode;
 use sb_protocol::ids::RunId;
 use sb_protocol::messages::{ControlMessage, decode};
 use tokio::sync::Semaphore;
@@ -29,7 +29,6 @@ use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 use tracing::Instrument as _;
 
-use super::decisions::settlement_for;
 use super::job::Core;
 
 /// After cancelling the runs left at the drain deadline, extra time (beyond the cancel grace)
@@ -37,8 +36,6 @@ use super::job::Core;
 const CANCEL_SETTLE: Duration = Duration::from_secs(2);
 /// After forcing the last runs, how long their tasks get to nack and release their leases.
 const FORCE_SETTLE: Duration = Duration::from_secs(5);
-/// Pause after a transient consume error before pulling again.
-const CONSUME_ERROR_PAUSE: Duration = Duration::from_millis(500);
 
 /// What the drain had to do.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -61,101 +58,110 @@ pub fn drain_budget(config: &WorkerConfig) -> Duration {
         + config.cancel_grace * 2
 }
 
-/// Pulls jobs while slots are free, until shutdown. Returns the subscription so that the
+/// A queue the worker consumes, subscribed at startup (so that a missing queue fails the
+/// start rather than the first pull).
+pub(super) struct Subscribed {
+    /// The queue, as every resubscription declares it again.
+    pub queue: QueueSpec,
+    /// Deliveries the broker may hand over before they are settled.
+    pub prefetch: u16,
+    /// The subscription made at startup.
+    pub subscription: Subscription,
+}
+
+/// Pulls jobs one at a time, each handed to its own task once a slot is free, until
+/// shutdown (the shared loop, [`ConsumeLoop`]). Returns the subscription so that the
 /// deliveries of running jobs stay settleable during the drain.
 async fn consume_jobs(
     core: Arc<Core>,
-    mut sub: Subscription,
+    consumer: Subscribed,
     slots: Arc<Semaphore>,
     runs: TaskTracker,
-) -> Subscription {
-    loop {
-        let permit = tokio::select! {
-            biased;
-            () = core.stop.cancelled() => break,
-            permit = slots.clone().acquire_owned() => match permit {
-                Ok(permit) => permit,
-                Err(_) => break,
-            },
-        };
-        let delivery = tokio::select! {
-            biased;
-            () = core.stop.cancelled() => break,
-            delivery = sub.next() => delivery,
-        };
-        match delivery {
-            Ok(delivery) => {
-                runs.spawn(
-                    core.clone()
-                        .handle_job(sub.queue().to_owned(), delivery, permit),
-                );
+) -> Option<Subscription> {
+    let Subscribed {
+        queue,
+        prefetch,
+        subscription,
+    } = consumer;
+    let consume = ConsumeLoop {
+        bus: core.bus(),
+        queue: &queue,
+        prefetch,
+        max_batch: 1,
+        retry: core.retry(),
+    };
+    consume
+        .run(Some(subscription), &core.stop, |batch| {
+            let (core, slots, runs, queue) = (&core, &slots, &runs, &queue.name);
+            async move {
+                for delivery in batch {
+                    // The next delivery waits here, not in the broker's buffer: at most
+                    // `slots` jobs execute, and the prefetch bounds what waits.
+                    let permit = tokio::select! {
+                        biased;
+                        () = core.stop.cancelled() => None,
+                        permit = slots.clone().acquire_owned() => permit.ok(),
+                    };
+                    match permit {
+                        Some(permit) => {
+                            runs.spawn(core.clone().handle_job(queue.clone(), delivery, permit));
+                        }
+                        // Stopping: the job goes back to its queue for another worker.
+                        None => {
+                            let requeue = Settlement::Nack { requeue: true };
+                            settle(delivery, requeue, queue, &core.retry(), &core.stop).await;
+                        }
+                    }
+                }
             }
-            Err(BusError::Closed) => {
-                tracing::error!(queue = %sub.queue(), "job subscription closed; this worker takes no more jobs from it");
-                break;
-            }
-            Err(error) => {
-                tracing::warn!(queue = %sub.queue(), %error, "consuming jobs failed; retrying");
-                tokio::time::sleep(CONSUME_ERROR_PAUSE).await;
-            }
-        }
-    }
-    sub
+        })
+        .await
 }
 
 /// Follows `cancel.<run_id>` messages for the runs this worker holds (the control queue is
 /// bound to every cancel once, at start: see "Cancel messages" in `startup`).
-async fn consume_control(core: Arc<Core>, mut sub: Subscription, stop: CancellationToken) {
-    loop {
-        let delivery = tokio::select! {
-            biased;
-            () = stop.cancelled() => break,
-            delivery = sub.next() => delivery,
-        };
-        let delivery = match delivery {
-            Ok(delivery) => delivery,
-            Err(BusError::Closed) => {
-                tracing::error!(
-                    "control subscription closed; cancel messages no longer reach this worker"
-                );
-                break;
-            }
-            Err(error) => {
-                tracing::warn!(%error, "consuming control messages failed; retrying");
-                tokio::time::sleep(CONSUME_ERROR_PAUSE).await;
-                continue;
-            }
-        };
-        let settlement = match decode::<ControlMessage>(&delivery.body) {
-            Ok(ControlMessage::Cancel { run_id, reason }) => {
-                if core.request_cancel(run_id, reason.clone()) {
-                    tracing::info!(%run_id, %reason, "cancel requested");
-                } else {
-                    tracing::debug!(%run_id, "cancel for a run this worker does not hold");
+async fn consume_control(core: Arc<Core>, consumer: Subscribed, stop: CancellationToken) {
+    let Subscribed {
+        queue,
+        prefetch,
+        subscription,
+    } = consumer;
+    let consume = ConsumeLoop {
+        bus: core.bus(),
+        queue: &queue,
+        prefetch,
+        max_batch: usize::from(prefetch),
+        retry: core.retry(),
+    };
+    consume
+        .run(Some(subscription), &stop, |batch| {
+            let (core, stop, queue) = (&core, &stop, &queue.name);
+            async move {
+                for delivery in batch {
+                    let outcome = decode::<ControlMessage>(&delivery.body).map(|message| {
+                        let ControlMessage::Cancel { run_id, reason } = message;
+                        if core.request_cancel(run_id, reason.clone()) {
+                            tracing::info!(%run_id, %reason, "cancel requested");
+                        } else {
+                            tracing::debug!(%run_id, "cancel for a run this worker does not hold");
+                        }
+                    });
+                    settle_outcome(delivery, &outcome, queue, &core.retry(), stop).await;
                 }
-                Settlement::Ack
             }
-            Err(error) => {
-                tracing::warn!(%error, "undecodable control message");
-                settlement_for(error.code())
-            }
-        };
-        let mut delivery = delivery;
-        if let Err(error) = delivery.settle(settlement).await {
-            tracing::debug!(%error, "settling a control message failed");
-        }
-    }
+        })
+        .await;
 }
 
 /// The worker's life: consume until shutdown, then drain.
 pub(super) async fn supervise(
     core: Arc<Core>,
-    jobs: Vec<Subscription>,
-    control: Subscription,
+    jobs: Vec<Subscribed>,
+    control: Subscribed,
 ) -> WorkerReport {
     let runs = TaskTracker::new();
     let slots = Arc::new(Semaphore::new(core.config.slots.get() as usize));
-    let consumers: Vec<JoinHandle<Subscription>> = jobs
+    let consumers: Vec<JoinHandle<Option<Subscription>>> = jobs
         .into_iter()
         .map(|sub| {
             tokio::spawn(
@@ -176,7 +182,7 @@ pub(super) async fn supervise(
     let mut subscriptions = Vec::new();
     for consumer in consumers {
         match consumer.await {
-            Ok(sub) => subscriptions.push(sub),
+            Ok(sub) => subscriptions.extend(sub),
             Err(error) => tracing::error!(%error, "job consumer failed"),
         }
     }

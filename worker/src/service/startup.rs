@@ -19,7 +19,7 @@ use std::sync::Arc;
 
 use chrono::Utc;
 use sb_common::bus::topology::{CONTROL_ALL_PATTERN, declare_topology};
-use sb_common::bus::{Binding, ConsumeOptions, Subscription};
+use sb_common::bus::{Binding, ConsumeOptions};
 use sb_common::config::SwitchboardConfig;
 use sb_common::session::announce_routing_change;
 use sb_common::shutdown::Shutdown;
@@ -32,6 +32,7 @@ use serde_json::json;
 use super::deps::{WorkerDeps, WorkerOptions};
 use super::error::WorkerError;
 use super::job::Core;
+use super::loops::Subscribed;
 use crate::plugins::{PluginRunner, bundled_runners_dir, load_plugins};
 use crate::runner::{RunnerHost, RunnerHostOptions, make_undumpable};
 use sb_host_api::actions::{ActionDispatcher, ActionLimits};
@@ -47,7 +48,7 @@ pub(super) async fn start(
     deps: WorkerDeps,
     options: WorkerOptions,
     shutdown: &Shutdown,
-) -> Result<(Arc<Core>, Vec<Subscription>, Subscription, Vec<RunnerId>), WorkerError> {
+) -> Result<(Arc<Core>, Vec<Subscribed>, Subscribed, Vec<RunnerId>), WorkerError> {
     // Before any runner exists: from here on no same-user process can read this process's
     // memory or environment (the bus, Redis and database credentials). Every deployment —
     // `switchboard worker` and the embedded `switchboard dev` — starts its worker here.
@@ -129,9 +130,18 @@ pub(super) async fn start(
                 what: spec.name.clone(),
                 source,
             })?;
-        jobs.push(sub);
+        jobs.push(Subscribed {
+            queue: spec,
+            prefetch,
+            subscription: sub,
+        });
     }
 
+    let control = Subscribed {
+        queue: control_spec.bind(deps.topology.control_exchange(), CONTROL_ALL_PATTERN),
+        prefetch: CONTROL_PREFETCH,
+        subscription: control,
+    };
     let mut runners: Vec<RunnerId> = hosts.keys().cloned().collect();
     runners.sort();
     let core = Arc::new(Core::new(id, deps, config, hosts, shutdown.token()));
