@@ -24,6 +24,7 @@
 //! lease and releases it with the session) and in the hand-over; everything else — the
 //! order, the one-terminal-item rule, the audit, the run metric — is here.
 
+use std::fmt::Display;
 use std::time::Duration;
 
 use async_trait::async_trait;
@@ -35,12 +36,13 @@ use sb_store::{EventLog, Finalized, RunLedger, RunOutcome, StoreError, audit};
 use serde_json::Value;
 
 /// The run being ended: what its audit rows and log lines name.
-#[derive(Debug, Clone, Copy)]
+#[derive(Clone, Copy)]
 pub struct RunRef<'a> {
     /// The run.
     pub run_id: RunId,
-    /// Its runner (named by the `steering.dropped` rows).
-    pub runner_id: &'a str,
+    /// Its runner (named by the `steering.dropped` rows; written out only for them, so that
+    /// ending a run without dropped steering costs no allocation).
+    pub runner_id: &'a (dyn Display + Sync),
     /// Its workspace (the audit rows' workspace).
     pub workspace_id: &'a WorkspaceId,
 }
@@ -252,6 +254,10 @@ async fn stored_item(
 }
 
 async fn audit_dropped_steering(events: &dyn EventLog, run: RunRef<'_>, items: &[Value]) {
+    if items.is_empty() {
+        return;
+    }
+    let runner_id = run.runner_id.to_string();
     for item in items {
         let event_id = item
             .pointer("/event/event_id")
@@ -267,7 +273,7 @@ async fn audit_dropped_steering(events: &dyn EventLog, run: RunRef<'_>, items: &
         let row = audit::steering_dropped(
             item,
             run.run_id,
-            run.runner_id,
+            &runner_id,
             run.workspace_id,
             audit::DROPPED_RUN_ENDED,
         );

@@ -53,24 +53,29 @@ fn run_ref(run: &RunRecord) -> RunRef<'_> {
     }
 }
 
+/// Stores an item of `run` as its worker's result sink would (no side effects).
+async fn store_item(db: &TestDb, run: &RunRecord, sequence: i64, result_type: &str) {
+    let stored = db
+        .stores
+        .runs
+        .insert_event(NewRunEvent {
+            run_id: run.id,
+            sequence,
+            result_type: result_type.to_owned(),
+            data: json!({"type": result_type, "data": {}}),
+            ends_run: None,
+            transcript: None,
+        })
+        .await
+        .unwrap();
+    assert!(stored, "item {sequence} is new");
+}
+
 /// A claimed (running) run with one streamed item, a session and two unpulled steering items.
 async fn running_run(db: &TestDb, sessions: &MemorySessionStore) -> RunRecord {
     let run = create_run(db, None).await;
     assert!(db.stores.runs.claim_run(run.id, "w1").await.unwrap());
-    assert!(
-        db.stores
-            .runs
-            .insert_event(NewRunEvent {
-                run_id: run.id,
-                sequence: 1,
-                result_type: "message.delta".into(),
-                data: json!({"type": "message.delta", "data": {"chunk": "hi"}}),
-                ends_run: None,
-                transcript: None,
-            })
-            .await
-            .unwrap()
-    );
+    store_item(db, &run, 1, "message.delta").await;
     sessions
         .put_session(&run.id, &json!({"run_id": run.id}), TTL)
         .await
@@ -154,20 +159,7 @@ async fn a_stored_terminal_item_ends_the_run_instead_of_a_host_made_one() {
     let db = sqlite_memory_db().await;
     let sessions = MemorySessionStore::new();
     let run = running_run(&db, &sessions).await;
-    assert!(
-        db.stores
-            .runs
-            .insert_event(NewRunEvent {
-                run_id: run.id,
-                sequence: 2,
-                result_type: "run.completed".into(),
-                data: json!({"type": "run.completed", "data": {"finish_reason": "stop"}}),
-                ends_run: None,
-                transcript: None,
-            })
-            .await
-            .unwrap()
-    );
+    store_item(&db, &run, 2, "run.completed").await;
     let recorder = Recorder::default();
     let (outcome, item) = interrupted();
 

@@ -37,9 +37,9 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use async_trait::async_trait;
-use sb_common::bus::consumer::settle;
+use sb_common::bus::consumer::{ConsumeLoop, settle};
 use sb_common::bus::topology::Topology;
-use sb_common::bus::{Bus, Delivery, Outgoing, Settlement};
+use sb_common::bus::{Bus, Delivery, Outgoing, QueueSpec, Settlement};
 use sb_common::config::WorkerConfig;
 use sb_common::retry::RetryPolicy;
 use sb_common::session::{RUN_HANDED_OFF_TTL, RunBegin, SessionError, SessionStore};
@@ -260,9 +260,21 @@ impl Core {
         settle(delivery, settlement, &queue, &self.retry, &self.stop).await;
     }
 
-    /// The bus the worker consumes and publishes on.
-    pub(super) fn bus(&self) -> &dyn Bus {
-        self.bus.as_ref()
+    /// The shared consume loop ([`ConsumeLoop`]) over `queue` on this worker's bus, with the
+    /// configured `[retry]` delays.
+    pub(super) fn consume_loop<'a>(
+        &'a self,
+        queue: &'a QueueSpec,
+        prefetch: u16,
+        max_batch: usize,
+    ) -> ConsumeLoop<'a> {
+        ConsumeLoop {
+            bus: self.bus.as_ref(),
+            queue,
+            prefetch,
+            max_batch,
+            retry: self.retry,
+        }
     }
 
     /// The configured retry policy (`[retry]`): the consume loops' resubscribe and requeue
@@ -440,11 +452,10 @@ impl Core {
             run_failure::default_retryable(run_failure::INTERRUPTED),
         );
         let hand_over = PublishToSink { core: self, job };
-        let runner_id = job.runner_id.to_string();
         let ended = self
             .finalizer()
             .finalize(
-                run_ref(job, &runner_id),
+                run_ref(job),
                 outcome,
                 result,
                 self.session_end(),
@@ -758,10 +769,9 @@ impl Core {
     /// not take a lagging result sink for a lost worker), and the lease is released. Then
     /// audits the steering items the run never pulled.
     async fn end_run(&self, job: &RunJob, reservation: &mut Reservation) {
-        let runner_id = job.runner_id.to_string();
         if self
             .finalizer()
-            .end_session(run_ref(job, &runner_id), self.session_end())
+            .end_session(run_ref(job), self.session_end())
             .await
         {
             reservation.lease_released = true;
@@ -772,11 +782,11 @@ impl Core {
     }
 }
 
-/// The run a job executes, as its end names it (`runner_id` is the job's, written out).
-fn run_ref<'a>(job: &'a RunJob, runner_id: &'a str) -> RunRef<'a> {
+/// The run a job executes, as its end names it.
+fn run_ref(job: &RunJob) -> RunRef<'_> {
     RunRef {
         run_id: job.run_id,
-        runner_id,
+        runner_id: &job.runner_id,
         workspace_id: &job.workspace_id,
     }
 }

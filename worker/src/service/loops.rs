@@ -18,7 +18,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use sb_common::bus::consumer::{ConsumeLoop, settle, settle_outcome};
+use sb_common::bus::consumer::{settle, settle_outcome};
 use sb_common::bus::{QueueSpec, Settlement, Subscription};
 use sb_common::config::WorkerConfig;
 use sb_protocol::ids::RunId;
@@ -70,7 +70,7 @@ pub(super) struct Subscribed {
 }
 
 /// Pulls jobs one at a time, each handed to its own task once a slot is free, until
-/// shutdown (the shared loop, [`ConsumeLoop`]). Returns the subscription so that the
+/// shutdown (the shared loop, `ConsumeLoop`). Returns the subscription so that the
 /// deliveries of running jobs stay settleable during the drain.
 async fn consume_jobs(
     core: Arc<Core>,
@@ -83,14 +83,7 @@ async fn consume_jobs(
         prefetch,
         subscription,
     } = consumer;
-    let consume = ConsumeLoop {
-        bus: core.bus(),
-        queue: &queue,
-        prefetch,
-        max_batch: 1,
-        retry: core.retry(),
-    };
-    consume
+    core.consume_loop(&queue, prefetch, 1)
         .run(Some(subscription), &core.stop, |batch| {
             let (core, slots, runs, queue) = (&core, &slots, &runs, &queue.name);
             async move {
@@ -126,14 +119,7 @@ async fn consume_control(core: Arc<Core>, consumer: Subscribed, stop: Cancellati
         prefetch,
         subscription,
     } = consumer;
-    let consume = ConsumeLoop {
-        bus: core.bus(),
-        queue: &queue,
-        prefetch,
-        max_batch: usize::from(prefetch),
-        retry: core.retry(),
-    };
-    consume
+    core.consume_loop(&queue, prefetch, usize::from(prefetch))
         .run(Some(subscription), &stop, |batch| {
             let (core, stop, queue) = (&core, &stop, &queue.name);
             async move {
