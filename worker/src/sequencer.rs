@@ -23,7 +23,10 @@
 //! ```
 //!
 //! Transport sequences are assigned here and only here: 1, 2, 3, … with no gaps, over the
-//! items actually delivered (skipped results do not consume a number). The runner's own
+//! items actually delivered (skipped results do not consume a number). Items the host makes
+//! without a runner's result — a run refused before it starts, a runner that could not be
+//! started ([`RunSequencer::end_with`]), a runner host that lost the run
+//! ([`RunSequencer::continuing`]) — are numbered here too. The runner's own
 //! `sequence` is only used to drop duplicates; it is replaced in the delivered envelope.
 //!
 //! Exactly one terminal item is produced per run: the runner's own `run.completed` /
@@ -250,6 +253,18 @@ impl RunSequencer {
         self
     }
 
+    /// A sequencer for a stream whose first `delivered` items were numbered by another
+    /// sequencer now out of reach (a runner host's actor that went away mid-run): the next
+    /// item it makes is number `delivered + 1`. Only for ending the run ([`Self::end_with`],
+    /// [`Self::end`]); it has not seen the runner's own sequences.
+    #[must_use]
+    pub fn continuing(run_id: RunId, delivered: u64) -> Self {
+        Self {
+            next_sequence: delivered + 1,
+            ..Self::new(run_id, ResultLimits::default())
+        }
+    }
+
     #[must_use]
     pub fn run_id(&self) -> RunId {
         self.run_id
@@ -361,6 +376,18 @@ impl RunSequencer {
             ),
         };
         Some(item)
+    }
+
+    /// Ends the run with a terminal item the host made (a run refused before its runner
+    /// starts, a runner that could not be started, a host that lost the run), numbered like
+    /// every other item. Returns `None` if the run already ended. A non-terminal `result` is
+    /// a caller bug: it is delivered but does not end the run.
+    pub fn end_with(&mut self, result: AgentRunResult) -> Option<RunItem> {
+        debug_assert!(result.is_terminal(), "end_with takes a terminal item");
+        if self.finished {
+            return None;
+        }
+        Some(self.deliver(result))
     }
 
     fn terminal_failure(&mut self, code: &str, error: String) -> RunItem {
@@ -710,5 +737,36 @@ mod tests {
             panic!()
         };
         assert_eq!(item.failure_code(), Some("runner.protocol_error"));
+    }
+
+    #[test]
+    fn host_made_terminal_items_are_numbered_here() {
+        // A run refused before its runner starts: its only item is number 1, stamped.
+        let failed = || AgentRunResult::run_failed("runner.error", "could not start", true);
+        let item = seq().end_with(failed()).unwrap();
+        assert_eq!((item.sequence, item.result.sequence), (1, Some(1)));
+        assert_eq!(item.failure_code(), Some("runner.error"));
+        assert!(item.result.timestamp.is_some() && item.is_terminal());
+        // After a terminal item nothing more is made.
+        let mut s = seq();
+        assert!(s.end_with(failed()).is_some());
+        assert_eq!(s.end_with(failed()), None);
+        assert_eq!(s.end(EndCause::TimedOut), None);
+        // A stream whose first items were numbered elsewhere continues after them.
+        let run_id = RunId::new();
+        let item = RunSequencer::continuing(run_id, 7)
+            .end_with(failed())
+            .unwrap();
+        assert_eq!(item.sequence, 8);
+        assert_eq!(item.result.run_id, run_id.to_string());
+        let item = RunSequencer::continuing(run_id, 0)
+            .end(EndCause::Crashed {
+                detail: "gone".into(),
+            })
+            .unwrap();
+        assert_eq!(
+            (item.sequence, item.failure_code()),
+            (1, Some("runner.crashed"))
+        );
     }
 }

@@ -49,7 +49,7 @@ use sb_protocol::error::{ErrorCode, HasErrorCode, run_failure};
 use sb_protocol::ids::RunId;
 use sb_protocol::manifest::RunnerId;
 use sb_protocol::messages::{RunJob, decode};
-use sb_protocol::result::AgentRunResult;
+use sb_protocol::result::{AgentRunResult, ResultLimits};
 use sb_store::{EventLog, RunLedger, RunOutcome, RunStatus};
 use serde_json::Value;
 use tokio::sync::{OwnedSemaphorePermit, watch};
@@ -66,7 +66,7 @@ use super::deps::WorkerDeps;
 use super::lease::{HeartbeatRun, heartbeat, lease_key};
 use crate::lock::lock;
 use crate::runner::{RunHandle, RunRequest, RunnerHost};
-use crate::sequencer::RunItem;
+use crate::sequencer::{RunItem, RunSequencer};
 
 /// Most result items taken from a run for one publish. A burst (a runner that streams a
 /// whole reply at once) leaves in as few messages as this allows: each message is a
@@ -524,20 +524,8 @@ impl Core {
             (pre, _) => {
                 let pre = pre.unwrap_or(PreStart::RunnerMissing);
                 tracing::info!(reason = ?pre, "run ends before it starts");
-                let result = pre
-                    .result(&job.runner_id, &job.pool)
-                    .with_run_id(run_id)
-                    .with_sequence(1);
-                return self
-                    .finish(
-                        job,
-                        reservation,
-                        vec![RunItem {
-                            sequence: 1,
-                            result,
-                        }],
-                    )
-                    .await;
+                let result = pre.result(&job.runner_id, &job.pool);
+                return self.finish_unstarted(job, reservation, result).await;
             }
         };
 
@@ -558,19 +546,8 @@ impl Core {
                     run_failure::RUNNER_ERROR,
                     format!("the runner could not be started: {error}"),
                     error.code().is_retryable(),
-                )
-                .with_run_id(run_id)
-                .with_sequence(1);
-                return self
-                    .finish(
-                        job,
-                        reservation,
-                        vec![RunItem {
-                            sequence: 1,
-                            result,
-                        }],
-                    )
-                    .await;
+                );
+                return self.finish_unstarted(job, reservation, result).await;
             }
         };
         tracing::debug!("run started");
@@ -610,6 +587,21 @@ impl Core {
 
     /// Publishes a run's items (ending with its terminal item) without a runner, then ends the
     /// run.
+    /// Ends a run whose runner never started with the host-made terminal `result`, its only
+    /// item (numbered by [`RunSequencer`] like every item).
+    async fn finish_unstarted(
+        &self,
+        job: &RunJob,
+        reservation: &mut Reservation,
+        result: AgentRunResult,
+    ) -> Settlement {
+        let items = RunSequencer::new(job.run_id, ResultLimits::default())
+            .end_with(result)
+            .into_iter()
+            .collect();
+        self.finish(job, reservation, items).await
+    }
+
     async fn finish(
         &self,
         job: &RunJob,

@@ -11,7 +11,7 @@ use sb_protocol::result::AgentRunResult;
 use tokio::sync::mpsc;
 
 use super::command::Command;
-use crate::sequencer::RunItem;
+use crate::sequencer::{RunItem, RunSequencer};
 
 /// The consumer side of one run. See the host's module docs for the contract.
 pub struct RunHandle {
@@ -71,15 +71,15 @@ impl RunHandle {
                 // The actor went away without a terminal item (it panicked). Keep the
                 // contract: exactly one terminal item.
                 self.finished = true;
-                let sequence = self.last_sequence + 1;
-                let result = AgentRunResult::run_failed(
-                    run_failure::RUNNER_CRASHED,
-                    "runner host lost the run",
-                    false,
+                Poll::Ready(
+                    RunSequencer::continuing(self.run_id, self.last_sequence).end_with(
+                        AgentRunResult::run_failed(
+                            run_failure::RUNNER_CRASHED,
+                            "runner host lost the run",
+                            false,
+                        ),
+                    ),
                 )
-                .with_run_id(self.run_id)
-                .with_sequence(sequence);
-                Poll::Ready(Some(RunItem { sequence, result }))
             }
             Poll::Pending => Poll::Pending,
         }
