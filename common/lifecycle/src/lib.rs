@@ -194,6 +194,7 @@ impl Finalizer<'_> {
     /// Ends `run`'s session as `how` says and audits each steering item it never pulled as a
     /// `steering.dropped` event-log row (reason `run_ended`) and on the audit log
     /// ([`audit::LOG_TARGET`]).
+    ///
     /// Returns whether the session store answered; when it did not, the session (and a holder's
     /// lease) expire with their ttl, and until then the runner host refuses calls for the ended
     /// run. The steering items are gone from the session store either way, so a failed audit
