@@ -143,15 +143,7 @@ async fn a_host_made_item_ends_the_run_once_and_its_session_with_the_steering_au
         .unwrap();
     assert_eq!(again, None);
     assert_eq!(recorder.handed.lock().unwrap().len(), 1);
-    assert_eq!(
-        db.stores
-            .runs
-            .events_after(run.id, 0, 10)
-            .await
-            .unwrap()
-            .len(),
-        2
-    );
+    assert_eq!(stored_count(&db, &run).await, 2);
 }
 
 #[tokio::test]
@@ -173,15 +165,7 @@ async fn a_stored_terminal_item_ends_the_run_instead_of_a_host_made_one() {
     assert_eq!(item.result_type.as_str(), "run.completed");
     assert_eq!(item.sequence, Some(2));
     // The hand-over applies it; the ledger holds it once and nothing after it.
-    assert_eq!(
-        db.stores
-            .runs
-            .events_after(run.id, 0, 10)
-            .await
-            .unwrap()
-            .len(),
-        2
-    );
+    assert_eq!(stored_count(&db, &run).await, 2);
     assert!(sessions.get_session(&run.id).await.unwrap().is_none());
 }
 
@@ -239,4 +223,14 @@ async fn a_failed_hand_over_leaves_the_run_ended_for_a_retry_to_hand_over_again(
     // Stored and ended: the ledger is the truth the next reader (or redelivery) starts from.
     let stored = db.stores.runs.get_run(run.id).await.unwrap().unwrap();
     assert_eq!(stored.status, RunStatus::Interrupted);
+}
+
+/// How many items the ledger holds for `run`.
+async fn stored_count(db: &TestDb, run: &RunRecord) -> usize {
+    db.stores
+        .runs
+        .events_after(run.id, 0, 10)
+        .await
+        .unwrap()
+        .len()
 }
