@@ -585,10 +585,8 @@ impl Core {
         }
     }
 
-    /// Publishes a run's items (ending with its terminal item) without a runner, then ends the
-    /// run.
-    /// Ends a run whose runner never started with the host-made terminal `result`, its only
-    /// item (numbered by [`RunSequencer`] like every item).
+    /// Ends a run whose runner never started: publishes the host-made terminal `result` as its
+    /// only item (numbered by [`RunSequencer`] like every item), then ends the run.
     async fn finish_unstarted(
         &self,
         job: &RunJob,
@@ -599,15 +597,6 @@ impl Core {
             .end_with(result)
             .into_iter()
             .collect();
-        self.finish(job, reservation, items).await
-    }
-
-    async fn finish(
-        &self,
-        job: &RunJob,
-        reservation: &mut Reservation,
-        items: Vec<RunItem>,
-    ) -> Settlement {
         if self.publish_items(job, items).await {
             self.end_run(job, reservation).await;
             Settlement::Ack
