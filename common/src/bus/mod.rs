@@ -537,7 +537,9 @@ pub enum Settlement {
 /// Backend half of a delivery: settles it with the broker. For backends.
 #[async_trait]
 pub trait Settler: Send + Sync {
-    /// Settles the delivery.
+    /// Settles the delivery. May return once the settlement is handed on to be sent (the
+    /// AMQP backend coalesces acks): a settlement lost after that is a lost connection, and
+    /// the broker redelivers the message.
     async fn settle(&self, settlement: Settlement) -> Result<()>;
     /// Called when the delivery is dropped unsettled: must requeue it without blocking.
     fn requeue_on_drop(&self);

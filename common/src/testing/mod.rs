@@ -180,6 +180,7 @@ macro_rules! bus_suite {
                 nack_without_requeue_dead_letters,
                 dropped_subscription_redelivers_unacked,
                 dropped_delivery_is_requeued,
+                settles_in_a_burst_leave_a_held_delivery_alone,
                 prefetch_bounds_unacked_deliveries,
                 shared_queue_round_robins,
                 single_active_consumer_exclusive_and_takeover,

@@ -1,20 +1,18 @@
 //! Consuming: one channel per subscription (its own `basic.qos`, so dropping it returns
-//! exactly its unacked messages), a task that forwards its deliveries and consumes again on
-//! every new link, and the settler behind [`Delivery::ack`]/[`Delivery::nack`].
+//! exactly its unacked messages) and a task that forwards its deliveries and consumes again on
+//! every new link; each channel's deliveries are settled by its [`ChannelSettler`].
 //!
 //! A delivery belongs to the channel it came on: once that channel or its connection is
 //! gone, the broker has requeued the message, so settling it fails with
-//! [`BusError::Unavailable`] and the message comes again (`redelivered`).
+//! [`BusError::Unavailable`](crate::bus::BusError::Unavailable) and the message comes again
+//! (`redelivered`).
 
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
-use std::time::Duration;
 
-use async_trait::async_trait;
 use bytes::Bytes;
 use futures::StreamExt;
-use lapin::acker::Acker;
-use lapin::options::{BasicAckOptions, BasicConsumeOptions, BasicNackOptions, BasicQosOptions};
+use lapin::options::{BasicConsumeOptions, BasicQosOptions};
 use lapin::types::{AMQPValue, FieldTable};
 use lapin::{BasicProperties, Channel};
 use tokio::sync::mpsc;
@@ -23,10 +21,8 @@ use tokio_util::sync::CancellationToken;
 use super::failure::{Failure, classify};
 use super::link::{Inner, Link, RETRY_PAUSE};
 use super::properties::{PUBLISHED_AT_HEADER, epoch_ms, header_count};
-use crate::bus::{
-    BusError, ConsumeOptions, Delivery, QueueKind, QueueSpec, Result, Settlement, Settler,
-    Subscription,
-};
+use super::settle::ChannelSettler;
+use crate::bus::{ConsumeOptions, Delivery, QueueKind, QueueSpec, Result, Subscription};
 
 impl Inner {
     /// Subscribes to a queue (declaring it first); see
@@ -75,58 +71,7 @@ impl Inner {
     }
 }
 
-struct AmqpSettler {
-    acker: Acker,
-    /// Settling on a connection that died silently never completes: bound it.
-    timeout: Duration,
-}
-
-#[async_trait]
-impl Settler for AmqpSettler {
-    async fn settle(&self, settlement: Settlement) -> Result<()> {
-        let done = tokio::time::timeout(self.timeout, async {
-            match settlement {
-                Settlement::Ack => self.acker.ack(BasicAckOptions::default()).await,
-                Settlement::Nack { requeue } => {
-                    self.acker
-                        .nack(BasicNackOptions {
-                            multiple: false,
-                            requeue,
-                        })
-                        .await
-                }
-            }
-        })
-        .await
-        .map_err(|_| BusError::Unavailable("timed out settling the delivery".into()))?;
-        match done {
-            Ok(true) => Ok(()),
-            Ok(false) => Err(BusError::Unavailable(
-                "the delivery's channel is closed; the broker requeued the message".into(),
-            )),
-            Err(e) => Err(BusError::Unavailable(format!(
-                "cannot settle the delivery: {e}"
-            ))),
-        }
-    }
-
-    fn requeue_on_drop(&self) {
-        if let Ok(handle) = tokio::runtime::Handle::try_current() {
-            let acker = self.acker.clone();
-            let timeout = self.timeout;
-            handle.spawn(async move {
-                let nack = acker.nack(BasicNackOptions {
-                    multiple: false,
-                    requeue: true,
-                });
-                let _ = tokio::time::timeout(timeout, nack).await;
-            });
-        }
-        // Without a runtime the channel closes with the process, which requeues as well.
-    }
-}
-
-fn convert(delivery: lapin::message::Delivery, timeout: Duration) -> Delivery {
+fn convert(delivery: lapin::message::Delivery, settler: &ChannelSettler) -> Delivery {
     let header = delivery
         .properties
         .headers()
@@ -139,10 +84,7 @@ fn convert(delivery: lapin::message::Delivery, timeout: Duration) -> Delivery {
         delivery.routing_key.as_str().to_owned(),
         delivery.redelivered,
         delivery_count,
-        Box::new(AmqpSettler {
-            acker: delivery.acker,
-            timeout,
-        }),
+        settler.delivered(delivery.delivery_tag),
     )
 }
 
@@ -211,12 +153,15 @@ async fn run_consumer(
                 }
             }
         };
+        let settler = ChannelSettler::start(channel.clone(), inner.options.operation_timeout);
         loop {
             tokio::select! {
                 biased;
                 () = cancel.cancelled() => {
-                    // Closing the channel cancels the consumer and requeues its unacked
-                    // deliveries (and auto-deletes an exclusive queue left without consumer).
+                    // What was settled goes out first; then closing the channel cancels the
+                    // consumer and requeues its unsettled deliveries (and auto-deletes an
+                    // exclusive queue left without consumer).
+                    settler.flush(inner.options.operation_timeout).await;
                     let _ = tokio::time::timeout(
                         inner.options.operation_timeout,
                         channel.close(200, "subscription dropped"),
@@ -228,7 +173,7 @@ async fn run_consumer(
                     Some(Ok(delivery)) => {
                         // A send error means the subscription is being dropped: `cancel` follows.
                         observe_queue_lag(&queue, &delivery.properties);
-                        let _ = tx.send(Ok(convert(delivery, inner.options.operation_timeout)));
+                        let _ = tx.send(Ok(convert(delivery, &settler)));
                     }
                     Some(Err(error)) => tracing::debug!(%error, queue, "consumer error"),
                     None => break,

@@ -63,6 +63,7 @@ mod failure;
 mod link;
 mod properties;
 mod publish;
+mod settle;
 
 use link::Inner;
 

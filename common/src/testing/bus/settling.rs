@@ -117,6 +117,55 @@ pub async fn dropped_subscription_redelivers_unacked(fx: &BusFixture) {
     assert_idle(&mut second).await;
 }
 
+/// Deliveries settled out of order, in a burst, while an older one is still being handled
+/// (a worker holds a long run's job): each settles as asked and the held one is untouched —
+/// a backend that coalesces acks must not ack past it, nor past a nack. Settlements made
+/// just before a subscription goes away still count.
+pub async fn settles_in_a_burst_leave_a_held_delivery_alone(fx: &BusFixture) {
+    let ex = exchange(fx, "ex", ExchangeKind::Direct).await;
+    let dlx = exchange(fx, "dead", ExchangeKind::Fanout).await;
+    let dead = QueueSpec::durable(fx.name("dead-q")).bind(&dlx, "");
+    fx.bus
+        .declare_queue(&dead)
+        .await
+        .expect("declare dead queue");
+    let spec = QueueSpec::durable(fx.name("q"))
+        .bind(&ex, "k")
+        .dead_letter_exchange(&dlx);
+    fx.bus.declare_queue(&spec).await.expect("declare queue");
+    for body in ["m1", "m2", "m3", "m4", "m5", "m6"] {
+        publish(fx, &ex, "k", body).await;
+    }
+    let mut first = subscribe(fx, &spec, 10).await;
+    let mut got = Vec::new();
+    for _ in 0..6 {
+        got.push(recv(&mut first).await);
+    }
+    let mut got = got.into_iter();
+    let [m1, m2, m3, m4, m5, m6] = std::array::from_fn(|_| got.next().expect("six"));
+    assert_eq!(text(&m6), "m6");
+    // m2 is held; the others are settled at once, newest first, m4 dead-lettered.
+    m6.ack().await.expect("ack m6");
+    m4.nack(false).await.expect("nack m4");
+    m5.ack().await.expect("ack m5");
+    m3.ack().await.expect("ack m3");
+    m1.ack().await.expect("ack m1");
+    // Gone while m2 is still held (a crash): only m2 comes again.
+    drop(first);
+    let mut second = subscribe(fx, &spec, 10).await;
+    let again = recv(&mut second).await;
+    assert_eq!(text(&again), "m2");
+    assert!(again.redelivered);
+    again.ack().await.expect("ack m2 again");
+    assert_idle(&mut second).await;
+    drop(m2);
+    let mut dead_sub = subscribe(fx, &dead, 10).await;
+    let d = recv(&mut dead_sub).await;
+    assert_eq!(text(&d), "m4", "the nack was not swallowed by an ack");
+    d.ack().await.expect("ack");
+    assert_idle(&mut dead_sub).await;
+}
+
 /// Dropping a delivery without settling it requeues it.
 pub async fn dropped_delivery_is_requeued(fx: &BusFixture) {
     let (ex, spec) = direct_pair(fx).await;
