@@ -122,6 +122,9 @@ pub mod names {
     pub const BUS_PUBLISH_REFUSED_TOTAL: &str = "sb_bus_publish_refused_total";
     /// Counter `{queue, disposition = ack|retry|dead_letter}`: messages consumed.
     pub const BUS_CONSUMED_TOTAL: &str = "sb_bus_consumed_total";
+    /// Counter `{queue}`: AMQP frames sent to settle consumed messages; below
+    /// `sb_bus_consumed_total` by what acks coalesced with `multiple` saved.
+    pub const BUS_SETTLE_FRAMES_TOTAL: &str = "sb_bus_settle_frames_total";
     /// Histogram `{queue}`: time between publish and consume (queue lag).
     pub const QUEUE_LAG_SECONDS: &str = "sb_queue_lag_seconds";
     /// Gauge: outbox rows committed but not yet published.
@@ -229,6 +232,11 @@ pub const DEFINITIONS: &[MetricDef] = &[
         names::BUS_CONSUMED_TOTAL,
         MetricKind::Counter,
         "Messages consumed, by queue and disposition.",
+    ),
+    def(
+        names::BUS_SETTLE_FRAMES_TOTAL,
+        MetricKind::Counter,
+        "AMQP frames that settled consumed messages (one multiple ack settles several), by queue.",
     ),
     def(
         names::QUEUE_LAG_SECONDS,

@@ -24,6 +24,16 @@ fn sample(text: &str, name: &str, labels: &[&str]) -> Option<f64> {
         .and_then(|(_, value)| value.parse().ok())
 }
 
+/// The sum of every series of `name`.
+fn total(text: &str, name: &str) -> f64 {
+    text.lines()
+        .filter(|l| !l.starts_with('#'))
+        .filter_map(|l| l.rsplit_once(' '))
+        .filter(|(series, _)| series.split('{').next() == Some(name))
+        .filter_map(|(_, value)| value.parse::<f64>().ok())
+        .sum()
+}
+
 async fn scrape(http: &reqwest::Client, base: &str, path: &str) -> (u16, String) {
     let response = http
         .get(format!("{base}{path}"))
@@ -141,4 +151,10 @@ async fn every_role_serves_metrics_that_move_with_runs() {
         "no runner process gauge in\n{text}"
     );
     assert!(text.contains("# HELP sb_run_duration_seconds "), "{text}");
+    // Settling is counted in frames: one per message at most (acks coalesce).
+    let frames = total(&text, "sb_bus_settle_frames_total");
+    assert!(
+        frames > 0.0 && frames <= total(&text, "sb_bus_consumed_total"),
+        "{frames} settle frames in\n{text}"
+    );
 }

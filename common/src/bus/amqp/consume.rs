@@ -153,7 +153,11 @@ async fn run_consumer(
                 }
             }
         };
-        let settler = ChannelSettler::start(channel.clone(), inner.options.operation_timeout);
+        let settler = ChannelSettler::start(
+            channel.clone(),
+            queue.clone(),
+            inner.options.operation_timeout,
+        );
         loop {
             tokio::select! {
                 biased;

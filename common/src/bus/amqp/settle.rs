@@ -30,6 +30,7 @@ use lapin::types::DeliveryTag;
 use tokio::sync::{mpsc, oneshot};
 
 use crate::bus::{BusError, Result, Settlement, Settler};
+use crate::telemetry::{Metrics, names};
 
 /// Most commands taken into one round of frames, so a channel under constant load still
 /// sends its frames regularly.
@@ -93,11 +94,11 @@ pub(super) struct ChannelSettler {
 }
 
 impl ChannelSettler {
-    /// Starts the settling task of `channel`; `timeout` bounds sending one round of frames
-    /// (a connection that died silently never completes a send).
-    pub(super) fn start(channel: Channel, timeout: Duration) -> Self {
+    /// Starts the settling task of `channel`, a consumer of `queue`; `timeout` bounds
+    /// sending one round of frames (a connection that died silently never completes a send).
+    pub(super) fn start(channel: Channel, queue: String, timeout: Duration) -> Self {
         let (commands, rx) = mpsc::unbounded_channel();
-        tokio::spawn(run(channel.clone(), rx, timeout));
+        tokio::spawn(run(channel.clone(), queue, rx, timeout));
         Self { commands, channel }
     }
 
@@ -152,8 +153,14 @@ impl Settler for DeliverySettler {
 }
 
 /// The settling task: each round takes every command already waiting and sends the frames
-/// [`frames`] decides; ends when every handle is gone.
-async fn run(channel: Channel, mut commands: mpsc::UnboundedReceiver<Command>, timeout: Duration) {
+/// [`frames`] decides, counted in `sb_bus_settle_frames_total`; ends when every handle is
+/// gone.
+async fn run(
+    channel: Channel,
+    queue: String,
+    mut commands: mpsc::UnboundedReceiver<Command>,
+    timeout: Duration,
+) {
     let mut unsettled = BTreeSet::new();
     let (mut acks, mut nacks, mut flushed) = (Vec::new(), Vec::new(), Vec::new());
     while let Some(first) = commands.recv().await {
@@ -182,6 +189,11 @@ async fn run(channel: Channel, mut commands: mpsc::UnboundedReceiver<Command>, t
         let round = frames(&unsettled, &nacks, &mut acks);
         if !round.is_empty() {
             send(&channel, &round, timeout).await;
+            Metrics::global().add(
+                names::BUS_SETTLE_FRAMES_TOTAL,
+                &[("queue", &queue)],
+                round.len() as u64,
+            );
         }
         acks.clear();
         nacks.clear();
