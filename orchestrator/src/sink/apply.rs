@@ -202,6 +202,25 @@ impl ResultSink {
     }
 }
 
+/// Whether [`ResultSink::apply`] of an item so `plan`ned writes anything its insert did not
+/// (`written`): a transcript row, state, an artifact, the run's end, or — for a terminal item
+/// of a run in a conversation (`in_conversation`) — the conversation's active-run index and
+/// the transcript check. The sink delivers the items before such an item first, so they do
+/// not wait for those writes; an item that writes nothing more travels with them (an echo
+/// run's deltas and complete message, transcribed by the insert, are one live message).
+pub(super) fn writes_beyond_insert(
+    plan: &ItemPlan,
+    written: Written,
+    in_conversation: bool,
+) -> bool {
+    let effect = match plan.effect {
+        Effect::None => false,
+        Effect::AssistantMessage(_) => !written.transcribed,
+        Effect::State(_) | Effect::Artifact(_) => true,
+    };
+    effect || plan.outcome.is_some() && (!written.ended || in_conversation)
+}
+
 /// A low-cardinality label for a result type (unknown types share one label).
 fn result_type_label(result: &AgentRunResult) -> &'static str {
     result.known_type().map_or("unknown", |t| t.as_str())
@@ -212,5 +231,52 @@ async fn append_once(deps: &OrchestratorDeps, row: sb_store::NewTranscriptItem) 
         // Conflict: the row with this deterministic id already exists (written once).
         Ok(_) | Err(StoreError::Conflict(_)) => Ok(()),
         Err(e) => Err(e.into()),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use sb_protocol::context::StateScope;
+    use serde_json::json;
+
+    use super::*;
+
+    fn plan(effect: Effect, terminal: bool) -> ItemPlan {
+        ItemPlan {
+            effect,
+            outcome: terminal.then(RunOutcome::completed),
+        }
+    }
+
+    const NOTHING: Written = Written {
+        ended: false,
+        transcribed: false,
+    };
+    const BOTH: Written = Written {
+        ended: true,
+        transcribed: true,
+    };
+
+    #[test]
+    fn what_the_insert_wrote_is_not_written_again() {
+        let message = || Effect::AssistantMessage(Message::assistant("hi"));
+        assert!(!writes_beyond_insert(&plan(Effect::None, false), NOTHING, true));
+        assert!(writes_beyond_insert(&plan(message(), false), NOTHING, false));
+        assert!(!writes_beyond_insert(&plan(message(), false), BOTH, true));
+        // A terminal item the insert ended writes nothing more outside a conversation...
+        assert!(!writes_beyond_insert(&plan(Effect::None, true), BOTH, false));
+        // ...but frees its conversation, and without the insert's end it ends the run.
+        assert!(writes_beyond_insert(&plan(Effect::None, true), BOTH, true));
+        assert!(writes_beyond_insert(&plan(Effect::None, true), NOTHING, false));
+    }
+
+    #[test]
+    fn state_and_artifacts_are_always_written_after_the_insert() {
+        let state = Effect::State(StateUpdated {
+            scope: StateScope::Conversation,
+            key: "k".into(),
+            value: json!(1),
+        });
+        assert!(writes_beyond_insert(&plan(state, false), BOTH, false));
     }
 }

@@ -12,6 +12,7 @@ use sb_protocol::ids::RunId;
 use sb_store::{NewRunEvent, NewTranscriptItem};
 use serde_json::Value;
 
+use super::apply::writes_beyond_insert;
 use super::{Item, ResultSink, Written};
 use crate::error::{OrchestratorError, Result};
 use crate::journal::{self, AppliedItems, Effect};
@@ -170,7 +171,11 @@ impl ResultSink {
                 Ok(new) if !new && !item.redelivered => Ok(false),
                 Ok(_) => {
                     if !unsent.is_empty()
-                        && has_side_effect(&item.plan)
+                        && writes_beyond_insert(
+                            &item.plan,
+                            written,
+                            item.message.conversation_id.is_some(),
+                        )
                         && !self.deliver(&items, &mut unsent, &mut outcomes).await
                     {
                         halted = true;
@@ -291,12 +296,6 @@ impl ResultSink {
                 && serde_json::to_value(&message.result).is_ok_and(|v| v == record.data)
         }))
     }
-}
-
-/// Whether applying an item so `plan`ned writes anything besides its ledger row
-/// (transcript, state, artifact, run status).
-fn has_side_effect(plan: &journal::ItemPlan) -> bool {
-    !matches!(plan.effect, Effect::None) || plan.outcome.is_some()
 }
 
 /// The ledger row of `item`: a terminal item ends its run with the insert, and an item
