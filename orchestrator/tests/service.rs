@@ -871,6 +871,70 @@ async fn transcript_state_and_artifact_side_effects() {
     orchestrator.join().await;
 }
 
+/// Results of runs on many shards that are ready at once share the sink's ledger inserts
+/// (the shard loops' batches go in one call) and each run still gets its own answers: every
+/// item stored, applied and delivered, in order.
+#[tokio::test]
+async fn results_ready_on_many_shards_at_once_are_each_stored_applied_and_delivered() {
+    let h = harness().await;
+    standard_setup(&h, json!({})).await;
+    let mut deliveries = h.deliveries().await;
+    let mut runs = Vec::new();
+    for c in 0..8 {
+        let conversation = format!("c{c}");
+        let event_id = h.ingest(Some(&conversation), "hi").await;
+        let RouteOutcome::Dispatched { run_id, .. } = h
+            .router()
+            .route(&EventMessage::new(ws(), event_id))
+            .await
+            .unwrap()
+        else {
+            panic!("dispatched")
+        };
+        assert!(h.stores.runs.claim_run(run_id, "w1").await.unwrap());
+        runs.push((run_id, conversation));
+    }
+    // All published before the sink starts: its shard loops find their batches ready at once.
+    for (run_id, conversation) in &runs {
+        let delta = json!({"type": "message.delta", "data": {"chunk": {"content": "he"}}});
+        h.publish_result(*run_id, Some(conversation), 1, delta)
+            .await;
+        let done = json!({"type": "run.completed", "data": {}});
+        h.publish_result(*run_id, Some(conversation), 2, done).await;
+    }
+    let shutdown = Shutdown::new();
+    let orchestrator = Orchestrator::spawn(h.deps(), h.options(), &shutdown)
+        .await
+        .unwrap();
+    for (run_id, _) in &runs {
+        eventually("the run completed", || async {
+            h.stores
+                .runs
+                .get_run(*run_id)
+                .await
+                .unwrap()
+                .unwrap()
+                .status
+                == RunStatus::Completed
+        })
+        .await;
+        let rows = h.stores.runs.events_after(*run_id, 0, 10).await.unwrap();
+        let stored: Vec<i64> = rows.iter().map(|r| r.sequence).collect();
+        assert_eq!(stored, [1, 2], "{run_id}");
+    }
+    let delivered = drain(&mut deliveries, Duration::from_millis(300)).await;
+    for (run_id, _) in &runs {
+        let live: Vec<u64> = delivered
+            .iter()
+            .filter(|d| d.run_id == *run_id)
+            .map(|d| d.sequence)
+            .collect();
+        assert_eq!(live, [1, 2], "{run_id} delivered in order, once");
+    }
+    shutdown.trigger();
+    orchestrator.join().await;
+}
+
 #[tokio::test]
 async fn reaper_times_out_overdue_runs() {
     let h = harness().await;

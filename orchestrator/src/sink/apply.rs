@@ -260,14 +260,30 @@ mod tests {
     #[test]
     fn what_the_insert_wrote_is_not_written_again() {
         let message = || Effect::AssistantMessage(Message::assistant("hi"));
-        assert!(!writes_beyond_insert(&plan(Effect::None, false), NOTHING, true));
-        assert!(writes_beyond_insert(&plan(message(), false), NOTHING, false));
+        assert!(!writes_beyond_insert(
+            &plan(Effect::None, false),
+            NOTHING,
+            true
+        ));
+        assert!(writes_beyond_insert(
+            &plan(message(), false),
+            NOTHING,
+            false
+        ));
         assert!(!writes_beyond_insert(&plan(message(), false), BOTH, true));
         // A terminal item the insert ended writes nothing more outside a conversation...
-        assert!(!writes_beyond_insert(&plan(Effect::None, true), BOTH, false));
+        assert!(!writes_beyond_insert(
+            &plan(Effect::None, true),
+            BOTH,
+            false
+        ));
         // ...but frees its conversation, and without the insert's end it ends the run.
         assert!(writes_beyond_insert(&plan(Effect::None, true), BOTH, true));
-        assert!(writes_beyond_insert(&plan(Effect::None, true), NOTHING, false));
+        assert!(writes_beyond_insert(
+            &plan(Effect::None, true),
+            NOTHING,
+            false
+        ));
     }
 
     #[test]

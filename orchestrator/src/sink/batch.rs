@@ -121,9 +121,9 @@ impl ResultSink {
                 .map(|(i, transcript)| ledger_row(i, transcript.clone()))
                 .collect()
         };
-        let inserted: Vec<Result<bool>> = match self.deps.stores.runs.insert_events(rows()).await {
-            Ok(flags) if flags.len() == items.len() => flags.into_iter().map(Ok).collect(),
-            Ok(_) | Err(_) => {
+        let inserted: Vec<Result<bool>> = match self.inserts.insert(rows()).await {
+            Some(flags) if flags.len() == items.len() => flags.into_iter().map(Ok).collect(),
+            Some(_) | None => {
                 // Find out per item (one missing run must not fail the others).
                 let mut each = Vec::with_capacity(items.len());
                 for row in rows() {

@@ -5,7 +5,8 @@
 //!
 //! 1. decode; an undecodable body is dead-lettered;
 //! 2. insert every item into the ledger in **one call**, idempotently on
-//!    `(run_id, sequence)` (the first write wins);
+//!    `(run_id, sequence)` (the first write wins), shared with the batches of other shards
+//!    inserting at the same moment (`inserts`);
 //! 3. in queue order, for each item that is **new** — or that was redelivered, in case a
 //!    crash fell between its insert and its side effects — apply its side effects
 //!    ([`crate::journal`]): run status on a terminal item (`completed`, `failed(code)`,
@@ -46,13 +47,14 @@
 //! This module holds the sink, its per-run caches and their reads; each child adds the
 //! methods of one part, and none of them is used here: `batch` (steps 1–5 of a batch),
 //! `apply` (step 3's side effects), `deliver` (step 4's live delivery), `finalize`
-//! (host-made run ends) and `consume` (the shard loop).
+//! (host-made run ends), `inserts` (step 2's shared call) and `consume` (the shard loop).
 
 mod apply;
 mod batch;
 mod consume;
 mod deliver;
 mod finalize;
+mod inserts;
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
@@ -68,6 +70,7 @@ use crate::deps::{OrchestratorDeps, OrchestratorOptions};
 use crate::error::{OrchestratorError, Result};
 use crate::journal::{AppliedItems, ItemPlan, RunInfo};
 use crate::lock;
+use inserts::Inserts;
 
 pub use consume::run_shard;
 
@@ -88,6 +91,8 @@ fn make_room<V>(map: &mut HashMap<RunId, V>, key: &RunId) {
 pub struct ResultSink {
     deps: OrchestratorDeps,
     options: Arc<OrchestratorOptions>,
+    /// Step 2's ledger inserts, shared by the shard loops.
+    inserts: Inserts,
     /// Immutable facts of active runs (from the ledger row), so a streaming run costs one
     /// ledger insert per batch instead of an extra read per item.
     runs: Mutex<HashMap<RunId, Arc<RunInfo>>>,
@@ -130,12 +135,17 @@ struct Item {
 }
 
 impl ResultSink {
-    /// A sink over `deps`.
+    /// A sink over `deps`, its shared inserts' task started on the current Tokio runtime.
+    ///
+    /// # Panics
+    /// Outside a Tokio runtime.
     #[must_use]
     pub fn new(deps: OrchestratorDeps, options: Arc<OrchestratorOptions>) -> Self {
         let conversations = deps.conversations(&options);
+        let inserts = Inserts::start(Arc::clone(&deps.stores.runs));
         Self {
             deps,
+            inserts,
             options,
             runs: Mutex::new(HashMap::new()),
             authorizations: Mutex::new(HashMap::new()),
