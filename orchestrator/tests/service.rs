@@ -621,16 +621,10 @@ async fn redelivered_event_reuses_its_run() {
     assert_eq!(h.run_count().await, 1);
 }
 
-/// Starts the orchestrator and routes one event; returns the run id.
-async fn running_run(
-    h: &Harness,
-    shutdown: &Shutdown,
-    conversation: Option<&str>,
-) -> (Orchestrator, RunId) {
-    let orchestrator = Orchestrator::spawn(h.deps(), h.options(), shutdown)
-        .await
-        .unwrap();
-    let event_id = h.ingest(conversation, "hello").await;
+/// Ingests `text` in `conversation`, routes it (a dispatched run) and claims the run as
+/// worker `w1`; returns the run id.
+async fn claimed_run(h: &Harness, conversation: Option<&str>, text: &str) -> RunId {
+    let event_id = h.ingest(conversation, text).await;
     let RouteOutcome::Dispatched { run_id, .. } = h
         .router()
         .route(&EventMessage::new(ws(), event_id))
@@ -640,6 +634,19 @@ async fn running_run(
         panic!("dispatched")
     };
     assert!(h.stores.runs.claim_run(run_id, "w1").await.unwrap());
+    run_id
+}
+
+/// Starts the orchestrator and routes one event; returns the run id.
+async fn running_run(
+    h: &Harness,
+    shutdown: &Shutdown,
+    conversation: Option<&str>,
+) -> (Orchestrator, RunId) {
+    let orchestrator = Orchestrator::spawn(h.deps(), h.options(), shutdown)
+        .await
+        .unwrap();
+    let run_id = claimed_run(h, conversation, "hello").await;
     (orchestrator, run_id)
 }
 
@@ -882,16 +889,7 @@ async fn results_ready_on_many_shards_at_once_are_each_stored_applied_and_delive
     let mut runs = Vec::new();
     for c in 0..8 {
         let conversation = format!("c{c}");
-        let event_id = h.ingest(Some(&conversation), "hi").await;
-        let RouteOutcome::Dispatched { run_id, .. } = h
-            .router()
-            .route(&EventMessage::new(ws(), event_id))
-            .await
-            .unwrap()
-        else {
-            panic!("dispatched")
-        };
-        assert!(h.stores.runs.claim_run(run_id, "w1").await.unwrap());
+        let run_id = claimed_run(&h, Some(&conversation), "hi").await;
         runs.push((run_id, conversation));
     }
     // All published before the sink starts: its shard loops find their batches ready at once.
@@ -940,16 +938,7 @@ async fn reaper_times_out_overdue_runs() {
     let h = harness().await;
     standard_setup(&h, json!({"timeout": 0.05})).await;
     let mut deliveries = h.deliveries().await;
-    let event_id = h.ingest(Some("c1"), "slow").await;
-    let RouteOutcome::Dispatched { run_id, .. } = h
-        .router()
-        .route(&EventMessage::new(ws(), event_id))
-        .await
-        .unwrap()
-    else {
-        panic!()
-    };
-    assert!(h.stores.runs.claim_run(run_id, "w1").await.unwrap());
+    let run_id = claimed_run(&h, Some("c1"), "slow").await;
     // a result that did arrive
     let msg = ResultMessage::new(
         run_id,
@@ -1385,16 +1374,7 @@ async fn a_delivery_the_bus_refuses_for_good_does_not_stall_the_shard() {
     let orchestrator = Orchestrator::spawn(deps, h.options(), &shutdown)
         .await
         .unwrap();
-    let event_id = h.ingest(Some("c1"), "hello").await;
-    let RouteOutcome::Dispatched { run_id, .. } = h
-        .router()
-        .route(&EventMessage::new(ws(), event_id))
-        .await
-        .unwrap()
-    else {
-        panic!("dispatched")
-    };
-    assert!(h.stores.runs.claim_run(run_id, "w1").await.unwrap());
+    let run_id = claimed_run(&h, Some("c1"), "hello").await;
 
     h.publish_result(
         run_id,
@@ -1439,16 +1419,7 @@ async fn the_reaper_finishes_a_run_from_its_stored_terminal_item_once() {
     let h = harness().await;
     standard_setup(&h, json!({"timeout": 0.05})).await;
     let mut deliveries = h.deliveries().await;
-    let event_id = h.ingest(Some("c1"), "hello").await;
-    let RouteOutcome::Dispatched { run_id, .. } = h
-        .router()
-        .route(&EventMessage::new(ws(), event_id))
-        .await
-        .unwrap()
-    else {
-        panic!()
-    };
-    assert!(h.stores.runs.claim_run(run_id, "w1").await.unwrap());
+    let run_id = claimed_run(&h, Some("c1"), "hello").await;
     for (sequence, result) in [
         (
             1,
@@ -1635,16 +1606,7 @@ async fn reaper_interrupts_runs_whose_lease_stays_missing() {
 async fn reaper_bounds_runs_without_a_deadline_by_the_deployment_maximum() {
     let h = harness().await;
     standard_setup(&h, json!({"timeout": 0})).await;
-    let event_id = h.ingest(Some("c1"), "forever").await;
-    let RouteOutcome::Dispatched { run_id, .. } = h
-        .router()
-        .route(&EventMessage::new(ws(), event_id))
-        .await
-        .unwrap()
-    else {
-        panic!()
-    };
-    assert!(h.stores.runs.claim_run(run_id, "w1").await.unwrap());
+    let run_id = claimed_run(&h, Some("c1"), "forever").await;
     // Its worker is alive: only the maximum duration ends it.
     let key = sb_common::session::run_lease_key(&run_id);
     assert!(
