@@ -67,6 +67,21 @@ pub async fn requeued_message_comes_again_without_loss(fx: &BusFixture) {
 
 /// `nack(requeue = false)` moves the message to the dead-letter exchange.
 pub async fn nack_without_requeue_dead_letters(fx: &BusFixture) {
+    let (ex, spec, dead) = dead_lettering_pair(fx).await;
+    let mut sub = subscribe(fx, &spec, 10).await;
+    publish(fx, &ex, "k", "poison").await;
+    recv(&mut sub).await.nack(false).await.expect("nack");
+    assert_idle(&mut sub).await;
+    let mut dead_sub = subscribe(fx, &dead, 10).await;
+    let d = recv(&mut dead_sub).await;
+    assert_eq!(text(&d), "poison");
+    assert_eq!(d.routing_key, "k", "dead-lettering keeps the routing key");
+    d.ack().await.expect("ack");
+}
+
+/// An exchange, a queue bound to it with key `k` whose rejected messages go to a
+/// dead-letter exchange, and the queue that collects them (declared).
+async fn dead_lettering_pair(fx: &BusFixture) -> (String, QueueSpec, QueueSpec) {
     let ex = exchange(fx, "ex", ExchangeKind::Direct).await;
     let dlx = exchange(fx, "dead", ExchangeKind::Fanout).await;
     let dead = QueueSpec::durable(fx.name("dead-q")).bind(&dlx, "");
@@ -77,15 +92,7 @@ pub async fn nack_without_requeue_dead_letters(fx: &BusFixture) {
     let spec = QueueSpec::durable(fx.name("q"))
         .bind(&ex, "k")
         .dead_letter_exchange(&dlx);
-    let mut sub = subscribe(fx, &spec, 10).await;
-    publish(fx, &ex, "k", "poison").await;
-    recv(&mut sub).await.nack(false).await.expect("nack");
-    assert_idle(&mut sub).await;
-    let mut dead_sub = subscribe(fx, &dead, 10).await;
-    let d = recv(&mut dead_sub).await;
-    assert_eq!(text(&d), "poison");
-    assert_eq!(d.routing_key, "k", "dead-lettering keeps the routing key");
-    d.ack().await.expect("ack");
+    (ex, spec, dead)
 }
 
 /// Deliveries a dropped subscription did not settle go to the next subscription, in order.
@@ -122,16 +129,7 @@ pub async fn dropped_subscription_redelivers_unacked(fx: &BusFixture) {
 /// a backend that coalesces acks must not ack past it, nor past a nack. Settlements made
 /// just before a subscription goes away still count.
 pub async fn settles_in_a_burst_leave_a_held_delivery_alone(fx: &BusFixture) {
-    let ex = exchange(fx, "ex", ExchangeKind::Direct).await;
-    let dlx = exchange(fx, "dead", ExchangeKind::Fanout).await;
-    let dead = QueueSpec::durable(fx.name("dead-q")).bind(&dlx, "");
-    fx.bus
-        .declare_queue(&dead)
-        .await
-        .expect("declare dead queue");
-    let spec = QueueSpec::durable(fx.name("q"))
-        .bind(&ex, "k")
-        .dead_letter_exchange(&dlx);
+    let (ex, spec, dead) = dead_lettering_pair(fx).await;
     fx.bus.declare_queue(&spec).await.expect("declare queue");
     for body in ["m1", "m2", "m3", "m4", "m5", "m6"] {
         publish(fx, &ex, "k", body).await;
