@@ -11,25 +11,29 @@ use sb_tests::wait_for;
 /// Runs pushed through the cluster before scraping.
 const RUNS: usize = 5;
 
-/// The value of the first series of `name` whose labels contain every `labels` pair, from a
-/// Prometheus text page (`None` when no such series exists).
-fn sample(text: &str, name: &str, labels: &[&str]) -> Option<f64> {
+/// The series of `name` on a Prometheus text page: each one's labels part (`{…}`, or empty)
+/// and its value as written.
+fn series<'a>(text: &'a str, name: &'a str) -> impl Iterator<Item = (&'a str, &'a str)> {
     text.lines()
         .filter(|l| !l.starts_with('#'))
         .filter_map(|l| l.rsplit_once(' '))
-        .find(|(series, _)| {
-            let bare = series.split('{').next().unwrap_or_default();
-            bare == name && labels.iter().all(|pair| series.contains(pair))
+        .filter_map(move |(series, value)| {
+            let labels = series.strip_prefix(name)?;
+            (labels.is_empty() || labels.starts_with('{')).then_some((labels, value))
         })
+}
+
+/// The value of the first series of `name` whose labels contain every `labels` pair, from a
+/// Prometheus text page (`None` when no such series exists).
+fn sample(text: &str, name: &str, labels: &[&str]) -> Option<f64> {
+    series(text, name)
+        .find(|(series, _)| labels.iter().all(|pair| series.contains(pair)))
         .and_then(|(_, value)| value.parse().ok())
 }
 
 /// The sum of every series of `name`.
 fn total(text: &str, name: &str) -> f64 {
-    text.lines()
-        .filter(|l| !l.starts_with('#'))
-        .filter_map(|l| l.rsplit_once(' '))
-        .filter(|(series, _)| series.split('{').next() == Some(name))
+    series(text, name)
         .filter_map(|(_, value)| value.parse::<f64>().ok())
         .sum()
 }
