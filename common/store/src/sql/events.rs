@@ -951,14 +951,31 @@ pub(super) async fn update_status_in<C: ConnectionTrait>(
     Ok(())
 }
 
-/// The one-statement update of event `id` on Postgres (where every update is one
-/// statement), for a part of a data-modifying `WITH`.
-pub(super) fn postgres_status_update(
-    id: EventId,
-    mut update: EventStatusUpdate,
-) -> Result<sea_orm::UpdateMany<event_log::Entity>> {
-    let merge = take_merge(&mut update)?;
-    Ok(status_update(DbBackend::Postgres, id, update, merge))
+/// The update of an event as the `event_*` and `metadata_*` fields of a row of a statement
+/// that updates events from `jsonb` (the run starts'): what [`status_update`] sets, the
+/// metadata merge split into the keys removed (merged as `null`) and the object written over
+/// the rest; `null` where nothing changes.
+pub(super) fn postgres_status_json(mut update: EventStatusUpdate) -> Result<Value> {
+    let merge = take_merge(&mut update)?.filter(|m| !m.is_empty());
+    let (removed, set): (Vec<_>, serde_json::Map<_, _>) = match merge {
+        None => (Vec::new(), serde_json::Map::new()),
+        Some(merge) => {
+            let (removed, set): (Vec<_>, Vec<_>) =
+                merge.into_iter().partition(|(_, v)| v.is_null());
+            (
+                removed.into_iter().map(|(k, _)| k).collect(),
+                set.into_iter().collect(),
+            )
+        }
+    };
+    Ok(serde_json::json!({
+        "event_status": update.status.as_str(),
+        "event_reason": update.reason,
+        "event_run_id": update.run_id.map(RunId::into_uuid),
+        "event_claimed_by_run_id": update.claimed_by_run_id.map(RunId::into_uuid),
+        "metadata_removed": (!removed.is_empty()).then_some(removed),
+        "metadata_set": (!set.is_empty()).then_some(set),
+    }))
 }
 
 /// `metadata` merged with `merge` on Postgres: `coalesce(metadata, '{}')`, minus the keys

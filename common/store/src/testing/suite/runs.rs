@@ -70,9 +70,18 @@ pub async fn run_start_writes_the_run_the_user_row_and_the_dispatch_at_once(db: 
         .append(message("c1", "hello"), Vec::new())
         .await
         .unwrap();
+    // Metadata and a reason the start's update must merge with and keep.
+    let mut earlier = EventStatusUpdate::status(EventStatus::Received);
+    earlier.reason = Some("queued behind another".into());
+    earlier.metadata_merge = Some(json!({"keep": 1, "gone": 2}));
+    db.stores
+        .events
+        .update_status(event.id, earlier)
+        .await
+        .unwrap();
     let start = |id: RunId| {
         let mut start = run_start(event.id, id, "hello");
-        start.event.metadata_merge = Some(json!({"routing": {"pool": "default"}}));
+        start.event.metadata_merge = Some(json!({"routing": {"pool": "default"}, "gone": null}));
         start
     };
 
@@ -84,7 +93,11 @@ pub async fn run_start_writes_the_run_the_user_row_and_the_dispatch_at_once(db: 
     let stored = db.stores.events.get(event.id).await.unwrap().unwrap();
     assert_eq!(stored.status, EventStatus::Dispatched);
     assert_eq!(stored.run_id, Some(id));
-    assert_eq!(stored.metadata["routing"], json!({"pool": "default"}));
+    assert_eq!(stored.reason.as_deref(), Some("queued behind another"));
+    assert_eq!(
+        stored.metadata,
+        json!({"keep": 1, "routing": {"pool": "default"}})
+    );
     let rows = transcript_rows(db, "c1").await;
     assert_eq!(rows.len(), 1);
     assert_eq!(rows[0].content.as_deref(), Some("hello"));
