@@ -356,39 +356,6 @@ fn validate_schema_name(schema: &str) -> Result<()> {
     }
 }
 
-/// An insert of the columns `model` sets that writes its row only where `condition` holds
-/// (`INSERT … SELECT <values> WHERE <condition>`): a part of a data-modifying `WITH` that
-/// depends on another part, which sea-orm's `Insert` (always `VALUES`) cannot say.
-pub(crate) fn insert_where<A>(
-    model: &A,
-    condition: sea_orm::sea_query::Expr,
-) -> Result<sea_orm::sea_query::InsertStatement>
-where
-    A: sea_orm::ActiveModelTrait,
-{
-    use sea_orm::sea_query::{Expr, Query};
-    use sea_orm::{EntityTrait, Iterable};
-    let mut columns = Vec::new();
-    let mut values = Vec::new();
-    for column in <A::Entity as EntityTrait>::Column::iter() {
-        if let sea_orm::ActiveValue::Set(value) | sea_orm::ActiveValue::Unchanged(value) =
-            model.get(column)
-        {
-            columns.push(column);
-            values.push(Expr::val(value));
-        }
-    }
-    let mut select = Query::select();
-    select.exprs(values).and_where(condition);
-    let mut insert = Query::insert();
-    insert
-        .into_table(A::Entity::default())
-        .columns(columns)
-        .select_from(select)
-        .map_err(|e| StoreError::Corrupt(format!("insert from parts: {e}")))?;
-    Ok(insert)
-}
-
 /// Now, truncated to microseconds: the precision both backends store, so a value written
 /// and read back compares equal.
 pub(crate) fn now() -> DateTime<Utc> {
