@@ -24,7 +24,9 @@ use sb_orchestrator::{Orchestrator, OrchestratorDeps, OrchestratorOptions};
 use sb_protocol::context::{ActorContext, AgentInput, DeliveryContext, StateScope};
 use sb_protocol::host::{AgentEventEnvelope, AuthorizationSnapshot, RunBudgets};
 use sb_protocol::ids::{EventId, RunId, WorkspaceId};
-use sb_protocol::messages::{self, DeliveryMessage, EventMessage, ResultMessage, RunJob};
+use sb_protocol::messages::{
+    self, DeliveryMessage, EventMessage, ResultBatch, ResultMessage, RunJob,
+};
 use sb_protocol::result::AgentRunResult;
 use sb_store::{
     AgentRow, EventStatus, NewAgent, NewEvent, RunFilter, RunStatus, RunnerRow, Stores,
@@ -220,6 +222,32 @@ impl Harness {
                 &self.topology.results_exchange(),
                 &self.topology.results_routing_key(&run_id),
                 messages::encode(&msg).into(),
+                PublishOptions::default(),
+            )
+            .await
+            .unwrap();
+    }
+
+    /// Publishes `items` of `run_id` as one results message (a worker's batch).
+    async fn publish_results(
+        &self,
+        run_id: RunId,
+        conversation: Option<&str>,
+        items: Vec<(u64, Value)>,
+    ) {
+        let batch = ResultBatch::new(
+            run_id,
+            ws(),
+            conversation.map(Into::into),
+            items
+                .into_iter()
+                .map(|(sequence, result)| (sequence, serde_json::from_value(result).unwrap())),
+        );
+        self.bus
+            .publish(
+                &self.topology.results_exchange(),
+                &self.topology.results_routing_key(&run_id),
+                messages::encode(&batch).into(),
                 PublishOptions::default(),
             )
             .await
@@ -929,6 +957,75 @@ async fn results_ready_on_many_shards_at_once_are_each_stored_applied_and_delive
             .collect();
         assert_eq!(live, [1, 2], "{run_id} delivered in order, once");
     }
+    shutdown.trigger();
+    orchestrator.join().await;
+}
+
+/// The sequences of each live message that arrives until `quiet` passes without one.
+async fn drain_messages(sub: &mut Subscription, quiet: Duration) -> Vec<Vec<u64>> {
+    let mut out = Vec::new();
+    while let Ok(d) = tokio::time::timeout(quiet, sub.next()).await {
+        let d = d.unwrap();
+        let items = messages::decode_deliveries(&d.body).unwrap();
+        out.push(items.iter().map(|m| m.sequence).collect());
+        d.ack().await.unwrap();
+    }
+    out
+}
+
+/// A batch whose terminal item the insert ends and whose reply the insert transcribes (an
+/// echo run's) is one live message: the items before the terminal item wait for freeing the
+/// conversation rather than travel alone. A streaming-only run's terminal item writes the
+/// assembled deltas after the insert: the deltas go out first, in a message of their own.
+#[tokio::test]
+async fn a_batch_that_the_insert_stores_whole_is_one_live_message() {
+    let h = harness().await;
+    standard_setup(&h, json!({})).await;
+    let shutdown = Shutdown::new();
+    let mut deliveries = h.deliveries().await;
+    let orchestrator = Orchestrator::spawn(h.deps(), h.options(), &shutdown)
+        .await
+        .unwrap();
+    let delta = |text: &str| json!({"type": "message.delta", "data": {"chunk": {"content": text}}});
+    let done = json!({"type": "run.completed", "data": {}});
+
+    let echoed = claimed_run(&h, Some("c1"), "hi").await;
+    let reply = json!({"type": "message.completed", "data": {"message": {"role": "assistant", "content": "hi"}}});
+    h.publish_results(
+        echoed,
+        Some("c1"),
+        vec![(1, delta("hi")), (2, reply), (3, done.clone())],
+    )
+    .await;
+    wait_status(&h, echoed, RunStatus::Completed).await;
+    assert_eq!(
+        drain_messages(&mut deliveries, Duration::from_millis(300)).await,
+        [vec![1, 2, 3]]
+    );
+
+    let streamed = claimed_run(&h, Some("c2"), "yo").await;
+    h.publish_results(
+        streamed,
+        Some("c2"),
+        vec![(1, delta("y")), (2, delta("o")), (3, done)],
+    )
+    .await;
+    wait_status(&h, streamed, RunStatus::Completed).await;
+    assert_eq!(
+        drain_messages(&mut deliveries, Duration::from_millis(300)).await,
+        [vec![1, 2], vec![3]]
+    );
+    let page = h
+        .stores
+        .transcript
+        .page(TranscriptQuery::new(ws(), "c2"))
+        .await
+        .unwrap();
+    assert!(
+        page.items
+            .iter()
+            .any(|i| i.role == "assistant" && i.content.as_deref() == Some("yo"))
+    );
     shutdown.trigger();
     orchestrator.join().await;
 }

@@ -203,22 +203,25 @@ impl ResultSink {
 }
 
 /// Whether [`ResultSink::apply`] of an item so `plan`ned writes anything its insert did not
-/// (`written`): a transcript row, state, an artifact, the run's end, or — for a terminal item
-/// of a run in a conversation (`in_conversation`) — the conversation's active-run index and
-/// the transcript check. The sink delivers the items before such an item first, so they do
-/// not wait for those writes; an item that writes nothing more travels with them (an echo
-/// run's deltas and complete message, transcribed by the insert, are one live message).
+/// (`written`) to the ledger: a transcript row, state, an artifact, the run's end, or — for a
+/// terminal item whose run needs the transcript check (`checks_transcript`: in a
+/// conversation, no complete message applied) — the assembled deltas. The sink delivers the
+/// items before such an item first, so they do not wait for those writes; an item that
+/// writes nothing more travels with them. A terminal item the insert ended still frees its
+/// conversation (one session-store round trip): the items before it wait for that rather
+/// than cost a live message of their own (an echo run's deltas, complete message and
+/// terminal item, transcribed and ended by the insert, are one live message).
 pub(super) fn writes_beyond_insert(
     plan: &ItemPlan,
     written: Written,
-    in_conversation: bool,
+    checks_transcript: bool,
 ) -> bool {
     let effect = match plan.effect {
         Effect::None => false,
         Effect::AssistantMessage(_) => !written.transcribed,
         Effect::State(_) | Effect::Artifact(_) => true,
     };
-    effect || plan.outcome.is_some() && (!written.ended || in_conversation)
+    effect || plan.outcome.is_some() && (!written.ended || checks_transcript)
 }
 
 /// A low-cardinality label for a result type (unknown types share one label).
@@ -271,13 +274,15 @@ mod tests {
             false
         ));
         assert!(!writes_beyond_insert(&plan(message(), false), BOTH, true));
-        // A terminal item the insert ended writes nothing more outside a conversation...
+        // A terminal item the insert ended writes nothing more to the ledger (freeing its
+        // conversation is not a ledger write)...
         assert!(!writes_beyond_insert(
             &plan(Effect::None, true),
             BOTH,
             false
         ));
-        // ...but frees its conversation, and without the insert's end it ends the run.
+        // ...unless its run streamed no complete message into a conversation (the assembled
+        // deltas are written then), and without the insert's end it ends the run.
         assert!(writes_beyond_insert(&plan(Effect::None, true), BOTH, true));
         assert!(writes_beyond_insert(
             &plan(Effect::None, true),

@@ -171,11 +171,7 @@ impl ResultSink {
                 Ok(new) if !new && !item.redelivered => Ok(false),
                 Ok(_) => {
                     if !unsent.is_empty()
-                        && writes_beyond_insert(
-                            &item.plan,
-                            written,
-                            item.message.conversation_id.is_some(),
-                        )
+                        && writes_beyond_insert(&item.plan, written, self.checks_transcript(item))
                         && !self.deliver(&items, &mut unsent, &mut outcomes).await
                     {
                         halted = true;
@@ -276,6 +272,17 @@ impl ResultSink {
             rows.push(row);
         }
         rows
+    }
+
+    /// Whether applying `item` (a terminal one) includes the transcript check of
+    /// [`finish`](ResultSink::finish): its run is in a conversation and this sink applied no
+    /// complete assistant message of it (or forgot the run).
+    fn checks_transcript(&self, item: &Item) -> bool {
+        item.plan.outcome.is_some()
+            && item.message.conversation_id.is_some()
+            && !lock(&self.applied)
+                .get(&item.message.run_id)
+                .is_some_and(AppliedItems::messaged)
     }
 
     /// Whether `message` is exactly the item the ledger holds at its sequence: a terminal
