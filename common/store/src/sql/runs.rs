@@ -340,12 +340,7 @@ started AS (
     RETURNING *
 ),
 transcribed AS (
-    INSERT INTO transcript (id, workspace_id, conversation_id, thread_id, bot_id, event_id,
-        run_id, runner_id, role, item_type, content, content_json, artifact_refs, metadata,
-        created_at)
-    SELECT t.id, t.workspace_id, t.conversation_id, t.thread_id, t.bot_id, t.event_id,
-        t.run_id, t.runner_id, t.role, t.item_type, t.content, t.content_json,
-        t.artifact_refs, t.metadata, $2
+    {INSERT_TRANSCRIPT}
     FROM input i
     JOIN started s ON s.id = i.id
     CROSS JOIN LATERAL jsonb_to_record(i.transcript) AS {TRANSCRIPT_RECORD}
@@ -372,6 +367,15 @@ SELECT * FROM started"#,
         queued = RunStatus::Queued.as_str(),
     )
 });
+
+/// The head of an insert of the transcript rows `t` ([`TRANSCRIPT_RECORD`]) written at `$2`,
+/// for the statements that write transcript rows with others.
+const INSERT_TRANSCRIPT: &str = "INSERT INTO transcript (id, workspace_id, conversation_id,
+        thread_id, bot_id, event_id, run_id, runner_id, role, item_type, content, content_json,
+        artifact_refs, metadata, created_at)
+    SELECT t.id, t.workspace_id, t.conversation_id, t.thread_id, t.bot_id, t.event_id,
+        t.run_id, t.runner_id, t.role, t.item_type, t.content, t.content_json,
+        t.artifact_refs, t.metadata, $2";
 
 /// The record type of a transcript row in `jsonb` ([`transcript_json`]), for
 /// `jsonb_to_record(…) AS <this>` in the statements that write transcript rows with others.
@@ -1078,12 +1082,7 @@ upd AS (
             OR (top.status IS NOT NULL AND runs.status IN ({active})))
 ),
 transcribed AS (
-    INSERT INTO transcript (id, workspace_id, conversation_id, thread_id, bot_id, event_id,
-        run_id, runner_id, role, item_type, content, content_json, artifact_refs, metadata,
-        created_at)
-    SELECT t.id, t.workspace_id, t.conversation_id, t.thread_id, t.bot_id, t.event_id,
-        t.run_id, t.runner_id, t.role, t.item_type, t.content, t.content_json,
-        t.artifact_refs, t.metadata, $2
+    {INSERT_TRANSCRIPT}
     FROM input i
     JOIN ins ON ins.run_id = i.run_id AND ins.sequence = i.sequence
     CROSS JOIN LATERAL jsonb_to_record(i.transcript) AS {TRANSCRIPT_RECORD}
