@@ -25,6 +25,7 @@ use crate::limits::{KeyLimitOptions, KeyLimits};
 use crate::live::LiveHub;
 use crate::normalize::NormalizeLimits;
 use crate::relay::{RelayHandle, RelayOptions};
+use crate::stream::RoutePace;
 use crate::stream::{StreamContext, StreamOptions};
 
 /// The gateway's tuning.
@@ -144,6 +145,7 @@ struct Inner {
     deps: GatewayDeps,
     options: GatewayOptions,
     live: LiveHub,
+    route_pace: RoutePace,
     relay: RelayHandle,
     ingest: IngestWriter,
     shutdown: Shutdown,
@@ -192,6 +194,7 @@ impl AppState {
                 deps,
                 options,
                 live,
+                route_pace: RoutePace::default(),
                 relay,
                 ingest,
                 shutdown,
@@ -269,6 +272,7 @@ impl AppState {
             runs: Arc::clone(&self.stores().runs),
             events: Arc::clone(&self.stores().events),
             live: self.inner.live.clone(),
+            route_pace: self.inner.route_pace.clone(),
             options: self.inner.options.stream,
             shutdown: self.inner.shutdown.token(),
         }

@@ -93,8 +93,8 @@ pub struct StreamOptions {
     /// How long `POST /v1/events?stream=true` waits for the event to be routed.
     pub route_wait: Duration,
     /// First interval of the timer that re-reads an event's routing state while
-    /// `?stream=true` waits (doubled after each tick, up to `route_poll_max`; see
-    /// [`route_poll_delay`]). The live items of the conversation wake the wait and find a
+    /// `?stream=true` waits, unless runs' first items typically take longer (then twice
+    /// that); doubled after each tick, up to `route_poll_max` (see [`route_poll_delay`]). The live items of the conversation wake the wait and find a
     /// dispatched event's route; the timer covers events that produce no item (unrouted,
     /// rejected, scheduled) and live items lost with a broker connection.
     pub route_poll_min: Duration,
@@ -133,6 +133,8 @@ pub struct StreamContext {
     pub events: Arc<dyn EventLog>,
     /// Live items.
     pub live: LiveHub,
+    /// How long this process's `?stream=true` requests wait for their run's first item.
+    pub route_pace: RoutePace,
     /// Tuning.
     pub options: StreamOptions,
     /// Process shutdown: ends every stream, so the graceful shutdown of the HTTP server
@@ -583,11 +585,62 @@ async fn pump_run_with(p: &mut Pump<'_>, bound: Option<Bound>) -> Result<(), End
 }
 
 /// The wait before the timer of `POST /v1/events?stream=true` reads the event's routing
-/// state again, after `ticks` earlier timer reads: `route_poll_min`, doubled per tick, at
-/// most `route_poll_max`. Live items of the conversation trigger reads of their own.
+/// state again, after `ticks` earlier timer reads: at first `route_poll_min` or twice the
+/// `typical` wait for a run's first item ([`RoutePace`]), whichever is longer, doubled per
+/// tick, at most `route_poll_max`. Live items of the conversation trigger reads of their own.
+///
+/// Why the typical wait: the timer is there for events that produce no live item
+/// (unrouted, rejected, scheduled), and a read before a routed event's first item could
+/// arrive finds it still `received`. On a busy host every run's first item takes longer
+/// than `route_poll_min` (a quarter of a second at 64 runs in flight), and a fixed first
+/// tick read the event log once for nearly every run that streamed; now the first tick
+/// comes when a routed event's item would have arrived, and an unrouted event is reported
+/// in about twice the time routing takes everyone else.
 #[must_use]
-pub fn route_poll_delay(options: &StreamOptions, ticks: u32) -> Duration {
-    RetryPolicy::new(options.route_poll_min, options.route_poll_max).delay(ticks)
+pub fn route_poll_delay(options: &StreamOptions, ticks: u32, typical: Duration) -> Duration {
+    let first = options
+        .route_poll_min
+        .max(typical.saturating_mul(2))
+        .min(options.route_poll_max);
+    RetryPolicy::new(first, options.route_poll_max).delay(ticks)
+}
+
+/// A moving average of how long `?stream=true` requests waited for their run's first live
+/// item, shared by the streams of one process (see [`route_poll_delay`]). Only routes found
+/// by a live item are counted: a route found by a timer read measures the timer, and
+/// counting it would stretch the timer further. Cheap to clone.
+#[derive(Debug, Clone, Default)]
+pub struct RoutePace {
+    /// The average, in microseconds.
+    micros: Arc<std::sync::atomic::AtomicU64>,
+}
+
+impl RoutePace {
+    /// The typical wait so far (zero before the first).
+    #[must_use]
+    pub fn typical(&self) -> Duration {
+        Duration::from_micros(self.micros.load(std::sync::atomic::Ordering::Relaxed))
+    }
+
+    /// Counts one wait: the average moves an eighth of the way towards it.
+    pub fn observe(&self, waited: Duration) {
+        let sample = u64::try_from(waited.as_micros()).unwrap_or(u64::MAX);
+        // A lost race drops one sample of an average; no need to retry.
+        let _ = self.micros.fetch_update(
+            std::sync::atomic::Ordering::Relaxed,
+            std::sync::atomic::Ordering::Relaxed,
+            |average| Some(moved(average, sample)),
+        );
+    }
+}
+
+/// `average` moved an eighth of the way towards `sample`.
+fn moved(average: u64, sample: u64) -> u64 {
+    if sample >= average {
+        average + (sample - average) / 8
+    } else {
+        average - (average - sample) / 8
+    }
 }
 
 /// Where the stream of a `?stream=true` event goes once the event is routed.
@@ -640,12 +693,14 @@ async fn wait_for_route(
             (watch, true, false)
         }
     };
-    let deadline = tokio::time::Instant::now() + ctx.options.route_wait;
+    let started = tokio::time::Instant::now();
+    let deadline = started + ctx.options.route_wait;
     let mut ticks = 0;
     let mut live = true;
     let mut head: Vec<Arc<DeliveryMessage>> = Vec::new();
     loop {
         if let Some(run_id) = own_run(&head, event_id) {
+            ctx.route_pace.observe(started.elapsed());
             return Ok(Some(Route {
                 run_id,
                 after: 0,
@@ -709,7 +764,9 @@ async fn wait_for_route(
                     complete = false;
                 }
             }
-            () = tokio::time::sleep(route_poll_delay(&ctx.options, ticks).min(deadline - now)) => {
+            () = tokio::time::sleep(
+                route_poll_delay(&ctx.options, ticks, ctx.route_pace.typical()).min(deadline - now)
+            ) => {
                 ticks = ticks.saturating_add(1);
             }
         }
@@ -799,20 +856,66 @@ async fn read_route(
 mod tests {
     use std::time::Duration;
 
-    use super::{StreamOptions, dense_prefix, route_poll_delay};
+    use super::{RoutePace, StreamOptions, dense_prefix, moved, route_poll_delay};
 
     #[test]
     fn the_route_timer_starts_late_and_backs_off_to_a_read_a_second() {
         let options = StreamOptions::default();
-        let schedule: Vec<u64> = (0..7)
-            .map(|ticks| {
-                u64::try_from(route_poll_delay(&options, ticks).as_millis()).unwrap_or(u64::MAX)
-            })
-            .collect();
-        // After the read at once: reads at 100, 300, 700, 1500, 2500, … ms.
-        assert_eq!(schedule, [100, 200, 400, 800, 1000, 1000, 1000]);
+        let schedule = |typical: Duration| -> Vec<u64> {
+            (0..7)
+                .map(|ticks| {
+                    u64::try_from(route_poll_delay(&options, ticks, typical).as_millis())
+                        .unwrap_or(u64::MAX)
+                })
+                .collect()
+        };
+        // An idle host: after the read at once, reads at 100, 300, 700, 1500, 2500, … ms.
+        assert_eq!(
+            schedule(Duration::ZERO),
+            [100, 200, 400, 800, 1000, 1000, 1000]
+        );
+        assert_eq!(
+            schedule(Duration::from_millis(5)),
+            [100, 200, 400, 800, 1000, 1000, 1000]
+        );
+        // A busy host whose runs' first items take a quarter of a second: the first tick
+        // waits for twice that; never longer than the longest interval.
+        assert_eq!(
+            schedule(Duration::from_millis(250)),
+            [500, 1000, 1000, 1000, 1000, 1000, 1000]
+        );
+        assert_eq!(schedule(Duration::from_secs(5)), [1000; 7]);
         // No overflow far out.
-        assert_eq!(route_poll_delay(&options, u32::MAX), Duration::from_secs(1));
+        assert_eq!(
+            route_poll_delay(&options, u32::MAX, Duration::MAX),
+            Duration::from_secs(1)
+        );
+    }
+
+    #[test]
+    fn the_route_pace_follows_the_waits_it_counts() {
+        let pace = RoutePace::default();
+        assert_eq!(pace.typical(), Duration::ZERO);
+        for _ in 0..64 {
+            pace.observe(Duration::from_millis(240));
+        }
+        let busy = pace.typical();
+        assert!(
+            busy > Duration::from_millis(235) && busy <= Duration::from_millis(240),
+            "{busy:?}"
+        );
+        for _ in 0..64 {
+            pace.observe(Duration::from_millis(2));
+        }
+        assert!(
+            pace.typical() < Duration::from_millis(5),
+            "{:?}",
+            pace.typical()
+        );
+        // The extremes neither overflow nor underflow.
+        assert_eq!(moved(u64::MAX, u64::MAX), u64::MAX);
+        assert_eq!(moved(0, 0), 0);
+        assert_eq!(moved(8, 0), 7);
     }
 
     #[test]
