@@ -25,8 +25,7 @@ use crate::limits::{KeyLimitOptions, KeyLimits};
 use crate::live::LiveHub;
 use crate::normalize::NormalizeLimits;
 use crate::relay::{RelayHandle, RelayOptions};
-use crate::stream::RoutePace;
-use crate::stream::{StreamContext, StreamOptions};
+use crate::stream::{RoutePace, StreamContext, StreamOptions};
 
 /// The gateway's tuning.
 #[derive(Debug, Clone)]

@@ -94,9 +94,10 @@ pub struct StreamOptions {
     pub route_wait: Duration,
     /// First interval of the timer that re-reads an event's routing state while
     /// `?stream=true` waits, unless runs' first items typically take longer (then twice
-    /// that); doubled after each tick, up to `route_poll_max` (see [`route_poll_delay`]). The live items of the conversation wake the wait and find a
-    /// dispatched event's route; the timer covers events that produce no item (unrouted,
-    /// rejected, scheduled) and live items lost with a broker connection.
+    /// that); doubled after each tick, up to `route_poll_max` (see [`route_poll_delay`]).
+    /// The live items of the conversation wake the wait and find a dispatched event's route;
+    /// the timer covers events that produce no item (unrouted, rejected, scheduled) and live
+    /// items lost with a broker connection.
     pub route_poll_min: Duration,
     /// Longest interval of that timer.
     pub route_poll_max: Duration,
