@@ -3,8 +3,9 @@
 //! A quorum queue writes every settlement to its Raft log, so acking one delivery at a time
 //! costs the broker about as much as delivering it. Measured on this project's RabbitMQ
 //! (3.10) with `scripts/amqp_ack_cost.py`: consuming with one ack per delivery cost 85 µs of
-//! broker CPU per message; acking 32 at a time with `multiple` cost 25 µs. So the deliveries of a channel are settled by one task that takes every settlement
-//! already asked for and acks what it can with one `basic.ack(multiple = true)`.
+//! broker CPU per message; acking 32 at a time with `multiple` cost 25 µs. So the deliveries
+//! of a channel are settled by one task that takes every settlement already asked for and
+//! acks what it can with one `basic.ack(multiple = true)`.
 //!
 //! `multiple` acks every unsettled delivery of the channel up to a tag, so it may only reach
 //! as far as the oldest delivery still being handled: a worker holds a run's job unsettled

@@ -956,18 +956,7 @@ pub(super) async fn update_status_in<C: ConnectionTrait>(
 /// metadata merge split into the keys removed (merged as `null`) and the object written over
 /// the rest; `null` where nothing changes.
 pub(super) fn postgres_status_json(mut update: EventStatusUpdate) -> Result<Value> {
-    let merge = take_merge(&mut update)?.filter(|m| !m.is_empty());
-    let (removed, set): (Vec<_>, serde_json::Map<_, _>) = match merge {
-        None => (Vec::new(), serde_json::Map::new()),
-        Some(merge) => {
-            let (removed, set): (Vec<_>, Vec<_>) =
-                merge.into_iter().partition(|(_, v)| v.is_null());
-            (
-                removed.into_iter().map(|(k, _)| k).collect(),
-                set.into_iter().collect(),
-            )
-        }
-    };
+    let (removed, set) = split_merge(take_merge(&mut update)?.unwrap_or_default());
     Ok(serde_json::json!({
         "event_status": update.status.as_str(),
         "event_reason": update.reason,
@@ -978,24 +967,35 @@ pub(super) fn postgres_status_json(mut update: EventStatusUpdate) -> Result<Valu
     }))
 }
 
+/// A metadata merge split into the keys it removes (merged as `null`) and the object it
+/// writes over the rest.
+fn split_merge(
+    merge: serde_json::Map<String, Value>,
+) -> (Vec<String>, serde_json::Map<String, Value>) {
+    let (removed, set): (Vec<_>, Vec<_>) = merge.into_iter().partition(|(_, v)| v.is_null());
+    (
+        removed.into_iter().map(|(k, _)| k).collect(),
+        set.into_iter().collect(),
+    )
+}
+
 /// `metadata` merged with `merge` on Postgres: `coalesce(metadata, '{}')`, minus the keys
 /// merged as `null`, `||` the others (top-level keys, right wins), `NULL` when empty (the
 /// stored form of `{}`).
 fn postgres_metadata_merge(
     merge: serde_json::Map<String, Value>,
 ) -> sea_orm::sea_query::SimpleExpr {
-    let (removed, set): (Vec<_>, Vec<_>) = merge.into_iter().partition(|(_, v)| v.is_null());
+    let (removed, set) = split_merge(merge);
     let mut sql = String::from(r#"coalesce("metadata", '{}'::jsonb)"#);
     let mut values: Vec<sea_orm::Value> = Vec::new();
     // sea-query's Postgres placeholders are `$n`, numbered within this expression.
-    for (key, _) in removed {
+    for key in removed {
         values.push(key.into());
         sql = format!("({sql} - (${})::text)", values.len());
     }
     if !set.is_empty() {
         sql = format!("({sql} || (${})::jsonb)", values.len() + 1);
-        let object: serde_json::Map<String, Value> = set.into_iter().collect();
-        values.push(Value::Object(object).to_string().into());
+        values.push(Value::Object(set).to_string().into());
     }
     Expr::cust_with_values(format!("nullif({sql}, '{{}}'::jsonb)"), values)
 }
@@ -1007,13 +1007,13 @@ fn sqlite_metadata_merge(merge: serde_json::Map<String, Value>) -> sea_orm::sea_
     // json(value), …) → NULL when empty (the stored form of `{}`).
     let mut sql = String::from(r#"coalesce("metadata", '{}')"#);
     let mut values: Vec<sea_orm::Value> = Vec::new();
-    let (removed, set): (Vec<_>, Vec<_>) = merge.into_iter().partition(|(_, v)| v.is_null());
+    let (removed, set) = split_merge(merge);
     if !removed.is_empty() {
         sql = format!("json_remove({sql}{})", ", ?".repeat(removed.len()));
         values.extend(
             removed
                 .iter()
-                .filter_map(|(k, _)| sqlite_path_label(k))
+                .filter_map(|k| sqlite_path_label(k))
                 .map(Into::into),
         );
     }
