@@ -217,15 +217,8 @@ impl Harness {
     ) {
         let result: AgentRunResult = serde_json::from_value(result).unwrap();
         let msg = ResultMessage::new(run_id, ws(), conversation.map(Into::into), sequence, result);
-        self.bus
-            .publish(
-                &self.topology.results_exchange(),
-                &self.topology.results_routing_key(&run_id),
-                messages::encode(&msg).into(),
-                PublishOptions::default(),
-            )
-            .await
-            .unwrap();
+        self.publish_to_results(run_id, messages::encode(&msg))
+            .await;
     }
 
     /// Publishes `items` of `run_id` as one results message (a worker's batch).
@@ -243,15 +236,33 @@ impl Harness {
                 .into_iter()
                 .map(|(sequence, result)| (sequence, serde_json::from_value(result).unwrap())),
         );
+        self.publish_to_results(run_id, messages::encode(&batch))
+            .await;
+    }
+
+    /// Publishes `body` on the results exchange, to `run_id`'s shard.
+    async fn publish_to_results(&self, run_id: RunId, body: Vec<u8>) {
         self.bus
             .publish(
                 &self.topology.results_exchange(),
                 &self.topology.results_routing_key(&run_id),
-                messages::encode(&batch).into(),
+                body.into(),
                 PublishOptions::default(),
             )
             .await
             .unwrap();
+    }
+
+    /// Whether conversation `conversation`'s transcript has an assistant row saying `text`.
+    async fn has_assistant_row(&self, conversation: &str, text: &str) -> bool {
+        self.stores
+            .transcript
+            .page(TranscriptQuery::new(ws(), conversation))
+            .await
+            .unwrap()
+            .items
+            .iter()
+            .any(|i| i.role == "assistant" && i.content.as_deref() == Some(text))
     }
 
     async fn jobs(&self) -> Subscription {
@@ -296,10 +307,19 @@ async fn next_job(sub: &mut Subscription) -> RunJob {
 
 /// Every delivery that arrives until `quiet` passes without one.
 async fn drain(sub: &mut Subscription, quiet: Duration) -> Vec<DeliveryMessage> {
+    drain_messages(sub, quiet)
+        .await
+        .into_iter()
+        .flatten()
+        .collect()
+}
+
+/// The deliveries of each live message that arrives until `quiet` passes without one.
+async fn drain_messages(sub: &mut Subscription, quiet: Duration) -> Vec<Vec<DeliveryMessage>> {
     let mut out = Vec::new();
     while let Ok(d) = tokio::time::timeout(quiet, sub.next()).await {
         let d = d.unwrap();
-        out.extend(messages::decode_deliveries(&d.body).unwrap());
+        out.push(messages::decode_deliveries(&d.body).unwrap());
         d.ack().await.unwrap();
     }
     out
@@ -962,15 +982,12 @@ async fn results_ready_on_many_shards_at_once_are_each_stored_applied_and_delive
 }
 
 /// The sequences of each live message that arrives until `quiet` passes without one.
-async fn drain_messages(sub: &mut Subscription, quiet: Duration) -> Vec<Vec<u64>> {
-    let mut out = Vec::new();
-    while let Ok(d) = tokio::time::timeout(quiet, sub.next()).await {
-        let d = d.unwrap();
-        let items = messages::decode_deliveries(&d.body).unwrap();
-        out.push(items.iter().map(|m| m.sequence).collect());
-        d.ack().await.unwrap();
-    }
-    out
+async fn drained_sequences(sub: &mut Subscription, quiet: Duration) -> Vec<Vec<u64>> {
+    drain_messages(sub, quiet)
+        .await
+        .into_iter()
+        .map(|message| message.iter().map(|d| d.sequence).collect())
+        .collect()
 }
 
 /// A batch whose terminal item the insert ends and whose reply the insert transcribes (an
@@ -999,7 +1016,7 @@ async fn a_batch_that_the_insert_stores_whole_is_one_live_message() {
     .await;
     wait_status(&h, echoed, RunStatus::Completed).await;
     assert_eq!(
-        drain_messages(&mut deliveries, Duration::from_millis(300)).await,
+        drained_sequences(&mut deliveries, Duration::from_millis(300)).await,
         [vec![1, 2, 3]]
     );
 
@@ -1012,20 +1029,10 @@ async fn a_batch_that_the_insert_stores_whole_is_one_live_message() {
     .await;
     wait_status(&h, streamed, RunStatus::Completed).await;
     assert_eq!(
-        drain_messages(&mut deliveries, Duration::from_millis(300)).await,
+        drained_sequences(&mut deliveries, Duration::from_millis(300)).await,
         [vec![1, 2], vec![3]]
     );
-    let page = h
-        .stores
-        .transcript
-        .page(TranscriptQuery::new(ws(), "c2"))
-        .await
-        .unwrap();
-    assert!(
-        page.items
-            .iter()
-            .any(|i| i.role == "assistant" && i.content.as_deref() == Some("yo"))
-    );
+    assert!(h.has_assistant_row("c2", "yo").await);
     shutdown.trigger();
     orchestrator.join().await;
 }
@@ -1090,17 +1097,7 @@ async fn reaper_times_out_overdue_runs() {
         "session ended"
     );
     // what was streamed is kept in the transcript
-    let page = h
-        .stores
-        .transcript
-        .page(TranscriptQuery::new(ws(), "c1"))
-        .await
-        .unwrap();
-    assert!(
-        page.items
-            .iter()
-            .any(|i| i.role == "assistant" && i.content.as_deref() == Some("par"))
-    );
+    assert!(h.has_assistant_row("c1", "par").await);
 
     // a second scan finds nothing to do
     assert!(reaper.reap_once().await.unwrap().is_empty());
