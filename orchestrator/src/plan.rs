@@ -199,26 +199,17 @@ pub struct Prepared {
     pub session_ttl: Duration,
 }
 
-/// Builds the context, the frozen snapshot and the job of a run.
+/// The frozen authorization of a run ([`Prepared::snapshot`]): what `inputs` say besides
+/// the transcript cursor and the state, which only the context holds. The router writes it
+/// onto the event with the run's start, before the start's reads are answered.
 #[must_use]
-pub fn prepare(event: &AgentEventEnvelope, dispatch: &Dispatch, inputs: PrepareInputs) -> Prepared {
-    let PrepareInputs {
-        run_id,
-        now_epoch_secs,
-        deadline_at,
-        access,
-        latest_cursor,
-        state,
-        host_version,
-        default_budgets,
-        session_grace,
-        no_deadline_session_ttl,
-        host_api_token,
-        accepted_at_ms,
-    } = inputs;
-
-    let snapshot = AuthorizationSnapshot {
-        run_id,
+pub fn authorization(
+    event: &AgentEventEnvelope,
+    dispatch: &Dispatch,
+    inputs: &PrepareInputs,
+) -> AuthorizationSnapshot {
+    AuthorizationSnapshot {
+        run_id: inputs.run_id,
         plugin_id: dispatch.descriptor.plugin_id(),
         runner_id: dispatch.binding.runner_id.clone(),
         binding_id: dispatch.binding.binding_id.clone(),
@@ -234,13 +225,33 @@ pub fn prepare(event: &AgentEventEnvelope, dispatch: &Dispatch, inputs: PrepareI
             subject_type: s.subject_type.clone(),
             subject_id: s.subject_id.clone(),
         }),
-        resources: access.resources.clone(),
-        available_apis: access.available_apis,
+        resources: inputs.access.resources.clone(),
+        available_apis: inputs.access.available_apis,
         state_policy: dispatch.binding.state_policy.clone(),
-        budgets: dispatch.binding.budgets.over(default_budgets),
+        budgets: dispatch.binding.budgets.over(inputs.default_budgets),
+        deadline_at: inputs.deadline_at,
+        host_api_token_sha256: inputs.host_api_token.as_deref().map(host_api_token::digest),
+    }
+}
+
+/// Builds the context, the frozen snapshot ([`authorization`]) and the job of a run.
+#[must_use]
+pub fn prepare(event: &AgentEventEnvelope, dispatch: &Dispatch, inputs: PrepareInputs) -> Prepared {
+    let snapshot = authorization(event, dispatch, &inputs);
+    let PrepareInputs {
+        run_id,
+        now_epoch_secs,
         deadline_at,
-        host_api_token_sha256: host_api_token.as_deref().map(host_api_token::digest),
-    };
+        access,
+        latest_cursor,
+        state,
+        host_version,
+        default_budgets: _,
+        session_grace,
+        no_deadline_session_ttl,
+        host_api_token,
+        accepted_at_ms,
+    } = inputs;
 
     let context = context::build(
         event,

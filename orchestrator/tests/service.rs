@@ -29,7 +29,7 @@ use sb_protocol::messages::{
 };
 use sb_protocol::result::AgentRunResult;
 use sb_store::{
-    AgentRow, EventStatus, NewAgent, NewEvent, RunFilter, RunStatus, RunnerRow, Stores,
+    AgentRow, EventStatus, NewAgent, NewEvent, RunFilter, RunStatus, RunnerRow, StateWrite, Stores,
     TranscriptQuery,
 };
 use serde_json::{Value, json};
@@ -458,13 +458,41 @@ async fn event_is_routed_to_a_job_with_the_right_context() {
     })
     .await;
 
-    // a second message in the conversation sees the first in its cursor
+    // a second message in the conversation sees the first in its cursor (and not its own
+    // user row, which its start writes), and the state written since in its snapshot
+    let conversation_scope = scope_key(
+        StateScope::Conversation,
+        &StateKeyParts::from_snapshot(&snapshot),
+    )
+    .unwrap();
+    h.stores
+        .state
+        .set(StateWrite {
+            scope_key: conversation_scope,
+            scope: "conversation".into(),
+            key: "topic".into(),
+            value: json!({"name": "greetings"}),
+            if_revision: None,
+        })
+        .await
+        .unwrap();
     let second = h.ingest(Some("conv-1"), "again").await;
     h.publish_event(second, Some("conv-1")).await;
     let job2 = next_job(&mut jobs).await;
     assert_ne!(job2.run_id, job.run_id);
-    assert!(job2.context.context.latest_cursor.is_some());
+    assert_eq!(
+        job2.context.context.latest_cursor.as_ref(),
+        Some(&page.items[0].cursor)
+    );
     assert!(job2.context.context.has_history_before);
+    assert_eq!(
+        job2.context.state.conversation["topic"],
+        json!({"name": "greetings"})
+    );
+    assert_eq!(
+        job2.context.state.conversation["external.conversation_id"],
+        "conv-1"
+    );
 
     shutdown.trigger();
     tokio::time::timeout(Duration::from_secs(5), orchestrator.join())

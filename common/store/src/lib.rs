@@ -80,7 +80,7 @@ pub use resources::{
 };
 pub use runs::{
     CancelOutcome, Finalized, NewRun, NewRunEvent, RunEventRecord, RunFilter, RunLedger,
-    RunOutcome, RunRecord, RunStart, RunStatus,
+    RunOutcome, RunRecord, RunStart, RunStatus, StartReads, StartedRun,
 };
 pub use schedules::{
     NewSchedule, ScheduleEdit, ScheduleFiring, ScheduleKind, ScheduleRecord, ScheduleSpec,

@@ -1,6 +1,6 @@
 //! The run ledger and the result items of every run.
 
-use std::collections::HashSet;
+use std::collections::{BTreeMap, HashSet};
 use std::str::FromStr;
 
 use async_trait::async_trait;
@@ -278,6 +278,36 @@ pub struct RunStart {
     pub user_transcript: Option<crate::NewTranscriptItem>,
     /// The event's new routing state (`dispatched`, with this run's id).
     pub event: crate::EventStatusUpdate,
+    /// What the run's context needs from the ledger, read in the same statement (Postgres)
+    /// or transaction (SQLite) as the writes, so routing a run reads nothing on its own.
+    pub reads: StartReads,
+}
+
+/// The reads of a run start ([`RunStart::reads`]), answered in [`StartedRun`]. They see the
+/// ledger as it was before the start's own writes: the latest transcript cursor is the one
+/// before the event's user row, so a runner paging backwards from it sees strictly earlier
+/// history.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct StartReads {
+    /// Read the run's conversation's latest transcript cursor
+    /// ([`Transcript::latest_cursor`](crate::Transcript::latest_cursor)).
+    pub latest_cursor: bool,
+    /// Read every value of these state scopes
+    /// ([`StateStore::snapshots`](crate::StateStore::snapshots)).
+    pub state_scopes: Vec<String>,
+}
+
+/// A run a start created ([`RunLedger::start_run`]), with what its reads found.
+#[derive(Debug, Clone, PartialEq)]
+pub struct StartedRun {
+    /// The queued run.
+    pub run: RunRecord,
+    /// The conversation's latest transcript cursor before the start, when it was asked for
+    /// and the conversation has rows.
+    pub latest_cursor: Option<String>,
+    /// The values of each scope asked for, by scope key then key (a scope without values is
+    /// present and empty).
+    pub state: BTreeMap<String, BTreeMap<String, Value>>,
 }
 
 /// A result item to store.
@@ -358,10 +388,12 @@ pub trait RunLedger: Send + Sync + 'static {
     /// [`EventLog::update_status`](crate::EventLog::update_status)). Returns the run, or
     /// `None` when the event already has a run: then nothing is written (the transcript row
     /// aside, which is the event's own either way) and the caller goes on with that run
-    /// ([`create_run`](Self::create_run) returns it). One statement on Postgres, one
-    /// transaction on SQLite: routing writes this for every run. `not_found` if the event
-    /// does not exist (nothing is written); the validation errors of the three writes.
-    async fn start_run(&self, start: RunStart) -> Result<Option<RunRecord>>;
+    /// ([`create_run`](Self::create_run) returns it). The start's [reads](RunStart::reads)
+    /// are answered with the run ([`StartedRun`]), as the ledger was before the writes. One
+    /// statement on Postgres, one transaction on SQLite: routing writes this for every run.
+    /// `not_found` if the event does not exist (nothing is written); the validation errors
+    /// of the three writes and the reads.
+    async fn start_run(&self, start: RunStart) -> Result<Option<StartedRun>>;
 
     /// [`start_run`](Self::start_run) for the runs of several events at once, in **one
     /// commit**: one statement on Postgres, one transaction on SQLite. Each start gets the
@@ -372,7 +404,7 @@ pub trait RunLedger: Send + Sync + 'static {
     ///
     /// The router's group commit calls this with whatever starts are pending at once, so
     /// the runs routed side by side share a commit.
-    async fn start_runs(&self, starts: Vec<RunStart>) -> Vec<Result<Option<RunRecord>>>;
+    async fn start_runs(&self, starts: Vec<RunStart>) -> Vec<Result<Option<StartedRun>>>;
 
     /// The run, if any.
     async fn get_run(&self, id: RunId) -> Result<Option<RunRecord>>;

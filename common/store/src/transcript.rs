@@ -248,14 +248,6 @@ pub trait Transcript: Send + Sync + 'static {
         conversation_id: &str,
     ) -> Result<Option<String>>;
 
-    /// [`latest_cursor`](Self::latest_cursor) of each `(workspace, conversation)` in one
-    /// read, answered by position: the router reads the cursors of the events it routes side
-    /// by side so.
-    async fn latest_cursors(
-        &self,
-        conversations: &[(WorkspaceId, String)],
-    ) -> Result<Vec<Option<String>>>;
-
     /// Full-text search, best match first, at most `top_k` items.
     async fn search(&self, search: TranscriptSearch) -> Result<Vec<TranscriptRecord>>;
 

@@ -5,12 +5,13 @@ use std::collections::BTreeMap;
 use chrono::Utc;
 use sb_common::bus::PublishOptions;
 use sb_common::telemetry::{Metrics, names};
-use sb_protocol::context::StateScope;
-use sb_protocol::host::{AgentBinding, AgentEventEnvelope};
+use sb_protocol::context::{AgentRunState, StateScope};
+use sb_protocol::host::{AgentBinding, AgentEventEnvelope, AuthorizationSnapshot};
 use sb_protocol::ids::RunId;
 use sb_protocol::messages;
 use sb_store::{
-    EventRecord, EventStatus, EventStatusUpdate, NewRun, RunStart, RunStatus, StoreError, TurnTag,
+    EventRecord, EventStatus, EventStatusUpdate, NewRun, RunStart, RunStatus, StartReads,
+    StoreError, TurnTag,
 };
 use serde_json::{Map, Value, json};
 use tracing::Instrument;
@@ -54,16 +55,13 @@ impl EventRouter {
             &catalog,
         );
 
-        // The transcript's cursor (read before this event's own user row is written) and the
-        // state snapshot, read side by side: two round trips, one wait.
-        let cursor = async {
-            match conversation {
-                Some(c) => self.reads.latest_cursor(workspace, c).await,
-                None => Ok(None),
-            }
+        // The state scopes the run's snapshot holds (step 6), read with the transcript's
+        // cursor by the run's start (step 7).
+        let scopes = state_scopes(envelope, binding);
+        let reads = StartReads {
+            latest_cursor: conversation.is_some(),
+            state_scopes: scopes.iter().map(|(_, key)| key.clone()).collect(),
         };
-        let (latest_cursor, state) =
-            tokio::try_join!(cursor, self.state_snapshot(envelope, binding))?;
 
         let now = Utc::now();
         let now_secs = plan::utc_to_epoch(now);
@@ -86,46 +84,45 @@ impl EventRouter {
             deadline_at: context::deadline_at(now_secs, timeout).and_then(plan::epoch_to_utc),
             attempt: 1,
         };
-        // The run's deadline is fixed by its first attempt (a redelivery reads it back).
-        let prepare = |run_id: RunId, deadline_at: Option<chrono::DateTime<Utc>>| {
-            plan::prepare(
-                envelope,
-                dispatch,
-                PrepareInputs {
-                    run_id,
-                    now_epoch_secs: now_secs,
-                    deadline_at: deadline_at.map(plan::utc_to_epoch),
-                    access: access.clone(),
-                    latest_cursor: latest_cursor.clone(),
-                    state: state.clone(),
-                    host_version: options.host_version.clone(),
-                    default_budgets: options.default_budgets,
-                    session_grace: options.session_grace,
-                    no_deadline_session_ttl: options.no_deadline_session_ttl,
-                    host_api_token: Some(mint_host_api_token()),
-                    accepted_at_ms: Some(record.created_at.timestamp_millis()),
-                },
-            )
+        // The run's deadline is fixed by its first attempt (a redelivery reads it back); the
+        // cursor and the state are filled in once read.
+        let inputs = |run_id: RunId, deadline_at: Option<chrono::DateTime<Utc>>| PrepareInputs {
+            run_id,
+            now_epoch_secs: now_secs,
+            deadline_at: deadline_at.map(plan::utc_to_epoch),
+            access: access.clone(),
+            latest_cursor: None,
+            state: AgentRunState::default(),
+            host_version: options.host_version.clone(),
+            default_budgets: options.default_budgets,
+            session_grace: options.session_grace,
+            no_deadline_session_ttl: options.no_deadline_session_ttl,
+            host_api_token: Some(mint_host_api_token()),
+            accepted_at_ms: Some(record.created_at.timestamp_millis()),
         };
         let user_row = journal::user_transcript(envelope);
 
         // A fresh event (the usual case): the run, the user transcript row and the event's
-        // dispatch in one commit. `None` when the event has a run already (an earlier
-        // attempt created it): that one is started the long way below.
+        // dispatch in one commit, which reads the run's cursor and state as well. `None`
+        // when the event has a run already (an earlier attempt created it): that one is
+        // started the long way below.
         let started = match record.run_id {
             Some(_) => None,
             None => {
                 let run_id = new_run.id.unwrap_or_default();
-                let prepared = prepare(run_id, new_run.deadline_at);
+                let mut inputs = inputs(run_id, new_run.deadline_at);
+                let authorization = plan::authorization(envelope, dispatch, &inputs);
                 let start_run = RunStart {
                     run: new_run.clone(),
                     user_transcript: user_row.clone(),
-                    event: dispatched(run_id, &prepared, binding, dispatch, &start),
+                    event: dispatched(run_id, &authorization, binding, dispatch, &start),
+                    reads,
                 };
-                self.starts
-                    .submit(start_run)
-                    .await??
-                    .map(|run| (run, prepared))
+                self.starts.submit(start_run).await??.map(|started| {
+                    inputs.latest_cursor = started.latest_cursor;
+                    inputs.state = run_state(envelope, binding, &scopes, started.state);
+                    (started.run, plan::prepare(envelope, dispatch, inputs))
+                })
             }
         };
         let in_one_commit = started.is_some();
@@ -137,7 +134,20 @@ impl EventRouter {
                     self.leave_queue(record).await?;
                     return Ok(RouteOutcome::AlreadyHandled);
                 }
-                let prepared = prepare(run.id, run.deadline_at);
+                // Read before the user row is written (when this attempt writes it).
+                let cursor = async {
+                    match conversation {
+                        Some(c) => stores.transcript.latest_cursor(workspace, c).await,
+                        None => Ok(None),
+                    }
+                };
+                let keys: Vec<String> = scopes.iter().map(|(_, key)| key.clone()).collect();
+                let (latest_cursor, values) =
+                    tokio::try_join!(cursor, stores.state.snapshots(&keys))?;
+                let mut inputs = inputs(run.id, run.deadline_at);
+                inputs.latest_cursor = latest_cursor;
+                inputs.state = run_state(envelope, binding, &scopes, values);
+                let prepared = plan::prepare(envelope, dispatch, inputs);
                 if let Some(item) = user_row {
                     match stores.transcript.append(item).await {
                         Ok(_) | Err(StoreError::Conflict(_)) => {}
@@ -174,7 +184,7 @@ impl EventRouter {
                     .events
                     .update_status(
                         record.id,
-                        dispatched(run.id, &prepared, binding, dispatch, &start),
+                        dispatched(run.id, &prepared.snapshot, binding, dispatch, &start),
                     )
                     .await?;
             }
@@ -200,36 +210,45 @@ impl EventRouter {
         .instrument(span)
         .await
     }
+}
 
-    /// The state snapshot: every enabled scope that has a key for this event and binding.
-    async fn state_snapshot(
-        &self,
-        envelope: &AgentEventEnvelope,
-        binding: &AgentBinding,
-    ) -> Result<sb_protocol::context::AgentRunState> {
-        let policy = &binding.state_policy;
-        let mut loaded: BTreeMap<StateScope, Map<String, Value>> = BTreeMap::new();
-        if policy.is_enabled() {
-            let parts = StateKeyParts::from_event(envelope, binding);
-            let scopes: Vec<(StateScope, String)> = StateScope::ALL
-                .into_iter()
-                .filter(|scope| policy.allows(*scope))
-                .filter_map(|scope| scope_key(scope, &parts).map(|key| (scope, key)))
-                .collect();
-            // Every enabled scope in one read.
-            let keys: Vec<String> = scopes.iter().map(|(_, key)| key.clone()).collect();
-            let values = self.reads.snapshots(keys).await?;
-            for (scope, key) in scopes {
-                let scope_values = values.get(&key).cloned().unwrap_or_default();
-                loaded.insert(scope, scope_values.into_iter().collect());
-            }
-        }
-        Ok(context::state_snapshot(
-            policy,
-            envelope.conversation_id.as_deref(),
-            |scope| loaded.remove(&scope),
-        ))
+/// The state scopes of the run's snapshot, with their keys: every scope the binding's policy
+/// enables that has a key for this event.
+fn state_scopes(
+    envelope: &AgentEventEnvelope,
+    binding: &AgentBinding,
+) -> Vec<(StateScope, String)> {
+    let policy = &binding.state_policy;
+    if !policy.is_enabled() {
+        return Vec::new();
     }
+    let parts = StateKeyParts::from_event(envelope, binding);
+    StateScope::ALL
+        .into_iter()
+        .filter(|scope| policy.allows(*scope))
+        .filter_map(|scope| scope_key(scope, &parts).map(|key| (scope, key)))
+        .collect()
+}
+
+/// The run's state snapshot from the values read for its `scopes` (by scope key).
+fn run_state(
+    envelope: &AgentEventEnvelope,
+    binding: &AgentBinding,
+    scopes: &[(StateScope, String)],
+    mut values: BTreeMap<String, BTreeMap<String, Value>>,
+) -> AgentRunState {
+    let mut loaded: BTreeMap<StateScope, Map<String, Value>> = scopes
+        .iter()
+        .map(|(scope, key)| {
+            let scope_values = values.remove(key).unwrap_or_default();
+            (*scope, scope_values.into_iter().collect())
+        })
+        .collect();
+    context::state_snapshot(
+        &binding.state_policy,
+        envelope.conversation_id.as_deref(),
+        |scope| loaded.remove(&scope),
+    )
 }
 
 /// The event's routing update once its run is dispatched: `dispatched` with the run, and the
@@ -237,12 +256,12 @@ impl EventRouter {
 /// belongs to the session alone; the result sink reads the rest after the session ended).
 fn dispatched(
     run_id: RunId,
-    prepared: &plan::Prepared,
+    authorization: &AuthorizationSnapshot,
     binding: &AgentBinding,
     dispatch: &Dispatch,
     start: &StartContext,
 ) -> EventStatusUpdate {
-    let mut authorization = serde_json::to_value(&prepared.snapshot).unwrap_or(Value::Null);
+    let mut authorization = serde_json::to_value(authorization).unwrap_or(Value::Null);
     if let Some(fields) = authorization.as_object_mut() {
         fields.remove("host_api_token_sha256");
     }

@@ -26,11 +26,10 @@
 //!    cancels the active runs first (`interrupt`) or rejects it (`reject`);
 //! 4. effective access ([`crate::access`]) from the manifest, the policy, the config and the
 //!    resource catalog;
-//! 5. the transcript's latest cursor (before this event's own row), read side by side with
-//!    the state of step 6;
-//! 6. the state snapshot, the context, the frozen snapshot and the job ([`crate::plan`]),
-//!    with a freshly minted remote Host API token (`ctx.runtime.metadata.host_api`; the
-//!    snapshot keeps its SHA-256 only);
+//! 5. the frozen snapshot ([`crate::plan::authorization`]), with a freshly minted remote
+//!    Host API token (the snapshot keeps its SHA-256 only; the runner gets the token in
+//!    `ctx.runtime.metadata.host_api`);
+//! 6. the keys of the state scopes the binding enables for this event;
 //! 7. for an event without a run yet (the usual case), in **one commit**, shared with the
 //!    runs other lanes and shards start at the same moment
 //!    ([`RunLedger::start_runs`](sb_store::RunLedger::start_runs)): the run row (`queued`;
@@ -38,10 +37,13 @@
 //!    (deterministic id: written once) and the event → `dispatched` with the run id and the
 //!    frozen snapshot under `metadata.authorization` (the result sink reads it after the
 //!    session has ended; without the digest of the run's remote Host API token, which only
-//!    the session keeps). A redelivered event whose run exists gets that run back (unique on
-//!    the event), with its id and its deadline, which are never recomputed, and its writes
-//!    are done one by one (the event's update after step 8); a turn is never absorbed as
-//!    steering input in step 3;
+//!    the session keeps). The same statement reads, as the ledger was before its writes,
+//!    the transcript's latest cursor (before this event's own row) and the values of step
+//!    6's scopes, from which the state snapshot, the context and the job are built
+//!    ([`crate::plan::prepare`]). A redelivered event whose run exists gets that run back
+//!    (unique on the event), with its id and its deadline, which are never recomputed, and
+//!    its reads and writes are done one by one (the event's update after step 8); a turn is
+//!    never absorbed as steering input in step 3;
 //! 8. the session (TTL = deadline + grace) in the session store, then the run in the
 //!    conversation's active index, in one step of the store (and, for a formerly parked
 //!    event, out of the queue);
@@ -64,8 +66,8 @@
 //!
 //! # Layout
 //! This module holds the router and its outcome; each child adds the methods of one part of
-//! the pipeline, and none of them is used here: `route` (steps 0–2), `reads` (the ledger
-//! reads of steps 1, 5 and 6, shared by the routes that wait at once), `lookup` (the
+//! the pipeline, and none of them is used here: `route` (steps 0–2), `reads` (the event
+//! reads of step 1, shared by the routes that wait at once), `lookup` (the
 //! resolver's cached inputs), `decide` (step 3), `finish` (the ends without a run:
 //! unrouted, parked, rejected), `dispatch` (steps 4–9) and `consume` (the shard loop: the
 //! deliveries ready at once routed side by side by ordering lane, each lane in order;
@@ -83,7 +85,7 @@ use std::sync::Arc;
 
 use sb_common::group_commit::GroupCommit;
 use sb_protocol::ids::RunId;
-use sb_store::{RunRecord, RunStart};
+use sb_store::{RunStart, StartedRun};
 use serde_json::Value;
 
 use crate::concurrency::ConversationKey;
@@ -137,8 +139,8 @@ pub struct EventRouter {
     /// Step 7's commit, shared by the runs started side by side (by every shard loop of this
     /// orchestrator, and by the conversations of one shard batch): one statement for all the
     /// starts pending at once ([`RunLedger::start_runs`](sb_store::RunLedger::start_runs)).
-    starts: GroupCommit<RunStart, sb_store::Result<Option<RunRecord>>>,
-    /// Steps 1, 5 and 6's ledger reads, shared the same way.
+    starts: GroupCommit<RunStart, sb_store::Result<Option<StartedRun>>>,
+    /// Step 1's event reads, shared the same way.
     reads: RouteReads,
 }
 

@@ -1,36 +1,29 @@
-//! The router's ledger reads, shared by the events routed side by side (the lanes of a shard
-//! batch, the shards of this orchestrator): each kind of read that is pending at once is one
-//! statement ([`sb_common::group_commit`]'s natural batching, applied to reads).
+//! The router's event reads, shared by the events routed side by side (the lanes of a shard
+//! batch, the shards of this orchestrator): the event rows pending at once are one statement
+//! ([`sb_common::group_commit`]'s natural batching, applied to reads).
 //!
-//! Every event's route reads its event row (step 1), its conversation's transcript cursor
-//! (step 5) and its state scopes (step 6). One event at a time costs one statement each, as
-//! a direct read; under load the reads of every route that waits at the same moment go
-//! together. A shared read that fails is made again for each request alone, so a failure
-//! stays with the request it belongs to.
+//! Every event's route reads its event row (step 1); the run's transcript cursor and state
+//! are read by the run's start, in its commit (step 7). One event at a time costs one
+//! statement, as a direct read; under load the reads of every route that waits at the same
+//! moment go together. A shared read that fails is made again for each request alone, so a
+//! failure stays with the request it belongs to.
 
-use std::collections::{BTreeMap, BTreeSet};
 use std::future::Future;
 use std::sync::Arc;
 
 use sb_common::group_commit::GroupCommit;
-use sb_protocol::ids::{EventId, WorkspaceId};
+use sb_protocol::ids::EventId;
 use sb_store::{EventRecord, StoreError, Stores};
-use serde_json::Value;
 
 use crate::error::Result;
 
-/// Most requests of one kind one read carries.
+/// Most events one read carries.
 const MAX_READS: usize = 64;
-
-/// The values of a state scope, by key.
-type ScopeValues = BTreeMap<String, Value>;
 
 /// The shared reads of one router. Cheap to clone.
 #[derive(Clone)]
 pub(super) struct RouteReads {
     events: GroupCommit<EventId, Result<Option<EventRecord>, StoreError>>,
-    cursors: GroupCommit<(WorkspaceId, String), Result<Option<String>, StoreError>>,
-    scopes: GroupCommit<Vec<String>, Result<BTreeMap<String, ScopeValues>, StoreError>>,
 }
 
 impl std::fmt::Debug for RouteReads {
@@ -43,40 +36,10 @@ impl RouteReads {
     /// Starts the reading tasks (on the current Tokio runtime) over `stores`.
     pub(super) fn start(stores: &Stores) -> Self {
         let events = Arc::clone(&stores.events);
-        let transcript = Arc::clone(&stores.transcript);
-        let state = Arc::clone(&stores.state);
         Self {
             events: batched(move |ids: Vec<EventId>| {
                 let events = Arc::clone(&events);
                 async move { events.get_many(&ids).await }
-            }),
-            cursors: batched(move |keys: Vec<(WorkspaceId, String)>| {
-                let transcript = Arc::clone(&transcript);
-                async move { transcript.latest_cursors(&keys).await }
-            }),
-            scopes: batched(move |requests: Vec<Vec<String>>| {
-                let state = Arc::clone(&state);
-                async move {
-                    let keys: Vec<String> = requests
-                        .iter()
-                        .flatten()
-                        .cloned()
-                        .collect::<BTreeSet<_>>()
-                        .into_iter()
-                        .collect();
-                    let values = state.snapshots(&keys).await?;
-                    Ok(requests
-                        .into_iter()
-                        .map(|keys| {
-                            keys.into_iter()
-                                .map(|key| {
-                                    let scope = values.get(&key).cloned().unwrap_or_default();
-                                    (key, scope)
-                                })
-                                .collect()
-                        })
-                        .collect())
-                }
             }),
         }
     }
@@ -84,26 +47,6 @@ impl RouteReads {
     /// The event with this id, if any ([`EventLog::get`](sb_store::EventLog::get)).
     pub(super) async fn event(&self, id: EventId) -> Result<Option<EventRecord>> {
         Ok(self.events.submit(id).await??)
-    }
-
-    /// The conversation's latest transcript cursor
-    /// ([`Transcript::latest_cursor`](sb_store::Transcript::latest_cursor)).
-    pub(super) async fn latest_cursor(
-        &self,
-        workspace_id: &WorkspaceId,
-        conversation_id: &str,
-    ) -> Result<Option<String>> {
-        let key = (workspace_id.clone(), conversation_id.to_owned());
-        Ok(self.cursors.submit(key).await??)
-    }
-
-    /// Every value of each scope of `scope_keys`
-    /// ([`StateStore::snapshots`](sb_store::StateStore::snapshots)).
-    pub(super) async fn snapshots(
-        &self,
-        scope_keys: Vec<String>,
-    ) -> Result<BTreeMap<String, ScopeValues>> {
-        Ok(self.scopes.submit(scope_keys).await??)
     }
 }
 
@@ -178,17 +121,11 @@ mod tests {
     }
 
     #[tokio::test]
-    async fn scopes_asked_together_are_split_per_request() {
+    async fn events_asked_together_are_answered_each() {
         let db = sb_store::testing::sqlite_memory_db().await;
         let reads = RouteReads::start(&db.stores);
-        let (a, b) = futures::future::join(
-            reads.snapshots(vec!["s1".into(), "s2".into()]),
-            reads.snapshots(vec!["s2".into()]),
-        )
-        .await;
-        let (a, b) = (a.unwrap(), b.unwrap());
-        assert_eq!(a.keys().collect::<Vec<_>>(), ["s1", "s2"]);
-        assert_eq!(b.keys().collect::<Vec<_>>(), ["s2"]);
-        assert!(reads.event(EventId::new()).await.unwrap().is_none());
+        let (a, b) =
+            futures::future::join(reads.event(EventId::new()), reads.event(EventId::new())).await;
+        assert!(a.unwrap().is_none() && b.unwrap().is_none());
     }
 }

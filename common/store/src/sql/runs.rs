@@ -1,6 +1,6 @@
 //! [`RunLedger`] on SQL.
 
-use std::collections::{HashMap, HashSet};
+use std::collections::{BTreeMap, HashMap, HashSet};
 
 use async_trait::async_trait;
 use chrono::{DateTime, Utc};
@@ -11,6 +11,7 @@ use sea_orm::{
     ActiveValue::Set, ColumnTrait, Condition, ConnectionTrait, DbBackend, EntityTrait,
     FromQueryResult, QueryFilter, QueryOrder, QuerySelect, Statement,
 };
+use serde_json::Value;
 use uuid::Uuid;
 
 use super::entity::{run, run_event, transcript};
@@ -25,7 +26,7 @@ use crate::page::{
 };
 use crate::runs::{
     CancelOutcome, Finalized, MAX_RUN_EVENTS_BATCH, NewRun, NewRunEvent, RunEventRecord, RunFilter,
-    RunLedger, RunOutcome, RunRecord, RunStart, RunStatus,
+    RunLedger, RunOutcome, RunRecord, RunStart, RunStatus, StartReads, StartedRun,
 };
 use crate::transcript::Direction;
 
@@ -285,6 +286,9 @@ struct Start {
     run: run::ActiveModel,
     transcript: Option<transcript::ActiveModel>,
     event: crate::EventStatusUpdate,
+    reads: StartReads,
+    /// The run's workspace and conversation: where [`StartReads::latest_cursor`] reads.
+    conversation: Option<(WorkspaceId, String)>,
 }
 
 impl Start {
@@ -293,6 +297,7 @@ impl Start {
             run,
             user_transcript,
             event,
+            reads,
         } = start;
         let Some(id) = run.id else {
             return Err(StoreError::invalid(
@@ -300,6 +305,12 @@ impl Start {
             ));
         };
         let event_id = run.event_id;
+        super::state::check_scope_keys(&reads.state_scopes)?;
+        let conversation = run
+            .conversation_id
+            .clone()
+            .filter(|_| reads.latest_cursor)
+            .map(|c| (run.workspace_id.clone(), c));
         let run = new_run_row(run)?;
         let transcript = user_transcript
             .map(super::transcript::transcript_row)
@@ -311,7 +322,26 @@ impl Start {
             run,
             transcript,
             event,
+            reads,
+            conversation,
         })
+    }
+
+    /// What this start's reads found on SQLite, on `db` (its transaction).
+    async fn sqlite_reads<C: ConnectionTrait>(
+        &self,
+        db: &C,
+    ) -> Result<(Option<String>, BTreeMap<String, BTreeMap<String, Value>>)> {
+        let cursor = match &self.conversation {
+            Some((workspace_id, conversation_id)) => {
+                super::transcript::sqlite_latest_seq(db, workspace_id, conversation_id)
+                    .await?
+                    .map(super::transcript::transcript_cursor)
+            }
+            None => None,
+        };
+        let state = super::state::scope_values(db, &self.reads.state_scopes).await?;
+        Ok((cursor, state))
     }
 }
 
@@ -327,7 +357,7 @@ static START_RUNS_SQL: std::sync::LazyLock<String> = std::sync::LazyLock::new(||
         conversation_id text, thread_id text, bot_id text, attempt bigint,
         deadline_at timestamptz, event_status text, event_reason text, event_run_id uuid,
         event_claimed_by_run_id uuid, metadata_removed text[], metadata_set jsonb,
-        transcript jsonb)
+        transcript jsonb, read_cursor boolean, state_scopes text[])
 ),
 started AS (
     INSERT INTO runs (id, workspace_id, event_id, agent_id, runner_id, pool, conversation_id,
@@ -363,7 +393,14 @@ dispatched AS (
     JOIN started s ON s.id = i.id
     WHERE e.id = i.event_id
 )
-SELECT * FROM started"#,
+SELECT s.*,
+    CASE WHEN i.read_cursor THEN (SELECT t.seq FROM transcript t
+        WHERE t.workspace_id = s.workspace_id AND t.conversation_id = s.conversation_id
+        ORDER BY t.seq DESC LIMIT 1) END AS latest_seq,
+    (SELECT jsonb_agg(jsonb_build_array(a.scope_key, a.key, a.value)) FROM agent_state a
+        WHERE a.scope_key = ANY(i.state_scopes)) AS state_rows
+FROM started s
+JOIN input i ON i.id = s.id"#,
         queued = RunStatus::Queued.as_str(),
     )
 });
@@ -390,7 +427,10 @@ const TRANSCRIPT_RECORD: &str = "t(
 /// then, only for the runs inserted, the user transcript rows `transcribed` (skipped when the
 /// id exists) and the events' routing updates `dispatched` (as
 /// [`EventLog::update_status`](crate::EventLog::update_status), metadata merged in place). It
-/// returns the inserted run rows; a start without a row wrote nothing.
+/// returns the inserted run rows, each with its [reads](RunStart::reads): `latest_seq` and
+/// `state_rows` (`[scope_key, key, value]` triples). Every part of a `WITH` sees the tables
+/// as they were before the statement, so the cursor is the one before the start's user row.
+/// A start without a row wrote nothing.
 fn start_runs_statement(starts: &[Start]) -> Result<Statement> {
     let rows = starts.iter().map(start_json).collect::<Result<Vec<_>>>()?;
     if rows.is_empty() {
@@ -401,6 +441,35 @@ fn start_runs_statement(starts: &[Start]) -> Result<Statement> {
         START_RUNS_SQL.as_str(),
         [serde_json::Value::Array(rows).into(), now().into()],
     ))
+}
+
+/// A row of [`START_RUNS_SQL`]'s answer: the run and what its reads found.
+fn postgres_started(row: &sea_orm::QueryResult) -> Result<StartedRun> {
+    let run = run_record(run::Model::from_query_result(row, "")?)?;
+    let latest_cursor = row
+        .try_get::<Option<i64>>("", "latest_seq")?
+        .map(super::transcript::transcript_cursor);
+    let mut state: BTreeMap<String, BTreeMap<String, Value>> = BTreeMap::new();
+    if let Some(Value::Array(rows)) = row.try_get::<Option<Value>>("", "state_rows")? {
+        for triple in rows {
+            let Ok([Value::String(scope_key), Value::String(key), value]) =
+                <[Value; 3]>::try_from(match triple {
+                    Value::Array(parts) => parts,
+                    _ => Vec::new(),
+                })
+            else {
+                return Err(StoreError::Corrupt(
+                    "a state row read with a run start".into(),
+                ));
+            };
+            state.entry(scope_key).or_default().insert(key, value);
+        }
+    }
+    Ok(StartedRun {
+        run,
+        latest_cursor,
+        state,
+    })
 }
 
 /// One start as a row of [`START_RUNS_SQL`]'s input: the run's values (validated by
@@ -422,6 +491,8 @@ fn start_json(start: &Start) -> Result<serde_json::Value> {
         "attempt": run.attempt.try_as_ref(),
         "deadline_at": run.deadline_at.try_as_ref(),
         "transcript": transcript,
+        "read_cursor": start.conversation.is_some(),
+        "state_scopes": start.reads.state_scopes,
     });
     if let (Some(row), serde_json::Value::Object(event)) = (row.as_object_mut(), event) {
         row.extend(event);
@@ -491,7 +562,7 @@ async fn bump_last_sequences<C: ConnectionTrait>(
 impl SqlStore {
     /// Starts `starts` in one commit (see [`RunLedger::start_runs`]); an error fails them
     /// all and writes nothing.
-    async fn start_together(&self, starts: &[Start]) -> Result<Vec<Result<Option<RunRecord>>>> {
+    async fn start_together(&self, starts: &[Start]) -> Result<Vec<Result<Option<StartedRun>>>> {
         let taken = |e: sea_orm::DbErr| {
             if is_unique_violation(&e) {
                 StoreError::Conflict(match starts {
@@ -513,13 +584,19 @@ impl SqlStore {
                 .map_err(taken)?;
             let mut started = HashMap::with_capacity(rows.len());
             for row in rows {
-                let record = run_record(run::Model::from_query_result(&row, "")?)?;
-                started.insert(record.id, record);
+                let started_run = postgres_started(&row)?;
+                started.insert(started_run.run.id, started_run);
             }
             let mut outcomes = Vec::with_capacity(starts.len());
             for start in starts {
                 outcomes.push(match started.remove(&start.id) {
-                    Some(record) => Ok(Some(record)),
+                    Some(mut started_run) => {
+                        // A scope without values has no row to name it.
+                        for scope_key in &start.reads.state_scopes {
+                            started_run.state.entry(scope_key.clone()).or_default();
+                        }
+                        Ok(Some(started_run))
+                    }
                     // Nothing written: the event has a run already, or there is no such event.
                     None => match crate::EventLog::routing(self, start.event_id).await? {
                         Some(_) => Ok(None),
@@ -548,12 +625,17 @@ impl SqlStore {
                 outcomes.push(Ok(None));
                 continue;
             };
+            let (latest_cursor, state) = start.sqlite_reads(&txn).await?;
             if let Some(row) = start.transcript.clone() {
                 insert_transcript_once(&txn, row).await?;
             }
             // `not_found` when there is no such event: dropping `txn` rolls the runs back.
             super::events::update_status_in(&txn, start.event_id, start.event.clone()).await?;
-            outcomes.push(Ok(Some(run_record(model)?)));
+            outcomes.push(Ok(Some(StartedRun {
+                run: run_record(model)?,
+                latest_cursor,
+                state,
+            })));
         }
         txn.commit().await?;
         Ok(outcomes)
@@ -590,7 +672,7 @@ impl RunLedger for SqlStore {
         Ok((run_record(existing)?, false))
     }
 
-    async fn start_run(&self, start: RunStart) -> Result<Option<RunRecord>> {
+    async fn start_run(&self, start: RunStart) -> Result<Option<StartedRun>> {
         let start = Start::new(start)?;
         self.start_together(std::slice::from_ref(&start))
             .await?
@@ -598,7 +680,7 @@ impl RunLedger for SqlStore {
             .unwrap_or_else(|| Err(StoreError::Corrupt("a run start went unanswered".into())))
     }
 
-    async fn start_runs(&self, starts: Vec<RunStart>) -> Vec<Result<Option<RunRecord>>> {
+    async fn start_runs(&self, starts: Vec<RunStart>) -> Vec<Result<Option<StartedRun>>> {
         let shared = Shared::validate("a run start", starts, Start::new);
         let started = shared.write(|starts| self.start_together(starts)).await;
         shared.answer(started)

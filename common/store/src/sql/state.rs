@@ -4,7 +4,9 @@ use std::collections::BTreeMap;
 
 use async_trait::async_trait;
 use sea_orm::sea_query::{Expr, ExprTrait as _, Func, OnConflict};
-use sea_orm::{ColumnTrait, EntityTrait, QueryFilter, QueryOrder, QuerySelect, Set};
+use sea_orm::{
+    ColumnTrait, ConnectionTrait, EntityTrait, QueryFilter, QueryOrder, QuerySelect, Set,
+};
 use serde_json::Value;
 
 use super::entity::{agent_state, storage};
@@ -230,27 +232,8 @@ impl StateStore for SqlStore {
         &self,
         scope_keys: &[String],
     ) -> Result<BTreeMap<String, BTreeMap<String, Value>>> {
-        let mut out: BTreeMap<String, BTreeMap<String, Value>> = BTreeMap::new();
-        for scope_key in scope_keys {
-            check_required("scope_key", scope_key, MAX_SCOPE_KEY_CHARS)?;
-            out.insert(scope_key.clone(), BTreeMap::new());
-        }
-        if scope_keys.is_empty() {
-            return Ok(out);
-        }
-        let rows: Vec<(String, String, Value)> = agent_state::Entity::find()
-            .select_only()
-            .column(agent_state::Column::ScopeKey)
-            .column(agent_state::Column::Key)
-            .column(agent_state::Column::Value)
-            .filter(agent_state::Column::ScopeKey.is_in(scope_keys.iter().cloned()))
-            .into_tuple()
-            .all(&self.db)
-            .await?;
-        for (scope_key, key, value) in rows {
-            out.entry(scope_key).or_default().insert(key, value);
-        }
-        Ok(out)
+        check_scope_keys(scope_keys)?;
+        scope_values(&self.db, scope_keys).await
     }
 }
 
@@ -322,4 +305,39 @@ impl BlobStorage for SqlStore {
             .all(&self.db)
             .await?)
     }
+}
+
+/// Checks scope keys as [`StateStore::snapshots`] takes them.
+pub(super) fn check_scope_keys(scope_keys: &[String]) -> Result<()> {
+    scope_keys
+        .iter()
+        .try_for_each(|scope_key| check_required("scope_key", scope_key, MAX_SCOPE_KEY_CHARS))
+}
+
+/// Every value of each of `scope_keys` (checked), on `db` (a run start reads them in its
+/// transaction); a scope without values is present and empty.
+pub(super) async fn scope_values<C: ConnectionTrait>(
+    db: &C,
+    scope_keys: &[String],
+) -> Result<BTreeMap<String, BTreeMap<String, Value>>> {
+    let mut out: BTreeMap<String, BTreeMap<String, Value>> = scope_keys
+        .iter()
+        .map(|scope_key| (scope_key.clone(), BTreeMap::new()))
+        .collect();
+    if scope_keys.is_empty() {
+        return Ok(out);
+    }
+    let rows: Vec<(String, String, Value)> = agent_state::Entity::find()
+        .select_only()
+        .column(agent_state::Column::ScopeKey)
+        .column(agent_state::Column::Key)
+        .column(agent_state::Column::Value)
+        .filter(agent_state::Column::ScopeKey.is_in(scope_keys.iter().cloned()))
+        .into_tuple()
+        .all(db)
+        .await?;
+    for (scope_key, key, value) in rows {
+        out.entry(scope_key).or_default().insert(key, value);
+    }
+    Ok(out)
 }

@@ -115,9 +115,33 @@ pub(super) fn transcript_row(item: NewTranscriptItem) -> Result<(String, transcr
 /// The latest transcript `seq` of a conversation on Postgres ([`Transcript::latest_cursor`]).
 const LATEST_SEQ_SQL: &str = r#"SELECT "seq" FROM "transcript" WHERE "workspace_id" = $1 AND "conversation_id" = $2 ORDER BY "seq" DESC LIMIT 1"#;
 
-/// The latest transcript `seq` of each conversation of a `jsonb` list of `{ord, ws, conv}` on
-/// Postgres ([`Transcript::latest_cursors`]): [`LATEST_SEQ_SQL`]'s seek once per conversation.
-const LATEST_SEQS_SQL: &str = r#"SELECT k.ord, (SELECT t."seq" FROM "transcript" t WHERE t."workspace_id" = k.ws AND t."conversation_id" = k.conv ORDER BY t."seq" DESC LIMIT 1) AS seq FROM jsonb_to_recordset($1::jsonb) AS k(ord int, ws text, conv text)"#;
+/// The conversation's latest `seq` on SQLite, on `db` (a run start reads it in its
+/// transaction).
+///
+/// `max` rather than `ORDER BY seq DESC LIMIT 1`: SQLite seeks the index for it, without the
+/// bound `LIMIT` that makes it re-prepare the statement on every call (see the `sql` module
+/// docs).
+pub(super) async fn sqlite_latest_seq<C: ConnectionTrait>(
+    db: &C,
+    workspace_id: &WorkspaceId,
+    conversation_id: &str,
+) -> Result<Option<i64>> {
+    Ok(transcript::Entity::find()
+        .select_only()
+        .column_as(transcript::Column::Seq.max(), "seq")
+        .filter(transcript::Column::WorkspaceId.eq(workspace_id.as_str()))
+        .filter(transcript::Column::ConversationId.eq(conversation_id))
+        .into_tuple::<Option<i64>>()
+        .all(db)
+        .await?
+        .unique_row()
+        .flatten())
+}
+
+/// The transcript cursor of a row's `seq`.
+pub(super) fn transcript_cursor(seq: i64) -> String {
+    encode_seq(CursorKind::Transcript, seq)
+}
 
 #[async_trait]
 impl Transcript for SqlStore {
@@ -192,63 +216,9 @@ impl Transcript for SqlStore {
                 .map(|row| row.try_get::<i64>("", "seq"))
                 .transpose()?
         } else {
-            // `max` rather than `ORDER BY seq DESC LIMIT 1`: SQLite seeks the index for it,
-            // without the bound `LIMIT` that makes it re-prepare the statement on every call
-            // (see the `sql` module docs).
-            transcript::Entity::find()
-                .select_only()
-                .column_as(transcript::Column::Seq.max(), "seq")
-                .filter(transcript::Column::WorkspaceId.eq(workspace_id.as_str()))
-                .filter(transcript::Column::ConversationId.eq(conversation_id))
-                .into_tuple::<Option<i64>>()
-                .all(&self.db)
-                .await?
-                .unique_row()
-                .flatten()
+            sqlite_latest_seq(&self.db, workspace_id, conversation_id).await?
         };
-        Ok(seq.map(|s| encode_seq(CursorKind::Transcript, s)))
-    }
-
-    async fn latest_cursors(
-        &self,
-        conversations: &[(WorkspaceId, String)],
-    ) -> Result<Vec<Option<String>>> {
-        if self.backend() != DbBackend::Postgres || conversations.len() < 2 {
-            // SQLite reads one conversation per statement anyway (the same cost, in process).
-            let mut cursors = Vec::with_capacity(conversations.len());
-            for (workspace_id, conversation_id) in conversations {
-                cursors.push(self.latest_cursor(workspace_id, conversation_id).await?);
-            }
-            return Ok(cursors);
-        }
-        for (_, conversation_id) in conversations {
-            check_len("conversation_id", conversation_id, ID_LEN)?;
-        }
-        let keys: Vec<serde_json::Value> = conversations
-            .iter()
-            .enumerate()
-            .map(|(ord, (workspace_id, conversation_id))| {
-                serde_json::json!({"ord": ord, "ws": workspace_id.as_str(), "conv": conversation_id})
-            })
-            .collect();
-        let rows = self
-            .db
-            .query_all_raw(sea_orm::Statement::from_sql_and_values(
-                DbBackend::Postgres,
-                LATEST_SEQS_SQL,
-                [serde_json::Value::Array(keys).into()],
-            ))
-            .await?;
-        let mut cursors = vec![None; conversations.len()];
-        for row in rows {
-            let ord = usize::try_from(row.try_get::<i32>("", "ord")?).unwrap_or(usize::MAX);
-            if let (Some(slot), Some(seq)) =
-                (cursors.get_mut(ord), row.try_get::<Option<i64>>("", "seq")?)
-            {
-                *slot = Some(encode_seq(CursorKind::Transcript, seq));
-            }
-        }
-        Ok(cursors)
+        Ok(seq.map(transcript_cursor))
     }
 
     async fn search(&self, search: TranscriptSearch) -> Result<Vec<TranscriptRecord>> {

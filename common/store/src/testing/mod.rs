@@ -163,6 +163,7 @@ macro_rules! store_suite {
             run_create_is_idempotent_on_event,
             run_start_writes_the_run_the_user_row_and_the_dispatch_at_once,
             run_starts_of_many_events_fail_alone,
+            run_start_reads_the_cursor_before_its_user_row_and_the_state,
             run_claim_race_has_exactly_one_winner,
             run_claims_of_many_runs_at_once,
             run_terminal_states_are_final,

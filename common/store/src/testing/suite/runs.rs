@@ -58,6 +58,7 @@ fn run_start(event_id: EventId, id: RunId, text: &str) -> RunStart {
             claimed_by_run_id: None,
             metadata_merge: None,
         },
+        reads: StartReads::default(),
     }
 }
 
@@ -86,7 +87,14 @@ pub async fn run_start_writes_the_run_the_user_row_and_the_dispatch_at_once(db: 
     };
 
     let id = RunId::new();
-    let run = db.stores.runs.start_run(start(id)).await.unwrap().unwrap();
+    let run = db
+        .stores
+        .runs
+        .start_run(start(id))
+        .await
+        .unwrap()
+        .unwrap()
+        .run;
     assert_eq!((run.id, run.event_id), (id, event.id));
     assert_eq!(run.status, RunStatus::Queued);
     assert_eq!(db.stores.runs.get_run(id).await.unwrap().unwrap(), run);
@@ -152,6 +160,101 @@ pub async fn run_start_writes_the_run_the_user_row_and_the_dispatch_at_once(db: 
     );
 }
 
+/// A start's reads see the ledger before its writes: the conversation's latest transcript
+/// cursor before the event's user row, and every value of each scope asked for (a scope
+/// without values is there, empty); nothing is read that was not asked for.
+pub async fn run_start_reads_the_cursor_before_its_user_row_and_the_state(db: &TestDb) {
+    let (earlier, _) = db
+        .stores
+        .events
+        .append(message("c1", "earlier"), Vec::new())
+        .await
+        .unwrap();
+    let row = NewTranscriptItem::message(ws(), "c1", earlier.id.to_string(), "user", "earlier");
+    db.stores.transcript.append(row).await.unwrap();
+    let before = db
+        .stores
+        .transcript
+        .latest_cursor(&ws(), "c1")
+        .await
+        .unwrap();
+    assert!(before.is_some());
+    for (key, value) in [("a", json!(1)), ("b", json!({"x": [true]}))] {
+        db.stores
+            .state
+            .set(StateWrite {
+                scope_key: "conversation:v2:s1".into(),
+                scope: "conversation".into(),
+                key: key.into(),
+                value,
+                if_revision: None,
+            })
+            .await
+            .unwrap();
+    }
+
+    let mut events = Vec::new();
+    for text in ["one", "two"] {
+        let (event, _) = db
+            .stores
+            .events
+            .append(message("c1", text), Vec::new())
+            .await
+            .unwrap();
+        events.push(event);
+    }
+    let mut reading = run_start(events[0].id, RunId::new(), "one");
+    reading.reads = StartReads {
+        latest_cursor: true,
+        state_scopes: vec!["conversation:v2:s1".into(), "actor:v2:none".into()],
+    };
+    let silent = run_start(events[1].id, RunId::new(), "two");
+    let mut answers = db.stores.runs.start_runs(vec![reading, silent]).await;
+    let silent = answers.pop().unwrap().unwrap().unwrap();
+    let reading = answers.pop().unwrap().unwrap().unwrap();
+
+    assert_eq!(reading.latest_cursor, before);
+    assert_eq!(
+        reading.state,
+        std::collections::BTreeMap::from([
+            ("actor:v2:none".to_owned(), Default::default()),
+            (
+                "conversation:v2:s1".to_owned(),
+                std::collections::BTreeMap::from([
+                    ("a".to_owned(), json!(1)),
+                    ("b".to_owned(), json!({"x": [true]})),
+                ]),
+            ),
+        ])
+    );
+    assert_eq!((silent.latest_cursor, silent.state.len()), (None, 0));
+    // The user rows were written after the reads.
+    let after = db
+        .stores
+        .transcript
+        .latest_cursor(&ws(), "c1")
+        .await
+        .unwrap();
+    assert_ne!(after, before);
+    assert_eq!(transcript_rows(db, "c1").await.len(), 3);
+
+    // A scope key the state store refuses is refused here too, and nothing is written.
+    let (bad, _) = db
+        .stores
+        .events
+        .append(message("c1", "bad"), Vec::new())
+        .await
+        .unwrap();
+    let mut refused = run_start(bad.id, RunId::new(), "bad");
+    refused.reads.state_scopes = vec![String::new()];
+    let refused_id = refused.run.id.unwrap();
+    assert_code(
+        db.stores.runs.start_run(refused).await,
+        ErrorCode::InvalidArgument,
+    );
+    assert!(db.stores.runs.get_run(refused_id).await.unwrap().is_none());
+}
+
 /// `start_runs` starts the runs of several events in one call, each answered as `start_run`
 /// would answer it alone: a start that fails (a run id another start of the batch takes, a
 /// missing event, a run without an id) fails alone, the others are written.
@@ -177,7 +280,7 @@ pub async fn run_starts_of_many_events_fail_alone(db: &TestDb) {
         .await;
     let ids: Vec<_> = started
         .into_iter()
-        .map(|s| s.unwrap().map(|run| run.id))
+        .map(|s| s.unwrap().map(|started| started.run.id))
         .collect();
     assert_eq!(ids, [Some(a), Some(b)]);
     assert_eq!(transcript_rows(db, "c1").await.len(), 2);
@@ -206,7 +309,14 @@ pub async fn run_starts_of_many_events_fail_alone(db: &TestDb) {
     assert_code(answers.next().unwrap(), ErrorCode::Conflict);
     assert_code(answers.next().unwrap(), ErrorCode::NotFound);
     assert_code(answers.next().unwrap(), ErrorCode::InvalidArgument);
-    assert_eq!(answers.next().unwrap().unwrap().map(|run| run.id), Some(c));
+    assert_eq!(
+        answers
+            .next()
+            .unwrap()
+            .unwrap()
+            .map(|started| started.run.id),
+        Some(c)
+    );
     assert!(answers.next().is_none());
     assert!(db.stores.runs.get_run(orphan_id).await.unwrap().is_none());
     for (event, run) in events.iter().zip([a, b, c]) {

@@ -144,30 +144,6 @@ pub async fn transcript_pages_in_both_directions(db: &TestDb) {
             .unwrap(),
         None
     );
-    // Many conversations at once, by position (one read on Postgres).
-    let keys = [
-        (ws(), "none".to_owned()),
-        (ws(), "c1".to_owned()),
-        (other_ws(), "c1".to_owned()),
-        (ws(), "c1".to_owned()),
-    ];
-    assert_eq!(
-        db.stores.transcript.latest_cursors(&keys).await.unwrap(),
-        [
-            None,
-            Some(seqs[4].cursor.clone()),
-            None,
-            Some(seqs[4].cursor.clone())
-        ]
-    );
-    assert!(
-        db.stores
-            .transcript
-            .latest_cursors(&[])
-            .await
-            .unwrap()
-            .is_empty()
-    );
     assert!(
         db.stores
             .transcript
