@@ -447,7 +447,7 @@ impl SqlStore {
         let statement = Statement::from_sql_and_values(
             DbBackend::Postgres,
             APPEND_EVENTS_SQL,
-            [Value::Array(events).into(), Value::Array(messages).into()],
+            [super::jsonb_rows(&events)?, super::jsonb_rows(&messages)?],
         );
         let rows = self
             .writer()

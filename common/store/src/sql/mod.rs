@@ -356,6 +356,16 @@ fn validate_schema_name(schema: &str) -> Result<()> {
     }
 }
 
+/// The rows of a Postgres statement's `jsonb_to_recordset($n::jsonb)` input as one text
+/// parameter (cast to `jsonb` by the statement): the driver clones every parameter before it
+/// encodes it, so a `jsonb` parameter would copy the whole tree of the batch, item data and
+/// envelopes included, only to serialize and drop it; a text is copied in one piece.
+pub(crate) fn jsonb_rows<T: serde::Serialize>(rows: &[T]) -> Result<sea_orm::Value> {
+    let text = serde_json::to_string(rows)
+        .map_err(|e| StoreError::invalid(format!("rows not serializable as JSON: {e}")))?;
+    Ok(text.into())
+}
+
 /// Now, truncated to microseconds: the precision both backends store, so a value written
 /// and read back compares equal.
 pub(crate) fn now() -> DateTime<Utc> {

@@ -439,7 +439,7 @@ fn start_runs_statement(starts: &[Start]) -> Result<Statement> {
     Ok(Statement::from_sql_and_values(
         DbBackend::Postgres,
         START_RUNS_SQL.as_str(),
-        [serde_json::Value::Array(rows).into(), now().into()],
+        [super::jsonb_rows(&rows)?, now().into()],
     ))
 }
 
@@ -1186,29 +1186,43 @@ SELECT run_id, sequence FROM ins"#
 /// transaction's statements did at `READ COMMITTED`; a run row is updated once (Postgres
 /// applies only one update per row and statement), by `upd`.
 fn insert_events_statement(events: &[NewRunEvent], now: DateTime<Utc>) -> Result<Statement> {
-    let rows: Vec<serde_json::Value> = events
+    let rows = events
         .iter()
         .map(|event| {
             let outcome = event.ends_run.as_ref();
-            let transcript = event.transcript.clone().map(transcript_json).transpose()?;
-            Ok(serde_json::json!({
-                "run_id": event.run_id.into_uuid(),
-                "sequence": event.sequence,
-                "result_type": event.result_type,
-                "data": event.data,
-                "status": outcome.map(|o| o.status.as_str()),
-                "error_code": outcome.and_then(|o| o.error_code.as_deref()),
-                "error_message": outcome.and_then(|o| o.error_message.as_deref()),
-                "usage": outcome.and_then(|o| o.usage.as_ref()),
-                "transcript": transcript,
-            }))
+            Ok(EventRow {
+                run_id: event.run_id.into_uuid(),
+                sequence: event.sequence,
+                result_type: &event.result_type,
+                data: &event.data,
+                status: outcome.map(|o| o.status.as_str()),
+                error_code: outcome.and_then(|o| o.error_code.as_deref()),
+                error_message: outcome.and_then(|o| o.error_message.as_deref()),
+                usage: outcome.and_then(|o| o.usage.as_ref()),
+                transcript: event.transcript.clone().map(transcript_json).transpose()?,
+            })
         })
-        .collect::<Result<_>>()?;
+        .collect::<Result<Vec<_>>>()?;
     Ok(Statement::from_sql_and_values(
         DbBackend::Postgres,
         INSERT_EVENTS_SQL.as_str(),
-        [serde_json::Value::Array(rows).into(), now.into()],
+        [super::jsonb_rows(&rows)?, now.into()],
     ))
+}
+
+/// A row of [`INSERT_EVENTS_SQL`]'s input, borrowing the item (its data is serialized once,
+/// straight into the parameter).
+#[derive(serde::Serialize)]
+struct EventRow<'a> {
+    run_id: Uuid,
+    sequence: i64,
+    result_type: &'a str,
+    data: &'a Value,
+    status: Option<&'a str>,
+    error_code: Option<&'a str>,
+    error_message: Option<&'a str>,
+    usage: Option<&'a Value>,
+    transcript: Option<Value>,
 }
 
 /// A transcript row as the `transcript` object of an [`insert_events_statement`] row: the
