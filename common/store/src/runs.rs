@@ -278,8 +278,9 @@ pub struct RunStart {
     pub user_transcript: Option<crate::NewTranscriptItem>,
     /// The event's new routing state (`dispatched`, with this run's id).
     pub event: crate::EventStatusUpdate,
-    /// What the run's context needs from the ledger, read in the same statement (Postgres)
-    /// or transaction (SQLite) as the writes, so routing a run reads nothing on its own.
+    /// What the run's context needs from the ledger, read with the writes (Postgres: in the
+    /// same statement; SQLite: on the readers just before the write transaction, so the one
+    /// writer holds only writes), so routing a run reads nothing on its own.
     pub reads: StartReads,
 }
 

@@ -327,7 +327,7 @@ impl Start {
         })
     }
 
-    /// What this start's reads found on SQLite, on `db` (its transaction).
+    /// What this start's reads find on SQLite, on `db`.
     async fn sqlite_reads<C: ConnectionTrait>(
         &self,
         db: &C,
@@ -606,6 +606,13 @@ impl SqlStore {
             }
             return Ok(outcomes);
         }
+        // The reads first, on the readers: the one writer is what every write of the host
+        // waits for, so it holds nothing but the writes (WAL: the readers see the last
+        // commit, which is what the start's own statements would have seen).
+        let mut reads = Vec::with_capacity(starts.len());
+        for start in starts {
+            reads.push(start.sqlite_reads(&self.db).await?);
+        }
         let txn = self.write_txn().await?;
         // Every run in one multi-row insert (each SQLite statement is a hand-over to the
         // connection's thread and back): an event that has a run already skips its row; a
@@ -620,12 +627,11 @@ impl SqlStore {
                 .map(|model| (model.id, model))
                 .collect();
         let mut outcomes = Vec::with_capacity(starts.len());
-        for start in starts {
+        for (start, (latest_cursor, state)) in starts.iter().zip(reads) {
             let Some(model) = inserted.remove(&start.id.into_uuid()) else {
                 outcomes.push(Ok(None));
                 continue;
             };
-            let (latest_cursor, state) = start.sqlite_reads(&txn).await?;
             if let Some(row) = start.transcript.clone() {
                 insert_transcript_once(&txn, row).await?;
             }

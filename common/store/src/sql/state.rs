@@ -314,8 +314,8 @@ pub(super) fn check_scope_keys(scope_keys: &[String]) -> Result<()> {
         .try_for_each(|scope_key| check_required("scope_key", scope_key, MAX_SCOPE_KEY_CHARS))
 }
 
-/// Every value of each of `scope_keys` (checked), on `db` (a run start reads them in its
-/// transaction); a scope without values is present and empty.
+/// Every value of each of `scope_keys` (checked), on `db` (also read by a run start); a
+/// scope without values is present and empty.
 pub(super) async fn scope_values<C: ConnectionTrait>(
     db: &C,
     scope_keys: &[String],

@@ -115,8 +115,7 @@ pub(super) fn transcript_row(item: NewTranscriptItem) -> Result<(String, transcr
 /// The latest transcript `seq` of a conversation on Postgres ([`Transcript::latest_cursor`]).
 const LATEST_SEQ_SQL: &str = r#"SELECT "seq" FROM "transcript" WHERE "workspace_id" = $1 AND "conversation_id" = $2 ORDER BY "seq" DESC LIMIT 1"#;
 
-/// The conversation's latest `seq` on SQLite, on `db` (a run start reads it in its
-/// transaction).
+/// The conversation's latest `seq` on SQLite, on `db` (also read by a run start).
 ///
 /// `max` rather than `ORDER BY seq DESC LIMIT 1`: SQLite seeks the index for it, without the
 /// bound `LIMIT` that makes it re-prepare the statement on every call (see the `sql` module
