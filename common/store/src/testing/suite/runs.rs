@@ -41,6 +41,26 @@ pub async fn run_create_is_idempotent_on_event(db: &TestDb) {
     assert_code(db.stores.runs.create_run(clash).await, ErrorCode::Conflict);
 }
 
+/// A stored message event of conversation `c1`.
+async fn appended(db: &TestDb, text: &str) -> EventRecord {
+    let (event, _) = db
+        .stores
+        .events
+        .append(message("c1", text), Vec::new())
+        .await
+        .unwrap();
+    event
+}
+
+/// The latest transcript cursor of conversation `c1`.
+async fn c1_cursor(db: &TestDb) -> Option<String> {
+    db.stores
+        .transcript
+        .latest_cursor(&ws(), "c1")
+        .await
+        .unwrap()
+}
+
 /// The start of run `id` for event `event_id` of conversation `c1` with its user row `text`.
 fn run_start(event_id: EventId, id: RunId, text: &str) -> RunStart {
     let mut run = new_run(Some("c1"));
@@ -65,12 +85,7 @@ fn run_start(event_id: EventId, id: RunId, text: &str) -> RunStart {
 /// `start_run` writes the run, the user transcript row and the event's dispatch in one
 /// commit; for an event that has a run already, or that does not exist, it writes nothing.
 pub async fn run_start_writes_the_run_the_user_row_and_the_dispatch_at_once(db: &TestDb) {
-    let (event, _) = db
-        .stores
-        .events
-        .append(message("c1", "hello"), Vec::new())
-        .await
-        .unwrap();
+    let event = appended(db, "hello").await;
     // Metadata and a reason the start's update must merge with and keep.
     let mut earlier = EventStatusUpdate::status(EventStatus::Received);
     earlier.reason = Some("queued behind another".into());
@@ -131,12 +146,7 @@ pub async fn run_start_writes_the_run_the_user_row_and_the_dispatch_at_once(db: 
     assert!(db.stores.runs.get_run(orphan_id).await.unwrap().is_none());
 
     // The run id of another event is a conflict; a run without an id is refused.
-    let (other, _) = db
-        .stores
-        .events
-        .append(message("c1", "again"), Vec::new())
-        .await
-        .unwrap();
+    let other = appended(db, "again").await;
     let mut clash = start(id);
     clash.run.event_id = other.id;
     clash.user_transcript = None;
@@ -164,20 +174,10 @@ pub async fn run_start_writes_the_run_the_user_row_and_the_dispatch_at_once(db: 
 /// cursor before the event's user row, and every value of each scope asked for (a scope
 /// without values is there, empty); nothing is read that was not asked for.
 pub async fn run_start_reads_the_cursor_before_its_user_row_and_the_state(db: &TestDb) {
-    let (earlier, _) = db
-        .stores
-        .events
-        .append(message("c1", "earlier"), Vec::new())
-        .await
-        .unwrap();
+    let earlier = appended(db, "earlier").await;
     let row = NewTranscriptItem::message(ws(), "c1", earlier.id.to_string(), "user", "earlier");
     db.stores.transcript.append(row).await.unwrap();
-    let before = db
-        .stores
-        .transcript
-        .latest_cursor(&ws(), "c1")
-        .await
-        .unwrap();
+    let before = c1_cursor(db).await;
     assert!(before.is_some());
     for (key, value) in [("a", json!(1)), ("b", json!({"x": [true]}))] {
         db.stores
@@ -193,16 +193,7 @@ pub async fn run_start_reads_the_cursor_before_its_user_row_and_the_state(db: &T
             .unwrap();
     }
 
-    let mut events = Vec::new();
-    for text in ["one", "two"] {
-        let (event, _) = db
-            .stores
-            .events
-            .append(message("c1", text), Vec::new())
-            .await
-            .unwrap();
-        events.push(event);
-    }
+    let events = [appended(db, "one").await, appended(db, "two").await];
     let mut reading = run_start(events[0].id, RunId::new(), "one");
     reading.reads = StartReads {
         latest_cursor: true,
@@ -229,22 +220,12 @@ pub async fn run_start_reads_the_cursor_before_its_user_row_and_the_state(db: &T
     );
     assert_eq!((silent.latest_cursor, silent.state.len()), (None, 0));
     // The user rows were written after the reads.
-    let after = db
-        .stores
-        .transcript
-        .latest_cursor(&ws(), "c1")
-        .await
-        .unwrap();
+    let after = c1_cursor(db).await;
     assert_ne!(after, before);
     assert_eq!(transcript_rows(db, "c1").await.len(), 3);
 
     // A scope key the state store refuses is refused here too, and nothing is written.
-    let (bad, _) = db
-        .stores
-        .events
-        .append(message("c1", "bad"), Vec::new())
-        .await
-        .unwrap();
+    let bad = appended(db, "bad").await;
     let mut refused = run_start(bad.id, RunId::new(), "bad");
     refused.reads.state_scopes = vec![String::new()];
     let refused_id = refused.run.id.unwrap();
@@ -261,13 +242,7 @@ pub async fn run_start_reads_the_cursor_before_its_user_row_and_the_state(db: &T
 pub async fn run_starts_of_many_events_fail_alone(db: &TestDb) {
     let mut events = Vec::new();
     for text in ["one", "two", "three", "four"] {
-        let (event, _) = db
-            .stores
-            .events
-            .append(message("c1", text), Vec::new())
-            .await
-            .unwrap();
-        events.push(event);
+        events.push(appended(db, text).await);
     }
     let start = |event: &EventRecord, id: RunId| run_start(event.id, id, "hi");
 
