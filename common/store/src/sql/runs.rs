@@ -627,14 +627,13 @@ impl SqlStore {
                 .map(|model| (model.id, model))
                 .collect();
         let mut outcomes = Vec::with_capacity(starts.len());
+        let mut user_rows = Vec::new();
         for (start, (latest_cursor, state)) in starts.iter().zip(reads) {
             let Some(model) = inserted.remove(&start.id.into_uuid()) else {
                 outcomes.push(Ok(None));
                 continue;
             };
-            if let Some(row) = start.transcript.clone() {
-                insert_transcript_once(&txn, row).await?;
-            }
+            user_rows.extend(start.transcript.clone());
             // `not_found` when there is no such event: dropping `txn` rolls the runs back.
             super::events::update_status_in(&txn, start.event_id, start.event.clone()).await?;
             outcomes.push(Ok(Some(StartedRun {
@@ -642,6 +641,14 @@ impl SqlStore {
                 latest_cursor,
                 state,
             })));
+        }
+        // The started runs' user rows in one insert too, in start order (a row whose id
+        // exists is skipped).
+        if !user_rows.is_empty() {
+            transcript::Entity::insert_many(user_rows)
+                .on_conflict(OnConflict::new().do_nothing().to_owned())
+                .exec_without_returning(&txn)
+                .await?;
         }
         txn.commit().await?;
         Ok(outcomes)

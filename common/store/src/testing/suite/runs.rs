@@ -224,6 +224,20 @@ pub async fn run_start_reads_the_cursor_before_its_user_row_and_the_state(db: &T
     assert_ne!(after, before);
     assert_eq!(transcript_rows(db, "c1").await.len(), 3);
 
+    // A start whose user row exists already (an earlier attempt wrote it) keeps that row.
+    let again = appended(db, "again").await;
+    let mut row = NewTranscriptItem::message(ws(), "c1", again.id.to_string(), "user", "again");
+    row.id = Some(format!("{}:user", again.id));
+    db.stores.transcript.append(row).await.unwrap();
+    let started = db
+        .stores
+        .runs
+        .start_run(run_start(again.id, RunId::new(), "again"))
+        .await
+        .unwrap();
+    assert!(started.is_some());
+    assert_eq!(transcript_rows(db, "c1").await.len(), 4);
+
     // A scope key the state store refuses is refused here too, and nothing is written.
     let bad = appended(db, "bad").await;
     let mut refused = run_start(bad.id, RunId::new(), "bad");
