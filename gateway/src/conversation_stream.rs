@@ -206,20 +206,24 @@ impl Positions {
     /// The decision for a run found in the store, created at `created_ms`, that has ended
     /// at sequence `ended_at` (`None`: still active): a known run keeps its position; an
     /// unknown one created before the floor was finished; otherwise it is streamed from its
-    /// start, unless `skip_finished` (a fresh stream leaves out what ended before it began)
-    /// and it has ended.
+    /// start, unless it has ended and was created before `skip_finished_before` (a fresh
+    /// stream, opened then, leaves out what ended before it began). A run created after the
+    /// stream was asked for is streamed whole even if it ended before the first listing: its
+    /// items can all arrive between the response's headers and the live binding.
     #[must_use]
     pub fn admit(
         &self,
         run_id: RunId,
         created_ms: i64,
         ended_at: Option<u64>,
-        skip_finished: bool,
+        skip_finished_before: Option<i64>,
     ) -> Admit {
         match (self.runs.get(&run_id), ended_at) {
             (Some(known), _) => Admit::After(known.last),
             (None, ended) if created_ms < self.start_ms => Admit::Finished(ended.unwrap_or(0)),
-            (None, Some(last)) if skip_finished => Admit::Finished(last),
+            (None, Some(last)) if skip_finished_before.is_some_and(|t| created_ms < t) => {
+                Admit::Finished(last)
+            }
             (None, _) => Admit::After(0),
         }
     }
@@ -382,7 +386,7 @@ impl ConversationPump<'_> {
                 ))
             })?;
         // 2. Then the ledger of the runs the start covers.
-        let skip_finished = match &start {
+        let skip_finished_before = match &start {
             StreamStart::Now(now_ms) => {
                 let active = self
                     .ctx
@@ -397,18 +401,18 @@ impl ConversationPump<'_> {
                     .unwrap_or(*now_ms)
                     .min(*now_ms);
                 self.positions = Positions::new(start_ms);
-                true
+                Some(*now_ms)
             }
             StreamStart::Since(ms) => {
                 self.positions = Positions::new(*ms);
-                false
+                None
             }
             StreamStart::Resume(cursor) => {
                 self.positions = Positions::resume(cursor);
-                false
+                None
             }
         };
-        self.discover(skip_finished).await?;
+        self.discover(skip_finished_before).await?;
         self.catch_up_open(true).await?;
         // 3. Then live items, with the ledger as gap filler and safety net.
         let mut live = true;
@@ -447,13 +451,13 @@ impl ConversationPump<'_> {
                     }
                     Err(broadcast::error::RecvError::Lagged(skipped)) => {
                         tracing::debug!(skipped, "conversation stream lagged; reading the ledger");
-                        self.discover(false).await?;
+                        self.discover(None).await?;
                         self.catch_up_open(false).await?;
                     }
                     Err(broadcast::error::RecvError::Closed) => live = false,
                 },
                 () = poll => {
-                    self.discover(false).await?;
+                    self.discover(None).await?;
                     self.catch_up_open(true).await?;
                 }
             }
@@ -468,7 +472,7 @@ impl ConversationPump<'_> {
 
     /// Lists the conversation's runs created at or after the floor and admits the ones not
     /// known yet.
-    async fn discover(&mut self, skip_finished: bool) -> Result<(), Stop> {
+    async fn discover(&mut self, skip_finished_before: Option<i64>) -> Result<(), Stop> {
         let floor = self.positions.since_ms().min(self.positions.start_ms);
         let mut cursor = None;
         let mut found: Vec<RunRecord> = Vec::new();
@@ -503,7 +507,7 @@ impl ConversationPump<'_> {
                 .then(|| u64::try_from(run.last_sequence).unwrap_or(0));
             let admit = self
                 .positions
-                .admit(run.id, created_ms, ended_at, skip_finished);
+                .admit(run.id, created_ms, ended_at, skip_finished_before);
             self.positions.track(run.id, created_ms, admit);
         }
         Ok(())
@@ -673,23 +677,30 @@ mod tests {
             runs: vec![(open, 3), (done_listed, 9)],
         };
         let p = Positions::resume(&cursor);
-        assert_eq!(p.admit(open, 200, None, false), Admit::After(3));
-        assert_eq!(p.admit(done_listed, 250, Some(9), false), Admit::After(9));
+        assert_eq!(p.admit(open, 200, None, None), Admit::After(3));
+        assert_eq!(p.admit(done_listed, 250, Some(9), None), Admit::After(9));
         assert_eq!(
-            p.admit(old, 150, Some(4), false),
+            p.admit(old, 150, Some(4), None),
             Admit::Finished(4),
             "unlisted and before the floor: finished"
         );
-        assert_eq!(p.admit(new, 260, None, false), Admit::After(0));
+        assert_eq!(p.admit(new, 260, None, None), Admit::After(0));
         assert_eq!(
-            p.admit(new, 260, Some(2), false),
+            p.admit(new, 260, Some(2), None),
             Admit::After(0),
             "a resume streams a run it never saw, even if it ended meanwhile"
         );
-        // A fresh stream leaves out what ended before it started, and so does its cursor.
+        // A fresh stream (asked for at 300) leaves out what ended before it started, and so
+        // does its cursor; a run created since is streamed whole even when it has ended by
+        // the first listing.
         let mut fresh = Positions::new(200);
-        assert_eq!(fresh.admit(new, 260, Some(2), true), Admit::Finished(2));
-        assert_eq!(fresh.admit(open, 270, None, true), Admit::After(0));
+        assert_eq!(
+            fresh.admit(new, 260, Some(2), Some(300)),
+            Admit::Finished(2)
+        );
+        assert_eq!(fresh.admit(open, 270, None, Some(300)), Admit::After(0));
+        let quick = RunId::new();
+        assert_eq!(fresh.admit(quick, 300, Some(5), Some(300)), Admit::After(0));
         fresh.track(new, 260, Admit::Finished(2));
         fresh.track(open, 270, Admit::After(0));
         let cursor = fresh.cursor();
@@ -699,7 +710,7 @@ mod tests {
         fresh.track(open, 270, Admit::After(0));
         let resumed = Positions::resume(&fresh.cursor());
         assert_eq!(
-            resumed.admit(new, 280, Some(2), false),
+            resumed.admit(new, 280, Some(2), None),
             Admit::After(2),
             "listed at its end: nothing is streamed again"
         );
@@ -716,7 +727,7 @@ mod tests {
         let cursor = p.cursor();
         let mut resumed = Positions::resume(&cursor.to_string().parse().unwrap());
         for (id, created) in [(a, 10), (b, 20)] {
-            let admit = resumed.admit(id, created, None, false);
+            let admit = resumed.admit(id, created, None, None);
             resumed.track(id, created, admit);
         }
         assert_eq!(resumed.last(a), 2);
