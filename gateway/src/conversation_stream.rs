@@ -35,8 +35,9 @@
 //!    ([`LiveHub::watch_conversation`]: the binding is on the broker when it returns);
 //! 2. list the conversation's runs created at or after `since` and, for each, read the
 //!    ledger after its position and send it;
-//! 3. then for each live item: a run not known yet is added (its ledger is read from the
-//!    start); an item at or below the run's position is dropped, the next one is sent, one
+//! 3. then for each live item: a run not known yet makes the runs be listed again, so every
+//!    run created before it is known too (the cursor's `since` counts known runs only), and
+//!    is added (its ledger is read from the start); an item at or below the run's position is dropped, the next one is sent, one
 //!    further ahead makes the run's ledger be read again (it has the missing items, since
 //!    items are published live only after they are persisted);
 //! 4. every `ledger_poll` without progress, list the runs again and read the ledger of the
@@ -427,7 +428,16 @@ impl ConversationPump<'_> {
                     Ok(message) => {
                         let run_id = message.run_id;
                         if !self.positions.knows(run_id) {
-                            // A run that started after the listing: from its first item.
+                            // A run that started after the listing. List again first: a run
+                            // created before it whose items have not come yet must be known
+                            // before the position moves past its creation (the cursor's
+                            // `since` counts only known runs; an unknown one below it would
+                            // read as finished).
+                            self.discover(None).await?;
+                        }
+                        if !self.positions.knows(run_id) {
+                            // Not listed (created before the floor, or not of this
+                            // conversation): from its first item if it belongs.
                             match self.ctx.runs.get_run(run_id).await.map_err(|e| Some(store_error_frame(&e)))? {
                                 Some(run) if self.belongs(&run) => {
                                     self.positions.track(run_id, millis(run.created_at), Admit::After(0));
