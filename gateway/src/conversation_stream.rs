@@ -37,9 +37,10 @@
 //!    ledger after its position and send it;
 //! 3. then for each live item: a run not known yet makes the runs be listed again, so every
 //!    run created before it is known too (the cursor's `since` counts known runs only), and
-//!    is added (its ledger is read from the start); an item at or below the run's position is dropped, the next one is sent, one
-//!    further ahead makes the run's ledger be read again (it has the missing items, since
-//!    items are published live only after they are persisted);
+//!    is added (its ledger is read from the start); an item at or below the run's position
+//!    is dropped, the next one is sent, one further ahead makes the run's ledger be read
+//!    again (it has the missing items, since items are published live only after they
+//!    are persisted);
 //! 4. every `ledger_poll` without progress, list the runs again and read the ledger of the
 //!    open ones: a safety net for live items lost with a broker connection.
 //!
