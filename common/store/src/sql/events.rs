@@ -10,11 +10,12 @@ use sea_orm::sea_query::{Expr, LockBehavior, LockType, OnConflict, Query};
 use sea_orm::{
     ActiveModelTrait, ActiveValue::NotSet, ColumnTrait, Condition, ConnectionTrait,
     DatabaseTransaction, DbBackend, EntityTrait, FromQueryResult, IntoActiveModel, PaginatorTrait,
-    QueryFilter, QueryOrder, QuerySelect, Set, Statement,
+    QueryFilter, QueryOrder, QuerySelect, QueryTrait as _, Set, Statement,
 };
 use serde_json::Value;
 
 use super::entity::{event_log, outbox};
+use super::script::Script;
 use super::shared::Shared;
 use super::{
     ID_LEN, SqlStore, UniqueRow, check_len, check_len_opt, check_required, metadata_in,
@@ -927,28 +928,27 @@ async fn merge_status_in<C: ConnectionTrait>(
     Ok(row.update(txn).await?)
 }
 
-/// [`EventLog::update_status`] inside the caller's transaction `txn` (one statement where
-/// the backend can merge in place, else the read-modify-write).
-pub(super) async fn update_status_in<C: ConnectionTrait>(
+/// [`EventLog::update_status`] of one of several events updated in the caller's SQLite
+/// transaction `txn`: an update that merges in place joins `script` (one `UPDATE` each,
+/// `RETURNING` the event's id, all sent in one hand-over by the caller, who checks that each
+/// returned its row); the others are written now (read-modify-write). Returns whether the
+/// update joined the script.
+pub(super) async fn script_status_update<C: ConnectionTrait>(
     txn: &C,
+    script: &mut Script,
     id: EventId,
     mut update: EventStatusUpdate,
-) -> Result<()> {
+) -> Result<bool> {
     let merge = take_merge(&mut update)?;
     let backend = txn.get_database_backend();
     if merges_in_place(backend, merge.as_ref()) {
-        if status_update(backend, id, update, merge)
-            .exec(txn)
-            .await?
-            .rows_affected
-            == 0
-        {
-            return Err(StoreError::not_found(format!("event {id}")));
-        }
+        let mut statement = status_update(backend, id, update, merge).into_query();
+        script.push_query(statement.returning_col(event_log::Column::Id));
+        Ok(true)
     } else {
         merge_status_in(txn, id, update, merge).await?;
+        Ok(false)
     }
-    Ok(())
 }
 
 /// The update of an event as the `event_*` and `metadata_*` fields of a row of a statement

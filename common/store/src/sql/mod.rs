@@ -67,6 +67,7 @@ mod kb_search;
 mod resources;
 mod runs;
 mod schedules;
+mod script;
 mod shared;
 mod state;
 mod transcript;

@@ -1,6 +1,6 @@
 //! [`RunLedger`] on SQL.
 
-use std::collections::{BTreeMap, HashMap, HashSet};
+use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
 
 use async_trait::async_trait;
 use chrono::{DateTime, Utc};
@@ -15,6 +15,7 @@ use serde_json::Value;
 use uuid::Uuid;
 
 use super::entity::{run, run_event, transcript};
+use super::script::Script;
 use super::shared::Shared;
 use super::{
     ID_LEN, SqlStore, UniqueRow, check_len, check_len_opt, check_required, now, workspace,
@@ -111,35 +112,26 @@ fn validate_run_event(event: &NewRunEvent) -> Result<()> {
 }
 
 /// What a new item writes besides its row ([`NewRunEvent::ends_run`],
-/// [`NewRunEvent::transcript`]), inside the insert's transaction `db`: a transcript row
-/// that does not validate fails the call before the commit, so nothing is written (on
-/// Postgres it fails while the statement is built, [`transcript_json`]).
-async fn item_writes<C: ConnectionTrait>(
-    db: &C,
+/// [`NewRunEvent::transcript`]), added to `script` (SQLite), which the caller runs inside the
+/// insert's transaction: a transcript row that does not validate fails the call before the
+/// commit, so nothing is written (on Postgres it fails while the statement is built,
+/// [`transcript_json`]).
+fn item_writes(
+    script: &mut Script,
     run_id: Uuid,
     ends_run: Option<RunOutcome>,
     transcript: Option<crate::NewTranscriptItem>,
 ) -> Result<()> {
     if let Some(outcome) = ends_run {
-        end_run(db, run_id, outcome).await?;
+        script.push(&end_run_update(run_id, outcome));
     }
     if let Some(item) = transcript {
         let (_, row) = super::transcript::transcript_row(item)?;
-        insert_transcript_once(db, row).await?;
+        // Deterministic ids: a row whose id exists was written by an earlier attempt.
+        script.push(
+            &transcript::Entity::insert(row).on_conflict(OnConflict::new().do_nothing().to_owned()),
+        );
     }
-    Ok(())
-}
-
-/// Inserts a transcript row unless a row with its id exists (deterministic ids: written
-/// once).
-async fn insert_transcript_once<C: ConnectionTrait>(
-    db: &C,
-    row: transcript::ActiveModel,
-) -> Result<()> {
-    transcript::Entity::insert(row)
-        .on_conflict(OnConflict::new().do_nothing().to_owned())
-        .exec_without_returning(db)
-        .await?;
     Ok(())
 }
 
@@ -210,6 +202,48 @@ async fn drop_after_terminal<C: ConnectionTrait>(
             None => true,
         })
         .collect())
+}
+
+/// The insert of [`RunLedger::insert_events`] on SQLite for up to [`INSERT_CHUNK`] items, in
+/// one statement: an item past its run's stored terminal item is left out (what
+/// [`drop_after_terminal`] decides, read by the statement itself instead of a select before
+/// it), an item whose `(run_id, sequence)` or terminal slot is taken is skipped
+/// ([`on_conflict_skip`]). Returns the `run_id` and `sequence` of each row written: the keys
+/// only, since the whole rows would come back with every item's `data`, parsed into JSON
+/// again for nothing (a fifth of a streaming run's sink time).
+fn sqlite_insert_events_statement(
+    events: impl ExactSizeIterator<Item = NewRunEvent>,
+    now: DateTime<Utc>,
+) -> Statement {
+    let mut sql = String::from(
+        r#"INSERT INTO "run_events" ("run_id", "sequence", "result_type", "data", "created_at")
+SELECT v.column1, v.column2, v.column3, v.column4, v.column5 FROM (VALUES "#,
+    );
+    let mut values: Vec<sea_orm::Value> = Vec::with_capacity(events.len() * 5 + 2);
+    for (i, event) in events.enumerate() {
+        sql.push_str(if i == 0 {
+            "(?, ?, ?, ?, ?)"
+        } else {
+            ", (?, ?, ?, ?, ?)"
+        });
+        values.extend([
+            event.run_id.into_uuid().into(),
+            event.sequence.into(),
+            event.result_type.into(),
+            event.data.into(),
+            now.into(),
+        ]);
+    }
+    // The `WHERE` also settles SQLite's parse of `INSERT … SELECT … ON CONFLICT`.
+    sql.push_str(
+        r#") AS v
+WHERE NOT EXISTS (SELECT 1 FROM "run_events" t WHERE t."run_id" = v.column1
+    AND t."result_type" IN (?, ?) AND t."sequence" < v.column2)
+ON CONFLICT DO NOTHING
+RETURNING "run_id", "sequence""#,
+    );
+    values.extend(terminal_types().map(sea_orm::Value::from));
+    Statement::from_sql_and_values(DbBackend::Sqlite, sql, values)
 }
 
 /// The status update of `finish_run` / `finalize_run` (filtered to active runs by the caller).
@@ -326,23 +360,74 @@ impl Start {
             conversation,
         })
     }
+}
 
-    /// What this start's reads find on SQLite, on `db`.
-    async fn sqlite_reads<C: ConnectionTrait>(
-        &self,
-        db: &C,
-    ) -> Result<(Option<String>, BTreeMap<String, BTreeMap<String, Value>>)> {
-        let cursor = match &self.conversation {
-            Some((workspace_id, conversation_id)) => {
-                super::transcript::sqlite_latest_seq(db, workspace_id, conversation_id)
-                    .await?
-                    .map(super::transcript::transcript_cursor)
-            }
+/// What a start's reads found: the conversation's transcript cursor and the asked scopes'
+/// values ([`StartedRun::latest_cursor`], [`StartedRun::state`]).
+type StartReadsFound = (Option<String>, BTreeMap<String, BTreeMap<String, Value>>);
+
+/// What every start's reads find on SQLite, on `db` (the readers), in start order, in one
+/// hand-over ([`Script`]): a `max(seq)` select for each start that reads a cursor (one row
+/// each, in order), then one select of the rows of every scope any start asks for.
+async fn sqlite_reads<C: ConnectionTrait>(
+    db: &C,
+    starts: &[Start],
+) -> Result<Vec<StartReadsFound>> {
+    let mut script = Script::new(db);
+    for (workspace_id, conversation_id) in starts.iter().filter_map(|s| s.conversation.as_ref()) {
+        script.push(&super::transcript::sqlite_latest_seq_select(
+            workspace_id,
+            conversation_id,
+        ));
+    }
+    let cursors = script.len();
+    let scopes: BTreeSet<&String> = starts
+        .iter()
+        .flat_map(|start| &start.reads.state_scopes)
+        .collect();
+    if !scopes.is_empty() {
+        script.push(&super::state::scope_rows_select(
+            scopes.iter().map(|scope_key| (*scope_key).clone()),
+        ));
+    }
+    let rows = script.query_all(db).await?;
+    if rows.len() < cursors {
+        return Err(StoreError::Corrupt(
+            "a transcript cursor read returned no row".into(),
+        ));
+    }
+    let (cursor_rows, state_rows) = rows.split_at(cursors);
+    let mut values: HashMap<String, BTreeMap<String, Value>> = HashMap::new();
+    for row in state_rows {
+        values
+            .entry(row.try_get("", "scope_key")?)
+            .or_default()
+            .insert(row.try_get("", "key")?, row.try_get("", "value")?);
+    }
+    let mut cursor_rows = cursor_rows.iter();
+    let mut found = Vec::with_capacity(starts.len());
+    for start in starts {
+        let cursor = match start.conversation {
+            Some(_) => cursor_rows
+                .next()
+                .map(|row| row.try_get::<Option<i64>>("", "seq"))
+                .transpose()?
+                .flatten()
+                .map(super::transcript::transcript_cursor),
             None => None,
         };
-        let state = super::state::scope_values(db, &self.reads.state_scopes).await?;
-        Ok((cursor, state))
+        let state = start
+            .reads
+            .state_scopes
+            .iter()
+            .map(|scope_key| {
+                let scope = values.get(scope_key).cloned().unwrap_or_default();
+                (scope_key.clone(), scope)
+            })
+            .collect();
+        found.push((cursor, state));
     }
+    Ok(found)
 }
 
 /// The SQL of [`start_runs_statement`]: one text whatever the batch holds (the starts are one
@@ -502,12 +587,15 @@ fn start_json(start: &Start) -> Result<serde_json::Value> {
 
 /// Ends the run if it is still active; `true` if it was.
 async fn end_run<C: ConnectionTrait>(db: &C, id: Uuid, outcome: RunOutcome) -> Result<bool> {
-    let res = finish_update(outcome)
+    let res = end_run_update(id, outcome).exec(db).await?;
+    Ok(res.rows_affected == 1)
+}
+
+/// The update that ends run `id` with `outcome` unless it has ended already.
+fn end_run_update(id: Uuid, outcome: RunOutcome) -> sea_orm::UpdateMany<run::Entity> {
+    finish_update(outcome)
         .filter(run::Column::Id.eq(id))
         .filter(run::Column::Status.is_in(active()))
-        .exec(db)
-        .await?;
-    Ok(res.rows_affected == 1)
 }
 
 fn check_outcome(outcome: &RunOutcome) -> Result<()> {
@@ -539,24 +627,31 @@ async fn bump_last_sequences<C: ConnectionTrait>(
     db: &C,
     maxima: &HashMap<Uuid, i64>,
 ) -> Result<()> {
+    if let Some(update) = last_sequences_update(maxima) {
+        update.exec(db).await?;
+    }
+    Ok(())
+}
+
+/// The statement of [`bump_last_sequences`] (`None` for an empty map).
+fn last_sequences_update(maxima: &HashMap<Uuid, i64>) -> Option<sea_orm::UpdateMany<run::Entity>> {
     if maxima.is_empty() {
-        return Ok(());
+        return None;
     }
     let mut case = CaseStatement::new();
     for (run_id, sequence) in maxima {
         case = case.case(run::Column::Id.eq(*run_id), Expr::value(*sequence));
     }
     let target = Expr::Case(Box::new(case));
-    run::Entity::update_many()
-        .col_expr(run::Column::LastSequence, target.clone())
-        .filter(run::Column::Id.is_in(maxima.keys().copied()))
-        .filter(sea_orm::sea_query::ExprTrait::lt(
-            Expr::col(run::Column::LastSequence),
-            target,
-        ))
-        .exec(db)
-        .await?;
-    Ok(())
+    Some(
+        run::Entity::update_many()
+            .col_expr(run::Column::LastSequence, target.clone())
+            .filter(run::Column::Id.is_in(maxima.keys().copied()))
+            .filter(sea_orm::sea_query::ExprTrait::lt(
+                Expr::col(run::Column::LastSequence),
+                target,
+            )),
+    )
 }
 
 impl SqlStore {
@@ -609,10 +704,7 @@ impl SqlStore {
         // The reads first, on the readers: the one writer is what every write of the host
         // waits for, so it holds nothing but the writes (WAL: the readers see the last
         // commit, which is what the start's own statements would have seen).
-        let mut reads = Vec::with_capacity(starts.len());
-        for start in starts {
-            reads.push(start.sqlite_reads(&self.db).await?);
-        }
+        let reads = sqlite_reads(&self.db, starts).await?;
         let txn = self.write_txn().await?;
         // Every run in one multi-row insert (each SQLite statement is a hand-over to the
         // connection's thread and back): an event that has a run already skips its row; a
@@ -628,27 +720,42 @@ impl SqlStore {
                 .collect();
         let mut outcomes = Vec::with_capacity(starts.len());
         let mut user_rows = Vec::new();
+        // The started runs' event updates and user rows, sent together.
+        let mut event_updates = Script::new(&txn);
+        let mut updated_events = Vec::new();
         for (start, (latest_cursor, state)) in starts.iter().zip(reads) {
             let Some(model) = inserted.remove(&start.id.into_uuid()) else {
                 outcomes.push(Ok(None));
                 continue;
             };
             user_rows.extend(start.transcript.clone());
-            // `not_found` when there is no such event: dropping `txn` rolls the runs back.
-            super::events::update_status_in(&txn, start.event_id, start.event.clone()).await?;
+            let event = start.event.clone();
+            if super::events::script_status_update(&txn, &mut event_updates, start.event_id, event)
+                .await?
+            {
+                updated_events.push(start.event_id);
+            }
             outcomes.push(Ok(Some(StartedRun {
                 run: run_record(model)?,
                 latest_cursor,
                 state,
             })));
         }
-        // The started runs' user rows in one insert too, in start order (a row whose id
-        // exists is skipped).
+        // The started runs' user rows in one insert, in start order (a row whose id exists is
+        // skipped), sent with the event updates.
         if !user_rows.is_empty() {
-            transcript::Entity::insert_many(user_rows)
-                .on_conflict(OnConflict::new().do_nothing().to_owned())
-                .exec_without_returning(&txn)
-                .await?;
+            event_updates.push(
+                &transcript::Entity::insert_many(user_rows)
+                    .on_conflict(OnConflict::new().do_nothing().to_owned()),
+            );
+        }
+        // An update that returned no row names no event: `not_found`, and dropping `txn`
+        // rolls the runs back (alone, the start then fails with its own event's id).
+        if event_updates.query_all(&txn).await?.len() != updated_events.len() {
+            return Err(StoreError::not_found(match updated_events.as_slice() {
+                [id] => format!("event {id}"),
+                _ => "an event of the run starts".into(),
+            }));
         }
         txn.commit().await?;
         Ok(outcomes)
@@ -909,8 +1016,13 @@ impl RunLedger for SqlStore {
             .await
             .map_err(|e| run_missing(e, &format!("run {run_id}")))?;
         if inserted == 1 {
-            bump_last_sequence(&txn, run_id.into_uuid(), sequence).await?;
-            item_writes(&txn, run_id.into_uuid(), ends_run, transcript).await?;
+            let mut writes = Script::new(&txn);
+            let bump = HashMap::from([(run_id.into_uuid(), sequence)]);
+            if let Some(update) = last_sequences_update(&bump) {
+                writes.push(&update);
+            }
+            item_writes(&mut writes, run_id.into_uuid(), ends_run, transcript)?;
+            writes.execute(&txn).await?;
         }
         txn.commit().await?;
         Ok(inserted == 1)
@@ -1059,7 +1171,6 @@ impl SqlStore {
         now: DateTime<Utc>,
     ) -> Result<HashSet<(Uuid, i64)>> {
         let txn = self.write_txn().await?;
-        let events = drop_after_terminal(&txn, events).await?;
         type Writes = (Option<RunOutcome>, Option<crate::NewTranscriptItem>);
         let mut writes: HashMap<(Uuid, i64), Writes> = events
             .iter()
@@ -1072,31 +1183,31 @@ impl SqlStore {
         let mut new_keys: HashSet<(Uuid, i64)> = HashSet::new();
         let mut events = events.into_iter().peekable();
         while events.peek().is_some() {
-            let chunk: Vec<_> = events
-                .by_ref()
-                .take(INSERT_CHUNK)
-                .map(|e| run_event_model(e, now))
-                .collect();
-            // The keys only: the whole rows would come back with every item's `data`,
-            // parsed into JSON again for nothing (a fifth of a streaming run's sink time).
-            let keys = run_event::Entity::insert_many(chunk)
-                .on_conflict(on_conflict_skip())
-                .exec_with_returning_keys(&txn)
+            let chunk = events.by_ref().take(INSERT_CHUNK);
+            let rows = txn
+                .query_all_raw(sqlite_insert_events_statement(chunk, now))
                 .await
                 .map_err(|e| run_missing(e, "run of a result item"))?;
-            new_keys.extend(keys);
+            for row in rows {
+                new_keys.insert((row.try_get("", "run_id")?, row.try_get("", "sequence")?));
+            }
         }
         let mut max_new: HashMap<Uuid, i64> = HashMap::new();
         for (run_id, sequence) in &new_keys {
             let max = max_new.entry(*run_id).or_insert(*sequence);
             *max = (*max).max(*sequence);
         }
-        bump_last_sequences(&txn, &max_new).await?;
+        // What the new items write beyond their rows, sent together.
+        let mut script = Script::new(&txn);
+        if let Some(update) = last_sequences_update(&max_new) {
+            script.push(&update);
+        }
         for key in &new_keys {
             if let Some((ends_run, transcript)) = writes.remove(key) {
-                item_writes(&txn, key.0, ends_run, transcript).await?;
+                item_writes(&mut script, key.0, ends_run, transcript)?;
             }
         }
+        script.execute(&txn).await?;
         txn.commit().await?;
         Ok(new_keys)
     }

@@ -327,12 +327,7 @@ pub(super) async fn scope_values<C: ConnectionTrait>(
     if scope_keys.is_empty() {
         return Ok(out);
     }
-    let rows: Vec<(String, String, Value)> = agent_state::Entity::find()
-        .select_only()
-        .column(agent_state::Column::ScopeKey)
-        .column(agent_state::Column::Key)
-        .column(agent_state::Column::Value)
-        .filter(agent_state::Column::ScopeKey.is_in(scope_keys.iter().cloned()))
+    let rows: Vec<(String, String, Value)> = scope_rows_select(scope_keys.iter().cloned())
         .into_tuple()
         .all(db)
         .await?;
@@ -340,4 +335,17 @@ pub(super) async fn scope_values<C: ConnectionTrait>(
         out.entry(scope_key).or_default().insert(key, value);
     }
     Ok(out)
+}
+
+/// The select of [`scope_values`]: the `scope_key`, `key` and `value` of every row of the
+/// scopes.
+pub(super) fn scope_rows_select(
+    scope_keys: impl IntoIterator<Item = String>,
+) -> sea_orm::Select<agent_state::Entity> {
+    agent_state::Entity::find()
+        .select_only()
+        .column(agent_state::Column::ScopeKey)
+        .column(agent_state::Column::Key)
+        .column(agent_state::Column::Value)
+        .filter(agent_state::Column::ScopeKey.is_in(scope_keys))
 }

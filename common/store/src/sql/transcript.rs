@@ -125,16 +125,25 @@ pub(super) async fn sqlite_latest_seq<C: ConnectionTrait>(
     workspace_id: &WorkspaceId,
     conversation_id: &str,
 ) -> Result<Option<i64>> {
-    Ok(transcript::Entity::find()
-        .select_only()
-        .column_as(transcript::Column::Seq.max(), "seq")
-        .filter(transcript::Column::WorkspaceId.eq(workspace_id.as_str()))
-        .filter(transcript::Column::ConversationId.eq(conversation_id))
+    Ok(sqlite_latest_seq_select(workspace_id, conversation_id)
         .into_tuple::<Option<i64>>()
         .all(db)
         .await?
         .unique_row()
         .flatten())
+}
+
+/// The select of [`sqlite_latest_seq`]: always one row, its `seq` null for a conversation
+/// without rows (an aggregate without `GROUP BY`).
+pub(super) fn sqlite_latest_seq_select(
+    workspace_id: &WorkspaceId,
+    conversation_id: &str,
+) -> sea_orm::Select<transcript::Entity> {
+    transcript::Entity::find()
+        .select_only()
+        .column_as(transcript::Column::Seq.max(), "seq")
+        .filter(transcript::Column::WorkspaceId.eq(workspace_id.as_str()))
+        .filter(transcript::Column::ConversationId.eq(conversation_id))
 }
 
 /// The transcript cursor of a row's `seq`.

@@ -238,6 +238,63 @@ pub async fn run_start_reads_the_cursor_before_its_user_row_and_the_state(db: &T
     assert!(started.is_some());
     assert_eq!(transcript_rows(db, "c1").await.len(), 4);
 
+    // In one batch, each start gets its own reads whatever the others ask: one that reads
+    // nothing first, one reading a conversation without rows and a scope, one reading `c1`
+    // and scopes it shares with the other.
+    let c1_now = c1_cursor(db).await;
+    let events = [
+        appended(db, "first").await,
+        appended(db, "second").await,
+        appended(db, "third").await,
+    ];
+    let silent = run_start(events[0].id, RunId::new(), "first");
+    let mut elsewhere = run_start(events[1].id, RunId::new(), "second");
+    elsewhere.run.conversation_id = Some("c-empty".into());
+    elsewhere.user_transcript = None;
+    elsewhere.reads = StartReads {
+        latest_cursor: true,
+        state_scopes: vec!["actor:v2:none".into()],
+    };
+    let mut here = run_start(events[2].id, RunId::new(), "third");
+    here.reads = StartReads {
+        latest_cursor: true,
+        state_scopes: vec!["actor:v2:none".into(), "conversation:v2:s1".into()],
+    };
+    let answers: Vec<_> = db
+        .stores
+        .runs
+        .start_runs(vec![silent, elsewhere, here])
+        .await
+        .into_iter()
+        .map(|answer| answer.unwrap().unwrap())
+        .map(|started| (started.latest_cursor, started.state))
+        .collect();
+    let scope = |values: &[(&str, serde_json::Value)]| {
+        values
+            .iter()
+            .map(|(k, v)| ((*k).to_owned(), v.clone()))
+            .collect::<std::collections::BTreeMap<_, _>>()
+    };
+    assert_eq!(answers[0], (None, Default::default()));
+    assert_eq!(
+        answers[1],
+        (None, [("actor:v2:none".to_owned(), scope(&[]))].into())
+    );
+    assert_eq!(
+        answers[2],
+        (
+            c1_now,
+            [
+                ("actor:v2:none".to_owned(), scope(&[])),
+                (
+                    "conversation:v2:s1".to_owned(),
+                    scope(&[("a", json!(1)), ("b", json!({"x": [true]}))])
+                ),
+            ]
+            .into()
+        )
+    );
+
     // A scope key the state store refuses is refused here too, and nothing is written.
     let bad = appended(db, "bad").await;
     let mut refused = run_start(bad.id, RunId::new(), "bad");
