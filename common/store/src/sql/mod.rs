@@ -20,6 +20,12 @@
 //! stays as the fallback for other processes on the same file (a CLI command next to
 //! `switchboard dev`). An in-memory database and Postgres use one pool for both.
 //!
+//! Every statement on a SQLite connection is a hand-over to the connection's thread and back,
+//! and while the writer waits for its task to send the next one, every other write of the
+//! host waits too. So a write counts its statements, not its rows: multi-row statements for
+//! the rows of a batch, and the statements that cannot be one sent together as a
+//! [`script::Script`] (one hand-over for the list).
+//!
 //! # No bound `LIMIT` on hot lookups
 //!
 //! SQLite (3.51, built with `SQLITE_ENABLE_STAT4` by libsqlite3-sys) marks a statement whose
