@@ -198,6 +198,54 @@ async fn insert_outbox_rows<C: ConnectionTrait>(
     Ok(rows)
 }
 
+/// Outbox rows per insert of [`sqlite_outbox_insert`] (ten parameters each: far below
+/// SQLite's limit).
+const OUTBOX_INSERT_CHUNK: usize = 500;
+
+/// The insert of a batch's outbox rows on SQLite, in the statement after the events' insert:
+/// a message is written only if its event's row exists, and since the events' insert fails
+/// whole on a taken event id, an event whose row exists was written by that insert (a
+/// request whose idempotency key was taken writes no row, and so no message). Leased as
+/// [`outbox_models`] leases; returns the rows written.
+fn sqlite_outbox_insert(
+    messages: &[(EventId, &NewOutboxMessage, DateTime<Utc>)],
+    until: Option<DateTime<Utc>>,
+) -> Statement {
+    let mut sql = String::from(
+        r#"INSERT INTO "outbox" ("exchange", "routing_key", "body", "headers", "created_at",
+    "available_at", "locked_until", "published_at", "attempts")
+SELECT v.column2, v.column3, v.column4, v.column5, v.column6, v.column7, v.column8, NULL,
+    v.column9
+FROM (VALUES "#,
+    );
+    let mut values: Vec<sea_orm::Value> = Vec::with_capacity(messages.len() * 9);
+    for (i, (event_id, message, now)) in messages.iter().enumerate() {
+        sql.push_str(if i == 0 {
+            "(?, ?, ?, ?, ?, ?, ?, ?, ?)"
+        } else {
+            ", (?, ?, ?, ?, ?, ?, ?, ?, ?)"
+        });
+        let leased = leased_until(message, *now, until);
+        values.extend([
+            event_id.into_uuid().into(),
+            message.exchange.clone().into(),
+            message.routing_key.clone().into(),
+            message.body.clone().into(),
+            message.headers.clone().into(),
+            (*now).into(),
+            message.available_at.map_or(*now, super::micros).into(),
+            leased.into(),
+            i64::from(leased.is_some()).into(),
+        ]);
+    }
+    sql.push_str(
+        r#") AS v
+WHERE EXISTS (SELECT 1 FROM "event_log" e WHERE e."id" = v.column1)
+RETURNING *"#,
+    );
+    Statement::from_sql_and_values(DbBackend::Sqlite, sql, values)
+}
+
 /// An event ready to append: its row and what resolving an idempotency conflict needs.
 struct Append {
     row: event_log::ActiveModel,
@@ -508,32 +556,54 @@ impl SqlStore {
         until: Option<DateTime<Utc>>,
     ) -> Result<Vec<Result<Appended>>> {
         let txn = self.write_txn().await?;
-        // Every event in one multi-row insert (SQLite runs each statement on its connection's
-        // thread: a statement per row cost a hand-over there and back per event). A taken
+        // Every event in one multi-row insert, and every outbox row in another that writes
+        // only the rows of the events just written: both sent in one hand-over ([`Script`];
+        // each SQLite statement is a hand-over to the connection's thread and back). A taken
         // event id fails it for all (the caller then appends one by one); a taken
         // idempotency key only skips its row, whose request then reads the stored event.
-        let inserted = event_log::Entity::insert_many(appends.iter().map(|(a, _)| a.row.clone()))
+        let mut script = Script::new(&txn);
+        let mut events = event_log::Entity::insert_many(appends.iter().map(|(a, _)| a.row.clone()))
             .on_conflict(Append::on_idempotency_conflict())
-            .exec_with_returning(&txn)
-            .await
-            .map_err(|e| match appends {
-                [(append, _)] => append.insert_error(e),
-                _ => e.into(),
-            })?;
-        let mut inserted: HashMap<uuid::Uuid, event_log::Model> =
-            inserted.into_iter().map(|row| (row.id, row)).collect();
-        let mut created = Vec::with_capacity(appends.len());
-        let mut messages = Vec::new();
-        for (append, outbox) in appends {
-            let model = inserted.remove(&append.id.into_uuid());
-            if model.is_some() {
-                messages.extend(outbox_models(outbox.clone(), append.now, until));
-            }
-            created.push(model);
+            .into_query();
+        script.push_query(
+            events.returning(
+                sea_orm::sea_query::Query::returning()
+                    .columns(<event_log::Column as sea_orm::Iterable>::iter()),
+            ),
+        );
+        let messages: Vec<(EventId, &NewOutboxMessage, DateTime<Utc>)> = appends
+            .iter()
+            .flat_map(|(append, outbox)| outbox.iter().map(|m| (append.id, m, append.now)))
+            .collect();
+        for chunk in messages.chunks(OUTBOX_INSERT_CHUNK) {
+            script.push_statement(sqlite_outbox_insert(chunk, until));
         }
-        // The outbox rows of the new events, also in one insert: SQLite numbers a statement's
-        // rows in order, so sorted by id they are the messages in request order.
-        let mut rows = insert_outbox_rows(&txn, messages).await?.into_iter();
+        let rows = script
+            .query_all(&txn)
+            .await
+            .map_err(|e| match (appends, e) {
+                ([(append, _)], StoreError::Database(e)) => append.insert_error(e),
+                (_, e) => e,
+            })?;
+        // The events' rows come first, then the outbox rows (the only ones with an
+        // `exchange`); SQLite numbers a statement's rows in order, so sorted by id the outbox
+        // rows are the messages in request order.
+        let mut inserted: HashMap<uuid::Uuid, event_log::Model> = HashMap::new();
+        let mut outbox_rows = Vec::new();
+        for row in &rows {
+            if row.try_get::<String>("", "exchange").is_ok() {
+                outbox_rows.push(outbox::Model::from_query_result(row, "")?);
+            } else {
+                let model = event_log::Model::from_query_result(row, "")?;
+                inserted.insert(model.id, model);
+            }
+        }
+        outbox_rows.sort_by_key(|m| m.id);
+        let created: Vec<Option<event_log::Model>> = appends
+            .iter()
+            .map(|(append, _)| inserted.remove(&append.id.into_uuid()))
+            .collect();
+        let mut rows = outbox_rows.into_iter();
         let mut outcomes = Vec::with_capacity(appends.len());
         for ((append, outbox), model) in appends.iter().zip(created) {
             let outcome = match model {

@@ -46,6 +46,12 @@ impl Script {
         self.statements.push(self.backend.build(query));
     }
 
+    /// Adds a statement written out, for the backend of the script, with anonymous `?`
+    /// parameters (numbered ones would not line up with the other statements' on SQLite).
+    pub(crate) fn push_statement(&mut self, statement: Statement) {
+        self.statements.push(statement);
+    }
+
     /// How many statements were added.
     pub(crate) fn len(&self) -> usize {
         self.statements.len()
