@@ -29,7 +29,7 @@ pub(super) fn classify(error: &lapin::Error) -> Failure {
             AMQPErrorKind::Soft(soft) => {
                 let text = amqp.get_message().as_str().to_owned();
                 Failure::Final(match soft {
-                    AMQPSoftError::NOTFOUND => BusError::NotFound(text),
+                    AMQPSoftError::NOTFOUND => return not_found(text),
                     AMQPSoftError::PRECONDITIONFAILED => BusError::DeclarationConflict {
                         name: extract_name(&text),
                         reason: text,
@@ -49,6 +49,18 @@ pub(super) fn classify(error: &lapin::Error) -> Failure {
     }
 }
 
+/// A `404` from RabbitMQ: final, unless it names a queue whose home node "is down or
+/// inaccessible" — what a quorum queue answers while its replicas are still starting (another
+/// process declaring the same queue a moment earlier), so a fresh channel retries it until
+/// the operation's deadline.
+fn not_found(text: String) -> Failure {
+    if text.contains("is down or inaccessible") {
+        Failure::Channel
+    } else {
+        Failure::Final(BusError::NotFound(text))
+    }
+}
+
 /// Pulls the object name out of a RabbitMQ reply text (`… for queue 'x' in vhost '/'`).
 fn extract_name(text: &str) -> String {
     for marker in ["queue '", "exchange '"] {
@@ -65,6 +77,18 @@ fn extract_name(text: &str) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_queue_still_starting_is_retried_and_a_missing_one_is_not() {
+        let starting = "NOT_FOUND - home node 'rabbit@localhost' of durable queue \
+                        'a.events.0' in vhost '/' is down or inaccessible";
+        assert!(matches!(not_found(starting.into()), Failure::Channel));
+        let missing = "NOT_FOUND - no queue 'a.events.0' in vhost '/'";
+        assert!(matches!(
+            not_found(missing.into()),
+            Failure::Final(BusError::NotFound(text)) if text == missing
+        ));
+    }
 
     #[test]
     fn names_are_extracted_from_reply_texts() {
