@@ -202,41 +202,52 @@ async fn insert_outbox_rows<C: ConnectionTrait>(
 /// SQLite's limit).
 const OUTBOX_INSERT_CHUNK: usize = 500;
 
+/// The columns [`sqlite_outbox_insert`] writes, in order (all but the generated `id`).
+const OUTBOX_INSERT_COLUMNS: [outbox::Column; 9] = [
+    outbox::Column::Exchange,
+    outbox::Column::RoutingKey,
+    outbox::Column::Body,
+    outbox::Column::Headers,
+    outbox::Column::CreatedAt,
+    outbox::Column::AvailableAt,
+    outbox::Column::LockedUntil,
+    outbox::Column::PublishedAt,
+    outbox::Column::Attempts,
+];
+
 /// The insert of a batch's outbox rows on SQLite, in the statement after the events' insert:
 /// a message is written only if its event's row exists, and since the events' insert fails
 /// whole on a taken event id, an event whose row exists was written by that insert (a
-/// request whose idempotency key was taken writes no row, and so no message). Leased as
-/// [`outbox_models`] leases; returns the rows written.
-fn sqlite_outbox_insert(
-    messages: &[(EventId, &NewOutboxMessage, DateTime<Utc>)],
-    until: Option<DateTime<Utc>>,
-) -> Statement {
-    let mut sql = String::from(
-        r#"INSERT INTO "outbox" ("exchange", "routing_key", "body", "headers", "created_at",
-    "available_at", "locked_until", "published_at", "attempts")
-SELECT v.column2, v.column3, v.column4, v.column5, v.column6, v.column7, v.column8, NULL,
-    v.column9
-FROM (VALUES "#,
+/// request whose idempotency key was taken writes no row, and so no message). The rows are
+/// [`outbox_models`]' (the lease is decided there); returns the rows written.
+fn sqlite_outbox_insert(rows: &[(EventId, outbox::ActiveModel)]) -> Statement {
+    let columns: Vec<String> = OUTBOX_INSERT_COLUMNS
+        .iter()
+        .map(|column| format!("\"{}\"", sea_orm::IdenStatic::as_str(column)))
+        .collect();
+    let selected: Vec<String> = (2..=OUTBOX_INSERT_COLUMNS.len() + 1)
+        .map(|i| format!("v.column{i}"))
+        .collect();
+    let placeholders = format!("(?{})", ", ?".repeat(OUTBOX_INSERT_COLUMNS.len()));
+    let mut sql = format!(
+        r#"INSERT INTO "outbox" ({})
+SELECT {} FROM (VALUES "#,
+        columns.join(", "),
+        selected.join(", "),
     );
-    let mut values: Vec<sea_orm::Value> = Vec::with_capacity(messages.len() * 9);
-    for (i, (event_id, message, now)) in messages.iter().enumerate() {
-        sql.push_str(if i == 0 {
-            "(?, ?, ?, ?, ?, ?, ?, ?, ?)"
-        } else {
-            ", (?, ?, ?, ?, ?, ?, ?, ?, ?)"
-        });
-        let leased = leased_until(message, *now, until);
-        values.extend([
-            event_id.into_uuid().into(),
-            message.exchange.clone().into(),
-            message.routing_key.clone().into(),
-            message.body.clone().into(),
-            message.headers.clone().into(),
-            (*now).into(),
-            message.available_at.map_or(*now, super::micros).into(),
-            leased.into(),
-            i64::from(leased.is_some()).into(),
-        ]);
+    let mut values: Vec<sea_orm::Value> =
+        Vec::with_capacity(rows.len() * (OUTBOX_INSERT_COLUMNS.len() + 1));
+    for (i, (event_id, row)) in rows.iter().enumerate() {
+        if i > 0 {
+            sql.push_str(", ");
+        }
+        sql.push_str(&placeholders);
+        values.push(event_id.into_uuid().into());
+        values.extend(OUTBOX_INSERT_COLUMNS.iter().map(|column| {
+            row.get(*column)
+                .into_value()
+                .unwrap_or(sea_orm::Value::Int(None))
+        }));
     }
     sql.push_str(
         r#") AS v
@@ -571,12 +582,16 @@ impl SqlStore {
                     .columns(<event_log::Column as sea_orm::Iterable>::iter()),
             ),
         );
-        let messages: Vec<(EventId, &NewOutboxMessage, DateTime<Utc>)> = appends
+        let messages: Vec<(EventId, outbox::ActiveModel)> = appends
             .iter()
-            .flat_map(|(append, outbox)| outbox.iter().map(|m| (append.id, m, append.now)))
+            .flat_map(|(append, outbox)| {
+                outbox_models(outbox.clone(), append.now, until)
+                    .into_iter()
+                    .map(|row| (append.id, row))
+            })
             .collect();
         for chunk in messages.chunks(OUTBOX_INSERT_CHUNK) {
-            script.push_statement(sqlite_outbox_insert(chunk, until));
+            script.push_statement(sqlite_outbox_insert(chunk));
         }
         let rows = script
             .query_all(&txn)
@@ -1019,6 +1034,31 @@ pub(super) async fn script_status_update<C: ConnectionTrait>(
         merge_status_in(txn, id, update, merge).await?;
         Ok(false)
     }
+}
+
+/// The update of the event of a run being started on SQLite, as a statement of the start's
+/// script: it changes the event only when the run's row `run` exists (the script's insert
+/// wrote it: an event that has a run already keeps its own), and returns the event's id.
+/// `None` when the update cannot merge in place, which only a read-modify-write can do.
+pub(super) fn sqlite_start_update(
+    id: EventId,
+    mut update: EventStatusUpdate,
+    run: uuid::Uuid,
+) -> Result<Option<sea_orm::sea_query::UpdateStatement>> {
+    let merge = take_merge(&mut update)?;
+    if !merges_in_place(DbBackend::Sqlite, merge.as_ref()) {
+        return Ok(None);
+    }
+    let run_written = sea_orm::sea_query::Query::select()
+        .expr(Expr::val(1))
+        .from(super::entity::run::Entity)
+        .and_where(super::entity::run::Column::Id.eq(run))
+        .to_owned();
+    let mut statement = status_update(DbBackend::Sqlite, id, update, merge)
+        .filter(Expr::exists(run_written))
+        .into_query();
+    statement.returning_col(event_log::Column::Id);
+    Ok(Some(statement))
 }
 
 /// The update of an event as the `event_*` and `metadata_*` fields of a row of a statement

@@ -9,7 +9,7 @@ use sb_protocol::result::{AgentRunResult, ResultType};
 use sea_orm::sea_query::{CaseStatement, Expr, OnConflict};
 use sea_orm::{
     ActiveValue::Set, ColumnTrait, Condition, ConnectionTrait, DbBackend, EntityTrait,
-    FromQueryResult, QueryFilter, QueryOrder, QuerySelect, Statement,
+    FromQueryResult, QueryFilter, QueryOrder, QuerySelect, QueryTrait as _, Statement,
 };
 use serde_json::Value;
 use uuid::Uuid;
@@ -367,13 +367,22 @@ impl Start {
 type StartReadsFound = (Option<String>, BTreeMap<String, BTreeMap<String, Value>>);
 
 /// What every start's reads find on SQLite, on `db` (the readers), in start order, in one
-/// hand-over ([`Script`]): a `max(seq)` select for each start that reads a cursor (one row
-/// each, in order), then one select of the rows of every scope any start asks for.
+/// hand-over ([`Script`]): whether each start's event exists (one row each, in order), a
+/// `max(seq)` select for each start that reads a cursor (one row each, in order), then one
+/// select of the rows of every scope any start asks for.
 async fn sqlite_reads<C: ConnectionTrait>(
     db: &C,
     starts: &[Start],
-) -> Result<Vec<StartReadsFound>> {
+) -> Result<Vec<(bool, StartReadsFound)>> {
     let mut script = Script::new(db);
+    for start in starts {
+        script.push_statement(Statement::from_sql_and_values(
+            DbBackend::Sqlite,
+            r#"SELECT EXISTS (SELECT 1 FROM "event_log" WHERE "id" = ?) AS "present""#,
+            [start.event_id.into_uuid().into()],
+        ));
+    }
+    let presence = script.len();
     for (workspace_id, conversation_id) in starts.iter().filter_map(|s| s.conversation.as_ref()) {
         script.push(&super::transcript::sqlite_latest_seq_select(
             workspace_id,
@@ -393,10 +402,11 @@ async fn sqlite_reads<C: ConnectionTrait>(
     let rows = script.query_all(db).await?;
     if rows.len() < cursors {
         return Err(StoreError::Corrupt(
-            "a transcript cursor read returned no row".into(),
+            "a presence or transcript cursor read returned no row".into(),
         ));
     }
-    let (cursor_rows, state_rows) = rows.split_at(cursors);
+    let (presence_rows, rows) = rows.split_at(presence);
+    let (cursor_rows, state_rows) = rows.split_at(cursors - presence);
     let mut values: HashMap<String, BTreeMap<String, Value>> = HashMap::new();
     for row in state_rows {
         values
@@ -406,7 +416,8 @@ async fn sqlite_reads<C: ConnectionTrait>(
     }
     let mut cursor_rows = cursor_rows.iter();
     let mut found = Vec::with_capacity(starts.len());
-    for start in starts {
+    for (start, present) in starts.iter().zip(presence_rows) {
+        let present = present.try_get::<bool>("", "present")?;
         let cursor = match start.conversation {
             Some(_) => cursor_rows
                 .next()
@@ -425,7 +436,7 @@ async fn sqlite_reads<C: ConnectionTrait>(
                 (scope_key.clone(), scope)
             })
             .collect();
-        found.push((cursor, state));
+        found.push((present, (cursor, state)));
     }
     Ok(found)
 }
@@ -654,20 +665,24 @@ fn last_sequences_update(maxima: &HashMap<Uuid, i64>) -> Option<sea_orm::UpdateM
     )
 }
 
+/// The error of a start batch whose insert failed: a taken run id is a conflict (the caller
+/// then starts one by one, and the start whose id it is fails alone).
+fn run_id_taken(starts: &[Start], e: sea_orm::DbErr) -> StoreError {
+    if is_unique_violation(&e) {
+        StoreError::Conflict(match starts {
+            [start] => format!("run {} already exists for another event", start.id),
+            _ => "a run id already exists for another event".into(),
+        })
+    } else {
+        e.into()
+    }
+}
+
 impl SqlStore {
     /// Starts `starts` in one commit (see [`RunLedger::start_runs`]); an error fails them
     /// all and writes nothing.
     async fn start_together(&self, starts: &[Start]) -> Result<Vec<Result<Option<StartedRun>>>> {
-        let taken = |e: sea_orm::DbErr| {
-            if is_unique_violation(&e) {
-                StoreError::Conflict(match starts {
-                    [start] => format!("run {} already exists for another event", start.id),
-                    _ => "a run id already exists for another event".into(),
-                })
-            } else {
-                e.into()
-            }
-        };
+        let taken = |e| run_id_taken(starts, e);
         if starts.is_empty() {
             return Ok(Vec::new());
         }
@@ -705,6 +720,114 @@ impl SqlStore {
         // waits for, so it holds nothing but the writes (WAL: the readers see the last
         // commit, which is what the start's own statements would have seen).
         let reads = sqlite_reads(&self.db, starts).await?;
+        // Only the starts of events that exist are written: one of a missing event writes
+        // nothing and fails alone, as on Postgres.
+        let writing: Vec<&Start> = starts
+            .iter()
+            .zip(&reads)
+            .filter_map(|(start, (present, _))| present.then_some(start))
+            .collect();
+        let mut updates = Vec::with_capacity(writing.len());
+        for start in &writing {
+            match super::events::sqlite_start_update(
+                start.event_id,
+                start.event.clone(),
+                start.id.into_uuid(),
+            )? {
+                Some(update) => updates.push(update),
+                None => {
+                    let reads = reads.into_iter().map(|(_, found)| found).collect();
+                    return self.start_in_steps(starts, reads).await;
+                }
+            }
+        }
+        if writing.is_empty() {
+            return Ok(starts
+                .iter()
+                .map(|start| Err(StoreError::not_found(format!("event {}", start.event_id))))
+                .collect());
+        }
+        let txn = self.write_txn().await?;
+        // Every statement of the start in one hand-over (each SQLite statement is a
+        // hand-over to the connection's thread and back): the runs in one
+        // multi-row insert (an event that has a run already skips its row; a taken run id
+        // fails the script for all, and the caller then starts one by one), each event's
+        // update made only if its run was written, and the user rows (their ids are the
+        // events': a row written with its event's first run is skipped).
+        let mut script = Script::new(&txn);
+        let mut runs = run::Entity::insert_many(writing.iter().map(|start| start.run.clone()))
+            .on_conflict(one_run_per_event())
+            .into_query();
+        script.push_query(runs.returning_all());
+        for update in &updates {
+            script.push_query(update);
+        }
+        let user_rows: Vec<_> = writing
+            .iter()
+            .filter_map(|s| s.transcript.clone())
+            .collect();
+        if !user_rows.is_empty() {
+            script.push(
+                &transcript::Entity::insert_many(user_rows)
+                    .on_conflict(OnConflict::new().do_nothing().to_owned()),
+            );
+        }
+        let rows = script.query_all(&txn).await.map_err(|e| match e {
+            StoreError::Database(e) => taken(e),
+            e => e,
+        })?;
+        // The runs' rows (the only ones with an `event_id`), then the updated events' ids.
+        let mut inserted: HashMap<uuid::Uuid, run::Model> = HashMap::new();
+        let mut updated: HashSet<uuid::Uuid> = HashSet::new();
+        for row in &rows {
+            if row.try_get::<uuid::Uuid>("", "event_id").is_ok() {
+                let model = run::Model::from_query_result(row, "")?;
+                inserted.insert(model.id, model);
+            } else {
+                updated.insert(row.try_get("", "id")?);
+            }
+        }
+        // A run written whose event was not updated: the event was deleted (retention)
+        // since the reads. Dropping `txn` rolls the batch back (alone, that start then
+        // fails with its own event's id).
+        if inserted.len() != updated.len() {
+            return Err(StoreError::not_found("an event of the run starts"));
+        }
+        txn.commit().await?;
+        let mut outcomes = Vec::with_capacity(starts.len());
+        for (start, (present, (latest_cursor, state))) in starts.iter().zip(reads) {
+            if !present {
+                outcomes.push(Err(StoreError::not_found(format!(
+                    "event {}",
+                    start.event_id
+                ))));
+                continue;
+            }
+            outcomes.push(match inserted.remove(&start.id.into_uuid()) {
+                Some(model) => Ok(Some(StartedRun {
+                    run: run_record(model)?,
+                    latest_cursor,
+                    state,
+                })),
+                // Nothing written: the event has a run already, or there is no such event.
+                None => match crate::EventLog::routing(self, start.event_id).await? {
+                    Some(_) => Ok(None),
+                    None => Err(StoreError::not_found(format!("event {}", start.event_id))),
+                },
+            });
+        }
+        Ok(outcomes)
+    }
+
+    /// [`Self::start_together`] on SQLite for a batch with an event update that cannot
+    /// merge in place: the runs' insert first, then the updates (the others read-modify-
+    /// write) and user rows of the runs it wrote, then the commit.
+    async fn start_in_steps(
+        &self,
+        starts: &[Start],
+        reads: Vec<StartReadsFound>,
+    ) -> Result<Vec<Result<Option<StartedRun>>>> {
+        let taken = |e| run_id_taken(starts, e);
         let txn = self.write_txn().await?;
         // Every run in one multi-row insert (each SQLite statement is a hand-over to the
         // connection's thread and back): an event that has a run already skips its row; a
