@@ -665,6 +665,11 @@ fn last_sequences_update(maxima: &HashMap<Uuid, i64>) -> Option<sea_orm::UpdateM
     )
 }
 
+/// A start's event does not exist.
+fn event_not_found(id: EventId) -> StoreError {
+    StoreError::not_found(format!("event {id}"))
+}
+
 /// The error of a start batch whose insert failed: a taken run id is a conflict (the caller
 /// then starts one by one, and the start whose id it is fails alone).
 fn run_id_taken(starts: &[Start], e: sea_orm::DbErr) -> StoreError {
@@ -710,7 +715,7 @@ impl SqlStore {
                     // Nothing written: the event has a run already, or there is no such event.
                     None => match crate::EventLog::routing(self, start.event_id).await? {
                         Some(_) => Ok(None),
-                        None => Err(StoreError::not_found(format!("event {}", start.event_id))),
+                        None => Err(event_not_found(start.event_id)),
                     },
                 });
             }
@@ -741,12 +746,40 @@ impl SqlStore {
                 }
             }
         }
-        if writing.is_empty() {
-            return Ok(starts
-                .iter()
-                .map(|start| Err(StoreError::not_found(format!("event {}", start.event_id))))
-                .collect());
+        let mut inserted = if writing.is_empty() {
+            HashMap::new()
+        } else {
+            self.write_starts(&writing, &updates)
+                .await
+                .map_err(|e| match e {
+                    StoreError::Database(e) => taken(e),
+                    e => e,
+                })?
+        };
+        let mut outcomes = Vec::with_capacity(starts.len());
+        for (start, (present, (latest_cursor, state))) in starts.iter().zip(reads) {
+            outcomes.push(match inserted.remove(&start.id.into_uuid()) {
+                Some(model) => Ok(Some(StartedRun {
+                    run: run_record(model)?,
+                    latest_cursor,
+                    state,
+                })),
+                // The event exists (and still did when the batch committed: see
+                // `write_starts`), so its run was skipped for the one it has already.
+                None if present => Ok(None),
+                None => Err(event_not_found(start.event_id)),
+            });
         }
+        Ok(outcomes)
+    }
+
+    /// The write of [`Self::start_together`]'s SQLite batch `writing` (starts of events
+    /// that existed at the reads), with their event `updates`; returns the runs written.
+    async fn write_starts(
+        &self,
+        writing: &[&Start],
+        updates: &[sea_orm::sea_query::UpdateStatement],
+    ) -> Result<HashMap<uuid::Uuid, run::Model>> {
         let txn = self.write_txn().await?;
         // Every statement of the start in one hand-over (each SQLite statement is a
         // hand-over to the connection's thread and back): the runs in one
@@ -759,7 +792,7 @@ impl SqlStore {
             .on_conflict(one_run_per_event())
             .into_query();
         script.push_query(runs.returning_all());
-        for update in &updates {
+        for update in updates {
             script.push_query(update);
         }
         let user_rows: Vec<_> = writing
@@ -772,12 +805,9 @@ impl SqlStore {
                     .on_conflict(OnConflict::new().do_nothing().to_owned()),
             );
         }
-        let rows = script.query_all(&txn).await.map_err(|e| match e {
-            StoreError::Database(e) => taken(e),
-            e => e,
-        })?;
+        let rows = script.query_all(&txn).await?;
         // The runs' rows (the only ones with an `event_id`), then the updated events' ids.
-        let mut inserted: HashMap<uuid::Uuid, run::Model> = HashMap::new();
+        let mut inserted = HashMap::new();
         let mut updated: HashSet<uuid::Uuid> = HashSet::new();
         for row in &rows {
             if row.try_get::<uuid::Uuid>("", "event_id").is_ok() {
@@ -794,29 +824,7 @@ impl SqlStore {
             return Err(StoreError::not_found("an event of the run starts"));
         }
         txn.commit().await?;
-        let mut outcomes = Vec::with_capacity(starts.len());
-        for (start, (present, (latest_cursor, state))) in starts.iter().zip(reads) {
-            if !present {
-                outcomes.push(Err(StoreError::not_found(format!(
-                    "event {}",
-                    start.event_id
-                ))));
-                continue;
-            }
-            outcomes.push(match inserted.remove(&start.id.into_uuid()) {
-                Some(model) => Ok(Some(StartedRun {
-                    run: run_record(model)?,
-                    latest_cursor,
-                    state,
-                })),
-                // Nothing written: the event has a run already, or there is no such event.
-                None => match crate::EventLog::routing(self, start.event_id).await? {
-                    Some(_) => Ok(None),
-                    None => Err(StoreError::not_found(format!("event {}", start.event_id))),
-                },
-            });
-        }
-        Ok(outcomes)
+        Ok(inserted)
     }
 
     /// [`Self::start_together`] on SQLite for a batch with an event update that cannot
