@@ -23,11 +23,20 @@
 //!  claim(batch, lease) (when woken, polled, or after a failure)
 //!        │ rows
 //!        ▼
-//!  publish_batch (confirmed) ──all ok──▶ mark_published(all) ──▶ wait for a hand-over, a
-//!        │ some failed                                            wake, the poll or shutdown
-//!        ▼
-//!  mark_published(ok ones), release(failed ones), back off (exponential, capped)
+//!  publish_batch (confirmed) ──all ok──▶ ids join the unmarked ──▶ wait for a hand-over, a
+//!        │ some failed                                            wake, the poll, the mark
+//!        ▼                                                        delay or shutdown
+//!  ok ids join the unmarked, release(failed ones), back off (exponential, capped)
+//!
+//!  unmarked ids ──mark_delay after the first, or MARK_AT_ONCE of them, or shutdown──▶
+//!  mark_published(all of them)
 //! ```
+//!
+//! **Marks are deferred**: a confirmed row stays leased to this relay (its lease is seconds,
+//! the mark delay a fraction of it), so nobody claims it meanwhile, and a busy relay marks a
+//! few times a second in one statement instead of once per round — on SQLite every round's
+//! mark was a command of the one writer, as many as the ingest commits. [`OutboxRelay::round`]
+//! still settles its rows before it returns.
 //!
 //! Delivery is at-least-once: a crash between the confirm and `mark_published` (or a lease
 //! that ran out mid-publish) publishes a row again, and the orchestrator dedupes on the
@@ -61,6 +70,10 @@ pub struct RelayOptions {
     /// How often to look for rows nobody woke us for (other gateways' rows after they died,
     /// rows left by a broker outage).
     pub poll_interval: Duration,
+    /// How long confirmed rows wait to be marked published, so that the rows of many rounds
+    /// are marked together. Must stay well below `handover_lease` (and `lease`): a row is
+    /// protected from other relays by its lease only until it is marked.
+    pub mark_delay: Duration,
     /// Back-off after failed rounds (bounded, so that publishing resumes within seconds of
     /// the broker coming back).
     pub retry: RetryPolicy,
@@ -75,6 +88,8 @@ impl Default for RelayOptions {
             lease: Duration::from_secs(30),
             handover_lease: Duration::from_secs(5),
             poll_interval: Duration::from_millis(500),
+            // A twenty-fifth of the hand-over lease: at most a few marks a second.
+            mark_delay: Duration::from_millis(200),
             retry: RetryPolicy::new(Duration::from_millis(100), Duration::from_secs(5)),
         }
     }
@@ -201,6 +216,12 @@ impl OutboxRelay {
     /// are marked or released), so nothing stays leased needlessly after a clean shutdown.
     pub async fn run(self, shutdown: CancellationToken) {
         let _attached = Attached::new(&self.handle);
+        let (unmarked, marks) = tokio::sync::mpsc::unbounded_channel();
+        let marker = tokio::spawn(mark_deferred(
+            Arc::clone(&self.outbox),
+            marks,
+            self.options.mark_delay,
+        ));
         let mut retry = self.options.retry.start();
         let mut gauge_due = tokio::time::Instant::now();
         // The first round claims: rows may have been left by an earlier run.
@@ -219,7 +240,13 @@ impl OutboxRelay {
                 }
             }
             claim |= self.handle.take_claim();
-            let pause = match self.publish_round(self.handle.take_handed(), claim).await {
+            let round = self.publish_round(self.handle.take_handed(), claim).await;
+            let round = round.map(|(report, published)| {
+                // Only fails once the marker is gone, which it is not before the loop ends.
+                let _ = unmarked.send(published);
+                report
+            });
+            let pause = match round {
                 Ok(report) if report.failed == 0 => {
                     retry.reset();
                     // A full claim: there is probably more; go again at once. Otherwise
@@ -257,22 +284,34 @@ impl OutboxRelay {
                 () = tokio::time::sleep(sleep) => claim = true,
             }
         }
+        // The marker marks what it holds once its channel closes.
+        drop(unmarked);
+        if let Err(error) = marker.await {
+            tracing::warn!(%error, "outbox marker task failed");
+        }
         tracing::info!("outbox relay stopped");
     }
 
-    /// Claims, publishes and settles one batch.
+    /// Claims, publishes and settles one batch: the published rows are marked before it
+    /// returns.
     pub async fn round(&self) -> Result<RoundReport, sb_store::StoreError> {
-        self.publish_round(Vec::new(), true).await
+        let (report, published) = self.publish_round(Vec::new(), true).await?;
+        if !published.is_empty() {
+            self.outbox.mark_published(&published).await?;
+        }
+        Ok(report)
     }
 
-    /// Publishes and settles `handed` rows together with a claimed batch if `claim`: one
-    /// confirmed publish and one mark for both. If the claim fails, the handed rows are
-    /// still published before the error is returned.
+    /// Publishes `handed` rows together with a claimed batch if `claim` (one confirmed
+    /// publish for both) and releases those not confirmed; returns the ids of the confirmed
+    /// rows, which the caller marks. If the claim fails, the handed rows are still published
+    /// (and left leased, to be published again once the lease runs out) before the error is
+    /// returned.
     async fn publish_round(
         &self,
         mut rows: Vec<OutboxMessage>,
         claim: bool,
-    ) -> Result<RoundReport, sb_store::StoreError> {
+    ) -> Result<(RoundReport, Vec<i64>), sb_store::StoreError> {
         let mut claimed = 0;
         if claim {
             match self
@@ -290,17 +329,18 @@ impl OutboxRelay {
                 }
             }
         }
-        Ok(RoundReport {
-            claimed,
-            ..self.publish(rows).await?
-        })
+        let (report, published) = self.publish(rows).await?;
+        Ok((RoundReport { claimed, ..report }, published))
     }
 
-    /// Publishes leased rows (confirmed), marks the confirmed ones published and releases
-    /// the others.
-    async fn publish(&self, rows: Vec<OutboxMessage>) -> Result<RoundReport, sb_store::StoreError> {
+    /// Publishes leased rows (confirmed) and releases those not confirmed; returns the ids
+    /// of the confirmed ones.
+    async fn publish(
+        &self,
+        rows: Vec<OutboxMessage>,
+    ) -> Result<(RoundReport, Vec<i64>), sb_store::StoreError> {
         if rows.is_empty() {
-            return Ok(RoundReport::default());
+            return Ok((RoundReport::default(), Vec::new()));
         }
         let ids: Vec<i64> = rows.iter().map(|r| r.id).collect();
         let messages: Vec<Outgoing> = rows.iter().map(to_outgoing).collect();
@@ -315,7 +355,6 @@ impl OutboxRelay {
             }
         };
         if !published.is_empty() {
-            self.outbox.mark_published(&published).await?;
             for row in rows.iter().filter(|r| published.contains(&r.id)) {
                 // The base name (`events`, `runs`, …): low cardinality whatever the prefix.
                 let exchange = row.exchange.rsplit('.').next().unwrap_or_default();
@@ -328,11 +367,60 @@ impl OutboxRelay {
             // retry; if this fails too, the lease expiry returns them.
             self.outbox.release(&failed).await?;
         }
-        Ok(RoundReport {
+        let report = RoundReport {
             claimed: 0,
             published: published.len(),
             failed: failed.len(),
-        })
+        };
+        Ok((report, published))
+    }
+}
+
+/// Marking many confirmed rows at once is one statement per chunk; beyond this many the
+/// marker does not wait for the delay.
+const MARK_AT_ONCE: usize = 1_000;
+
+/// The relay loop's marker: marks the ids it receives published, together, `delay` after the
+/// first of them arrived (or at once when [`MARK_AT_ONCE`] are waiting), and what it still
+/// holds when the channel closes. A failed mark keeps its ids for the next one: until
+/// they are marked, the rows stay leased to this relay, and if the lease runs out first they
+/// are published again (at-least-once, as after a crash).
+async fn mark_deferred(
+    outbox: Arc<dyn Outbox>,
+    mut marks: tokio::sync::mpsc::UnboundedReceiver<Vec<i64>>,
+    delay: Duration,
+) {
+    let mut ids: Vec<i64> = Vec::new();
+    let mut open = true;
+    while open {
+        if ids.is_empty() {
+            match marks.recv().await {
+                Some(more) => ids.extend(more),
+                None => break,
+            }
+        }
+        let due = tokio::time::Instant::now() + delay;
+        while ids.len() < MARK_AT_ONCE {
+            tokio::select! {
+                more = marks.recv() => match more {
+                    Some(more) => ids.extend(more),
+                    None => {
+                        open = false;
+                        break;
+                    }
+                },
+                () = tokio::time::sleep_until(due) => break,
+            }
+        }
+        if ids.is_empty() {
+            continue;
+        }
+        match outbox.mark_published(&ids).await {
+            Ok(()) => ids.clear(),
+            Err(error) => {
+                tracing::warn!(%error, rows = ids.len(), "marking outbox rows published failed; retrying");
+            }
+        }
     }
 }
 

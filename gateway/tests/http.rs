@@ -554,6 +554,71 @@ async fn the_relay_task_publishes_right_after_ingest() {
 }
 
 #[tokio::test]
+async fn the_relay_task_marks_published_rows_together_after_the_mark_delay() {
+    let h = harness().await;
+    let relay = |mark_delay| {
+        OutboxRelay::new(
+            h.stores.outbox.clone(),
+            h.bus.clone(),
+            h.state.relay().clone(),
+            RelayOptions {
+                poll_interval: Duration::from_secs(60),
+                mark_delay,
+                ..RelayOptions::default()
+            },
+        )
+    };
+    // A mark delay longer than the test: published rows stay unmarked (and leased, so no
+    // claim takes them) until the relay stops, which marks what it holds.
+    let token = h.shutdown.child_token();
+    let task = tokio::spawn(relay(Duration::from_secs(600)).run(token.clone()));
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    h.ingested(&message("one")).await;
+    h.ingested(&message("two")).await;
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(5);
+    while h.events_queue_messages() < 2 {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "relay did not publish"
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    assert_eq!(
+        h.stores.outbox.pending().await.unwrap(),
+        2,
+        "marked before the delay"
+    );
+    assert_eq!(
+        h.relay_round().await.claimed,
+        0,
+        "unmarked rows stay leased"
+    );
+    token.cancel();
+    tokio::time::timeout(Duration::from_secs(5), task)
+        .await
+        .expect("relay stops on shutdown")
+        .unwrap();
+    assert_eq!(
+        h.stores.outbox.pending().await.unwrap(),
+        0,
+        "marked on shutdown"
+    );
+
+    // A short delay: rows are marked while the relay runs.
+    let token = h.shutdown.child_token();
+    let task = tokio::spawn(relay(Duration::from_millis(20)).run(token.clone()));
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    h.ingested(&message("three")).await;
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(5);
+    while h.events_queue_messages() < 3 || h.stores.outbox.pending().await.unwrap() > 0 {
+        assert!(tokio::time::Instant::now() < deadline, "relay did not mark");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    token.cancel();
+    task.await.unwrap();
+}
+
+#[tokio::test]
 async fn relay_releases_rows_it_cannot_publish() {
     let h = harness().await;
     h.ingested(&message("x")).await;
