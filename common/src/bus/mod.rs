@@ -758,23 +758,42 @@ pub(crate) fn check_name(name: &str) -> Result<()> {
 
 /// `true` if a topic `pattern` (`*` = one word, `#` = zero or more words) matches `key`.
 pub fn topic_matches(pattern: &str, key: &str) -> bool {
-    fn go(p: &[&str], k: &[&str]) -> bool {
-        match p.split_first() {
-            None => k.is_empty(),
-            Some((&"#", rest)) => (0..=k.len()).any(|skip| go(rest, &k[skip..])),
-            Some((&"*", rest)) => !k.is_empty() && go(rest, &k[1..]),
-            Some((word, rest)) => k.first() == Some(word) && go(rest, &k[1..]),
+    // Without allocating: the memory bus matches every binding of a topic exchange on every
+    // publish (a gateway's bindings are one per watched run or conversation).
+    fn go<'a, P, K>(mut p: P, mut k: K) -> bool
+    where
+        P: Iterator<Item = &'a str> + Clone,
+        K: Iterator<Item = &'a str> + Clone,
+    {
+        loop {
+            match p.next() {
+                None => return k.next().is_none(),
+                Some("#") => loop {
+                    if go(p.clone(), k.clone()) {
+                        return true;
+                    }
+                    if k.next().is_none() {
+                        return false;
+                    }
+                },
+                Some("*") => {
+                    if k.next().is_none() {
+                        return false;
+                    }
+                }
+                Some(word) => {
+                    if k.next() != Some(word) {
+                        return false;
+                    }
+                }
+            }
         }
     }
-    let p: Vec<&str> = pattern.split('.').collect();
-    let k: Vec<&str> = if key.is_empty() {
-        Vec::new()
-    } else {
-        key.split('.').collect()
-    };
-    // An empty pattern matches only the empty key.
-    let p: Vec<&str> = if pattern.is_empty() { Vec::new() } else { p };
-    go(&p, &k)
+    // An empty pattern or key has no words (not one empty word).
+    fn words(s: &str) -> impl Iterator<Item = &str> + Clone {
+        (!s.is_empty()).then(|| s.split('.')).into_iter().flatten()
+    }
+    go(words(pattern), words(key))
 }
 
 /// Default time a backend waits for the broker before failing a call with
@@ -805,6 +824,11 @@ mod tests {
         assert!(!topic_matches("*.*.run1", "ws.conv.run2"));
         assert!(topic_matches("", ""));
         assert!(!topic_matches("", "a"));
+        assert!(topic_matches("#.#", "a"));
+        assert!(topic_matches("a.*.#", "a.b"));
+        assert!(!topic_matches("a.*.#", "a"));
+        assert!(topic_matches("a.#.b.#", "a.x.b.y.b"));
+        assert!(!topic_matches("a.#.b", "a.b.c"));
     }
 
     #[test]

@@ -1303,14 +1303,18 @@ impl SqlStore {
     ) -> Result<HashSet<(Uuid, i64)>> {
         let txn = self.write_txn().await?;
         type Writes = (Option<RunOutcome>, Option<crate::NewTranscriptItem>);
-        let mut writes: HashMap<(Uuid, i64), Writes> = events
-            .iter()
+        let mut events = events;
+        // Taken out of the rows (the insert needs neither), not cloned; of a key given twice,
+        // the last occurrence's writes are kept.
+        let mut writes: HashMap<(Uuid, i64), Writes> = HashMap::new();
+        for e in events
+            .iter_mut()
             .filter(|e| e.ends_run.is_some() || e.transcript.is_some())
-            .map(|e| {
-                let key = (e.run_id.into_uuid(), e.sequence);
-                (key, (e.ends_run.clone(), e.transcript.clone()))
-            })
-            .collect();
+        {
+            let key = (e.run_id.into_uuid(), e.sequence);
+            let taken = (e.ends_run.take(), e.transcript.take());
+            writes.insert(key, taken);
+        }
         let mut new_keys: HashSet<(Uuid, i64)> = HashSet::new();
         let mut events = events.into_iter().peekable();
         while events.peek().is_some() {
