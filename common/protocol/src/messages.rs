@@ -637,6 +637,76 @@ pub fn encode<M: BusMessage>(message: &M) -> Vec<u8> {
     serde_json::to_vec(message).unwrap_or_default()
 }
 
+/// The live-delivery body of persisted `messages` (consecutive items of one run, ascending):
+/// a [`DeliveryMessage`] for one, a [`DeliveryBatch`] for several, byte for byte as
+/// [`encode`] writes those, but serialized from the messages in place — the sink keeps its
+/// items, so building the owned forms would copy every result only to serialize it. Empty
+/// for no messages.
+#[must_use]
+pub fn encode_delivery(messages: &[&ResultMessage]) -> Vec<u8> {
+    /// [`DeliveryMessage`], borrowed (same fields, same order, same attributes).
+    #[derive(Serialize)]
+    struct Single<'a> {
+        schema: DeliverySchema,
+        run_id: RunId,
+        workspace_id: &'a WorkspaceId,
+        conversation_id: &'a Option<String>,
+        sequence: u64,
+        result: &'a AgentRunResult,
+        #[serde(skip_serializing_if = "Option::is_none")]
+        event_id: Option<EventId>,
+    }
+    /// [`SequencedResult`], borrowed.
+    #[derive(Serialize)]
+    struct Item<'a> {
+        sequence: u64,
+        result: &'a AgentRunResult,
+    }
+    /// [`DeliveryBatch`], borrowed.
+    #[derive(Serialize)]
+    struct Batch<'a> {
+        schema: DeliveryBatchSchema,
+        run_id: RunId,
+        workspace_id: &'a WorkspaceId,
+        conversation_id: &'a Option<String>,
+        items: Vec<Item<'a>>,
+        #[serde(skip_serializing_if = "Option::is_none")]
+        event_id: Option<EventId>,
+    }
+    let Some(first) = messages.first() else {
+        return Vec::new();
+    };
+    let event_id = first.run.as_ref().map(|facts| facts.event_id);
+    // Bodies contain only strings, numbers, maps and ids: serialization cannot fail.
+    if let [single] = messages {
+        serde_json::to_vec(&Single {
+            schema: DeliverySchema,
+            run_id: single.run_id,
+            workspace_id: &single.workspace_id,
+            conversation_id: &single.conversation_id,
+            sequence: single.sequence,
+            result: &single.result,
+            event_id,
+        })
+    } else {
+        serde_json::to_vec(&Batch {
+            schema: DeliveryBatchSchema,
+            run_id: first.run_id,
+            workspace_id: &first.workspace_id,
+            conversation_id: &first.conversation_id,
+            items: messages
+                .iter()
+                .map(|m| Item {
+                    sequence: m.sequence,
+                    result: &m.result,
+                })
+                .collect(),
+            event_id,
+        })
+    }
+    .unwrap_or_default()
+}
+
 /// Decodes a bus body, checking `schema` first so that a message of the wrong kind or
 /// version gets a [`DecodeError::WrongSchema`] rather than a confusing field error.
 pub fn decode<M: BusMessage>(bytes: &[u8]) -> Result<M, DecodeError> {
@@ -757,6 +827,13 @@ mod tests {
         );
         assert_eq!(decode_deliveries(&encode(&one)).unwrap(), vec![single]);
         assert!(DeliveryBatch::of(&[]).is_none());
+        // The sink's in-place encoding writes the same bytes.
+        assert_eq!(encode_delivery(&refs), encode(&deliveries));
+        assert_eq!(
+            encode_delivery(&[&one]),
+            encode(&DeliveryMessage::from(one.clone()))
+        );
+        assert!(encode_delivery(&[]).is_empty());
         // An empty batch and another schema are refused.
         let empty = ResultBatch::new(run, ws.clone(), None, []);
         assert!(matches!(
@@ -785,6 +862,14 @@ mod tests {
         let singles = decode_results(&encode(&batch)).unwrap();
         assert!(singles.iter().all(|m| m.run.as_ref() == Some(&facts)));
         let refs: Vec<&ResultMessage> = singles.iter().collect();
+        assert_eq!(
+            encode_delivery(&refs),
+            encode(&DeliveryBatch::of(&refs).unwrap())
+        );
+        assert_eq!(
+            encode_delivery(&refs[..1]),
+            encode(&DeliveryMessage::from(singles[0].clone()))
+        );
         let deliveries = decode_deliveries(&encode(&DeliveryBatch::of(&refs).unwrap())).unwrap();
         assert!(
             deliveries

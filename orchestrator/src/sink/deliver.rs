@@ -4,7 +4,7 @@ use sb_common::bus::topology::deliveries_routing_key;
 use sb_common::bus::{Outgoing, PublishOptions};
 use sb_common::telemetry::{Metrics, names};
 use sb_protocol::ids::RunId;
-use sb_protocol::messages::{self, DeliveryBatch, DeliveryMessage, ResultMessage};
+use sb_protocol::messages::{self, ResultMessage};
 
 use super::{Item, ResultSink};
 use crate::error::{OrchestratorError, Result};
@@ -14,11 +14,7 @@ impl ResultSink {
     /// `switchboard.deliveries/1` message (or a single `switchboard.delivery/1`).
     pub(super) fn outgoing(&self, messages: &[&ResultMessage]) -> Outgoing {
         let first = messages[0];
-        let body = if let [single] = messages {
-            messages::encode(&DeliveryMessage::from((*single).clone()))
-        } else {
-            DeliveryBatch::of(messages).map_or_else(Vec::new, |b| messages::encode(&b))
-        };
+        let body = messages::encode_delivery(messages);
         Outgoing {
             exchange: self.deps.topology.deliveries_exchange(),
             routing_key: deliveries_routing_key(
