@@ -232,6 +232,16 @@ impl Harness {
             })
             .sum()
     }
+
+    /// Waits (at most 5 s, else panics with `failure`) until the events queues hold `n`
+    /// messages.
+    async fn wait_for_event_messages(&self, n: usize, failure: &str) {
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(5);
+        while self.events_queue_messages() < n {
+            assert!(tokio::time::Instant::now() < deadline, "{failure}");
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+    }
 }
 
 fn message(text: &str) -> Value {
@@ -538,14 +548,8 @@ async fn the_relay_task_publishes_right_after_ingest() {
     tokio::time::sleep(Duration::from_millis(50)).await;
     h.ingested(&message("one")).await;
     h.ingested(&message("two")).await;
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(5);
-    while h.events_queue_messages() < 2 {
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "relay did not publish after the wake-up"
-        );
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
+    h.wait_for_event_messages(2, "relay did not publish after the wake-up")
+        .await;
     h.shutdown.trigger();
     tokio::time::timeout(Duration::from_secs(5), task)
         .await
@@ -575,14 +579,7 @@ async fn the_relay_task_marks_published_rows_together_after_the_mark_delay() {
     tokio::time::sleep(Duration::from_millis(50)).await;
     h.ingested(&message("one")).await;
     h.ingested(&message("two")).await;
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(5);
-    while h.events_queue_messages() < 2 {
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "relay did not publish"
-        );
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
+    h.wait_for_event_messages(2, "relay did not publish").await;
     assert_eq!(
         h.stores.outbox.pending().await.unwrap(),
         2,
