@@ -240,12 +240,14 @@ impl OutboxRelay {
                 }
             }
             claim |= self.handle.take_claim();
-            let round = self.publish_round(self.handle.take_handed(), claim).await;
-            let round = round.map(|(report, published)| {
+            let mut published = Vec::new();
+            let round = self
+                .publish_round(self.handle.take_handed(), claim, &mut published)
+                .await;
+            if !published.is_empty() {
                 // Only fails once the marker is gone, which it is not before the loop ends.
                 let _ = unmarked.send(published);
-                report
-            });
+            }
             let pause = match round {
                 Ok(report) if report.failed == 0 => {
                     retry.reset();
@@ -295,23 +297,25 @@ impl OutboxRelay {
     /// Claims, publishes and settles one batch: the published rows are marked before it
     /// returns.
     pub async fn round(&self) -> Result<RoundReport, sb_store::StoreError> {
-        let (report, published) = self.publish_round(Vec::new(), true).await?;
+        let mut published = Vec::new();
+        let report = self.publish_round(Vec::new(), true, &mut published).await;
         if !published.is_empty() {
             self.outbox.mark_published(&published).await?;
         }
-        Ok(report)
+        report
     }
 
     /// Publishes `handed` rows together with a claimed batch if `claim` (one confirmed
-    /// publish for both) and releases those not confirmed; returns the ids of the confirmed
-    /// rows, which the caller marks. If the claim fails, the handed rows are still published
-    /// (and left leased, to be published again once the lease runs out) before the error is
-    /// returned.
+    /// publish for both) and releases those not confirmed; the ids of the confirmed rows are
+    /// added to `published`, for the caller to mark, also when an error is returned after
+    /// the publish. If the claim fails, the handed rows are still published before the
+    /// error is returned.
     async fn publish_round(
         &self,
         mut rows: Vec<OutboxMessage>,
         claim: bool,
-    ) -> Result<(RoundReport, Vec<i64>), sb_store::StoreError> {
+        published: &mut Vec<i64>,
+    ) -> Result<RoundReport, sb_store::StoreError> {
         let mut claimed = 0;
         if claim {
             match self
@@ -324,27 +328,30 @@ impl OutboxRelay {
                     rows.extend(batch);
                 }
                 Err(error) => {
-                    self.publish(rows).await?;
+                    self.publish(rows, published).await?;
                     return Err(error);
                 }
             }
         }
-        let (report, published) = self.publish(rows).await?;
-        Ok((RoundReport { claimed, ..report }, published))
+        Ok(RoundReport {
+            claimed,
+            ..self.publish(rows, published).await?
+        })
     }
 
-    /// Publishes leased rows (confirmed) and releases those not confirmed; returns the ids
-    /// of the confirmed ones.
+    /// Publishes leased rows (confirmed), adds the ids of the confirmed ones to `published`
+    /// and releases the others.
     async fn publish(
         &self,
         rows: Vec<OutboxMessage>,
-    ) -> Result<(RoundReport, Vec<i64>), sb_store::StoreError> {
+        published: &mut Vec<i64>,
+    ) -> Result<RoundReport, sb_store::StoreError> {
         if rows.is_empty() {
-            return Ok((RoundReport::default(), Vec::new()));
+            return Ok(RoundReport::default());
         }
         let ids: Vec<i64> = rows.iter().map(|r| r.id).collect();
         let messages: Vec<Outgoing> = rows.iter().map(to_outgoing).collect();
-        let (published, failed): (Vec<i64>, Vec<i64>) = match self.bus.publish_batch(messages).await
+        let (confirmed, failed): (Vec<i64>, Vec<i64>) = match self.bus.publish_batch(messages).await
         {
             Ok(()) => (ids, Vec::new()),
             Err(err) => {
@@ -354,25 +361,27 @@ impl OutboxRelay {
                 split_ids(&ids, |i| err.is_failed(i))
             }
         };
-        if !published.is_empty() {
-            for row in rows.iter().filter(|r| published.contains(&r.id)) {
+        if !confirmed.is_empty() {
+            for row in rows.iter().filter(|r| confirmed.contains(&r.id)) {
                 // The base name (`events`, `runs`, …): low cardinality whatever the prefix.
                 let exchange = row.exchange.rsplit('.').next().unwrap_or_default();
                 self.metrics
                     .inc(names::BUS_PUBLISHED_TOTAL, &[("exchange", exchange)]);
             }
         }
+        let report = RoundReport {
+            claimed: 0,
+            published: confirmed.len(),
+            failed: failed.len(),
+        };
+        // Before the release, which may fail: confirmed rows are marked either way.
+        published.extend(confirmed);
         if !failed.is_empty() {
             // Give them back at once so any relay (maybe one with a working connection) can
             // retry; if this fails too, the lease expiry returns them.
             self.outbox.release(&failed).await?;
         }
-        let report = RoundReport {
-            claimed: 0,
-            published: published.len(),
-            failed: failed.len(),
-        };
-        Ok((report, published))
+        Ok(report)
     }
 }
 
