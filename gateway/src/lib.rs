@@ -474,7 +474,8 @@ pub async fn run(
 
 /// Serves on an already bound listener (tests bind port 0): starts live delivery and the
 /// outbox relay, serves until `shutdown` fires, then lets in-flight requests finish
-/// (streams end on shutdown, so they do not hold the server up).
+/// (streams end on shutdown, so they do not hold the server up) and the relay mark the rows
+/// it published (its marks are deferred).
 pub async fn serve(
     listener: TcpListener,
     deps: GatewayDeps,
@@ -489,12 +490,15 @@ pub async fn serve(
         state.options().relay,
     );
     let token = shutdown.token();
-    shutdown.spawn("outbox-relay", relay.run(token.clone()))?;
+    let relay = shutdown.spawn("outbox-relay", relay.run(token.clone()))?;
     if let Ok(addr) = listener.local_addr() {
         tracing::info!(%addr, gateway_id = %state.options().gateway_id, "gateway listening");
     }
     // Connection options (no Nagle, hyper's ceilings above our head limits): see `server`.
     server::serve(listener, app(state), token).await;
+    if let Err(error) = relay.await {
+        tracing::warn!(%error, "outbox relay task failed");
+    }
     tracing::info!("gateway stopped");
     Ok(())
 }
