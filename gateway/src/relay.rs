@@ -86,9 +86,9 @@ impl Default for RelayOptions {
             // A confirmed batch takes milliseconds; 30 s leaves room for a slow broker without
             // stalling rows of a crashed relay for long.
             lease: Duration::from_secs(30),
+            // `gateway.outbox_handover_lease`, `gateway.outbox_mark_delay`: see there.
             handover_lease: Duration::from_secs(5),
             poll_interval: Duration::from_millis(500),
-            // A twenty-fifth of the hand-over lease: at most a few marks a second.
             mark_delay: Duration::from_millis(200),
             retry: RetryPolicy::new(Duration::from_millis(100), Duration::from_secs(5)),
         }
@@ -221,6 +221,7 @@ impl OutboxRelay {
             Arc::clone(&self.outbox),
             marks,
             self.options.mark_delay,
+            self.options.retry,
         ));
         let mut retry = self.options.retry.start();
         let mut gauge_due = tokio::time::Instant::now();
@@ -361,13 +362,11 @@ impl OutboxRelay {
                 split_ids(&ids, |i| err.is_failed(i))
             }
         };
-        if !confirmed.is_empty() {
-            for row in rows.iter().filter(|r| confirmed.contains(&r.id)) {
-                // The base name (`events`, `runs`, …): low cardinality whatever the prefix.
-                let exchange = row.exchange.rsplit('.').next().unwrap_or_default();
-                self.metrics
-                    .inc(names::BUS_PUBLISHED_TOTAL, &[("exchange", exchange)]);
-            }
+        for row in rows.iter().filter(|r| confirmed.contains(&r.id)) {
+            // The base name (`events`, `runs`, …): low cardinality whatever the prefix.
+            let exchange = row.exchange.rsplit('.').next().unwrap_or_default();
+            self.metrics
+                .inc(names::BUS_PUBLISHED_TOTAL, &[("exchange", exchange)]);
         }
         let report = RoundReport {
             claimed: 0,
@@ -391,15 +390,20 @@ const MARK_AT_ONCE: usize = 1_000;
 
 /// The relay loop's marker: marks the ids it receives published, together, `delay` after the
 /// first of them arrived (or at once when [`MARK_AT_ONCE`] are waiting), and what it still
-/// holds when the channel closes. A failed mark keeps its ids for the next one: until
-/// they are marked, the rows stay leased to this relay, and if the lease runs out first they
-/// are published again (at-least-once, as after a crash).
+/// holds when the channel closes. A failed mark keeps its ids for the next one, tried after
+/// `retry`'s back-off (at least `delay`): until they are marked, the rows stay leased to this
+/// relay, and if the lease runs out first they are published again (at-least-once, as after
+/// a crash).
 async fn mark_deferred(
     outbox: Arc<dyn Outbox>,
     mut marks: tokio::sync::mpsc::UnboundedReceiver<Vec<i64>>,
     delay: Duration,
+    retry: RetryPolicy,
 ) {
     let mut ids: Vec<i64> = Vec::new();
+    let mut failures = retry.start();
+    // The wait before the next mark: `delay`, or the back-off after failed marks.
+    let mut wait = delay;
     let mut open = true;
     while open {
         if ids.is_empty() {
@@ -408,8 +412,14 @@ async fn mark_deferred(
                 None => break,
             }
         }
-        let due = tokio::time::Instant::now() + delay;
-        while ids.len() < MARK_AT_ONCE {
+        let due = tokio::time::Instant::now() + wait;
+        // While backing off, many waiting ids do not cut the pause short.
+        let at_once = if wait > delay {
+            usize::MAX
+        } else {
+            MARK_AT_ONCE
+        };
+        while ids.len() < at_once {
             tokio::select! {
                 more = marks.recv() => match more {
                     Some(more) => ids.extend(more),
@@ -425,9 +435,14 @@ async fn mark_deferred(
             continue;
         }
         match outbox.mark_published(&ids).await {
-            Ok(()) => ids.clear(),
+            Ok(()) => {
+                ids.clear();
+                failures.reset();
+                wait = delay;
+            }
             Err(error) => {
-                tracing::warn!(%error, rows = ids.len(), "marking outbox rows published failed; retrying");
+                wait = delay.max(failures.next_delay());
+                tracing::warn!(%error, rows = ids.len(), retry_in = ?wait, "marking outbox rows published failed; retrying");
             }
         }
     }
@@ -473,6 +488,83 @@ mod tests {
         assert_eq!(b.next_delay(), Duration::from_millis(200));
         assert_eq!(b.next_delay(), Duration::from_millis(350));
         assert_eq!(b.next_delay(), Duration::from_millis(350));
+    }
+
+    /// An outbox whose first `failures` marks fail; records when each mark was tried.
+    struct FlakyMarks {
+        failures: std::sync::atomic::AtomicUsize,
+        tries: Mutex<Vec<(Duration, Vec<i64>)>>,
+        start: tokio::time::Instant,
+    }
+
+    #[async_trait::async_trait]
+    impl Outbox for FlakyMarks {
+        async fn enqueue(
+            &self,
+            _: Vec<sb_store::events::NewOutboxMessage>,
+        ) -> Result<Vec<i64>, sb_store::StoreError> {
+            Ok(Vec::new())
+        }
+        async fn claim(
+            &self,
+            _: u64,
+            _: Duration,
+        ) -> Result<Vec<OutboxMessage>, sb_store::StoreError> {
+            Ok(Vec::new())
+        }
+        async fn mark_published(&self, ids: &[i64]) -> Result<(), sb_store::StoreError> {
+            let at = self.start.elapsed();
+            self.tries.lock().unwrap().push((at, ids.to_vec()));
+            let failing = self
+                .failures
+                .fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| n.checked_sub(1))
+                .is_ok();
+            if failing {
+                Err(sb_store::StoreError::Conflict(
+                    "the database is down".into(),
+                ))
+            } else {
+                Ok(())
+            }
+        }
+        async fn release(&self, _: &[i64]) -> Result<(), sb_store::StoreError> {
+            Ok(())
+        }
+        async fn pending(&self) -> Result<u64, sb_store::StoreError> {
+            Ok(0)
+        }
+        async fn delete_published_before(
+            &self,
+            _: chrono::DateTime<chrono::Utc>,
+            _: u64,
+        ) -> Result<u64, sb_store::StoreError> {
+            Ok(0)
+        }
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_failing_mark_is_retried_with_back_off_and_keeps_its_ids() {
+        let outbox = Arc::new(FlakyMarks {
+            failures: 3.into(),
+            tries: Mutex::new(Vec::new()),
+            start: tokio::time::Instant::now(),
+        });
+        let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
+        let marker = tokio::spawn(mark_deferred(
+            Arc::clone(&outbox) as Arc<dyn Outbox>,
+            rx,
+            Duration::from_millis(200),
+            RetryPolicy::new(Duration::from_millis(100), Duration::from_secs(5)),
+        ));
+        tx.send(vec![1, 2]).unwrap();
+        tokio::time::sleep(Duration::from_secs(2)).await;
+        drop(tx);
+        marker.await.unwrap();
+        let tries = outbox.tries.lock().unwrap().clone();
+        let ms: Vec<u128> = tries.iter().map(|(at, _)| at.as_millis()).collect();
+        // The mark delay, then the back-off (100, 200, 400 ms) but never less than the delay.
+        assert_eq!(ms, vec![200, 400, 600, 1000]);
+        assert!(tries.iter().all(|(_, ids)| ids == &vec![1, 2]), "{tries:?}");
     }
 
     #[test]

@@ -98,6 +98,8 @@ impl GatewayOptions {
             relay: RelayOptions {
                 batch: u64::from(g.outbox_batch.get()),
                 poll_interval: g.outbox_poll_interval,
+                handover_lease: g.outbox_handover_lease,
+                mark_delay: g.outbox_mark_delay,
                 retry: config.retry.policy(),
                 ..RelayOptions::default()
             },

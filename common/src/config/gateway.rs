@@ -28,6 +28,16 @@ pub struct GatewayConfig {
     pub outbox_poll_interval: Duration,
     /// Outbox rows published per relay round.
     pub outbox_batch: NonZeroU32,
+    /// How long the outbox rows of an event ingested by this gateway stay leased to its own
+    /// relay, which publishes them at once: the rows of a gateway that died right after the
+    /// commit wait this long before another gateway's relay publishes them.
+    #[serde(with = "humantime_serde")]
+    pub outbox_handover_lease: Duration,
+    /// How long published outbox rows wait to be marked, so that the rows of many relay
+    /// rounds are marked in one statement. Must be shorter than `outbox_handover_lease`:
+    /// until a row is marked, only its lease keeps other relays from publishing it again.
+    #[serde(with = "humantime_serde")]
+    pub outbox_mark_delay: Duration,
     /// API key lookups kept in memory (least recently used dropped first), so an
     /// authenticated request costs no database query; a revocation still takes effect on
     /// the next request on every gateway (see `sb_gateway::auth`).
@@ -50,6 +60,11 @@ impl Default for GatewayConfig {
             outbox_poll_interval: Duration::from_millis(500),
             // One round drains a typical backlog in a few confirms without a huge transaction.
             outbox_batch: nz32(100),
+            // Short, since the rows are published at once; a crash right after a commit delays
+            // that event's routing by this much.
+            outbox_handover_lease: Duration::from_secs(5),
+            // A twenty-fifth of the hand-over lease: at most a few marks a second.
+            outbox_mark_delay: Duration::from_millis(200),
             // A few hundred bytes each: 10 000 keys cost a few MiB and cover any deployment
             // we know of; a miss is one indexed query.
             key_cache_entries: nzu(10_000),
@@ -63,6 +78,14 @@ impl GatewayConfig {
         let g = self;
         p.positive("gateway.request_timeout", g.request_timeout);
         p.positive("gateway.outbox_poll_interval", g.outbox_poll_interval);
+        p.positive("gateway.outbox_handover_lease", g.outbox_handover_lease);
+        p.positive("gateway.outbox_mark_delay", g.outbox_mark_delay);
+        if g.outbox_mark_delay >= g.outbox_handover_lease {
+            p.push(
+                "gateway.outbox_mark_delay",
+                "must be shorter than gateway.outbox_handover_lease",
+            );
+        }
     }
 }
 
@@ -88,6 +111,16 @@ mod tests {
     #[test]
     fn rejects_zero_outbox_poll_interval() {
         assert_rejected("gateway.outbox_poll_interval", "0ms");
+    }
+
+    #[test]
+    fn rejects_zero_outbox_mark_delay() {
+        assert_rejected("gateway.outbox_mark_delay", "0ms");
+    }
+
+    #[test]
+    fn rejects_an_outbox_mark_delay_not_shorter_than_the_handover_lease() {
+        assert_rejected("gateway.outbox_mark_delay", "5s");
     }
 
     #[test]

@@ -219,8 +219,10 @@ const OUTBOX_INSERT_COLUMNS: [outbox::Column; 9] = [
 /// a message is written only if its event's row exists, and since the events' insert fails
 /// whole on a taken event id, an event whose row exists was written by that insert (a
 /// request whose idempotency key was taken writes no row, and so no message). The rows are
-/// [`outbox_models`]' (the lease is decided there); returns the rows written.
-fn sqlite_outbox_insert(rows: &[(EventId, outbox::ActiveModel)]) -> Statement {
+/// [`outbox_models`]' (the lease is decided there); returns the rows written. Every column
+/// of [`OUTBOX_INSERT_COLUMNS`] must be set on each row: one left unset fails the statement's
+/// building (a bug) instead of writing `NULL`.
+fn sqlite_outbox_insert(rows: &[(EventId, outbox::ActiveModel)]) -> Result<Statement> {
     let columns: Vec<String> = OUTBOX_INSERT_COLUMNS
         .iter()
         .map(|column| format!("\"{}\"", sea_orm::IdenStatic::as_str(column)))
@@ -243,18 +245,26 @@ SELECT {} FROM (VALUES "#,
         }
         sql.push_str(&placeholders);
         values.push(event_id.into_uuid().into());
-        values.extend(OUTBOX_INSERT_COLUMNS.iter().map(|column| {
-            row.get(*column)
-                .into_value()
-                .unwrap_or(sea_orm::Value::Int(None))
-        }));
+        for column in OUTBOX_INSERT_COLUMNS {
+            let value = row.get(column).into_value().ok_or_else(|| {
+                StoreError::Database(sea_orm::DbErr::Custom(format!(
+                    "outbox column {} not set",
+                    sea_orm::IdenStatic::as_str(&column)
+                )))
+            })?;
+            values.push(value);
+        }
     }
     sql.push_str(
         r#") AS v
 WHERE EXISTS (SELECT 1 FROM "event_log" e WHERE e."id" = v.column1)
 RETURNING *"#,
     );
-    Statement::from_sql_and_values(DbBackend::Sqlite, sql, values)
+    Ok(Statement::from_sql_and_values(
+        DbBackend::Sqlite,
+        sql,
+        values,
+    ))
 }
 
 /// An event ready to append: its row and what resolving an idempotency conflict needs.
@@ -591,7 +601,7 @@ impl SqlStore {
             })
             .collect();
         for chunk in messages.chunks(OUTBOX_INSERT_CHUNK) {
-            script.push_statement(sqlite_outbox_insert(chunk));
+            script.push_statement(sqlite_outbox_insert(chunk)?);
         }
         let rows = script
             .query_all(&txn)

@@ -1298,12 +1298,11 @@ impl SqlStore {
     /// the multi-row inserts and the `last_sequence` raise; returns the inserted keys.
     async fn insert_events_in_transaction(
         &self,
-        events: Vec<NewRunEvent>,
+        mut events: Vec<NewRunEvent>,
         now: DateTime<Utc>,
     ) -> Result<HashSet<(Uuid, i64)>> {
         let txn = self.write_txn().await?;
         type Writes = (Option<RunOutcome>, Option<crate::NewTranscriptItem>);
-        let mut events = events;
         // Taken out of the rows (the insert needs neither), not cloned; of a key given twice,
         // the last occurrence's writes are kept.
         let mut writes: HashMap<(Uuid, i64), Writes> = HashMap::new();
