@@ -404,6 +404,8 @@ async fn mark_deferred(
     let mut failures = retry.start();
     // The wait before the next mark: `delay`, or the back-off after failed marks.
     let mut wait = delay;
+    // The last mark failed: the next one waits its whole `wait`, however many ids wait.
+    let mut backing_off = false;
     let mut open = true;
     while open {
         if ids.is_empty() {
@@ -413,8 +415,7 @@ async fn mark_deferred(
             }
         }
         let due = tokio::time::Instant::now() + wait;
-        // While backing off, many waiting ids do not cut the pause short.
-        let at_once = if wait > delay {
+        let at_once = if backing_off {
             usize::MAX
         } else {
             MARK_AT_ONCE
@@ -439,9 +440,11 @@ async fn mark_deferred(
                 ids.clear();
                 failures.reset();
                 wait = delay;
+                backing_off = false;
             }
             Err(error) => {
                 wait = delay.max(failures.next_delay());
+                backing_off = true;
                 tracing::warn!(%error, rows = ids.len(), retry_in = ?wait, "marking outbox rows published failed; retrying");
             }
         }
@@ -542,8 +545,9 @@ mod tests {
         }
     }
 
-    #[tokio::test(start_paused = true)]
-    async fn a_failing_mark_is_retried_with_back_off_and_keeps_its_ids() {
+    /// Runs the marker (200 ms delay, back-off from 100 ms) on an outbox whose first three
+    /// marks fail, sends it `ids`, and returns when each mark was tried (ms) and with what.
+    async fn marks_of_a_flaky_outbox(ids: Vec<i64>) -> Vec<(u128, Vec<i64>)> {
         let outbox = Arc::new(FlakyMarks {
             failures: 3.into(),
             tries: Mutex::new(Vec::new()),
@@ -556,15 +560,34 @@ mod tests {
             Duration::from_millis(200),
             RetryPolicy::new(Duration::from_millis(100), Duration::from_secs(5)),
         ));
-        tx.send(vec![1, 2]).unwrap();
+        tx.send(ids).unwrap();
         tokio::time::sleep(Duration::from_secs(2)).await;
         drop(tx);
         marker.await.unwrap();
         let tries = outbox.tries.lock().unwrap().clone();
-        let ms: Vec<u128> = tries.iter().map(|(at, _)| at.as_millis()).collect();
+        tries
+            .into_iter()
+            .map(|(at, ids)| (at.as_millis(), ids))
+            .collect()
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_failing_mark_is_retried_with_back_off_and_keeps_its_ids() {
+        let tries = marks_of_a_flaky_outbox(vec![1, 2]).await;
+        let ms: Vec<u128> = tries.iter().map(|(at, _)| *at).collect();
         // The mark delay, then the back-off (100, 200, 400 ms) but never less than the delay.
         assert_eq!(ms, vec![200, 400, 600, 1000]);
         assert!(tries.iter().all(|(_, ids)| ids == &vec![1, 2]), "{tries:?}");
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn many_waiting_ids_do_not_cut_the_pause_after_a_failed_mark_short() {
+        let ids: Vec<i64> = (0..MARK_AT_ONCE as i64).collect();
+        let tries = marks_of_a_flaky_outbox(ids.clone()).await;
+        let ms: Vec<u128> = tries.iter().map(|(at, _)| *at).collect();
+        // At once (enough ids), then never sooner than the delay after a failure.
+        assert_eq!(ms, vec![0, 200, 400, 800]);
+        assert!(tries.iter().all(|(_, tried)| tried == &ids));
     }
 
     #[test]
