@@ -6,7 +6,6 @@ use sb_protocol::host::AgentEventEnvelope;
 use sb_protocol::messages::EventMessage;
 use sb_rules::bindings;
 use sb_store::{EventRecord, EventStatus, EventTarget, RunStatus, TurnTag};
-use serde::Deserialize as _;
 
 use super::{EventRouter, RouteOutcome};
 use crate::error::{OrchestratorError, Result};
@@ -106,10 +105,10 @@ fn decode_envelope(record: &EventRecord) -> Result<AgentEventEnvelope> {
     };
     let value = record
         .envelope
-        .as_ref()
+        .clone()
         .ok_or_else(|| bad("the event has no envelope".into()))?;
-    // From the borrowed value: no copy of the whole envelope first.
-    let envelope = AgentEventEnvelope::deserialize(value).map_err(|e| bad(e.to_string()))?;
+    let envelope: AgentEventEnvelope =
+        serde_json::from_value(value).map_err(|e| bad(e.to_string()))?;
     if envelope.event_id != record.id || envelope.workspace_id != record.workspace_id {
         return Err(bad("the envelope's ids differ from the event row".into()));
     }
