@@ -3,7 +3,7 @@
 use sb_migrations::{Migrator, MigratorTrait, migrate};
 use sea_orm_migration::SchemaManager;
 use sea_orm_migration::sea_orm::{
-    ConnectOptions, ConnectionTrait, Database, DatabaseConnection, Statement,
+    ConnectOptions, ConnectionTrait, Database, DatabaseConnection, Statement, TransactionTrait,
 };
 
 const TABLES: &[&str] = &[
@@ -39,6 +39,79 @@ async fn tables_present(db: &DatabaseConnection) -> Vec<&'static str> {
         }
     }
     present
+}
+
+/// The query plan's text for `sql` (`EXPLAIN QUERY PLAN` on SQLite, `EXPLAIN` on Postgres).
+async fn plan_of(db: &impl ConnectionTrait, sql: &str) -> String {
+    let backend = db.get_database_backend();
+    let explain = match backend {
+        sea_orm_migration::sea_orm::DbBackend::Sqlite => format!("EXPLAIN QUERY PLAN {sql}"),
+        _ => format!("EXPLAIN {sql}"),
+    };
+    let rows = db
+        .query_all_raw(Statement::from_string(backend, explain))
+        .await
+        .unwrap();
+    let column = match backend {
+        sea_orm_migration::sea_orm::DbBackend::Sqlite => "detail",
+        _ => "QUERY PLAN",
+    };
+    rows.iter()
+        .map(|row| row.try_get::<String>("", column).unwrap())
+        .collect::<Vec<_>>()
+        .join("\n")
+}
+
+/// The reaper's and the recovery's queries for runs in flight (which state `ended_at IS
+/// NULL`, as every active run has it) are answered from the entries of `ix_runs_ended`
+/// without an end, not from a scan of every run ever made.
+async fn active_runs_are_found_through_the_ended_index(db: &impl ConnectionTrait) {
+    let plan = plan_of(
+        db,
+        "SELECT id FROM runs WHERE ended_at IS NULL AND status IN ('queued', 'running') \
+         ORDER BY created_at, id",
+    )
+    .await;
+    assert!(plan.contains("ix_runs_ended"), "{plan}");
+    assert!(!plan.contains("ix_runs_status_deadline"), "{plan}");
+}
+
+/// Postgres: a run's claim (`queued → running`, with its worker and start time) changes no
+/// indexed column and finds room in its page, so it is a heap-only update that writes no
+/// index entry; the end (an indexed `ended_at`) is not. Counted inside one transaction
+/// (`pg_stat_get_xact_tuples_hot_updated`), so nothing else on the server can disturb it.
+async fn a_claim_is_a_heap_only_update(db: &DatabaseConnection) {
+    let txn = db.begin().await.unwrap();
+    txn.execute_unprepared(
+        "INSERT INTO runs (id, workspace_id, event_id, runner_id, pool, status, created_at) \
+         VALUES ('00000000-0000-7000-8000-000000000001', 'w', \
+                 '00000000-0000-7000-8000-000000000002', 'echo', 'default', 'queued', now())",
+    )
+    .await
+    .unwrap();
+    let hot_updates = || async {
+        let row = txn
+            .query_one_raw(Statement::from_string(
+                txn.get_database_backend(),
+                "SELECT pg_stat_get_xact_tuples_hot_updated('runs'::regclass) AS n",
+            ))
+            .await
+            .unwrap()
+            .unwrap();
+        row.try_get::<i64>("", "n").unwrap()
+    };
+    txn.execute_unprepared(
+        "UPDATE runs SET status = 'running', worker_id = 'w1', started_at = now() \
+         WHERE status = 'queued'",
+    )
+    .await
+    .unwrap();
+    assert_eq!(hot_updates().await, 1, "the claim is a heap-only update");
+    txn.execute_unprepared("UPDATE runs SET status = 'completed', ended_at = now()")
+        .await
+        .unwrap();
+    assert_eq!(hot_updates().await, 1, "the end writes index entries");
+    txn.rollback().await.unwrap();
 }
 
 async fn roundtrip(db: &DatabaseConnection) {
@@ -194,6 +267,7 @@ async fn sqlite_kb_chunks_are_reindexed_with_stemming() {
 async fn sqlite_up_down_up() {
     let db = Database::connect("sqlite::memory:").await.unwrap();
     roundtrip(&db).await;
+    active_runs_are_found_through_the_ended_index(&db).await;
     // The FTS5 index follows the table through its triggers.
     db.execute_unprepared(
         "INSERT INTO transcript (id, workspace_id, conversation_id, event_id, role, item_type, content, created_at) \
@@ -250,6 +324,17 @@ async fn postgres_up_down_up() {
     opts.set_schema_search_path(schema.clone());
     let db = Database::connect(opts).await.unwrap();
     roundtrip(&db).await;
+    {
+        // Without statistics an empty table is scanned whatever its indexes: ask whether the
+        // index can serve the query, not whether it wins on no rows.
+        let txn = db.begin().await.unwrap();
+        txn.execute_unprepared("SET LOCAL enable_seqscan = off")
+            .await
+            .unwrap();
+        active_runs_are_found_through_the_ended_index(&txn).await;
+        txn.rollback().await.unwrap();
+    }
+    a_claim_is_a_heap_only_update(&db).await;
     Migrator::down(&db, None).await.unwrap();
     budgets_default_for_existing_agents(&db).await;
     Migrator::down(&db, None).await.unwrap();

@@ -101,6 +101,14 @@ fn active() -> Vec<&'static str> {
     RunStatus::ACTIVE.iter().map(|s| s.as_str()).collect()
 }
 
+/// The runs that have not ended: a query for active runs starts here so that both backends
+/// answer it from the entries of `ix_runs_ended` without an end (`status` is not indexed, so
+/// that a claim is a heap-only update: migration `m20250601_000017`). Every active run is
+/// among them: `ended_at` is set exactly when a run ends.
+fn unended() -> sea_orm::Select<run::Entity> {
+    run::Entity::find().filter(run::Column::EndedAt.is_null())
+}
+
 fn validate_run_event(event: &NewRunEvent) -> Result<()> {
     if event.sequence < 1 {
         return Err(StoreError::invalid("sequence must be >= 1"));
@@ -987,7 +995,12 @@ impl RunLedger for SqlStore {
         limit: Option<i64>,
     ) -> Result<Page<RunRecord>> {
         let limit = clamp_limit(limit, DEFAULT_PAGE_LIMIT, MAX_PAGE_LIMIT);
-        let mut select = run::Entity::find().filter(run::Column::Status.eq(status.as_str()));
+        let select = if status.is_terminal() {
+            run::Entity::find()
+        } else {
+            unended()
+        };
+        let mut select = select.filter(run::Column::Status.eq(status.as_str()));
         if let Some(cursor) = cursor {
             select = select.filter(past_cursor(&cursor, Direction::Forward)?);
         }
@@ -1009,7 +1022,8 @@ impl RunLedger for SqlStore {
         if ids.is_empty() {
             return Ok(HashSet::new());
         }
-        let claimed = run::Entity::update_many()
+        // Only the ids come back: the claimer needs to know which runs it won, not their rows.
+        let mut claim = run::Entity::update_many()
             .col_expr(
                 run::Column::Status,
                 Expr::value(RunStatus::Running.as_str()),
@@ -1018,12 +1032,12 @@ impl RunLedger for SqlStore {
             .col_expr(run::Column::StartedAt, Expr::value(now()))
             .filter(run::Column::Id.is_in(ids.iter().map(|id| id.into_uuid())))
             .filter(run::Column::Status.eq(RunStatus::Queued.as_str()))
-            .exec_with_returning(self.writer())
-            .await?;
-        Ok(claimed
-            .into_iter()
-            .map(|row| RunId::from_uuid(row.id))
-            .collect())
+            .into_query();
+        claim.returning_col(run::Column::Id);
+        let rows = self.writer().query_all(&claim).await?;
+        rows.iter()
+            .map(|row| Ok(RunId::from_uuid(row.try_get::<Uuid>("", "id")?)))
+            .collect()
     }
 
     async fn finish_run(&self, id: RunId, outcome: RunOutcome) -> Result<bool> {
@@ -1197,7 +1211,7 @@ impl RunLedger for SqlStore {
     }
 
     async fn runs_past_deadline(&self, now: DateTime<Utc>, limit: u64) -> Result<Vec<RunRecord>> {
-        let rows = run::Entity::find()
+        let rows = unended()
             .filter(run::Column::Status.is_in(active()))
             .filter(run::Column::DeadlineAt.is_not_null())
             .filter(run::Column::DeadlineAt.lt(now))
@@ -1213,7 +1227,7 @@ impl RunLedger for SqlStore {
         created_before: DateTime<Utc>,
         limit: u64,
     ) -> Result<Vec<RunRecord>> {
-        let rows = run::Entity::find()
+        let rows = unended()
             .filter(run::Column::Status.is_in(active()))
             .filter(run::Column::DeadlineAt.is_null())
             .filter(run::Column::CreatedAt.lt(created_before))
