@@ -3,7 +3,8 @@
 use sb_migrations::{Migrator, MigratorTrait, migrate};
 use sea_orm_migration::SchemaManager;
 use sea_orm_migration::sea_orm::{
-    ConnectOptions, ConnectionTrait, Database, DatabaseConnection, Statement, TransactionTrait,
+    ConnectOptions, ConnectionTrait, Database, DatabaseConnection, DbBackend, Statement,
+    TransactionTrait,
 };
 
 const TABLES: &[&str] = &[
@@ -44,18 +45,14 @@ async fn tables_present(db: &DatabaseConnection) -> Vec<&'static str> {
 /// The query plan's text for `sql` (`EXPLAIN QUERY PLAN` on SQLite, `EXPLAIN` on Postgres).
 async fn plan_of(db: &impl ConnectionTrait, sql: &str) -> String {
     let backend = db.get_database_backend();
-    let explain = match backend {
-        sea_orm_migration::sea_orm::DbBackend::Sqlite => format!("EXPLAIN QUERY PLAN {sql}"),
-        _ => format!("EXPLAIN {sql}"),
+    let (explain, column) = match backend {
+        DbBackend::Sqlite => ("EXPLAIN QUERY PLAN", "detail"),
+        _ => ("EXPLAIN", "QUERY PLAN"),
     };
     let rows = db
-        .query_all_raw(Statement::from_string(backend, explain))
+        .query_all_raw(Statement::from_string(backend, format!("{explain} {sql}")))
         .await
         .unwrap();
-    let column = match backend {
-        sea_orm_migration::sea_orm::DbBackend::Sqlite => "detail",
-        _ => "QUERY PLAN",
-    };
     rows.iter()
         .map(|row| row.try_get::<String>("", column).unwrap())
         .collect::<Vec<_>>()
