@@ -137,6 +137,19 @@ pub trait Bus: Send + Sync + 'static {
     /// Deletes a queue with its messages and bindings. Deleting a missing queue succeeds.
     async fn delete_queue(&self, name: &str) -> Result<()>;
 
+    /// What is in a queue, or `None` when no queue of that name exists.
+    async fn inspect_queue(&self, name: &str) -> Result<Option<QueueUse>>;
+
+    /// Deletes a queue only while it holds no message and has no consumer; a queue still in
+    /// use is left as it is ([`BusError::DeclarationConflict`]), so nothing waiting in it is
+    /// lost. Deleting a missing queue succeeds. This is how a queue the topology no longer
+    /// names (a shard above a lowered shard count) is removed.
+    ///
+    /// RabbitMQ checks and deletes in two steps (its quorum queues have no conditional
+    /// delete), so a message published in between is deleted with the queue: retire only
+    /// queues nothing publishes to any more.
+    async fn retire_queue(&self, name: &str) -> Result<()>;
+
     /// Adds a binding to an existing queue (idempotent). Used on live exclusive queues.
     async fn bind(&self, queue: &str, binding: &Binding) -> Result<()>;
 
@@ -181,6 +194,35 @@ impl dyn Bus {
             .map_err(|e| BusError::InvalidArgument(format!("message cannot be serialized: {e}")))?;
         self.publish(exchange, routing_key, body.into(), options)
             .await
+    }
+}
+
+/// What [`Bus::inspect_queue`] found in a queue.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct QueueUse {
+    /// Messages waiting in it (RabbitMQ counts the undelivered ones; a delivered one has its
+    /// consumer, counted below).
+    pub messages: u32,
+    /// Subscribed consumers.
+    pub consumers: u32,
+}
+
+impl QueueUse {
+    /// Whether nothing waits in the queue and nobody consumes it.
+    #[must_use]
+    pub fn is_idle(&self) -> bool {
+        self.messages == 0 && self.consumers == 0
+    }
+}
+
+/// [`Bus::retire_queue`]'s refusal of a queue in use.
+pub(crate) fn in_use(name: &str, used: QueueUse) -> BusError {
+    BusError::DeclarationConflict {
+        name: name.to_owned(),
+        reason: format!(
+            "queue {name:?} is in use ({} messages waiting, {} consumers)",
+            used.messages, used.consumers
+        ),
     }
 }
 

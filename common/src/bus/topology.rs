@@ -17,7 +17,9 @@
 //! per shard sees them in order; results of one run always go to one shard for the same
 //! reason. The shard is `fnv1a(key) % shards` with 64-bit FNV-1a over the UTF-8 bytes, which is
 //! stable across processes, versions and platforms (unlike `std`'s hasher). Changing a shard
-//! count re-maps keys: drain the queues first.
+//! count re-maps keys: drain the queues first. A lowered count is checked at startup
+//! ([`retire_surplus_shards`]): the queues above it are deleted when empty, and a process
+//! refuses to start while one still holds messages or a consumer.
 
 use std::num::NonZeroU32;
 
@@ -215,10 +217,9 @@ impl Default for TopologyOptions {
     fn default() -> Self {
         Self {
             name_prefix: DEFAULT_NAME_PREFIX.into(),
-            // Up to 8 orchestrators route and sink in parallel while keeping per-conversation
-            // and per-run order; more shards only cost idle queues.
-            events_shards: NonZeroU32::new(8).expect("non-zero"),
-            results_shards: NonZeroU32::new(8).expect("non-zero"),
+            // As the configuration's default (`bus.events_shards`, `bus.results_shards`).
+            events_shards: NonZeroU32::MIN,
+            results_shards: NonZeroU32::MIN,
             pools: vec!["default".into()],
             queue_type: QueueType::Quorum,
             // A few returns ride over a crashed consumer or a database blip; a poison message
@@ -438,8 +439,9 @@ impl Topology {
     }
 }
 
-/// Declares every exchange and durable queue of the topology (idempotent; run at startup by
-/// every role, and again by the AMQP backend after a reconnection).
+/// Declares every exchange and durable queue of the topology, and retires the shard queues a
+/// lowered shard count left behind ([`retire_surplus_shards`]). Idempotent; run at startup by
+/// every role (the AMQP backend re-declares what it declared after a reconnection).
 pub async fn declare_topology(bus: &dyn Bus, options: &TopologyOptions) -> Result<Topology> {
     let topology = Topology::new(options.clone())?;
     for exchange in topology.exchanges() {
@@ -448,7 +450,64 @@ pub async fn declare_topology(bus: &dyn Bus, options: &TopologyOptions) -> Resul
     for queue in topology.durable_queues() {
         bus.declare_queue(&queue).await?;
     }
+    retire_surplus_shards(bus, &topology).await?;
     Ok(topology)
+}
+
+/// Deletes the shard queues above the shard counts (`<prefix>.events.<k>` for
+/// `k ≥ events_shards`, and the same for results): nothing consumes them any more, and
+/// nothing is published to them. When one of them is still in use — messages wait in it,
+/// which would never be routed or applied, or a process with the former count consumes it —
+/// nothing is deleted and the call fails with [`BusError::DeclarationConflict`] naming it, so
+/// the process refuses to start instead of stranding accepted work.
+///
+/// Shard queues are numbered from 0 without gaps, so the scan stops at the first missing
+/// number; the surplus is deleted from the highest number down, so an interrupted pass leaves
+/// no gap either.
+pub async fn retire_surplus_shards(bus: &dyn Bus, topology: &Topology) -> Result<()> {
+    let options = topology.options();
+    /// A shard queue of one family, by number.
+    type ShardQueue = fn(&Topology, u32) -> QueueSpec;
+    let families: [(&str, u32, ShardQueue); 2] = [
+        (
+            "bus.events_shards",
+            options.events_shards.get(),
+            Topology::events_queue,
+        ),
+        (
+            "bus.results_shards",
+            options.results_shards.get(),
+            Topology::results_queue,
+        ),
+    ];
+    for (setting, count, queue_of) in families {
+        let mut surplus = Vec::new();
+        for shard in count.. {
+            let name = queue_of(topology, shard).name;
+            match bus.inspect_queue(&name).await? {
+                None => break,
+                Some(used) if used.is_idle() => surplus.push(name),
+                Some(used) => {
+                    return Err(BusError::DeclarationConflict {
+                        reason: format!(
+                            "{setting} is {count}, but the shard queue {name:?} above it is in use \
+                             ({} messages waiting, {} consumers): every process of a deployment \
+                             must use the same shard counts, and a count is lowered only once the \
+                             shards above it are drained (stop the gateways, let the orchestrators \
+                             empty the queues, then restart every process with the new count)",
+                            used.messages, used.consumers
+                        ),
+                        name,
+                    });
+                }
+            }
+        }
+        for name in surplus.iter().rev() {
+            bus.retire_queue(name).await?;
+            tracing::info!(queue = %name, setting, count, "retired a shard queue above the shard count");
+        }
+    }
+    Ok(())
 }
 
 #[cfg(test)]

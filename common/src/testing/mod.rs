@@ -174,6 +174,8 @@ macro_rules! bus_suite {
             $crate::__conformance_tests!(bus, BusFixture, $fixture;
                 publish_then_consume,
                 declare_is_idempotent_and_detects_conflicts,
+                retiring_a_queue_spares_one_in_use,
+                a_lowered_shard_count_retires_the_shards_above_it,
                 ack_removes_the_message,
                 nack_with_requeue_redelivers,
                 requeued_message_comes_again_without_loss,

@@ -137,6 +137,15 @@ impl Bus for FlakyBus {
     async fn delete_queue(&self, name: &str) -> sb_common::bus::Result<()> {
         self.inner.delete_queue(name).await
     }
+    async fn inspect_queue(
+        &self,
+        name: &str,
+    ) -> sb_common::bus::Result<Option<sb_common::bus::QueueUse>> {
+        self.inner.inspect_queue(name).await
+    }
+    async fn retire_queue(&self, name: &str) -> sb_common::bus::Result<()> {
+        self.inner.retire_queue(name).await
+    }
     async fn bind(&self, queue: &str, binding: &Binding) -> sb_common::bus::Result<()> {
         self.inner.bind(queue, binding).await
     }

@@ -16,8 +16,8 @@ use lapin::types::{AMQPValue, FieldTable};
 use super::failure::{Failure, classify};
 use super::link::{Inner, Link};
 use crate::bus::{
-    Binding, BusError, ExchangeKind, ExchangeSpec, QueueKind, QueueSpec, QueueType, Result,
-    check_key, check_name,
+    Binding, BusError, ExchangeKind, ExchangeSpec, QueueKind, QueueSpec, QueueType, QueueUse,
+    Result, check_key, check_name, in_use,
 };
 
 fn exchange_kind(kind: ExchangeKind) -> lapin::ExchangeKind {
@@ -233,6 +233,43 @@ impl Inner {
             Ok(()) | Err(BusError::NotFound(_)) => Ok(()),
             Err(e) => Err(e),
         }
+    }
+
+    /// A passive declaration: it creates nothing, and answers `404` for a missing queue.
+    pub(super) async fn inspect_queue(&self, name: &str) -> Result<Option<QueueUse>> {
+        check_name(name)?;
+        let inspected = self
+            .retrying(|link| async move {
+                link.topology_op(|ch| async move {
+                    let passive = QueueDeclareOptions {
+                        passive: true,
+                        ..Default::default()
+                    };
+                    ch.queue_declare(name, passive, FieldTable::default()).await
+                })
+                .await
+            })
+            .await;
+        match inspected {
+            Ok(queue) => Ok(Some(QueueUse {
+                messages: queue.message_count(),
+                consumers: queue.consumer_count(),
+            })),
+            Err(BusError::NotFound(_)) => Ok(None),
+            Err(e) => Err(e),
+        }
+    }
+
+    /// Inspects, then deletes. RabbitMQ's quorum queues refuse the conditional deletion
+    /// (`if-empty`, `if-unused`: `540 NOT_IMPLEMENTED`, which closes the connection), so the
+    /// check is a passive declaration just before an unconditional delete.
+    pub(super) async fn retire_queue(&self, name: &str) -> Result<()> {
+        match self.inspect_queue(name).await? {
+            None => return Ok(()),
+            Some(used) if !used.is_idle() => return Err(in_use(name, used)),
+            Some(_) => {}
+        }
+        self.delete_queue(name).await
     }
 
     pub(super) async fn bind(&self, queue: &str, binding: &Binding) -> Result<()> {

@@ -53,7 +53,7 @@ use bytes::Bytes;
 
 use super::{
     BatchPublishError, Binding, Bus, ConsumeOptions, ExchangeSpec, Outgoing, PublishOptions,
-    QueueSpec, Result, Subscription,
+    QueueSpec, QueueUse, Result, Subscription,
 };
 
 mod consume;
@@ -163,6 +163,14 @@ impl Bus for AmqpBus {
 
     async fn delete_queue(&self, name: &str) -> Result<()> {
         self.inner.delete_queue(name).await
+    }
+
+    async fn inspect_queue(&self, name: &str) -> Result<Option<QueueUse>> {
+        self.inner.inspect_queue(name).await
+    }
+
+    async fn retire_queue(&self, name: &str) -> Result<()> {
+        self.inner.retire_queue(name).await
     }
 
     async fn bind(&self, queue: &str, binding: &Binding) -> Result<()> {

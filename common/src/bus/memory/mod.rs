@@ -30,7 +30,7 @@ use self::state::{Consumer, Message, State};
 use super::dead_letters::{DeadLetterList, DeadLetters, ReplayOptions, ReplayReport};
 use super::{
     BatchPublishError, Binding, Bus, BusError, ConsumeOptions, ExchangeSpec, Outgoing,
-    PublishOptions, QueueSpec, Result, Settlement, Settler, Subscription,
+    PublishOptions, QueueSpec, QueueUse, Result, Settlement, Settler, Subscription,
 };
 
 /// The in-process bus. Cheap to clone; clones share the same exchanges and queues.
@@ -152,6 +152,14 @@ impl Bus for MemoryBus {
     async fn delete_queue(&self, name: &str) -> Result<()> {
         self.lock()?.delete_queue(name);
         Ok(())
+    }
+
+    async fn inspect_queue(&self, name: &str) -> Result<Option<QueueUse>> {
+        Ok(self.lock()?.inspect_queue(name))
+    }
+
+    async fn retire_queue(&self, name: &str) -> Result<()> {
+        self.lock()?.retire_queue(name)
     }
 
     async fn bind(&self, queue: &str, binding: &Binding) -> Result<()> {

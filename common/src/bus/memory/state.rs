@@ -19,7 +19,7 @@ use crate::bus::dead_letters::{
 };
 use crate::bus::{
     Binding, BusError, Delivery, ExchangeKind, ExchangeSpec, PublishOptions, QueueKind, QueueSpec,
-    Result, Settlement, check_key, check_name, topic_matches,
+    QueueUse, Result, Settlement, check_key, check_name, in_use, topic_matches,
 };
 
 #[derive(Default)]
@@ -219,6 +219,28 @@ impl State {
         }
         // Dropping the queue drops its consumers' senders: their subscriptions end with
         // `Closed`, and their unacked messages are gone with the queue.
+    }
+
+    /// What is in `name`: its messages, ready or delivered (an unacked message would be lost
+    /// with the queue), and its consumers.
+    pub(super) fn inspect_queue(&self, name: &str) -> Option<QueueUse> {
+        let queue = self.queues.get(name)?;
+        let count = |n: usize| u32::try_from(n).unwrap_or(u32::MAX);
+        Some(QueueUse {
+            messages: count(queue.ready.len() + queue.unacked.len()),
+            consumers: count(queue.consumers.len()),
+        })
+    }
+
+    /// Deletes `name` unless it is in use ([`Self::inspect_queue`]).
+    pub(super) fn retire_queue(&mut self, name: &str) -> Result<()> {
+        match self.inspect_queue(name) {
+            Some(used) if !used.is_idle() => Err(in_use(name, used)),
+            _ => {
+                self.delete_queue(name);
+                Ok(())
+            }
+        }
     }
 
     /// Queues a message published to `exchange` with `routing_key` goes to.

@@ -3,8 +3,10 @@
 
 use std::time::Duration;
 
-use super::{WAIT, assert_idle, exchange, publish, recv, subscribe, text};
-use crate::bus::{Binding, BusError, ExchangeKind, ExchangeSpec, PublishOptions, QueueSpec};
+use super::{WAIT, assert_idle, exchange, publish, recv, subscribe, text, wait_unconsumed};
+use crate::bus::{
+    Binding, BusError, ExchangeKind, ExchangeSpec, PublishOptions, QueueSpec, QueueUse,
+};
 use crate::testing::BusFixture;
 
 /// Redeclaring with the same spec is a no-op; a different spec is a conflict.
@@ -123,4 +125,55 @@ pub async fn exclusive_queue_is_deleted_with_its_subscription(fx: &BusFixture) {
             }
         }
     }
+}
+
+/// A queue is inspected without being created, and retired only while nothing waits in it
+/// and nobody consumes it.
+pub async fn retiring_a_queue_spares_one_in_use(fx: &BusFixture) {
+    let name = fx.name("retired");
+    assert_eq!(fx.bus.inspect_queue(&name).await.expect("inspect"), None);
+    assert_eq!(
+        fx.bus.inspect_queue(&name).await.expect("inspect"),
+        None,
+        "inspecting created nothing"
+    );
+    fx.bus.retire_queue(&name).await.expect("a missing queue");
+
+    let ex = exchange(fx, "ex", ExchangeKind::Direct).await;
+    let spec = QueueSpec::durable(&name).bind(&ex, "k");
+    fx.bus.declare_queue(&spec).await.expect("declare");
+    let idle = QueueUse::default();
+    assert_eq!(
+        fx.bus.inspect_queue(&name).await.expect("inspect"),
+        Some(idle)
+    );
+    publish(fx, &ex, "k", "waiting").await;
+    let waiting = fx.bus.inspect_queue(&name).await.expect("inspect");
+    assert_eq!(waiting.map(|u| u.messages), Some(1), "{waiting:?}");
+    let err = fx.bus.retire_queue(&name).await.unwrap_err();
+    assert!(
+        matches!(err, BusError::DeclarationConflict { .. }),
+        "{err:?}"
+    );
+
+    // Consumed: refused as well, and the message is still there.
+    let mut sub = subscribe(fx, &spec, 10).await;
+    let consumed = fx.bus.inspect_queue(&name).await.expect("inspect");
+    assert_eq!(consumed.map(|u| u.consumers), Some(1), "{consumed:?}");
+    let err = fx.bus.retire_queue(&name).await.unwrap_err();
+    assert!(
+        matches!(err, BusError::DeclarationConflict { .. }),
+        "{err:?}"
+    );
+    let d = recv(&mut sub).await;
+    assert_eq!(text(&d), "waiting");
+    d.ack().await.expect("ack");
+    drop(sub);
+    wait_unconsumed(fx, &name).await;
+
+    fx.bus
+        .retire_queue(&name)
+        .await
+        .expect("retire an idle queue");
+    assert_eq!(fx.bus.inspect_queue(&name).await.expect("inspect"), None);
 }

@@ -40,6 +40,23 @@ async fn recv(sub: &mut Subscription) -> Delivery {
         .expect("subscription failed")
 }
 
+/// Waits until `queue` has no consumer (RabbitMQ cancels a dropped subscription's consumer
+/// asynchronously).
+async fn wait_unconsumed(fx: &BusFixture, queue: &str) {
+    let deadline = tokio::time::Instant::now() + WAIT;
+    loop {
+        let used = fx.bus.inspect_queue(queue).await.expect("inspect");
+        if used.is_none_or(|u| u.consumers == 0) {
+            return;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "{queue} kept its consumer"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
 async fn assert_idle(sub: &mut Subscription) {
     if let Ok(item) = timeout(IDLE, sub.next()).await {
         panic!("unexpected delivery on {}: {item:?}", sub.queue());

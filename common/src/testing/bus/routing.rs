@@ -1,6 +1,6 @@
 //! Routing: topic wildcards, fanout, and the SPEC §3 topology end to end.
 
-use super::{assert_idle, exchange, publish, recv, subscribe, text};
+use super::{assert_idle, exchange, publish, recv, subscribe, text, wait_unconsumed};
 use crate::bus::{Binding, BusError, ExchangeKind, PublishOptions, QueueSpec, QueueType};
 use crate::testing::BusFixture;
 
@@ -192,4 +192,73 @@ pub async fn topology_routes_every_message_kind(fx: &BusFixture) {
         .await
         .expect("cancel");
     assert_eq!(text(&recv(&mut control).await), "cancel");
+}
+
+/// Lowering a shard count: a shard queue above the new count that still holds a message
+/// stops the declaration (nothing is deleted); once drained, the queues above the count are
+/// deleted.
+pub async fn a_lowered_shard_count_retires_the_shards_above_it(fx: &BusFixture) {
+    use crate::bus::topology::{TopologyOptions, declare_topology, shard_routing_key};
+    use std::num::NonZeroU32;
+
+    let shards = |events: u32, results: u32| TopologyOptions {
+        name_prefix: format!("{}switchboard", fx.prefix()),
+        events_shards: NonZeroU32::new(events).expect("non-zero"),
+        results_shards: NonZeroU32::new(results).expect("non-zero"),
+        pools: vec!["default".into()],
+        queue_type: QueueType::Quorum,
+        delivery_limit: Some(3),
+    };
+    let wide = declare_topology(fx.bus.as_ref(), &shards(3, 2))
+        .await
+        .expect("declare 3 + 2 shards");
+    for exchange in wide.exchanges() {
+        fx.remember(exchange.name);
+    }
+    for queue in wide.durable_queues() {
+        fx.remember(queue.name);
+    }
+    publish(
+        fx,
+        &wide.events_exchange(),
+        &shard_routing_key(2),
+        "stranded",
+    )
+    .await;
+
+    let err = declare_topology(fx.bus.as_ref(), &shards(1, 1))
+        .await
+        .unwrap_err();
+    let stranded = wide.events_queue(2).name;
+    assert!(
+        matches!(&err, BusError::DeclarationConflict { name, .. } if *name == stranded),
+        "{err:?}"
+    );
+    for queue in wide.durable_queues() {
+        let found = fx.bus.inspect_queue(&queue.name).await.expect("inspect");
+        assert!(found.is_some(), "{} was deleted", queue.name);
+    }
+
+    let mut sub = subscribe(fx, &wide.events_queue(2), 10).await;
+    let d = recv(&mut sub).await;
+    assert_eq!(text(&d), "stranded");
+    d.ack().await.expect("ack");
+    drop(sub);
+    wait_unconsumed(fx, &stranded).await;
+
+    let narrow = declare_topology(fx.bus.as_ref(), &shards(1, 1))
+        .await
+        .expect("declare 1 + 1 shards once drained");
+    for gone in [
+        wide.events_queue(1),
+        wide.events_queue(2),
+        wide.results_queue(1),
+    ] {
+        let found = fx.bus.inspect_queue(&gone.name).await.expect("inspect");
+        assert_eq!(found, None, "{} is left", gone.name);
+    }
+    for kept in [narrow.events_queue(0), narrow.results_queue(0)] {
+        let found = fx.bus.inspect_queue(&kept.name).await.expect("inspect");
+        assert!(found.is_some(), "{} is gone", kept.name);
+    }
 }
