@@ -301,21 +301,7 @@ impl ShardReconciler {
             }
         }
         let me = self.membership.id().to_owned();
-        let target: BTreeSet<(ShardFamily, u32)> =
-            assign(ShardFamily::Events, self.events_shards, &self.members, &me)
-                .into_iter()
-                .map(|k| (ShardFamily::Events, k))
-                .chain(
-                    assign(
-                        ShardFamily::Results,
-                        self.results_shards,
-                        &self.members,
-                        &me,
-                    )
-                    .into_iter()
-                    .map(|k| (ShardFamily::Results, k)),
-                )
-                .collect();
+        let target = assign(self.events_shards, self.results_shards, &self.members, &me);
         self.reconcile(&target);
     }
 

@@ -93,12 +93,45 @@ pub fn owners<'a, I>(family: ShardFamily, shards: u32, members: I) -> Vec<&'a st
 where
     I: IntoIterator<Item = &'a str>,
 {
+    owners_after(family, shards, members, &BTreeMap::new())
+}
+
+/// [`owners`], for a family placed after others: `held` is how many shards each member
+/// already owns (of the families placed before), and the shards that do not split evenly go
+/// to the members holding the fewest. With one events shard and one results shard over two
+/// orchestrators, the results shard goes to the orchestrator that does not route, instead of
+/// to either one by its hash; the split within the family stays even either way.
+///
+/// The remainder goes first to every member below the level `t` (the `extra`-th smallest
+/// count), then to the members at `t` in weight order; a member above `t` owns
+/// `⌊shards/members⌋`. With equal counts (no earlier family) this is [`owners`]' fill.
+#[must_use]
+pub fn owners_after<'a, I>(
+    family: ShardFamily,
+    shards: u32,
+    members: I,
+    held: &BTreeMap<&str, u32>,
+) -> Vec<&'a str>
+where
+    I: IntoIterator<Item = &'a str>,
+{
     let members: BTreeSet<&str> = members.into_iter().collect();
     if members.is_empty() || shards == 0 {
         return Vec::new();
     }
     let count = u32::try_from(members.len()).unwrap_or(u32::MAX);
-    let (floor, mut extra) = (shards / count, shards % count);
+    let (floor, extra) = (shards / count, shards % count);
+    let before = |member: &str| held.get(member).copied().unwrap_or(0);
+    let mut levels: Vec<u32> = members.iter().map(|m| before(m)).collect();
+    levels.sort_unstable();
+    // The level up to which members may own one shard more than the floor.
+    let level = match extra {
+        0 => 0,
+        n => levels[n as usize - 1],
+    };
+    let below = members.iter().filter(|m| before(m) < level).count();
+    // Extra shards left for the members at `level`, first come (by weight) first served.
+    let mut at_level = extra - u32::try_from(below).unwrap_or(extra);
     let mut pairs: Vec<(u64, &str, u32)> = (0..shards)
         .flat_map(|shard| {
             members
@@ -112,15 +145,16 @@ where
     let mut load: BTreeMap<&str, u32> = BTreeMap::new();
     for (_, member, shard) in pairs {
         let slot = &mut owner[shard as usize];
-        let held = load.entry(member).or_default();
+        let owned = load.entry(member).or_default();
         if slot.is_some() {
             continue;
         }
-        if *held < floor {
-            *held += 1;
-        } else if *held == floor && extra > 0 {
-            *held += 1;
-            extra -= 1;
+        let below_level = extra > 0 && before(member) < level;
+        if *owned < floor || (*owned == floor && below_level) {
+            *owned += 1;
+        } else if *owned == floor && at_level > 0 && before(member) == level {
+            *owned += 1;
+            at_level -= 1;
         } else {
             continue;
         }
@@ -131,25 +165,43 @@ where
     owner.into_iter().flatten().collect()
 }
 
-/// The shards among `0..shards` that `me` owns when the live members are `members`.
+/// The shards of both families that `me` owns when the live members are `members`: the
+/// events shards by [`owners`], then the results shards by [`owners_after`] the events
+/// shards, so that the two families spread over the members together.
 ///
 /// `me` always counts as a member, whether or not `members` lists it (a process that is
 /// running is alive, even if its own heartbeat has not been read back yet). With no other
 /// member, `me` owns every shard.
 #[must_use]
 pub fn assign(
-    family: ShardFamily,
-    shards: u32,
+    events_shards: u32,
+    results_shards: u32,
     members: &BTreeSet<String>,
     me: &str,
-) -> BTreeSet<u32> {
-    let everyone = members
+) -> BTreeSet<(ShardFamily, u32)> {
+    let everyone: BTreeSet<&str> = members
         .iter()
         .map(String::as_str)
-        .chain(std::iter::once(me));
-    (0..shards)
-        .zip(owners(family, shards, everyone))
-        .filter_map(|(shard, owner)| (owner == me).then_some(shard))
+        .chain(std::iter::once(me))
+        .collect();
+    let events = owners(ShardFamily::Events, events_shards, everyone.iter().copied());
+    let mut held: BTreeMap<&str, u32> = BTreeMap::new();
+    for owner in &events {
+        *held.entry(owner).or_default() += 1;
+    }
+    let results = owners_after(
+        ShardFamily::Results,
+        results_shards,
+        everyone.iter().copied(),
+        &held,
+    );
+    let events = (0..).zip(events).map(|(k, o)| (ShardFamily::Events, k, o));
+    let results = (0..)
+        .zip(results)
+        .map(|(k, o)| (ShardFamily::Results, k, o));
+    events
+        .chain(results)
+        .filter_map(|(family, shard, owner)| (owner == me).then_some((family, shard)))
         .collect()
 }
 
@@ -249,12 +301,26 @@ mod tests {
         ids.iter().map(|s| (*s).to_owned()).collect()
     }
 
+    /// The shards of one family that `me` owns when that family has `shards` shards (and
+    /// the other as many).
+    fn assigned(
+        family: ShardFamily,
+        shards: u32,
+        members: &BTreeSet<String>,
+        me: &str,
+    ) -> BTreeSet<u32> {
+        assign(shards, shards, members, me)
+            .into_iter()
+            .filter_map(|(f, shard)| (f == family).then_some(shard))
+            .collect()
+    }
+
     /// shard → owner for every shard, computed through `assign` of every member.
     fn owners_of(family: ShardFamily, shards: u32, ids: &[&str]) -> BTreeMap<u32, String> {
         let set = members(ids);
         let mut owners = BTreeMap::new();
         for id in ids {
-            for shard in assign(family, shards, &set, id) {
+            for shard in assigned(family, shards, &set, id) {
                 let previous = owners.insert(shard, (*id).to_owned());
                 assert!(previous.is_none(), "shard {shard} owned twice");
             }
@@ -271,9 +337,11 @@ mod tests {
                 for family in [ShardFamily::Events, ShardFamily::Results] {
                     let by_shard = owners_of(family, shards, &IDS[..n]);
                     assert_eq!(by_shard.len(), shards as usize, "{n} members");
-                    let listed = owners(family, shards, IDS[..n].iter().copied());
-                    for (shard, id) in &by_shard {
-                        assert_eq!(listed[*shard as usize], id.as_str());
+                    if family == ShardFamily::Events {
+                        let listed = owners(family, shards, IDS[..n].iter().copied());
+                        for (shard, id) in &by_shard {
+                            assert_eq!(listed[*shard as usize], id.as_str());
+                        }
                     }
                     let m = u32::try_from(n).unwrap();
                     for id in &IDS[..n] {
@@ -293,23 +361,18 @@ mod tests {
     fn a_lone_member_owns_everything_and_counts_itself() {
         let all: BTreeSet<u32> = (0..8).collect();
         assert_eq!(
-            assign(ShardFamily::Events, 8, &BTreeSet::new(), "solo"),
+            assigned(ShardFamily::Events, 8, &BTreeSet::new(), "solo"),
             all
         );
         assert_eq!(
-            assign(ShardFamily::Results, 8, &members(&["solo"]), "solo"),
+            assigned(ShardFamily::Results, 8, &members(&["solo"]), "solo"),
             all
         );
         // A member not (yet) listed still takes its share.
-        let with_me = assign(ShardFamily::Events, 64, &members(&["orch-a"]), "orch-b");
-        let listed = assign(
-            ShardFamily::Events,
-            64,
-            &members(&["orch-a", "orch-b"]),
-            "orch-b",
-        );
+        let with_me = assign(64, 64, &members(&["orch-a"]), "orch-b");
+        let listed = assign(64, 64, &members(&["orch-a", "orch-b"]), "orch-b");
         assert_eq!(with_me, listed);
-        assert!(assign(ShardFamily::Events, 0, &BTreeSet::new(), "solo").is_empty());
+        assert!(assign(0, 0, &BTreeSet::new(), "solo").is_empty());
     }
 
     #[test]
@@ -381,6 +444,48 @@ mod tests {
             let by_shard = owners_of(family, 8, &["orch-a", "orch-b"]);
             let a = by_shard.values().filter(|id| *id == "orch-a").count();
             assert_eq!(a, 4, "{family}: {by_shard:?}");
+        }
+    }
+
+    /// Each member's shards of both families.
+    fn totals(events: u32, results: u32, ids: &[&str]) -> Vec<usize> {
+        let set = members(ids);
+        ids.iter()
+            .map(|id| assign(events, results, &set, id).len())
+            .collect()
+    }
+
+    #[test]
+    fn the_two_families_spread_over_the_members_together() {
+        // The default shape: one shard each over two orchestrators — one routes, the other
+        // sinks, whatever the member ids.
+        for pair in [
+            ["orch-a", "orch-b"],
+            ["orch-c", "orch-d"],
+            ["x", "y"],
+            ["b", "a"],
+        ] {
+            assert_eq!(totals(1, 1, &pair), [1, 1], "{pair:?}");
+        }
+        // Uneven splits of one family are made up by the other.
+        for ids in [&IDS[..3], &IDS[..4], &IDS[..]] {
+            for (events, results) in [(1, 1), (2, 1), (8, 8), (7, 9), (3, 2)] {
+                let t = totals(events, results, ids);
+                let (lo, hi) = (t.iter().min().unwrap(), t.iter().max().unwrap());
+                assert!(
+                    hi - lo <= 1,
+                    "{events} + {results} over {}: {t:?}",
+                    ids.len()
+                );
+            }
+        }
+        // Without an earlier family, the fill is `owners`' own.
+        let none = BTreeMap::new();
+        for shards in [1, 7, 64] {
+            assert_eq!(
+                owners_after(ShardFamily::Results, shards, IDS.iter().copied(), &none),
+                owners(ShardFamily::Results, shards, IDS.iter().copied())
+            );
         }
     }
 

@@ -1200,8 +1200,11 @@ fn splitting_ids() -> (String, String) {
         let (a, b) = (format!("orch-a{i}"), format!("orch-b{i}"));
         let both: std::collections::BTreeSet<String> = [a.clone(), b.clone()].into();
         let splits = |family| {
-            let mine = assign(family, SHARDS, &both, &a);
-            !mine.is_empty() && mine.len() < SHARDS as usize
+            let mine = assign(SHARDS, SHARDS, &both, &a)
+                .into_iter()
+                .filter(|(f, _)| *f == family)
+                .count();
+            mine > 0 && mine < SHARDS as usize
         };
         if splits(ShardFamily::Events) && splits(ShardFamily::Results) {
             return (a, b);
