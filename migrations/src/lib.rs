@@ -54,6 +54,7 @@ mod m20250601_000014_add_agent_routing;
 mod m20250601_000015_index_closed_sessions;
 mod m20250601_000016_one_terminal_item_per_run;
 mod m20250601_000017_hot_run_claims;
+mod m20250601_000018_hot_event_dispatch;
 
 pub use sea_orm_migration::MigratorTrait;
 
@@ -82,6 +83,7 @@ impl MigratorTrait for Migrator {
             Box::new(m20250601_000015_index_closed_sessions::Migration),
             Box::new(m20250601_000016_one_terminal_item_per_run::Migration),
             Box::new(m20250601_000017_hot_run_claims::Migration),
+            Box::new(m20250601_000018_hot_event_dispatch::Migration),
         ]
     }
 }

@@ -3,8 +3,8 @@
 use sb_migrations::{Migrator, MigratorTrait, migrate};
 use sea_orm_migration::SchemaManager;
 use sea_orm_migration::sea_orm::{
-    ConnectOptions, ConnectionTrait, Database, DatabaseConnection, DbBackend, Statement,
-    TransactionTrait,
+    ConnectOptions, ConnectionTrait, Database, DatabaseConnection, DatabaseTransaction, DbBackend,
+    Statement, TransactionTrait,
 };
 
 const TABLES: &[&str] = &[
@@ -86,29 +86,66 @@ async fn a_claim_is_a_heap_only_update(db: &DatabaseConnection) {
     )
     .await
     .unwrap();
-    let hot_updates = || async {
-        let row = txn
-            .query_one_raw(Statement::from_string(
-                txn.get_database_backend(),
-                "SELECT pg_stat_get_xact_tuples_hot_updated('runs'::regclass) AS n",
-            ))
-            .await
-            .unwrap()
-            .unwrap();
-        row.try_get::<i64>("", "n").unwrap()
-    };
     txn.execute_unprepared(
         "UPDATE runs SET status = 'running', worker_id = 'w1', started_at = now() \
          WHERE status = 'queued'",
     )
     .await
     .unwrap();
-    assert_eq!(hot_updates().await, 1, "the claim is a heap-only update");
+    assert_eq!(
+        hot_updates(&txn, "runs").await,
+        1,
+        "the claim is a heap-only update"
+    );
     txn.execute_unprepared("UPDATE runs SET status = 'completed', ended_at = now()")
         .await
         .unwrap();
-    assert_eq!(hot_updates().await, 1, "the end writes index entries");
+    assert_eq!(
+        hot_updates(&txn, "runs").await,
+        1,
+        "the end writes index entries"
+    );
     txn.rollback().await.unwrap();
+}
+
+/// Postgres: an event's dispatch (its status, run id and routing metadata, as the run's
+/// start writes them) changes no indexed column, so it is a heap-only update too.
+async fn an_event_dispatch_is_a_heap_only_update(db: &DatabaseConnection) {
+    let txn = db.begin().await.unwrap();
+    txn.execute_unprepared(
+        "INSERT INTO event_log (id, workspace_id, event_type, source, status, envelope, \
+                                created_at, updated_at) \
+         VALUES ('00000000-0000-7000-8000-000000000003', 'w', 'message.received', 'api', \
+                 'received', '{\"text\": \"hello\"}', now(), now())",
+    )
+    .await
+    .unwrap();
+    txn.execute_unprepared(
+        "UPDATE event_log SET status = 'dispatched', updated_at = now(), \
+                run_id = '00000000-0000-7000-8000-000000000004', \
+                metadata = '{\"routing\": {\"pool\": \"default\"}}'",
+    )
+    .await
+    .unwrap();
+    assert_eq!(
+        hot_updates(&txn, "event_log").await,
+        1,
+        "the dispatch is a heap-only update"
+    );
+    txn.rollback().await.unwrap();
+}
+
+/// Heap-only updates of `table` made by this transaction so far.
+async fn hot_updates(txn: &DatabaseTransaction, table: &str) -> i64 {
+    let row = txn
+        .query_one_raw(Statement::from_string(
+            txn.get_database_backend(),
+            format!("SELECT pg_stat_get_xact_tuples_hot_updated('{table}'::regclass) AS n"),
+        ))
+        .await
+        .unwrap()
+        .unwrap();
+    row.try_get::<i64>("", "n").unwrap()
 }
 
 async fn roundtrip(db: &DatabaseConnection) {
@@ -332,6 +369,7 @@ async fn postgres_up_down_up() {
         txn.rollback().await.unwrap();
     }
     a_claim_is_a_heap_only_update(&db).await;
+    an_event_dispatch_is_a_heap_only_update(&db).await;
     Migrator::down(&db, None).await.unwrap();
     budgets_default_for_existing_agents(&db).await;
     Migrator::down(&db, None).await.unwrap();
