@@ -301,3 +301,39 @@ pub fn boolean<T: IntoIden>(col: T) -> ColumnDef {
 pub fn bytes<T: IntoIden>(col: T) -> ColumnDef {
     ColumnDef::new(col).blob().not_null().take()
 }
+
+/// Lets a table's hot updates stay heap-only (no index entry written): drops `index`, the
+/// one indexed column those updates change, and on Postgres leaves 30 % of every new page
+/// free (`fillfactor = 70`) so the new row version finds room beside the old one. SQLite
+/// has no fill factor.
+pub async fn allow_heap_only_updates(
+    manager: &SchemaManager<'_>,
+    table: &str,
+    index: &str,
+) -> Result<(), DbErr> {
+    let db = manager.get_connection();
+    db.execute_unprepared(&format!("DROP INDEX IF EXISTS {index}"))
+        .await?;
+    if manager.get_database_backend() == DbBackend::Postgres {
+        db.execute_unprepared(&format!("ALTER TABLE {table} SET (fillfactor = 70)"))
+            .await?;
+    }
+    Ok(())
+}
+
+/// Undoes [`allow_heap_only_updates`]: the default fill factor, and `index` on `columns`.
+pub async fn forbid_heap_only_updates(
+    manager: &SchemaManager<'_>,
+    table: &str,
+    index: &str,
+    columns: &str,
+) -> Result<(), DbErr> {
+    let db = manager.get_connection();
+    if manager.get_database_backend() == DbBackend::Postgres {
+        db.execute_unprepared(&format!("ALTER TABLE {table} RESET (fillfactor)"))
+            .await?;
+    }
+    db.execute_unprepared(&format!("CREATE INDEX {index} ON {table} ({columns})"))
+        .await?;
+    Ok(())
+}

@@ -16,7 +16,8 @@
 //! runs in flight. SQLite has no fill factor.
 
 use sea_orm_migration::prelude::*;
-use sea_orm_migration::sea_orm::DbBackend;
+
+use crate::common::{allow_heap_only_updates, forbid_heap_only_updates};
 
 #[derive(DeriveMigrationName)]
 pub struct Migration;
@@ -27,26 +28,10 @@ const STATUS_DEADLINE: &str = "ix_runs_status_deadline";
 #[async_trait::async_trait]
 impl MigrationTrait for Migration {
     async fn up(&self, manager: &SchemaManager) -> Result<(), DbErr> {
-        let db = manager.get_connection();
-        db.execute_unprepared(&format!("DROP INDEX IF EXISTS {STATUS_DEADLINE}"))
-            .await?;
-        if manager.get_database_backend() == DbBackend::Postgres {
-            db.execute_unprepared("ALTER TABLE runs SET (fillfactor = 70)")
-                .await?;
-        }
-        Ok(())
+        allow_heap_only_updates(manager, "runs", STATUS_DEADLINE).await
     }
 
     async fn down(&self, manager: &SchemaManager) -> Result<(), DbErr> {
-        let db = manager.get_connection();
-        if manager.get_database_backend() == DbBackend::Postgres {
-            db.execute_unprepared("ALTER TABLE runs RESET (fillfactor)")
-                .await?;
-        }
-        db.execute_unprepared(&format!(
-            "CREATE INDEX {STATUS_DEADLINE} ON runs (status, deadline_at)"
-        ))
-        .await?;
-        Ok(())
+        forbid_heap_only_updates(manager, "runs", STATUS_DEADLINE, "status, deadline_at").await
     }
 }

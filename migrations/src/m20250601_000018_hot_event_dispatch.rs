@@ -11,7 +11,8 @@
 //! factor (and writes the row in place either way).
 
 use sea_orm_migration::prelude::*;
-use sea_orm_migration::sea_orm::DbBackend;
+
+use crate::common::{allow_heap_only_updates, forbid_heap_only_updates};
 
 #[derive(DeriveMigrationName)]
 pub struct Migration;
@@ -22,24 +23,10 @@ const RUN: &str = "ix_event_log_run";
 #[async_trait::async_trait]
 impl MigrationTrait for Migration {
     async fn up(&self, manager: &SchemaManager) -> Result<(), DbErr> {
-        let db = manager.get_connection();
-        db.execute_unprepared(&format!("DROP INDEX IF EXISTS {RUN}"))
-            .await?;
-        if manager.get_database_backend() == DbBackend::Postgres {
-            db.execute_unprepared("ALTER TABLE event_log SET (fillfactor = 70)")
-                .await?;
-        }
-        Ok(())
+        allow_heap_only_updates(manager, "event_log", RUN).await
     }
 
     async fn down(&self, manager: &SchemaManager) -> Result<(), DbErr> {
-        let db = manager.get_connection();
-        if manager.get_database_backend() == DbBackend::Postgres {
-            db.execute_unprepared("ALTER TABLE event_log RESET (fillfactor)")
-                .await?;
-        }
-        db.execute_unprepared(&format!("CREATE INDEX {RUN} ON event_log (run_id)"))
-            .await?;
-        Ok(())
+        forbid_heap_only_updates(manager, "event_log", RUN, "run_id").await
     }
 }
