@@ -102,9 +102,10 @@ where
 /// orchestrators, the results shard goes to the orchestrator that does not route, instead of
 /// to either one by its hash; the split within the family stays even either way.
 ///
-/// The remainder goes first to every member below the level `t` (the `extra`-th smallest
-/// count), then to the members at `t` in weight order; a member above `t` owns
-/// `⌊shards/members⌋`. With equal counts (no earlier family) this is [`owners`]' fill.
+/// The remainder goes first to every member below the `level` (the `extra`-th smallest
+/// count; 0 when the family splits evenly, so nobody is below it), then to the members at
+/// the level in weight order; a member above it owns `⌊shards/members⌋`. With equal counts
+/// (no earlier family) this is [`owners`]' fill.
 #[must_use]
 pub fn owners_after<'a, I>(
     family: ShardFamily,
@@ -149,8 +150,7 @@ where
         if slot.is_some() {
             continue;
         }
-        let below_level = extra > 0 && before(member) < level;
-        if *owned < floor || (*owned == floor && below_level) {
+        if *owned < floor || (*owned == floor && before(member) < level) {
             *owned += 1;
         } else if *owned == floor && at_level > 0 && before(member) == level {
             *owned += 1;
