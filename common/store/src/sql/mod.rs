@@ -363,8 +363,9 @@ fn validate_schema_name(schema: &str) -> Result<()> {
     }
 }
 
-/// The rows of a Postgres statement's `jsonb_to_recordset($n::jsonb)` input as one text
-/// parameter (cast to `jsonb` by the statement): the driver clones every parameter before it
+/// The rows of a statement's JSON input as one text parameter (Postgres'
+/// `jsonb_to_recordset($n::jsonb)` casts it, SQLite's `json_each(?)` reads it as it is), so
+/// the statement's text is the same whatever the batch holds. The driver clones every parameter before it
 /// encodes it, so a `jsonb` parameter would copy the whole tree of the batch, item data and
 /// envelopes included, only to serialize and drop it; a text is copied in one piece.
 pub(crate) fn jsonb_rows<T: serde::Serialize>(rows: &[T]) -> Result<sea_orm::Value> {

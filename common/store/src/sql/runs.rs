@@ -374,30 +374,52 @@ impl Start {
 /// values ([`StartedRun::latest_cursor`], [`StartedRun::state`]).
 type StartReadsFound = (Option<String>, BTreeMap<String, BTreeMap<String, Value>>);
 
+/// The per-start reads of [`sqlite_reads`] in one text whatever the batch holds (the starts
+/// are one JSON parameter read with `json_each`), so the readers prepare it once per
+/// connection and keep it in their statement caches; a presence and a cursor select per
+/// start, joined into a text of their own for every batch, were parsed and planned again
+/// every time. One row per start, numbered by its place in the array (`start`): whether its
+/// event exists (ids are stored as blobs: `unhex` of the UUID text without its dashes), and
+/// the conversation's highest transcript `seq` for a start that reads a cursor (`max` over
+/// `ix_transcript_conversation_seq`; `NULL` for one that does not, or for a conversation
+/// without rows).
+const SQLITE_START_READS_SQL: &str = r#"SELECT s.key AS "start",
+    EXISTS (SELECT 1 FROM "event_log" WHERE "id" = unhex(s.value->>'event_id', '-')) AS "present",
+    iif(s.value->>'conversation_id' IS NULL, NULL,
+        (SELECT max("seq") FROM "transcript" WHERE "workspace_id" = s.value->>'workspace_id'
+            AND "conversation_id" = s.value->>'conversation_id')) AS "seq"
+FROM json_each(?) AS s"#;
+
+/// A start as [`SQLITE_START_READS_SQL`] reads it.
+#[derive(serde::Serialize)]
+struct StartReadRow<'a> {
+    event_id: Uuid,
+    workspace_id: Option<&'a str>,
+    conversation_id: Option<&'a str>,
+}
+
 /// What every start's reads find on SQLite, on `db` (the readers), in start order, in one
-/// hand-over ([`Script`]): whether each start's event exists (one row each, in order), a
-/// `max(seq)` select for each start that reads a cursor (one row each, in order), then one
-/// select of the rows of every scope any start asks for.
+/// hand-over ([`Script`]): whether each start's event exists and the transcript cursor of
+/// each start that reads one ([`SQLITE_START_READS_SQL`]), then one select of the rows of
+/// every scope any start asks for.
 async fn sqlite_reads<C: ConnectionTrait>(
     db: &C,
     starts: &[Start],
 ) -> Result<Vec<(bool, StartReadsFound)>> {
+    let rows: Vec<StartReadRow<'_>> = starts
+        .iter()
+        .map(|start| StartReadRow {
+            event_id: start.event_id.into_uuid(),
+            workspace_id: start.conversation.as_ref().map(|(w, _)| w.as_str()),
+            conversation_id: start.conversation.as_ref().map(|(_, c)| c.as_str()),
+        })
+        .collect();
     let mut script = Script::new(db);
-    for start in starts {
-        script.push_statement(Statement::from_sql_and_values(
-            DbBackend::Sqlite,
-            r#"SELECT EXISTS (SELECT 1 FROM "event_log" WHERE "id" = ?) AS "present""#,
-            [start.event_id.into_uuid().into()],
-        ));
-    }
-    let presence = script.len();
-    for (workspace_id, conversation_id) in starts.iter().filter_map(|s| s.conversation.as_ref()) {
-        script.push(&super::transcript::sqlite_latest_seq_select(
-            workspace_id,
-            conversation_id,
-        ));
-    }
-    let cursors = script.len();
+    script.push_statement(Statement::from_sql_and_values(
+        DbBackend::Sqlite,
+        SQLITE_START_READS_SQL,
+        [super::jsonb_rows(&rows)?],
+    ));
     let scopes: BTreeSet<&String> = starts
         .iter()
         .flat_map(|start| &start.reads.state_scopes)
@@ -408,13 +430,23 @@ async fn sqlite_reads<C: ConnectionTrait>(
         ));
     }
     let rows = script.query_all(db).await?;
-    if rows.len() < cursors {
+    if rows.len() < starts.len() {
         return Err(StoreError::Corrupt(
-            "a presence or transcript cursor read returned no row".into(),
+            "the presence and transcript cursor reads returned too few rows".into(),
         ));
     }
-    let (presence_rows, rows) = rows.split_at(presence);
-    let (cursor_rows, state_rows) = rows.split_at(cursors - presence);
+    let (start_rows, state_rows) = rows.split_at(starts.len());
+    let mut read: Vec<(bool, Option<i64>)> = vec![(false, None); starts.len()];
+    for row in start_rows {
+        let place = usize::try_from(row.try_get::<i64>("", "start")?)
+            .ok()
+            .filter(|place| *place < starts.len())
+            .ok_or_else(|| StoreError::Corrupt("a start read names no start".into()))?;
+        read[place] = (
+            row.try_get::<bool>("", "present")?,
+            row.try_get::<Option<i64>>("", "seq")?,
+        );
+    }
     let mut values: HashMap<String, BTreeMap<String, Value>> = HashMap::new();
     for row in state_rows {
         values
@@ -422,19 +454,9 @@ async fn sqlite_reads<C: ConnectionTrait>(
             .or_default()
             .insert(row.try_get("", "key")?, row.try_get("", "value")?);
     }
-    let mut cursor_rows = cursor_rows.iter();
     let mut found = Vec::with_capacity(starts.len());
-    for (start, present) in starts.iter().zip(presence_rows) {
-        let present = present.try_get::<bool>("", "present")?;
-        let cursor = match start.conversation {
-            Some(_) => cursor_rows
-                .next()
-                .map(|row| row.try_get::<Option<i64>>("", "seq"))
-                .transpose()?
-                .flatten()
-                .map(super::transcript::transcript_cursor),
-            None => None,
-        };
+    for (start, (present, seq)) in starts.iter().zip(read) {
+        let cursor = seq.map(super::transcript::transcript_cursor);
         let state = start
             .reads
             .state_scopes
@@ -1340,25 +1362,136 @@ impl SqlStore {
                 new_keys.insert((row.try_get("", "run_id")?, row.try_get("", "sequence")?));
             }
         }
-        let mut max_new: HashMap<Uuid, i64> = HashMap::new();
-        for (run_id, sequence) in &new_keys {
-            let max = max_new.entry(*run_id).or_insert(*sequence);
-            *max = (*max).max(*sequence);
-        }
-        // What the new items write beyond their rows, sent together.
-        let mut script = Script::new(&txn);
-        if let Some(update) = last_sequences_update(&max_new) {
-            script.push(&update);
-        }
-        for key in &new_keys {
-            if let Some((ends_run, transcript)) = writes.remove(key) {
-                item_writes(&mut script, key.0, ends_run, transcript)?;
+        // What the new items write beyond their rows, in key order (transcript rows are
+        // numbered as they are inserted), as one statement text.
+        let mut keys: Vec<&(Uuid, i64)> = new_keys.iter().collect();
+        keys.sort_unstable();
+        let mut runs: Vec<SqliteRunWrite> = Vec::new();
+        let mut transcripts = Vec::new();
+        for &&(run_id, sequence) in &keys {
+            match runs.last_mut() {
+                // Keys are sorted: a run's later item raises its sequence.
+                Some(last) if last.run_id == run_id => last.sequence = sequence,
+                _ => runs.push(SqliteRunWrite::new(run_id, sequence)),
+            }
+            if let Some((ends_run, transcript)) = writes.remove(&(run_id, sequence)) {
+                if let (Some(outcome), Some(run)) = (ends_run, runs.last_mut()) {
+                    run.ends(outcome);
+                }
+                if let Some(item) = transcript {
+                    transcripts.push(transcript_json(item)?);
+                }
             }
         }
-        script.execute(&txn).await?;
+        txn.execute_raw(sqlite_item_writes_statement(&runs, &transcripts, now)?)
+            .await?;
         txn.commit().await?;
         Ok(new_keys)
     }
+}
+
+/// A run's part of [`sqlite_item_writes_statement`]: its highest new item's sequence and,
+/// when one of its new items ends it, the outcome.
+#[derive(serde::Serialize)]
+struct SqliteRunWrite {
+    run_id: Uuid,
+    sequence: i64,
+    status: Option<&'static str>,
+    error_code: Option<String>,
+    error_message: Option<String>,
+    usage: Option<Value>,
+}
+
+impl SqliteRunWrite {
+    fn new(run_id: Uuid, sequence: i64) -> Self {
+        Self {
+            run_id,
+            sequence,
+            status: None,
+            error_code: None,
+            error_message: None,
+            usage: None,
+        }
+    }
+
+    fn ends(&mut self, outcome: RunOutcome) {
+        self.status = Some(outcome.status.as_str());
+        self.error_code = outcome.error_code;
+        self.error_message = outcome.error_message;
+        self.usage = outcome.usage;
+    }
+}
+
+/// The SQL of [`sqlite_item_writes_statement`]: one text whatever the batch holds, so the
+/// writer's connection parses and plans it once and keeps it in its statement cache. A
+/// statement per run and per transcript row, joined into a text of its own for every batch,
+/// was parsed and planned again every time: two of the four statements SQLite prepared per
+/// run at 64 in flight.
+///
+/// The parameters, in order: the time ended runs are stamped with, the runs
+/// ([`SqliteRunWrite`] objects; one per run, as `UPDATE … FROM` applies one source row per
+/// target row), the time transcript rows are written at, the transcript rows
+/// ([`transcript_json`] objects). Ids are stored as blobs: `unhex` of the UUID text without
+/// its dashes. Nullable JSON columns take `->` (the value's JSON text) only when the value is
+/// not null, so an absent value is SQL `NULL`, as on Postgres.
+static SQLITE_ITEM_WRITES_SQL: std::sync::LazyLock<String> = std::sync::LazyLock::new(|| {
+    let active = active()
+        .iter()
+        .map(|s| format!("'{s}'"))
+        .collect::<Vec<_>>()
+        .join(", ");
+    let ends = format!(r#"u.value->>'status' IS NOT NULL AND "runs"."status" IN ({active})"#);
+    let json_or_null =
+        |key: &str| format!("iif(t.value->>'{key}' IS NULL, NULL, t.value->'{key}')");
+    format!(
+        r#"UPDATE "runs" SET
+    "last_sequence" = max("runs"."last_sequence", u.value->>'sequence'),
+    "status" = iif({ends}, u.value->>'status', "runs"."status"),
+    "error_code" = iif({ends}, u.value->>'error_code', "runs"."error_code"),
+    "error_message" = iif({ends}, u.value->>'error_message', "runs"."error_message"),
+    "ended_at" = iif({ends}, ?, "runs"."ended_at"),
+    "usage" = iif({ends} AND u.value->>'usage' IS NOT NULL, u.value->'usage', "runs"."usage")
+FROM json_each(?) AS u
+WHERE "runs"."id" = unhex(u.value->>'run_id', '-')
+    AND ("runs"."last_sequence" < u.value->>'sequence' OR ({ends}));
+INSERT INTO "transcript" ("id", "workspace_id", "conversation_id", "thread_id", "bot_id",
+    "event_id", "run_id", "runner_id", "role", "item_type", "content", "content_json",
+    "artifact_refs", "metadata", "created_at")
+SELECT t.value->>'id', t.value->>'workspace_id', t.value->>'conversation_id',
+    t.value->>'thread_id', t.value->>'bot_id', t.value->>'event_id',
+    unhex(t.value->>'run_id', '-'), t.value->>'runner_id', t.value->>'role',
+    t.value->>'item_type', t.value->>'content', {content_json}, {artifact_refs}, {metadata}, ?
+FROM json_each(?) AS t
+WHERE true
+ORDER BY t.key
+ON CONFLICT DO NOTHING"#,
+        content_json = json_or_null("content_json"),
+        artifact_refs = json_or_null("artifact_refs"),
+        metadata = json_or_null("metadata"),
+    )
+});
+
+/// What new result items write beyond their rows on SQLite, in one statement text
+/// ([`SQLITE_ITEM_WRITES_SQL`]): each run's `last_sequence` raised to its highest new item
+/// (never lowered), the runs whose new items end them ended as `finish_run` does (only while
+/// active; `usage` kept when the outcome has none), and the new items' transcript rows
+/// written in order (a row whose id exists is skipped: an earlier attempt wrote it). What
+/// the Postgres statement ([`insert_events_statement`]) does after its insert.
+fn sqlite_item_writes_statement(
+    runs: &[SqliteRunWrite],
+    transcripts: &[Value],
+    now: DateTime<Utc>,
+) -> Result<Statement> {
+    Ok(Statement::from_sql_and_values(
+        DbBackend::Sqlite,
+        SQLITE_ITEM_WRITES_SQL.as_str(),
+        [
+            now.into(),
+            super::jsonb_rows(runs)?,
+            now.into(),
+            super::jsonb_rows(transcripts)?,
+        ],
+    ))
 }
 
 /// Runs [`insert_events_statement`] for `events`; returns the keys it inserted.

@@ -52,11 +52,6 @@ impl Script {
         self.statements.push(statement);
     }
 
-    /// How many statements were added.
-    pub(crate) fn len(&self) -> usize {
-        self.statements.len()
-    }
-
     /// Runs every statement in order on `db` (in one hand-over on SQLite); returns the rows
     /// the statements changed, summed. Stops at the first statement that fails (the caller's
     /// transaction then rolls back the ones before it).

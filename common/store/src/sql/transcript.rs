@@ -115,7 +115,8 @@ pub(super) fn transcript_row(item: NewTranscriptItem) -> Result<(String, transcr
 /// The latest transcript `seq` of a conversation on Postgres ([`Transcript::latest_cursor`]).
 const LATEST_SEQ_SQL: &str = r#"SELECT "seq" FROM "transcript" WHERE "workspace_id" = $1 AND "conversation_id" = $2 ORDER BY "seq" DESC LIMIT 1"#;
 
-/// The conversation's latest `seq` on SQLite, on `db` (also read by a run start).
+/// The conversation's latest `seq` on SQLite, on `db` (a run start reads it in its own
+/// batch statement, `SQLITE_START_READS_SQL` in the `runs` module, the same way).
 ///
 /// `max` rather than `ORDER BY seq DESC LIMIT 1`: SQLite seeks the index for it, without the
 /// bound `LIMIT` that makes it re-prepare the statement on every call (see the `sql` module
@@ -135,7 +136,7 @@ pub(super) async fn sqlite_latest_seq<C: ConnectionTrait>(
 
 /// The select of [`sqlite_latest_seq`]: always one row, its `seq` null for a conversation
 /// without rows (an aggregate without `GROUP BY`).
-pub(super) fn sqlite_latest_seq_select(
+fn sqlite_latest_seq_select(
     workspace_id: &WorkspaceId,
     conversation_id: &str,
 ) -> sea_orm::Select<transcript::Entity> {

@@ -48,6 +48,11 @@ pub async fn run_items_that_end_their_run_end_it_with_the_insert(db: &TestDb) {
             NewTranscriptItem::message(ws(), "c-items", a.event_id.to_string(), "assistant", text);
         row.id = Some(id.to_owned());
         row.run_id = Some(a.id);
+        row.thread_id = Some("t-1".to_owned());
+        row.runner_id = Some("plugin:x/y/z".to_owned());
+        row.content_json =
+            Some(json!({"role": "assistant", "content": [{"text": text, "n": 1.5}]}));
+        row.metadata = json!({"k": "v \"quoted\" é"});
         Some(row)
     };
     let batch = vec![
@@ -83,6 +88,15 @@ pub async fn run_items_that_end_their_run_end_it_with_the_insert(db: &TestDb) {
     assert_eq!(rows[0].id, "a:assistant");
     assert_eq!(rows[0].content.as_deref(), Some("hello"));
     assert_eq!(rows[0].run_id, Some(a.id));
+    assert_eq!(rows[0].thread_id.as_deref(), Some("t-1"));
+    assert_eq!(rows[0].bot_id, None);
+    assert_eq!(rows[0].runner_id.as_deref(), Some("plugin:x/y/z"));
+    assert_eq!(
+        rows[0].content_json,
+        Some(json!({"role": "assistant", "content": [{"text": "hello", "n": 1.5}]}))
+    );
+    assert_eq!(rows[0].artifact_refs, None);
+    assert_eq!(rows[0].metadata, json!({"k": "v \"quoted\" é"}));
 
     // Again: nothing is new, the run keeps its end, and no transcript row is written (not
     // even another one that an item carries only now).
