@@ -26,6 +26,12 @@
 //! the rows of a batch, and the statements that cannot be one sent together as a
 //! [`script::Script`] (one hand-over for the list).
 //!
+//! A statement is prepared once per connection and text (sqlx keeps a cache of them), so the
+//! hottest batches keep one text whatever they hold: their rows go in as one JSON parameter
+//! read with `json_each` (the sink's run ends and transcript rows, the start's reads), as
+//! the Postgres path does with `jsonb_to_recordset`. A text built per batch (a statement per
+//! row, or `VALUES` lists of the batch's length) is parsed and planned every time.
+//!
 //! # No bound `LIMIT` on hot lookups
 //!
 //! SQLite (3.51, built with `SQLITE_ENABLE_STAT4` by libsqlite3-sys) marks a statement whose
