@@ -29,8 +29,11 @@
 //! A statement is prepared once per connection and text (sqlx keeps a cache of them), so the
 //! hottest batches keep one text whatever they hold: their rows go in as one JSON parameter
 //! read with `json_each` (the sink's run ends and transcript rows, the start's reads), as
-//! the Postgres path does with `jsonb_to_recordset`. A text built per batch (a statement per
-//! row, or `VALUES` lists of the batch's length) is parsed and planned every time.
+//! the Postgres path does with `jsonb_to_recordset`. A text that varies with the batch (a
+//! statement per row, `VALUES` lists of its length) is parsed and planned again whenever it
+//! is new to the connection's cache (100 texts, sqlx's default): the sink's per-row
+//! statements were new almost every batch, while texts varying only with the batch's length
+//! repeat and mostly hit the cache.
 //!
 //! # No bound `LIMIT` on hot lookups
 //!
