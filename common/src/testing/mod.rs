@@ -193,6 +193,7 @@ macro_rules! bus_suite {
                 best_effort_publishes_keep_order_and_never_wedge,
                 batch_publish_confirms_every_message,
                 batch_publish_reports_failed_indices,
+                returns_reach_their_own_publisher,
                 bind_and_unbind_on_a_live_exclusive_queue,
                 exclusive_queue_is_deleted_with_its_subscription,
                 delivery_limit_dead_letters_poison_messages,

@@ -22,8 +22,9 @@ use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
 use super::AmqpOptions;
+use super::confirms::Confirms;
 use super::failure::{Failure, classify};
-use crate::bus::{BusError, ExchangeSpec, PublishOptions, QueueSpec, Result};
+use crate::bus::{BusError, ExchangeSpec, QueueSpec, Result};
 
 /// How often the supervisor checks that the connection is still up, in addition to lapin's
 /// error callback (a client-side close, for instance, does not trigger the callback).
@@ -58,7 +59,8 @@ pub(super) enum LinkState {
 pub(super) struct Link {
     pub(super) generation: u64,
     pub(super) connection: Connection,
-    publish: tokio::sync::Mutex<Channel>,
+    /// The confirm-mode channel with the bookkeeping that pairs its returns with their owners.
+    publish: tokio::sync::Mutex<(Channel, Confirms)>,
     /// Without confirm mode: for unconfirmed messages ([`PublishOptions::confirmed`]).
     best_effort: tokio::sync::Mutex<Channel>,
     topology: tokio::sync::Mutex<Channel>,
@@ -109,21 +111,21 @@ impl Link {
 
     async fn publish_channel(
         connection: &Connection,
-    ) -> std::result::Result<Channel, lapin::Error> {
+    ) -> std::result::Result<(Channel, Confirms), lapin::Error> {
         let channel = connection.create_channel().await?;
         channel
             .confirm_select(ConfirmSelectOptions::default())
             .await?;
-        Ok(channel)
+        Ok((channel, Confirms::spawn()))
     }
 
-    /// The publish channel, reopened if a channel error closed it.
-    pub(super) async fn publisher(&self) -> std::result::Result<Channel, lapin::Error> {
-        let mut channel = self.publish.lock().await;
-        if !channel.status().connected() {
-            *channel = Self::publish_channel(&self.connection).await?;
+    /// The publish channel and its confirms, reopened if a channel error closed it.
+    pub(super) async fn publisher(&self) -> std::result::Result<(Channel, Confirms), lapin::Error> {
+        let mut publish = self.publish.lock().await;
+        if !publish.0.status().connected() {
+            *publish = Self::publish_channel(&self.connection).await?;
         }
-        Ok(channel.clone())
+        Ok(publish.clone())
     }
 
     /// The best-effort channel, reopened if a channel error closed it.
@@ -133,18 +135,6 @@ impl Link {
             *channel = self.connection.create_channel().await?;
         }
         Ok(channel.clone())
-    }
-
-    /// The channel for messages published with `options`.
-    pub(super) async fn publisher_for(
-        &self,
-        options: PublishOptions,
-    ) -> std::result::Result<Channel, lapin::Error> {
-        if options.confirmed() {
-            self.publisher().await
-        } else {
-            self.best_effort_publisher().await
-        }
     }
 
     /// Runs one operation on the topology channel (serialized; the channel is reopened first

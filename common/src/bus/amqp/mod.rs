@@ -4,7 +4,9 @@
 //! One AMQP connection per [`AmqpBus`] (a "link"), with:
 //! - a **publish channel** in confirm mode: every publish is persistent (delivery mode 2) unless
 //!   asked otherwise, `mandatory` by default, and awaited until the broker's ack; a batch
-//!   sends every message and then awaits every confirm (one round trip for the batch);
+//!   sends every message and then awaits every confirm (one round trip for the batch); a
+//!   returned (unroutable) message is reported to its own publisher, not to whichever
+//!   message's ack the client read next (see `confirms`);
 //! - a **best-effort channel** without confirm mode for the messages that are neither
 //!   mandatory nor persistent (live deliveries, cancel broadcasts; see "Best effort" on
 //!   [`Bus`]): a publish there returns once written, and the broker sends nothing back. A
@@ -41,6 +43,7 @@
 //! - `failure`: what a failed broker call means (reconnect, new channel, or final answer);
 //! - `declare`: exchanges, queues and bindings, and the registry replayed after a reconnection;
 //! - `publish`: confirmed and best-effort publishing, one message or a batch;
+//! - `confirms`: the driver that pairs each confirmation with its own message's return;
 //! - `consume`: subscriptions, their consumer tasks, and settling deliveries;
 //! - `properties`: the properties and headers we publish with and read back;
 //! - `dead_letters`: [`DeadLetters`](super::dead_letters::DeadLetters) on RabbitMQ.
@@ -56,6 +59,7 @@ use super::{
     QueueSpec, QueueUse, Result, Subscription,
 };
 
+mod confirms;
 mod consume;
 mod dead_letters;
 mod declare;

@@ -32,23 +32,35 @@ impl Inner {
         options: PublishOptions,
         properties: &BasicProperties,
     ) -> std::result::Result<Confirmation, lapin::Error> {
-        let channel = link.publisher_for(options).await?;
-        let mandatory = options.mandatory;
-        let confirm = channel
-            .basic_publish(
-                exchange,
-                routing_key,
-                BasicPublishOptions {
-                    mandatory,
-                    immediate: false,
-                },
-                body,
-                properties.clone(),
-            )
-            .await?;
+        let publish_options = BasicPublishOptions {
+            mandatory: options.mandatory,
+            immediate: false,
+        };
         if options.confirmed() {
-            confirm.await
+            let (channel, confirms) = link.publisher().await?;
+            confirms
+                .send(
+                    &channel,
+                    exchange,
+                    routing_key,
+                    body,
+                    publish_options,
+                    properties.clone(),
+                )
+                .await?
+                .confirmed()
+                .await
         } else {
+            let channel = link.best_effort_publisher().await?;
+            channel
+                .basic_publish(
+                    exchange,
+                    routing_key,
+                    publish_options,
+                    body,
+                    properties.clone(),
+                )
+                .await?;
             Ok(Confirmation::Ack(None))
         }
     }
@@ -202,37 +214,49 @@ impl Inner {
         let best_effort_channel = link.best_effort_publisher().await;
         let mut pending = Vec::with_capacity(total);
         for message in &messages {
-            let channel = if message.options.confirmed() {
-                &confirm_channel
-            } else {
-                &best_effort_channel
+            let publish_options = BasicPublishOptions {
+                mandatory: message.options.mandatory,
+                immediate: false,
             };
-            let sent = match (
-                channel,
-                check_name(&message.exchange).and(check_key(&message.routing_key)),
-            ) {
-                (_, Err(invalid)) => Err(Err(invalid)),
-                (Err(e), _) => Err(Ok(e.clone())),
-                (Ok(channel), Ok(())) => channel
-                    .basic_publish(
-                        message.exchange.as_str(),
-                        message.routing_key.as_str(),
-                        BasicPublishOptions {
-                            mandatory: message.options.mandatory,
-                            immediate: false,
-                        },
-                        &message.body,
-                        properties(message.options),
-                    )
-                    .await
-                    .map_err(Ok),
+            let checked = check_name(&message.exchange).and(check_key(&message.routing_key));
+            let sent = match (checked, message.options.confirmed()) {
+                (Err(invalid), _) => Err(Err(invalid)),
+                (Ok(()), true) => match &confirm_channel {
+                    Err(e) => Err(Ok(e.clone())),
+                    Ok((channel, confirms)) => confirms
+                        .send(
+                            channel,
+                            &message.exchange,
+                            &message.routing_key,
+                            &message.body,
+                            publish_options,
+                            properties(message.options),
+                        )
+                        .await
+                        .map(Some)
+                        .map_err(Ok),
+                },
+                (Ok(()), false) => match &best_effort_channel {
+                    Err(e) => Err(Ok(e.clone())),
+                    Ok(channel) => channel
+                        .basic_publish(
+                            message.exchange.as_str(),
+                            message.routing_key.as_str(),
+                            publish_options,
+                            &message.body,
+                            properties(message.options),
+                        )
+                        .await
+                        .map(|_| None)
+                        .map_err(Ok),
+                },
             };
-            pending.push((sent, message.options.confirmed()));
+            pending.push(sent);
         }
-        let confirms = join_all(pending.into_iter().map(|(sent, confirmed)| async move {
+        let confirms = join_all(pending.into_iter().map(|sent| async move {
             match sent {
-                Ok(confirm) if confirmed => Ok(confirm.await),
-                Ok(_) => Ok(Ok(Confirmation::Ack(None))),
+                Ok(Some(pending)) => Ok(pending.confirmed().await),
+                Ok(None) => Ok(Ok(Confirmation::Ack(None))),
                 Err(e) => Err(e),
             }
         }))

@@ -186,6 +186,61 @@ pub async fn batch_publish_confirms_every_message(fx: &BusFixture) {
     }
 }
 
+/// Returned (unroutable) messages are told to their own publisher, whatever order the broker
+/// acknowledges in and however many publishers share the connection: batches and single
+/// publishes run concurrently, every other message of each is unroutable, and each caller is
+/// told exactly which of its own failed (the broker may cover several messages with one ack,
+/// and the client pairs a return with whichever ack it reads next, not with its owner).
+pub async fn returns_reach_their_own_publisher(fx: &BusFixture) {
+    const BATCHES: usize = 6;
+    const SINGLES: usize = 40;
+    const LEN: usize = 40;
+    let (ex, spec) = direct_pair(fx).await;
+    let key = |i: usize| if i % 2 == 0 { "k" } else { "nobody" };
+    let batches = (0..BATCHES).map(|b| {
+        let bus = fx.bus.clone();
+        let batch: Vec<Outgoing> = (0..LEN)
+            .map(|i| Outgoing::new(&ex, key(i), format!("b{b}-{i}")))
+            .collect();
+        async move {
+            let failed = bus.publish_batch(batch).await.unwrap_err().failed;
+            failed.into_iter().map(|(i, _)| i).collect::<Vec<_>>()
+        }
+    });
+    let singles = (0..SINGLES).map(|i| {
+        let bus = fx.bus.clone();
+        let ex = ex.clone();
+        async move {
+            let body = bytes::Bytes::from(format!("s{i}"));
+            bus.publish(&ex, key(i), body, PublishOptions::default())
+                .await
+        }
+    });
+    let (batches, singles) = tokio::join!(
+        futures::future::join_all(batches),
+        futures::future::join_all(singles)
+    );
+    let odd: Vec<usize> = (0..LEN).filter(|i| i % 2 == 1).collect();
+    for failed in batches {
+        assert_eq!(failed, odd);
+    }
+    for (i, result) in singles.into_iter().enumerate() {
+        match (i % 2, result) {
+            (0, Ok(())) | (1, Err(BusError::Unroutable { .. })) => {}
+            (_, other) => panic!("single publish {i}: {other:?}"),
+        }
+    }
+    let mut sub = subscribe(fx, &spec, 200).await;
+    let routed = BATCHES * LEN / 2 + SINGLES / 2;
+    let mut seen = std::collections::BTreeSet::new();
+    for _ in 0..routed {
+        let d = recv(&mut sub).await;
+        assert!(seen.insert(text(&d).to_owned()), "duplicate {}", text(&d));
+        d.ack().await.expect("ack");
+    }
+    assert_idle(&mut sub).await;
+}
+
 /// A failed message of a batch is reported by index; the others are durable.
 pub async fn batch_publish_reports_failed_indices(fx: &BusFixture) {
     let (ex, spec) = direct_pair(fx).await;
