@@ -33,8 +33,9 @@ use tokio::sync::oneshot;
 /// dropped first, so a stray return cannot grow the pool without bound.
 const MAX_UNCLAIMED_RETURNS: usize = 1024;
 
-/// The confirm bookkeeping of one publish channel; cheap to clone. Dropping the last clone
-/// ends the driver once its outstanding confirmations are answered.
+/// The confirm bookkeeping of one publish channel; cheap to clone. Once the last clone and
+/// the last [`Pending`] are dropped (the link replaced the channel), the driver ends: nobody
+/// is left to answer.
 #[derive(Clone)]
 pub(super) struct Confirms(Arc<Book>);
 
@@ -53,6 +54,7 @@ struct Shared {
     incoming: Vec<Watched>,
     /// Returns taken off confirmations, waiting for their owner to claim them.
     returns: VecDeque<BasicReturnMessage>,
+    /// The driver's waker, woken when a confirmation is handed over or a ticket closes.
     driver: Option<Waker>,
 }
 
