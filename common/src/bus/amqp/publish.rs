@@ -8,12 +8,13 @@
 //! and only the messages whose outcome was lost are published again, one by one.
 
 use futures::future::join_all;
-use lapin::BasicProperties;
 use lapin::options::{BasicPublishOptions, ExchangeDeclareOptions};
 use lapin::publisher_confirm::Confirmation;
 use lapin::types::FieldTable;
+use lapin::{BasicProperties, Channel};
 use tokio::time::Instant;
 
+use super::confirms::{Confirms, Pending};
 use super::failure::{Failure, classify};
 use super::link::{Inner, Link, RETRY_PAUSE};
 use super::properties::properties;
@@ -32,37 +33,19 @@ impl Inner {
         options: PublishOptions,
         properties: &BasicProperties,
     ) -> std::result::Result<Confirmation, lapin::Error> {
-        let publish_options = BasicPublishOptions {
-            mandatory: options.mandatory,
-            immediate: false,
-        };
-        if options.confirmed() {
-            let (channel, confirms) = link.publisher().await?;
-            confirms
-                .send(
-                    &channel,
-                    exchange,
-                    routing_key,
-                    body,
-                    publish_options,
-                    properties.clone(),
-                )
-                .await?
-                .confirmed()
-                .await
+        let (publisher, best_effort);
+        let route = if options.confirmed() {
+            publisher = link.publisher().await?;
+            Route::Confirmed(&publisher.0, &publisher.1)
         } else {
-            let channel = link.best_effort_publisher().await?;
-            channel
-                .basic_publish(
-                    exchange,
-                    routing_key,
-                    publish_options,
-                    body,
-                    properties.clone(),
-                )
-                .await?;
-            Ok(Confirmation::Ack(None))
-        }
+            best_effort = link.best_effort_publisher().await?;
+            Route::BestEffort(&best_effort)
+        };
+        route
+            .write(exchange, routing_key, body, options, properties.clone())
+            .await?
+            .confirmation()
+            .await
     }
 
     /// Publishes with retries; see [`Bus::publish`].
@@ -214,49 +197,35 @@ impl Inner {
         let best_effort_channel = link.best_effort_publisher().await;
         let mut pending = Vec::with_capacity(total);
         for message in &messages {
-            let publish_options = BasicPublishOptions {
-                mandatory: message.options.mandatory,
-                immediate: false,
+            let route = if message.options.confirmed() {
+                confirm_channel
+                    .as_ref()
+                    .map(|(channel, confirms)| Route::Confirmed(channel, confirms))
+            } else {
+                best_effort_channel.as_ref().map(Route::BestEffort)
             };
-            let checked = check_name(&message.exchange).and(check_key(&message.routing_key));
-            let sent = match (checked, message.options.confirmed()) {
-                (Err(invalid), _) => Err(Err(invalid)),
-                (Ok(()), true) => match &confirm_channel {
-                    Err(e) => Err(Ok(e.clone())),
-                    Ok((channel, confirms)) => confirms
-                        .send(
-                            channel,
-                            &message.exchange,
-                            &message.routing_key,
-                            &message.body,
-                            publish_options,
-                            properties(message.options),
-                        )
-                        .await
-                        .map(Some)
-                        .map_err(Ok),
-                },
-                (Ok(()), false) => match &best_effort_channel {
-                    Err(e) => Err(Ok(e.clone())),
-                    Ok(channel) => channel
-                        .basic_publish(
-                            message.exchange.as_str(),
-                            message.routing_key.as_str(),
-                            publish_options,
-                            &message.body,
-                            properties(message.options),
-                        )
-                        .await
-                        .map(|_| None)
-                        .map_err(Ok),
-                },
+            let sent = match (
+                route,
+                check_name(&message.exchange).and(check_key(&message.routing_key)),
+            ) {
+                (_, Err(invalid)) => Err(Err(invalid)),
+                (Err(e), _) => Err(Ok(e.clone())),
+                (Ok(route), Ok(())) => route
+                    .write(
+                        &message.exchange,
+                        &message.routing_key,
+                        &message.body,
+                        message.options,
+                        properties(message.options),
+                    )
+                    .await
+                    .map_err(Ok),
             };
             pending.push(sent);
         }
         let confirms = join_all(pending.into_iter().map(|sent| async move {
             match sent {
-                Ok(Some(pending)) => Ok(pending.confirmed().await),
-                Ok(None) => Ok(Ok(Confirmation::Ack(None))),
+                Ok(sent) => Ok(sent.confirmation().await),
                 Err(e) => Err(e),
             }
         }))
@@ -300,6 +269,67 @@ impl Inner {
             Ok(())
         } else {
             Err(BatchPublishError { total, failed })
+        }
+    }
+}
+
+/// The channel a message goes on: the publish channel with its confirms when the message's
+/// options ask for a confirm, else the best-effort channel.
+enum Route<'c> {
+    Confirmed(&'c Channel, &'c Confirms),
+    BestEffort(&'c Channel),
+}
+
+impl Route<'_> {
+    /// Writes one message on this channel.
+    async fn write<'a>(
+        &self,
+        exchange: &'a str,
+        routing_key: &'a str,
+        body: &'a [u8],
+        options: PublishOptions,
+        properties: BasicProperties,
+    ) -> std::result::Result<Sent<'a>, lapin::Error> {
+        let publish_options = BasicPublishOptions {
+            mandatory: options.mandatory,
+            immediate: false,
+        };
+        match *self {
+            Route::Confirmed(channel, confirms) => confirms
+                .send(
+                    channel,
+                    exchange,
+                    routing_key,
+                    body,
+                    publish_options,
+                    properties,
+                )
+                .await
+                .map(Sent::Confirming),
+            Route::BestEffort(channel) => {
+                channel
+                    .basic_publish(exchange, routing_key, publish_options, body, properties)
+                    .await?;
+                Ok(Sent::Written)
+            }
+        }
+    }
+}
+
+/// A message written on its channel.
+enum Sent<'a> {
+    /// Awaiting the broker's confirm.
+    Confirming(Pending<'a>),
+    /// Best effort: done once written (the broker sends nothing back).
+    Written,
+}
+
+impl Sent<'_> {
+    /// The broker's answer; a best-effort message's silence counts as an ack.
+    async fn confirmation(self) -> std::result::Result<Confirmation, lapin::Error> {
+        match self {
+            Sent::Confirming(pending) => pending.confirmed().await,
+            Sent::Written => Ok(Confirmation::Ack(None)),
         }
     }
 }
