@@ -106,8 +106,21 @@ impl Book {
 }
 
 impl Drop for Book {
+    /// The driver ends once the book is gone; wake it so it notices.
     fn drop(&mut self) {
-        if let Some(driver) = self.lock().driver.take() {
+        self.lock().wake_driver();
+    }
+}
+
+impl Shared {
+    /// Closes ticket `number`: the driver may have been holding a round back for it.
+    fn close(&mut self, number: u64) {
+        self.open.remove(&number);
+        self.wake_driver();
+    }
+
+    fn wake_driver(&mut self) {
+        if let Some(driver) = self.driver.take() {
             driver.wake();
         }
     }
@@ -140,10 +153,11 @@ impl<'b> Ticket<'b> {
         confirm: PublisherConfirm,
     ) -> oneshot::Receiver<lapin::Result<Confirmation>> {
         let (answer, receiver) = oneshot::channel();
+        // Queued and closed under one lock: the driver never sees the ticket closed
+        // without its confirmation.
         let mut shared = self.book.lock();
-        shared.open.remove(&self.number);
         shared.incoming.push(Watched { confirm, answer });
-        wake(&mut shared);
+        shared.close(self.number);
         self.handed_over = true;
         receiver
     }
@@ -151,17 +165,10 @@ impl<'b> Ticket<'b> {
 
 impl Drop for Ticket<'_> {
     fn drop(&mut self) {
+        // A publish that failed before its confirmation existed holds no round back.
         if !self.handed_over {
-            let mut shared = self.book.lock();
-            shared.open.remove(&self.number);
-            wake(&mut shared);
+            self.book.lock().close(self.number);
         }
-    }
-}
-
-fn wake(shared: &mut Shared) {
-    if let Some(driver) = shared.driver.take() {
-        driver.wake();
     }
 }
 
