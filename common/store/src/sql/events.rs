@@ -10,7 +10,7 @@ use sea_orm::sea_query::{Expr, LockBehavior, LockType, OnConflict, Query};
 use sea_orm::{
     ActiveModelTrait, ActiveValue::NotSet, ColumnTrait, Condition, ConnectionTrait,
     DatabaseTransaction, DbBackend, EntityTrait, FromQueryResult, IntoActiveModel, PaginatorTrait,
-    QueryFilter, QueryOrder, QuerySelect, QueryTrait as _, Set, Statement,
+    QueryFilter, QueryOrder, QuerySelect, QueryTrait as _, Set, Statement, TryIntoModel as _,
 };
 use serde_json::Value;
 
@@ -202,6 +202,10 @@ async fn insert_outbox_rows<C: ConnectionTrait>(
 /// SQLite's limit).
 const OUTBOX_INSERT_CHUNK: usize = 500;
 
+/// The name the SQLite outbox insert returns its ids under, so they are told apart from the
+/// events' rows returned by the same script.
+const OUTBOX_ID: &str = "outbox_id";
+
 /// The columns [`sqlite_outbox_insert`] writes, in order (all but the generated `id`).
 const OUTBOX_INSERT_COLUMNS: [outbox::Column; 9] = [
     outbox::Column::Exchange,
@@ -219,7 +223,8 @@ const OUTBOX_INSERT_COLUMNS: [outbox::Column; 9] = [
 /// a message is written only if its event's row exists, and since the events' insert fails
 /// whole on a taken event id, an event whose row exists was written by that insert (a
 /// request whose idempotency key was taken writes no row, and so no message). The rows are
-/// [`outbox_models`]' (the lease is decided there); returns the rows written. Every column
+/// [`outbox_models`]' (the lease is decided there); returns the ids written, as
+/// [`OUTBOX_ID`]. Every column
 /// of [`OUTBOX_INSERT_COLUMNS`] must be set on each row: one left unset fails the statement's
 /// building (a bug) instead of writing `NULL`.
 fn sqlite_outbox_insert(rows: &[(EventId, outbox::ActiveModel)]) -> Result<Statement> {
@@ -258,8 +263,9 @@ SELECT {} FROM (VALUES "#,
     sql.push_str(
         r#") AS v
 WHERE EXISTS (SELECT 1 FROM "event_log" e WHERE e."id" = v.column1)
-RETURNING *"#,
+RETURNING "id" AS "#,
     );
+    sql.push_str(OUTBOX_ID);
     Ok(Statement::from_sql_and_values(
         DbBackend::Sqlite,
         sql,
@@ -328,6 +334,14 @@ impl Append {
             request_hash,
             now,
         })
+    }
+
+    /// The event as stored under `seq` by an insert of [`Self::row`]: every other column is
+    /// the row's own, so nothing but the number needs reading back.
+    fn stored(&self, seq: i64) -> Result<event_log::Model> {
+        let mut row = self.row.clone();
+        row.seq = Set(seq);
+        Ok(row.try_into_model()?)
     }
 
     /// The insert, `ON CONFLICT` on the idempotency index only: two appends with the same
@@ -586,10 +600,13 @@ impl SqlStore {
         let mut events = event_log::Entity::insert_many(appends.iter().map(|(a, _)| a.row.clone()))
             .on_conflict(Append::on_idempotency_conflict())
             .into_query();
+        // Only what the database makes is read back (the events' `seq`, the outbox ids): the
+        // rest of every row is the append's own, and sqlx hands each returned row over as
+        // its own message, the envelope parsed again from its stored JSON.
         script.push_query(
             events.returning(
                 sea_orm::sea_query::Query::returning()
-                    .columns(<event_log::Column as sea_orm::Iterable>::iter()),
+                    .columns([event_log::Column::Seq, event_log::Column::Id]),
             ),
         );
         let messages: Vec<(EventId, outbox::ActiveModel)> = appends
@@ -610,40 +627,41 @@ impl SqlStore {
                 ([(append, _)], StoreError::Database(e)) => append.insert_error(e),
                 (_, e) => e,
             })?;
-        // The events' rows come first, then the outbox rows (the only ones with an
-        // `exchange`); SQLite numbers a statement's rows in order, so sorted by id the outbox
-        // rows are the messages in request order.
-        let mut inserted: HashMap<uuid::Uuid, event_log::Model> = HashMap::new();
-        let mut outbox_rows = Vec::new();
+        // The events' rows come first, then the outbox ids (the only rows with an
+        // `outbox_id`); SQLite numbers a statement's rows in order, so sorted the outbox ids
+        // are the messages' in request order.
+        let mut inserted: HashMap<uuid::Uuid, i64> = HashMap::new();
+        let mut outbox_ids = Vec::new();
         for row in &rows {
-            if row.try_get::<String>("", "exchange").is_ok() {
-                outbox_rows.push(outbox::Model::from_query_result(row, "")?);
+            if let Ok(id) = row.try_get::<i64>("", OUTBOX_ID) {
+                outbox_ids.push(id);
             } else {
-                let model = event_log::Model::from_query_result(row, "")?;
-                inserted.insert(model.id, model);
+                inserted.insert(row.try_get("", "id")?, row.try_get("", "seq")?);
             }
         }
-        outbox_rows.sort_by_key(|m| m.id);
-        let created: Vec<Option<event_log::Model>> = appends
-            .iter()
-            .map(|(append, _)| inserted.remove(&append.id.into_uuid()))
-            .collect();
-        let mut rows = outbox_rows.into_iter();
+        outbox_ids.sort_unstable();
+        let mut outbox_ids = outbox_ids.into_iter();
         let mut outcomes = Vec::with_capacity(appends.len());
-        for ((append, outbox), model) in appends.iter().zip(created) {
-            let outcome = match model {
-                Some(model) => {
-                    let leased = rows
-                        .by_ref()
-                        .take(outbox.len())
-                        .filter(|row| row.locked_until.is_some())
-                        .map(outbox_message)
+        for (append, outbox) in appends {
+            let outcome = match inserted.remove(&append.id.into_uuid()) {
+                Some(seq) => {
+                    // `zip` asks `outbox` first, so it takes exactly this event's ids.
+                    let leased = outbox
+                        .iter()
+                        .zip(outbox_ids.by_ref())
+                        .filter_map(|(message, id)| {
+                            let locked_until = leased_until(message, append.now, until)?;
+                            Some(leased_row(message, id, append.now, locked_until))
+                        })
                         .collect();
-                    event_record(model).map(|record| Appended {
-                        record,
-                        created: true,
-                        leased,
-                    })
+                    append
+                        .stored(seq)
+                        .and_then(event_record)
+                        .map(|record| Appended {
+                            record,
+                            created: true,
+                            leased,
+                        })
                 }
                 None => replayed(append.replay(&txn).await),
             };

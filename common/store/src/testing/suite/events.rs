@@ -772,9 +772,13 @@ pub async fn event_append_batch_answers_each_request(db: &TestDb) {
     let mut delayed = outbox_msg("later");
     delayed.available_at = Some(Utc::now() + TimeDelta::hours(1));
     let request = |event: NewEvent, outbox: Vec<NewOutboxMessage>| AppendRequest { event, outbox };
+    let mut plain = message("c1", "plain");
+    plain.envelope = Some(json!({"input": {"text": "plain"}, "n": 1.5, "list": [1, null]}));
+    plain.metadata = json!({"k": "v"});
+    plain.event_time = Some(Utc::now());
     let batch = vec![
         request(keyed("first", "k1", "a"), vec![outbox_msg("k1")]),
-        request(message("c1", "plain"), vec![outbox_msg("p1"), delayed]),
+        request(plain, vec![outbox_msg("p1"), delayed]),
         // The same key and request as the first: its event back, nothing written.
         request(keyed("first", "k1", "a"), vec![outbox_msg("k1-again")]),
         // The same key, another request: refused alone.
@@ -805,6 +809,17 @@ pub async fn event_append_batch_answers_each_request(db: &TestDb) {
         assert_eq!(error.code(), code, "request {i}: {error}");
     }
     assert_eq!(ok(1).record.input_summary.as_deref(), Some("plain"));
+    // Each created record is the stored event, exactly as a read gives it back.
+    for i in [0, 1, 6] {
+        let got = db
+            .stores
+            .events
+            .get(ok(i).record.id)
+            .await
+            .unwrap()
+            .unwrap();
+        assert_eq!(got, ok(i).record, "request {i}");
+    }
     // Leased: the rows available now, as a claim would have left them; not the delayed row.
     let keys = |rows: &[OutboxMessage]| {
         rows.iter()
@@ -814,6 +829,10 @@ pub async fn event_append_batch_answers_each_request(db: &TestDb) {
     assert_eq!(keys(&ok(0).leased), ["k1"]);
     assert_eq!(keys(&ok(1).leased), ["p1"]);
     assert!(ok(6).leased.is_empty());
+    assert!(
+        ok(0).leased[0].id < ok(1).leased[0].id,
+        "ids in request order"
+    );
     for row in ok(0).leased.iter().chain(&ok(1).leased) {
         assert_eq!(row.attempts, 1);
         assert!(row.locked_until.is_some_and(|until| until > Utc::now()));
