@@ -223,10 +223,9 @@ const OUTBOX_INSERT_COLUMNS: [outbox::Column; 9] = [
 /// a message is written only if its event's row exists, and since the events' insert fails
 /// whole on a taken event id, an event whose row exists was written by that insert (a
 /// request whose idempotency key was taken writes no row, and so no message). The rows are
-/// [`outbox_models`]' (the lease is decided there); returns the ids written, as
-/// [`OUTBOX_ID`]. Every column
-/// of [`OUTBOX_INSERT_COLUMNS`] must be set on each row: one left unset fails the statement's
-/// building (a bug) instead of writing `NULL`.
+/// [`outbox_models`]' (the lease is decided there); returns the ids written, named
+/// [`OUTBOX_ID`]. Every column of [`OUTBOX_INSERT_COLUMNS`] must be set on each row: one left
+/// unset fails the statement's building (a bug) instead of writing `NULL`.
 fn sqlite_outbox_insert(rows: &[(EventId, outbox::ActiveModel)]) -> Result<Statement> {
     let columns: Vec<String> = OUTBOX_INSERT_COLUMNS
         .iter()
@@ -342,6 +341,26 @@ impl Append {
         let mut row = self.row.clone();
         row.seq = Set(seq);
         Ok(row.try_into_model()?)
+    }
+
+    /// The outbox rows this append wrote leased (those available now, when a lease `until`
+    /// was asked), from its `outbox` messages and their row ids in the same order. `ids` is
+    /// asked only for as many ids as there are messages (`zip` asks `outbox` first), so a
+    /// shared iterator yields the next append's ids after this one's.
+    fn leased(
+        &self,
+        outbox: &[NewOutboxMessage],
+        ids: impl Iterator<Item = Option<i64>>,
+        until: Option<DateTime<Utc>>,
+    ) -> Vec<OutboxMessage> {
+        outbox
+            .iter()
+            .zip(ids)
+            .filter_map(|(message, id)| {
+                let locked_until = leased_until(message, self.now, until)?;
+                Some(leased_row(message, id?, self.now, locked_until))
+            })
+            .collect()
     }
 
     /// The insert, `ON CONFLICT` on the idempotency index only: two appends with the same
@@ -559,18 +578,8 @@ impl SqlStore {
             first_message += outbox.len();
             let outcome = match inserted.remove(&append.id.into_uuid()) {
                 Some(model) => {
-                    let leased = positions
-                        .zip(outbox)
-                        .filter_map(|(position, message)| {
-                            let locked_until = leased_until(message, append.now, until)?;
-                            Some(leased_row(
-                                message,
-                                outbox_ids.get(&position).copied()?,
-                                append.now,
-                                locked_until,
-                            ))
-                        })
-                        .collect();
+                    let ids = positions.map(|position| outbox_ids.get(&position).copied());
+                    let leased = append.leased(outbox, ids, until);
                     event_record(model).map(|record| Appended {
                         record,
                         created: true,
@@ -645,15 +654,7 @@ impl SqlStore {
         for (append, outbox) in appends {
             let outcome = match inserted.remove(&append.id.into_uuid()) {
                 Some(seq) => {
-                    // `zip` asks `outbox` first, so it takes exactly this event's ids.
-                    let leased = outbox
-                        .iter()
-                        .zip(outbox_ids.by_ref())
-                        .filter_map(|(message, id)| {
-                            let locked_until = leased_until(message, append.now, until)?;
-                            Some(leased_row(message, id, append.now, locked_until))
-                        })
-                        .collect();
+                    let leased = append.leased(outbox, outbox_ids.by_ref().map(Some), until);
                     append
                         .stored(seq)
                         .and_then(event_record)
