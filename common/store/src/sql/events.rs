@@ -9,8 +9,8 @@ use sb_protocol::ids::{EventId, RunId};
 use sea_orm::sea_query::{Expr, LockBehavior, LockType, OnConflict, Query};
 use sea_orm::{
     ActiveModelTrait, ActiveValue::NotSet, ColumnTrait, Condition, ConnectionTrait,
-    DatabaseTransaction, DbBackend, EntityTrait, FromQueryResult, IntoActiveModel, PaginatorTrait,
-    QueryFilter, QueryOrder, QuerySelect, QueryTrait as _, Set, Statement, TryIntoModel as _,
+    DatabaseTransaction, DbBackend, EntityTrait, IntoActiveModel, PaginatorTrait, QueryFilter,
+    QueryOrder, QuerySelect, QueryTrait as _, Set, Statement, TryIntoModel as _,
 };
 use serde_json::Value;
 
@@ -343,6 +343,17 @@ impl Append {
         Ok(row.try_into_model()?)
     }
 
+    /// The outcome of this append when its insert stored it under `seq`, with the outbox
+    /// rows it wrote `leased`.
+    fn created(&self, seq: i64, leased: Vec<OutboxMessage>) -> Result<Appended> {
+        let record = event_record(self.stored(seq)?)?;
+        Ok(Appended {
+            record,
+            created: true,
+            leased,
+        })
+    }
+
     /// The outbox rows this append wrote leased (those available now, when a lease `until`
     /// was asked), from its `outbox` messages and their row ids in the same order. `ids` is
     /// asked only for as many ids as there are messages (`zip` asks `outbox` first), so a
@@ -459,7 +470,9 @@ fn missing_outcome() -> Result<Appended> {
 /// - `messages` draws the outbox ids of the inserted events' messages in request order; it
 ///   is materialized once (it calls `nextval`), so `o` and the result see the same ids.
 /// - The result is one row per inserted event and outbox message (an event without
-///   messages once, with a null `outbox_ord`).
+///   messages once, with a null `outbox_ord`): only what the database made (the event's
+///   `seq`, the outbox ids), since the rest of every row is the request's own and each
+///   envelope read back would be parsed again from `jsonb`.
 const APPEND_EVENTS_SQL: &str = r#"WITH input AS (
     SELECT * FROM jsonb_to_recordset($1::jsonb) AS x(
         ord int, id uuid, workspace_id text, idempotency_key text, request_hash text,
@@ -480,7 +493,7 @@ e AS (
         claimed_by_run_id, metadata, created_at, created_at
     FROM input ORDER BY ord
     ON CONFLICT (workspace_id, idempotency_key) DO NOTHING
-    RETURNING *
+    RETURNING seq, id
 ),
 messages AS (
     SELECT ordered.*, nextval(pg_get_serial_sequence('outbox', 'id')) AS outbox_id
@@ -500,7 +513,7 @@ o AS (
         available_at, locked_until, CASE WHEN locked_until IS NULL THEN 0 ELSE 1 END
     FROM messages
 )
-SELECT e.*, messages.ord AS outbox_ord, messages.outbox_id
+SELECT e.seq, e.id, messages.ord AS outbox_ord, messages.outbox_id
 FROM e LEFT JOIN messages ON messages.event_id = e.id"#;
 
 impl SqlStore {
@@ -560,16 +573,15 @@ impl SqlStore {
                 [(append, _)] => append.insert_error(e),
                 _ => e.into(),
             })?;
-        // The inserted events' rows, and the outbox ids by message position in the batch.
-        let mut inserted: HashMap<uuid::Uuid, event_log::Model> = HashMap::new();
+        // The inserted events' `seq`, and the outbox ids by message position in the batch.
+        let mut inserted: HashMap<uuid::Uuid, i64> = HashMap::new();
         let mut outbox_ids: HashMap<usize, i64> = HashMap::new();
         for row in &rows {
             if let Some(ord) = row.try_get::<Option<i32>>("", "outbox_ord")? {
                 let position = usize::try_from(ord).unwrap_or_default();
-                outbox_ids.insert(position, row.try_get::<i64>("", "outbox_id")?);
+                outbox_ids.insert(position, row.try_get::<i64>("", OUTBOX_ID)?);
             }
-            let model = event_log::Model::from_query_result(row, "")?;
-            inserted.entry(model.id).or_insert(model);
+            inserted.insert(row.try_get("", "id")?, row.try_get("", "seq")?);
         }
         let mut outcomes = Vec::with_capacity(appends.len());
         let mut first_message = 0;
@@ -577,14 +589,9 @@ impl SqlStore {
             let positions = first_message..first_message + outbox.len();
             first_message += outbox.len();
             let outcome = match inserted.remove(&append.id.into_uuid()) {
-                Some(model) => {
+                Some(seq) => {
                     let ids = positions.map(|position| outbox_ids.get(&position).copied());
-                    let leased = append.leased(outbox, ids, until);
-                    event_record(model).map(|record| Appended {
-                        record,
-                        created: true,
-                        leased,
-                    })
+                    append.created(seq, append.leased(outbox, ids, until))
                 }
                 None => replayed(append.replay(self.writer()).await),
             };
@@ -653,17 +660,10 @@ impl SqlStore {
         let mut outcomes = Vec::with_capacity(appends.len());
         for (append, outbox) in appends {
             let outcome = match inserted.remove(&append.id.into_uuid()) {
-                Some(seq) => {
-                    let leased = append.leased(outbox, outbox_ids.by_ref().map(Some), until);
-                    append
-                        .stored(seq)
-                        .and_then(event_record)
-                        .map(|record| Appended {
-                            record,
-                            created: true,
-                            leased,
-                        })
-                }
+                Some(seq) => append.created(
+                    seq,
+                    append.leased(outbox, outbox_ids.by_ref().map(Some), until),
+                ),
                 None => replayed(append.replay(&txn).await),
             };
             outcomes.push(outcome);
