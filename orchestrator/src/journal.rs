@@ -215,8 +215,20 @@ pub struct ItemPlan {
 /// guarantees exactly one terminal item, and a run must not stay active because of it.
 #[must_use]
 pub fn plan_item(result: &AgentRunResult) -> ItemPlan {
-    let raw = serde_json::to_value(result).unwrap_or(Value::Null);
-    let classified = classify(&raw, &ResultLimits::default());
+    plan_stored(result, &stored_json(result))
+}
+
+/// The JSON a result item is stored as in the ledger (`run_events.data`) and classified
+/// from: made once per item by the result sink, for both.
+#[must_use]
+pub fn stored_json(result: &AgentRunResult) -> Value {
+    serde_json::to_value(result).unwrap_or(Value::Null)
+}
+
+/// [`plan_item`] of `result` whose [`stored_json`] is `raw`.
+#[must_use]
+pub fn plan_stored(result: &AgentRunResult, raw: &Value) -> ItemPlan {
+    let classified = classify(raw, &ResultLimits::default());
     let typed = match classified {
         Classified::Valid(typed) => typed,
         Classified::Telemetry(_) => {

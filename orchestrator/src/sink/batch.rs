@@ -10,7 +10,6 @@ use std::collections::HashMap;
 
 use sb_protocol::ids::RunId;
 use sb_store::{NewRunEvent, NewTranscriptItem};
-use serde_json::Value;
 
 use super::apply::writes_beyond_insert;
 use super::{Item, ResultSink, Written};
@@ -91,11 +90,15 @@ impl ResultSink {
                     let index = kept.len();
                     let redelivered = delivery.redelivered;
                     kept.push(delivery);
-                    items.extend(decoded.into_iter().map(|message| Item {
-                        delivery: index,
-                        redelivered,
-                        plan: journal::plan_item(&message.result),
-                        message,
+                    items.extend(decoded.into_iter().map(|message| {
+                        let stored = journal::stored_json(&message.result);
+                        Item {
+                            delivery: index,
+                            redelivered,
+                            plan: journal::plan_stored(&message.result, &stored),
+                            stored: Some(stored),
+                            message,
+                        }
                     }));
                 }
                 Err(e) => {
@@ -114,19 +117,19 @@ impl ResultSink {
         let transcripts = self.transcripts(&items).await;
         // Built again for the per-item fallback rather than cloned for it up front: a clone
         // copies every item's JSON, on every batch, for a path that is rarely taken.
-        let rows = || -> Vec<NewRunEvent> {
+        let rows = |items: &mut [Item]| -> Vec<NewRunEvent> {
             items
-                .iter()
+                .iter_mut()
                 .zip(&transcripts)
                 .map(|(i, transcript)| ledger_row(i, transcript.clone()))
                 .collect()
         };
-        let inserted: Vec<Result<bool>> = match self.inserts.insert(rows()).await {
+        let inserted: Vec<Result<bool>> = match self.inserts.insert(rows(&mut items)).await {
             Some(flags) if flags.len() == items.len() => flags.into_iter().map(Ok).collect(),
             Some(_) | None => {
                 // Find out per item (one missing run must not fail the others).
                 let mut each = Vec::with_capacity(items.len());
-                for row in rows() {
+                for row in rows(&mut items) {
                     each.push(
                         self.deps
                             .stores
@@ -299,21 +302,25 @@ impl ResultSink {
             .events_after(message.run_id, sequence - 1, 1)
             .await?;
         Ok(stored.first().is_some_and(|record| {
-            record.sequence == sequence
-                && serde_json::to_value(&message.result).is_ok_and(|v| v == record.data)
+            record.sequence == sequence && journal::stored_json(&message.result) == record.data
         }))
     }
 }
 
 /// The ledger row of `item`: a terminal item ends its run with the insert, and an item
-/// carries its assistant `transcript` row when it is known before the insert.
-fn ledger_row(item: &Item, transcript: Option<NewTranscriptItem>) -> NewRunEvent {
+/// carries its assistant `transcript` row when it is known before the insert. Its data is
+/// the item's stored JSON, moved out (made again when a fallback asks a second time).
+fn ledger_row(item: &mut Item, transcript: Option<NewTranscriptItem>) -> NewRunEvent {
+    let data = item
+        .stored
+        .take()
+        .unwrap_or_else(|| journal::stored_json(&item.message.result));
     let message = &item.message;
     NewRunEvent {
         run_id: message.run_id,
         sequence: i64::try_from(message.sequence).unwrap_or(i64::MAX),
         result_type: message.result.result_type.clone(),
-        data: serde_json::to_value(&message.result).unwrap_or(Value::Null),
+        data,
         ends_run: item.plan.outcome.clone(),
         transcript,
     }

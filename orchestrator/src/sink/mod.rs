@@ -64,6 +64,7 @@ use sb_protocol::ids::{RunId, WorkspaceId};
 use sb_protocol::messages::{ResultMessage, RunFacts};
 use sb_protocol::result::AgentRunResult;
 use sb_store::RunRecord;
+use serde_json::Value;
 
 use crate::conversations::Conversations;
 use crate::deps::{OrchestratorDeps, OrchestratorOptions};
@@ -132,6 +133,9 @@ struct Item {
     message: ResultMessage,
     /// What applying it does ([`journal::plan_item`], made once per item).
     plan: ItemPlan,
+    /// The result as the ledger stores it ([`journal::stored_json`]), made once for the
+    /// plan and moved into the item's ledger row; `None` once moved.
+    stored: Option<Value>,
 }
 
 impl ResultSink {
