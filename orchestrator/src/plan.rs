@@ -8,14 +8,15 @@
 //!                                                          └─ Dispatch { binding, descriptor, pool }
 //!                                                                 │ + access, cursor, state, clock
 //!                                                                 ▼
+//!                                      authorization() → frozen snapshot
+//!                                                                 ▼
 //!                                                        prepare() → Prepared run
-//!                                                   (run row, context, snapshot, job, session TTL)
+//!                                                       (snapshot, job with its context, session TTL)
 //! ```
 
 use std::time::Duration;
 
 use chrono::{DateTime, TimeZone, Utc};
-use sb_protocol::context::AgentRunContext;
 use sb_protocol::host::{
     ActorRef, AgentBinding, AgentEventEnvelope, AgentRunnerDescriptor, AuthorizationSnapshot,
     RunBudgets, SubjectRef, host_api_token,
@@ -189,11 +190,9 @@ pub struct PrepareInputs {
 /// Everything the consumer writes and publishes for a dispatched run.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Prepared {
-    /// The context (inside the job).
-    pub context: AgentRunContext,
     /// The frozen authorization (session store value, and kept on the event).
     pub snapshot: AuthorizationSnapshot,
-    /// The job for `switchboard.runs.<pool>`.
+    /// The job for `switchboard.runs.<pool>`, with the run's context (its one copy).
     pub job: RunJob,
     /// How long the session lives: until the deadline plus grace.
     pub session_ttl: Duration,
@@ -234,10 +233,17 @@ pub fn authorization(
     }
 }
 
-/// Builds the context, the frozen snapshot ([`authorization`]) and the job of a run.
+/// Builds the context and the job of a run whose frozen authorization is `snapshot`
+/// ([`authorization`] of the same `inputs`: the router builds it once, before the run's
+/// start writes it onto the event, and the cursor and the state it fills in afterwards are
+/// not part of it).
 #[must_use]
-pub fn prepare(event: &AgentEventEnvelope, dispatch: &Dispatch, inputs: PrepareInputs) -> Prepared {
-    let snapshot = authorization(event, dispatch, &inputs);
+pub fn prepare(
+    event: &AgentEventEnvelope,
+    dispatch: &Dispatch,
+    inputs: PrepareInputs,
+    snapshot: AuthorizationSnapshot,
+) -> Prepared {
     let PrepareInputs {
         run_id,
         now_epoch_secs,
@@ -271,7 +277,7 @@ pub fn prepare(event: &AgentEventEnvelope, dispatch: &Dispatch, inputs: PrepareI
         event.workspace_id.clone(),
         dispatch.binding.runner_id.clone(),
         dispatch.pool.clone(),
-        context.clone(),
+        context,
     );
     job.accepted_at_ms = accepted_at_ms;
     // What the run row holds (`dispatch` creates it from the same event and binding).
@@ -282,7 +288,6 @@ pub fn prepare(event: &AgentEventEnvelope, dispatch: &Dispatch, inputs: PrepareI
         bot_id: event.bot_id.clone(),
     });
     Prepared {
-        context,
         snapshot,
         job,
         session_ttl: session_ttl(
@@ -429,27 +434,25 @@ mod tests {
         let e = event();
         let run_id = RunId::new();
         let access = effective_access(&d, &b, true, &ExistingResources::default());
-        let prepared = prepare(
-            &e,
-            &dispatch,
-            PrepareInputs {
-                run_id,
-                now_epoch_secs: 1000.0,
-                deadline_at: Some(1060.0),
-                access,
-                latest_cursor: None,
-                state: AgentRunState::default(),
-                host_version: "0.1.0".into(),
-                default_budgets: RunBudgets {
-                    max_model_calls: 3,
-                    ..RunBudgets::default()
-                },
-                session_grace: Duration::from_secs(15),
-                no_deadline_session_ttl: Duration::from_secs(86_400),
-                host_api_token: Some("run-token".into()),
-                accepted_at_ms: Some(999_500),
+        let inputs = PrepareInputs {
+            run_id,
+            now_epoch_secs: 1000.0,
+            deadline_at: Some(1060.0),
+            access,
+            latest_cursor: None,
+            state: AgentRunState::default(),
+            host_version: "0.1.0".into(),
+            default_budgets: RunBudgets {
+                max_model_calls: 3,
+                ..RunBudgets::default()
             },
-        );
+            session_grace: Duration::from_secs(15),
+            no_deadline_session_ttl: Duration::from_secs(86_400),
+            host_api_token: Some("run-token".into()),
+            accepted_at_ms: Some(999_500),
+        };
+        let snapshot = authorization(&e, &dispatch, &inputs);
+        let prepared = prepare(&e, &dispatch, inputs, snapshot);
         assert_eq!(prepared.job.accepted_at_ms, Some(999_500));
         // The agent sets no budgets of its own: the deployment's apply.
         assert_eq!(prepared.snapshot.budgets.max_model_calls, 3);
@@ -457,7 +460,6 @@ mod tests {
         assert_eq!(prepared.job.run_id, run_id);
         assert_eq!(prepared.job.pool, "gpu");
         assert_eq!(prepared.job.deadline_at_ms, Some(1_060_000));
-        assert_eq!(prepared.job.context, prepared.context);
         assert_eq!(prepared.session_ttl, Duration::from_secs(75));
         let s = &prepared.snapshot;
         assert_eq!(s.run_id, run_id);
@@ -467,14 +469,17 @@ mod tests {
         assert_eq!(s.actor.as_ref().unwrap().actor_id.as_deref(), Some("u1"));
         assert_eq!(s.deadline_at, Some(1060.0));
         assert_eq!(
-            s.resources, prepared.context.resources,
+            s.resources, prepared.job.context.resources,
             "one source for both projections"
         );
-        assert_eq!(s.available_apis, prepared.context.context.available_apis);
+        assert_eq!(
+            s.available_apis,
+            prepared.job.context.context.available_apis
+        );
         assert!(s.resources.storage.plugin_storage && s.available_apis.storage);
         // the runner gets the token, the session only its digest
         assert_eq!(
-            prepared.context.runtime.metadata["host_api"]["token"],
+            prepared.job.context.runtime.metadata["host_api"]["token"],
             "run-token"
         );
         assert_eq!(

@@ -111,23 +111,24 @@ impl EventRouter {
             None => {
                 let run_id = new_run.id.unwrap_or_default();
                 let mut inputs = inputs(run_id, new_run.deadline_at);
-                let authorization = plan::authorization(envelope, dispatch, &inputs);
+                let frozen = Frozen::new(plan::authorization(envelope, dispatch, &inputs));
                 let start_run = RunStart {
                     run: new_run.clone(),
                     user_transcript: user_row.clone(),
-                    event: dispatched(run_id, &authorization, binding, dispatch, &start),
+                    event: dispatched(run_id, &frozen.json, binding, dispatch, &start),
                     reads,
                 };
                 self.starts.submit(start_run).await??.map(|started| {
                     inputs.latest_cursor = started.latest_cursor;
                     inputs.state = run_state(envelope, binding, &scopes, started.state);
-                    (started.run, plan::prepare(envelope, dispatch, inputs))
+                    let prepared = plan::prepare(envelope, dispatch, inputs, frozen.snapshot);
+                    (started.run, prepared, frozen.json)
                 })
             }
         };
         let in_one_commit = started.is_some();
-        let (run, prepared, created) = match started {
-            Some((run, prepared)) => (run, prepared, true),
+        let (run, prepared, snapshot_json, created) = match started {
+            Some((run, prepared, json)) => (run, prepared, json, true),
             None => {
                 let (run, created) = stores.runs.create_run(new_run).await?;
                 if !created && run.status != RunStatus::Queued {
@@ -147,19 +148,19 @@ impl EventRouter {
                 let mut inputs = inputs(run.id, run.deadline_at);
                 inputs.latest_cursor = latest_cursor;
                 inputs.state = run_state(envelope, binding, &scopes, values);
-                let prepared = plan::prepare(envelope, dispatch, inputs);
+                let frozen = Frozen::new(plan::authorization(envelope, dispatch, &inputs));
+                let prepared = plan::prepare(envelope, dispatch, inputs, frozen.snapshot);
                 if let Some(item) = user_row {
                     match stores.transcript.append(item).await {
                         Ok(_) | Err(StoreError::Conflict(_)) => {}
                         Err(e) => return Err(e.into()),
                     }
                 }
-                (run, prepared, created)
+                (run, prepared, frozen.json, created)
             }
         };
         let span = tracing::info_span!("dispatch", run_id = %run.id, event_id = %record.id);
         async {
-            let snapshot_json = serde_json::to_value(&prepared.snapshot).unwrap_or(Value::Null);
             // Visible to steering and concurrency only once its session exists (one step of
             // the session store writes both); leaves the queue only once it is visible (so
             // the queue's next event cannot start early).
@@ -184,7 +185,7 @@ impl EventRouter {
                     .events
                     .update_status(
                         record.id,
-                        dispatched(run.id, &prepared.snapshot, binding, dispatch, &start),
+                        dispatched(run.id, &snapshot_json, binding, dispatch, &start),
                     )
                     .await?;
             }
@@ -251,17 +252,32 @@ fn run_state(
     )
 }
 
+/// A run's frozen authorization and its JSON, serialized once: the session's value, and
+/// (without the token's digest) the event's.
+struct Frozen {
+    snapshot: AuthorizationSnapshot,
+    json: Value,
+}
+
+impl Frozen {
+    fn new(snapshot: AuthorizationSnapshot) -> Self {
+        let json = serde_json::to_value(&snapshot).unwrap_or(Value::Null);
+        Self { snapshot, json }
+    }
+}
+
 /// The event's routing update once its run is dispatched: `dispatched` with the run, and the
-/// frozen authorization for operators, without the token's digest (the credential check
-/// belongs to the session alone; the result sink reads the rest after the session ended).
+/// frozen authorization (its [`Frozen::json`]) for operators, without the token's digest (the
+/// credential check belongs to the session alone; the result sink reads the rest after the
+/// session ended).
 fn dispatched(
     run_id: RunId,
-    authorization: &AuthorizationSnapshot,
+    authorization: &Value,
     binding: &AgentBinding,
     dispatch: &Dispatch,
     start: &StartContext,
 ) -> EventStatusUpdate {
-    let mut authorization = serde_json::to_value(authorization).unwrap_or(Value::Null);
+    let mut authorization = authorization.clone();
     if let Some(fields) = authorization.as_object_mut() {
         fields.remove("host_api_token_sha256");
     }
