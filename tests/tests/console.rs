@@ -36,6 +36,11 @@ use tokio::time::Instant;
 
 /// How long one step may take to show what it waits for.
 const STEP: Duration = Duration::from_secs(20);
+/// A script expression: `main` shows the current address and is done rendering (the
+/// console records the route a render showed in `main[data-route]` when it ends, so a page
+/// changed by a button is not mistaken for the one before it).
+const RENDERED: &str = "(document.querySelector('main').dataset.route === location.hash \
+     && !document.querySelector('main').hasAttribute('aria-busy'))";
 
 /// Chromium and its driver, when installed.
 fn browser_binaries() -> Option<(PathBuf, PathBuf)> {
@@ -217,13 +222,14 @@ impl Browser {
             .unwrap_or_else(|e| panic!("cannot open {url}: {e}"));
     }
 
-    /// Waits until page `name` has rendered (`main[data-page]`, not busy).
+    /// Waits until page `name` has rendered for the current address (`main[data-page]`,
+    /// `main[data-route]` the address's, not busy).
     async fn page_ready(&self, name: &str) {
         self.wait_for(
             &format!("page {name}"),
             &format!(
                 "const m = document.querySelector('main'); \
-                 return m.dataset.page === '{name}' && !m.hasAttribute('aria-busy') \
+                 return m.dataset.page === '{name}' && {RENDERED} \
                  && m.querySelector('h2') !== null;"
             ),
         )
@@ -576,10 +582,11 @@ async fn the_console_works_in_a_real_browser() {
     let second = browser
         .wait_for(
             "the older page",
-            "if (!location.hash.includes('cursor=')) return null; \
-             const rows = [...document.querySelectorAll('tbody tr')]; \
-             return !document.querySelector('main').hasAttribute('aria-busy') && rows.length > 0 \
-                 && rows.map((r) => r.dataset.runId);",
+            &format!(
+                "if (!location.hash.includes('cursor=')) return null; \
+                 const rows = [...document.querySelectorAll('tbody tr')]; \
+                 return {RENDERED} && rows.length > 0 && rows.map((r) => r.dataset.runId);"
+            ),
         )
         .await;
     let seen: Vec<&Value> = first.as_array().unwrap().iter().collect();

@@ -64,6 +64,10 @@ async function render() {
     else link.removeAttribute("aria-current");
   }
   const ticket = ++rendering;
+  // The route this render shows, recorded once it is done (`main[data-route]`): a page
+  // changed by a link or a button shows the old route's content until its render ends,
+  // so "not busy" alone cannot tell the old page from the new one.
+  const shown = location.hash;
   main.setAttribute("aria-busy", "true");
   main.dataset.page = page;
   try {
@@ -79,7 +83,10 @@ async function render() {
     showError(error);
     if (ticket === rendering) replace(main, h("h2", {}, "Could not load this page"), h("p", {}, `${error.code ?? "error"}: ${error.message}`));
   } finally {
-    if (ticket === rendering) main.removeAttribute("aria-busy");
+    if (ticket === rendering) {
+      main.dataset.route = shown;
+      main.removeAttribute("aria-busy");
+    }
   }
 }
 
