@@ -55,6 +55,7 @@ mod m20250601_000015_index_closed_sessions;
 mod m20250601_000016_one_terminal_item_per_run;
 mod m20250601_000017_hot_run_claims;
 mod m20250601_000018_hot_event_dispatch;
+mod m20250601_000019_run_items_checked_by_the_insert;
 
 pub use sea_orm_migration::MigratorTrait;
 
@@ -84,6 +85,7 @@ impl MigratorTrait for Migrator {
             Box::new(m20250601_000016_one_terminal_item_per_run::Migration),
             Box::new(m20250601_000017_hot_run_claims::Migration),
             Box::new(m20250601_000018_hot_event_dispatch::Migration),
+            Box::new(m20250601_000019_run_items_checked_by_the_insert::Migration),
         ]
     }
 }

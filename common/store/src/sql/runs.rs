@@ -1172,6 +1172,18 @@ impl RunLedger for SqlStore {
         validate_run_event(&event)?;
         let (run_id, sequence) = (event.run_id, event.sequence);
         let txn = self.write_txn().await?;
+        // The run must exist (Postgres has no foreign key on the items any more, see
+        // migration `m20250601_000019`; on SQLite the key would refuse the insert).
+        if run::Entity::find_by_id(run_id.into_uuid())
+            .select_only()
+            .column(run::Column::Id)
+            .into_tuple::<Uuid>()
+            .one(&txn)
+            .await?
+            .is_none()
+        {
+            return Err(StoreError::not_found(format!("run {run_id}")));
+        }
         let Some(event) = drop_after_terminal(&txn, vec![event]).await?.pop() else {
             txn.commit().await?;
             return Ok(false);
@@ -1504,14 +1516,20 @@ async fn insert_chunk_postgres<C: ConnectionTrait>(
         .query_all_raw(insert_events_statement(events, now)?)
         .await
         .map_err(|e| run_missing(e, "run of a result item"))?;
-    rows.iter()
-        .map(|row| {
-            Ok((
-                row.try_get::<Uuid>("", "run_id")?,
-                row.try_get::<i64>("", "sequence")?,
-            ))
-        })
-        .collect()
+    let mut inserted = Vec::with_capacity(rows.len());
+    for row in &rows {
+        let run_id = row.try_get::<Uuid>("", "run_id")?;
+        // A missing run comes back without a sequence, and then nothing was written.
+        match row.try_get::<Option<i64>>("", "sequence")? {
+            Some(sequence) => inserted.push((run_id, sequence)),
+            None => {
+                return Err(StoreError::not_found(format!(
+                    "run {run_id} of a result item"
+                )));
+            }
+        }
+    }
+    Ok(inserted)
 }
 
 /// The SQL of [`insert_events_statement`]: one text whatever the batch holds (the rows are
@@ -1530,6 +1548,10 @@ static INSERT_EVENTS_SQL: std::sync::LazyLock<String> = std::sync::LazyLock::new
         run_id uuid, sequence bigint, result_type text, data jsonb,
         status text, error_code text, error_message text, usage jsonb, transcript jsonb)
 ),
+missing AS (
+    SELECT DISTINCT i.run_id FROM input i
+    WHERE NOT EXISTS (SELECT 1 FROM runs r WHERE r.id = i.run_id)
+),
 ends AS (
     SELECT run_id, sequence FROM run_events
     WHERE run_id IN (SELECT run_id FROM input) AND result_type IN ('{completed}', '{failed}')
@@ -1537,7 +1559,8 @@ ends AS (
 ins AS (
     INSERT INTO run_events (run_id, sequence, result_type, data, created_at)
     SELECT i.run_id, i.sequence, i.result_type, i.data, $2 FROM input i
-    WHERE NOT EXISTS (SELECT 1 FROM ends e WHERE e.run_id = i.run_id AND i.sequence > e.sequence)
+    WHERE NOT EXISTS (SELECT 1 FROM missing)
+        AND NOT EXISTS (SELECT 1 FROM ends e WHERE e.run_id = i.run_id AND i.sequence > e.sequence)
     ON CONFLICT DO NOTHING
     RETURNING run_id, sequence
 ),
@@ -1576,11 +1599,16 @@ transcribed AS (
     WHERE i.transcript IS NOT NULL
     ON CONFLICT DO NOTHING
 )
-SELECT run_id, sequence FROM ins"#
+SELECT run_id, sequence FROM ins
+UNION ALL SELECT run_id, NULL FROM missing"#
     )
 });
 
-/// One Postgres statement that does what the SQLite path does in a transaction: drop the
+/// One Postgres statement that does what the SQLite path does in a transaction: refuse the
+/// whole batch when a run of its items does not exist (`missing`: nothing is written, and the
+/// runs come back with a null `sequence`; on SQLite the foreign key fails the transaction,
+/// on Postgres the statement checks each run once instead, see migration
+/// `m20250601_000019`), drop the
 /// items that follow a terminal item already in their run's ledger ([`drop_after_terminal`]),
 /// insert the rest skipping the ones already stored and a second terminal item
 /// ([`on_conflict_skip`]), raise each run's `last_sequence` to its highest new item

@@ -636,6 +636,28 @@ pub async fn run_insert_events_batch_reports_new_rows(db: &TestDb) {
             .last_sequence,
         1209
     );
+    // A batch with an item of a run that does not exist is refused whole: `not_found`, and
+    // the other run's item is not stored either (the caller then inserts item by item).
+    let c = create_run(db, None).await;
+    assert_code(
+        db.stores
+            .runs
+            .insert_events(vec![
+                run_event(c.id, 1, "of a run"),
+                run_event(RunId::new(), 1, "of no run"),
+            ])
+            .await,
+        ErrorCode::NotFound,
+    );
+    assert!(stored_items(db, c.id).await.is_empty());
+    assert_eq!(
+        db.stores
+            .runs
+            .insert_events(vec![run_event(c.id, 1, "of a run")])
+            .await
+            .unwrap(),
+        vec![true]
+    );
 }
 
 /// Retention removes the result items of ended runs and marks them expired.
