@@ -94,6 +94,15 @@ pub fn ordered_key<T: IntoIden>(col: T, len: u32, backend: DbBackend) -> ColumnD
     def
 }
 
+/// Runs `sql` on Postgres only: a change SQLite does not need (or cannot make without
+/// rebuilding a table), each such migration saying why.
+pub async fn on_postgres(manager: &SchemaManager<'_>, sql: &str) -> Result<(), DbErr> {
+    if manager.get_database_backend() == DbBackend::Postgres {
+        manager.get_connection().execute_unprepared(sql).await?;
+    }
+    Ok(())
+}
+
 /// How a full-text index turns text into terms. Each variant is implemented the same way in
 /// meaning on both backends (the query side must tokenise the same way: see the store).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -12,7 +12,8 @@
 //! key there means rebuilding the table.
 
 use sea_orm_migration::prelude::*;
-use sea_orm_migration::sea_orm::DbBackend;
+
+use crate::common::on_postgres;
 
 #[derive(DeriveMigrationName)]
 pub struct Migration;
@@ -23,29 +24,21 @@ const RUN_KEY: &str = "fk_run_events_run";
 #[async_trait::async_trait]
 impl MigrationTrait for Migration {
     async fn up(&self, manager: &SchemaManager) -> Result<(), DbErr> {
-        if manager.get_database_backend() != DbBackend::Postgres {
-            return Ok(());
-        }
-        manager
-            .get_connection()
-            .execute_unprepared(&format!(
-                "ALTER TABLE run_events DROP CONSTRAINT IF EXISTS {RUN_KEY}"
-            ))
-            .await?;
-        Ok(())
+        on_postgres(
+            manager,
+            &format!("ALTER TABLE run_events DROP CONSTRAINT IF EXISTS {RUN_KEY}"),
+        )
+        .await
     }
 
     async fn down(&self, manager: &SchemaManager) -> Result<(), DbErr> {
-        if manager.get_database_backend() != DbBackend::Postgres {
-            return Ok(());
-        }
-        manager
-            .get_connection()
-            .execute_unprepared(&format!(
+        on_postgres(
+            manager,
+            &format!(
                 "ALTER TABLE run_events ADD CONSTRAINT {RUN_KEY} FOREIGN KEY (run_id) \
                  REFERENCES runs (id) ON DELETE CASCADE"
-            ))
-            .await?;
-        Ok(())
+            ),
+        )
+        .await
     }
 }
