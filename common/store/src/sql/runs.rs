@@ -1608,11 +1608,10 @@ UNION ALL SELECT run_id, NULL FROM missing"#
 /// whole batch when a run of its items does not exist (`missing`: nothing is written, and the
 /// runs come back with a null `sequence`; on SQLite the foreign key fails the transaction,
 /// on Postgres the statement checks each run once instead, see migration
-/// `m20250601_000019`), drop the
-/// items that follow a terminal item already in their run's ledger ([`drop_after_terminal`]),
-/// insert the rest skipping the ones already stored and a second terminal item
-/// ([`on_conflict_skip`]), raise each run's `last_sequence` to its highest new item
-/// ([`bump_last_sequences`]), end the runs whose new items say so
+/// `m20250601_000019`), drop the items that follow a terminal item already in their run's
+/// ledger ([`drop_after_terminal`]), insert the rest skipping the ones already stored and a
+/// second terminal item ([`on_conflict_skip`]), raise each run's `last_sequence` to its
+/// highest new item ([`bump_last_sequences`]), end the runs whose new items say so
 /// ([`NewRunEvent::ends_run`], as `finish_run`), write the transcript rows of the new items
 /// that carry one ([`NewRunEvent::transcript`]), and return the inserted keys. A statement is
 /// atomic on its own, and its data-modifying parts see the same snapshot, as the
