@@ -89,3 +89,65 @@ async fn schema_names_are_validated() {
         );
     }
 }
+
+/// The result sink's statement reads the runs of its batch and their terminal items by key,
+/// never a whole ledger table: its cost per batch must not grow with the ledger. (A join the
+/// planner preferred for a few thousand runs made each one-run batch scan them all.)
+#[tokio::test]
+async fn the_result_statement_reads_the_ledger_by_key() {
+    let db = postgres_db().await;
+    let conn = db.store.connection();
+    conn.execute_unprepared(
+        "INSERT INTO runs (id, workspace_id, event_id, runner_id, pool, status, created_at)
+         SELECT gen_random_uuid(), 'ws', gen_random_uuid(), 'echo', 'default', 'completed', now()
+         FROM generate_series(1, 5000);
+         INSERT INTO run_events (run_id, sequence, result_type, data, created_at)
+         SELECT id, s, CASE WHEN s = 3 THEN 'run.completed' ELSE 'message.delta' END, '{}', now()
+         FROM runs, generate_series(1, 3) AS s;
+         ANALYZE runs, run_events;",
+    )
+    .await
+    .unwrap();
+    let item = serde_json::json!([{
+        "run_id": uuid::Uuid::new_v4(), "sequence": 1, "result_type": "run.started",
+        "data": {}, "status": null, "error_code": null, "error_message": null,
+        "usage": null, "transcript": null,
+    }]);
+    let row = conn
+        .query_one_raw(Statement::from_sql_and_values(
+            sea_orm::DbBackend::Postgres,
+            format!(
+                "EXPLAIN (FORMAT JSON) {}",
+                sb_store::testing::insert_events_sql()
+            ),
+            [item.into(), chrono::Utc::now().into()],
+        ))
+        .await
+        .unwrap()
+        .unwrap();
+    let plan: serde_json::Value = row.try_get("", "QUERY PLAN").unwrap();
+    let mut scans = Vec::new();
+    seq_scans(&plan, &mut scans);
+    assert!(
+        !scans
+            .iter()
+            .any(|relation| relation == "runs" || relation == "run_events"),
+        "the statement scans a ledger table: {plan:#}"
+    );
+}
+
+/// The relations a plan (EXPLAIN's JSON) reads with a sequential scan.
+fn seq_scans(node: &serde_json::Value, out: &mut Vec<String>) {
+    match node {
+        serde_json::Value::Object(map) => {
+            if map.get("Node Type").and_then(|t| t.as_str()) == Some("Seq Scan") {
+                if let Some(relation) = map.get("Relation Name").and_then(|r| r.as_str()) {
+                    out.push(relation.to_owned());
+                }
+            }
+            map.values().for_each(|v| seq_scans(v, out));
+        }
+        serde_json::Value::Array(items) => items.iter().for_each(|v| seq_scans(v, out)),
+        _ => {}
+    }
+}

@@ -80,7 +80,7 @@ mod events;
 mod fts;
 mod kb_search;
 mod resources;
-mod runs;
+pub(crate) mod runs;
 mod schedules;
 mod script;
 mod shared;

@@ -1535,7 +1535,7 @@ async fn insert_chunk_postgres<C: ConnectionTrait>(
 /// The SQL of [`insert_events_statement`]: one text whatever the batch holds (the rows are
 /// one `jsonb` parameter), so Postgres plans it once per connection instead of once per
 /// batch size.
-static INSERT_EVENTS_SQL: std::sync::LazyLock<String> = std::sync::LazyLock::new(|| {
+pub(crate) static INSERT_EVENTS_SQL: std::sync::LazyLock<String> = std::sync::LazyLock::new(|| {
     let [completed, failed] = terminal_types();
     let active = active()
         .iter()
@@ -1549,12 +1549,16 @@ static INSERT_EVENTS_SQL: std::sync::LazyLock<String> = std::sync::LazyLock::new
         status text, error_code text, error_message text, usage jsonb, transcript jsonb)
 ),
 missing AS (
-    SELECT DISTINCT i.run_id FROM input i
-    WHERE NOT EXISTS (SELECT 1 FROM runs r WHERE r.id = i.run_id)
+    SELECT i.run_id FROM (SELECT DISTINCT run_id FROM input) i
+    LEFT JOIN LATERAL (SELECT r.id FROM runs r WHERE r.id = i.run_id LIMIT 1) r ON true
+    WHERE r.id IS NULL
 ),
 ends AS (
-    SELECT run_id, sequence FROM run_events
-    WHERE run_id IN (SELECT run_id FROM input) AND result_type IN ('{completed}', '{failed}')
+    SELECT i.run_id, e.sequence FROM (SELECT DISTINCT run_id FROM input) i
+    CROSS JOIN LATERAL (
+        SELECT sequence FROM run_events
+        WHERE run_id = i.run_id AND result_type IN ('{completed}', '{failed}') LIMIT 1
+    ) e
 ),
 ins AS (
     INSERT INTO run_events (run_id, sequence, result_type, data, created_at)
@@ -1617,6 +1621,11 @@ UNION ALL SELECT run_id, NULL FROM missing"#
 /// atomic on its own, and its data-modifying parts see the same snapshot, as the
 /// transaction's statements did at `READ COMMITTED`; a run row is updated once (Postgres
 /// applies only one update per row and statement), by `upd`.
+///
+/// `missing` and `ends` read each run of the batch by key, as a `LATERAL` subquery with a
+/// `LIMIT` (which the planner does not flatten): as joins, the planner turns to reading the
+/// whole `runs` table or every terminal item once the ledger holds a few thousand runs, and
+/// the statement's cost would grow with the ledger instead of with the batch.
 fn insert_events_statement(events: &[NewRunEvent], now: DateTime<Utc>) -> Result<Statement> {
     let rows = events
         .iter()

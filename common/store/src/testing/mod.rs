@@ -130,6 +130,13 @@ pub async fn postgres_db() -> TestDb {
     TestDb::new(store, Cleanup::PostgresSchema { url, schema })
 }
 
+/// The Postgres text of the result sink's statement (the run items of a batch, their runs'
+/// updates and transcript rows), for tests that read its plan.
+#[must_use]
+pub fn insert_events_sql() -> &'static str {
+    crate::sql::runs::INSERT_EVENTS_SQL.as_str()
+}
+
 /// Generates one `#[tokio::test]` per conformance test, each on a fresh database made by
 /// `$make` (an expression evaluating to a future of [`TestDb`]).
 #[macro_export]
