@@ -90,52 +90,82 @@ async fn schema_names_are_validated() {
     }
 }
 
-/// The result sink's statement reads the runs of its batch and their terminal items by key,
-/// never a whole ledger table: its cost per batch must not grow with the ledger. (A join the
-/// planner preferred for a few thousand runs made each one-run batch scan them all.)
+/// The hot path's statements read the ledger by key, never a whole ledger table, in a ledger
+/// of a few thousand runs with fresh statistics: their cost per batch must grow with the
+/// batch, not with the ledger. (Joins the planner preferred made each one-run batch of the
+/// result sink read every run and every terminal item.)
 #[tokio::test]
-async fn the_result_statement_reads_the_ledger_by_key() {
+async fn hot_statements_read_the_ledger_by_key() {
+    const LEDGER: [&str; 6] = [
+        "event_log",
+        "runs",
+        "run_events",
+        "transcript",
+        "agent_state",
+        "outbox",
+    ];
     let db = postgres_db().await;
     let conn = db.store.connection();
     conn.execute_unprepared(
-        "INSERT INTO runs (id, workspace_id, event_id, runner_id, pool, status, created_at)
-         SELECT gen_random_uuid(), 'ws', gen_random_uuid(), 'echo', 'default', 'completed', now()
+        "INSERT INTO event_log (id, workspace_id, event_type, source, status, created_at,
+             updated_at)
+         SELECT gen_random_uuid(), 'ws', 'message.received', 'api', 'dispatched', now(), now()
          FROM generate_series(1, 5000);
+         INSERT INTO runs (id, workspace_id, event_id, runner_id, pool, status, created_at)
+         SELECT gen_random_uuid(), 'ws', id, 'echo', 'default', 'completed', now()
+         FROM event_log;
          INSERT INTO run_events (run_id, sequence, result_type, data, created_at)
          SELECT id, s, CASE WHEN s = 3 THEN 'run.completed' ELSE 'message.delta' END, '{}', now()
          FROM runs, generate_series(1, 3) AS s;
-         ANALYZE runs, run_events;",
+         INSERT INTO transcript (id, workspace_id, conversation_id, event_id, role, item_type,
+             created_at)
+         SELECT gen_random_uuid()::text, 'ws', 'c' || (s % 100), 'e', 'user', 'message', now()
+         FROM generate_series(1, 5000) AS s;
+         INSERT INTO agent_state (scope_key, key, scope, value, revision, created_at, updated_at)
+         SELECT 'conversation:' || s, 'k', 'conversation', '1', 1, now(), now()
+         FROM generate_series(1, 5000) AS s;
+         ANALYZE event_log, runs, run_events, transcript, agent_state;",
     )
     .await
     .unwrap();
-    let item = serde_json::json!([{
-        "run_id": uuid::Uuid::new_v4(), "sequence": 1, "result_type": "run.started",
-        "data": {}, "status": null, "error_code": null, "error_message": null,
-        "usage": null, "transcript": null,
-    }]);
-    let row = conn
-        .query_one_raw(Statement::from_sql_and_values(
-            sea_orm::DbBackend::Postgres,
-            format!(
-                "EXPLAIN (FORMAT JSON) {}",
-                sb_store::testing::insert_events_sql()
-            ),
-            [item.into(), chrono::Utc::now().into()],
-        ))
-        .await
-        .unwrap()
-        .unwrap();
-    let plan: serde_json::Value = row.try_get("", "QUERY PLAN").unwrap();
-    let mut scans = Vec::new();
-    seq_scans(&plan, &mut scans);
-    assert!(
-        !scans
-            .iter()
-            .any(|relation| relation == "runs" || relation == "run_events"),
-        "the statement scans a ledger table: {plan:#}"
-    );
+    let id = || serde_json::Value::from(uuid::Uuid::new_v4().to_string());
+    let inputs = [
+        serde_json::json!([{
+            "run_id": id(), "sequence": 1, "result_type": "run.started", "data": {},
+            "status": null, "error_code": null, "error_message": null, "usage": null,
+            "transcript": null,
+        }]),
+        serde_json::json!([{
+            "id": id(), "workspace_id": "ws", "event_id": id(), "runner_id": "echo",
+            "pool": "default", "conversation_id": "c1", "attempt": 1,
+            "event_status": "dispatched", "read_cursor": true,
+            "state_scopes": ["conversation:1"],
+        }]),
+    ];
+    for ((name, sql), input) in sb_store::testing::hot_statements_sql()
+        .into_iter()
+        .zip(inputs)
+    {
+        let row = conn
+            .query_one_raw(Statement::from_sql_and_values(
+                sea_orm::DbBackend::Postgres,
+                format!("EXPLAIN (FORMAT JSON) {sql}"),
+                [input.into(), chrono::Utc::now().into()],
+            ))
+            .await
+            .unwrap()
+            .unwrap();
+        let plan: serde_json::Value = row.try_get("", "QUERY PLAN").unwrap();
+        let mut scans = Vec::new();
+        seq_scans(&plan, &mut scans);
+        assert!(
+            !scans
+                .iter()
+                .any(|relation| LEDGER.contains(&relation.as_str())),
+            "{name} scans a ledger table ({scans:?}): {plan:#}"
+        );
+    }
 }
-
 /// The relations a plan (EXPLAIN's JSON) reads with a sequential scan.
 fn seq_scans(node: &serde_json::Value, out: &mut Vec<String>) {
     match node {

@@ -130,11 +130,19 @@ pub async fn postgres_db() -> TestDb {
     TestDb::new(store, Cleanup::PostgresSchema { url, schema })
 }
 
-/// The Postgres text of the result sink's statement (the run items of a batch, their runs'
-/// updates and transcript rows), for tests that read its plan.
+/// The Postgres texts of the hot path's two largest statements, for tests that read their
+/// plans: the result sink's (a batch's run items, their runs' updates and transcript rows)
+/// and the runs' starts (run rows, user transcript rows, the events' dispatch, the reads of
+/// cursor and state).
 #[must_use]
-pub fn insert_events_sql() -> &'static str {
-    crate::sql::runs::INSERT_EVENTS_SQL.as_str()
+pub fn hot_statements_sql() -> [(&'static str, &'static str); 2] {
+    [
+        (
+            "insert_events",
+            crate::sql::runs::INSERT_EVENTS_SQL.as_str(),
+        ),
+        ("start_runs", crate::sql::runs::START_RUNS_SQL.as_str()),
+    ]
 }
 
 /// Generates one `#[tokio::test]` per conformance test, each on a fresh database made by
