@@ -32,7 +32,8 @@
 //! # The algorithm
 //!
 //! 1. register for the live items of the whole conversation
-//!    ([`LiveHub::watch_conversation`]: the binding is on the broker when it returns);
+//!    ([`LiveHub::watch_conversation`](crate::live::LiveHub::watch_conversation): the
+//!    binding is on the broker when it returns);
 //! 2. list the conversation's runs created at or after `since` and, for each, read the
 //!    ledger after its position and send it;
 //! 3. then for each live item: a run not known yet makes the runs be listed again, so every

@@ -583,7 +583,7 @@ impl From<QueryRejection> for ApiError {
 
 /// `Json<T>` whose rejections are [`ApiError`]s, so bad input gets the `{code, message}`
 /// shape and a 400 (axum's own `Json` answers 422 in plain text). A body with a NUL character
-/// in any string is refused (`400 invalid_argument`, see [`nul_refused`]) before it is
+/// in any string is refused (`400 invalid_argument`, see `nul_refused`) before it is
 /// deserialized, so no route can hand one to the store.
 #[derive(Debug, Clone, Copy, Default)]
 pub struct ApiJson<T>(pub T);
@@ -610,7 +610,7 @@ where
 
 /// `Path<T>` whose rejections are [`ApiError`]s (axum's own answers plain text, e.g.
 /// `Invalid URL: …` for a percent-encoded id that is not UTF-8), and which refuses a NUL
-/// character in any parameter with `400 invalid_argument` (see [`nul_refused`]).
+/// character in any parameter with `400 invalid_argument` (see `nul_refused`).
 #[derive(Debug, Clone, Copy, Default)]
 pub struct ApiPath<T>(pub T);
 
@@ -641,7 +641,7 @@ impl<T: Serialize> IntoResponse for ApiJson<T> {
 }
 
 /// `Query<T>` whose rejections are [`ApiError`]s, refusing a NUL character (`%00`) in any
-/// parameter with `400 invalid_argument` (see [`nul_refused`]).
+/// parameter with `400 invalid_argument` (see `nul_refused`).
 #[derive(Debug, Clone, Copy, Default)]
 pub struct ApiQuery<T>(pub T);
 
@@ -679,7 +679,7 @@ const FOREIGN_TEXT_MAX: usize = 1024;
 /// Middleware giving every refusal, whatever layer made it, the one error shape with the
 /// request's id: an [`ApiError`] is rendered again with `request_id`; any other `4xx`/`5xx`
 /// (a layer's bare status or plain text) becomes the [`ApiError`] of its status
-/// ([`ApiError::from_foreign`]). The first answer's headers (`Allow`, `Retry-After`, …) and
+/// (`ApiError::from_foreign`). The first answer's headers (`Allow`, `Retry-After`, …) and
 /// extensions are kept. Runs inside [`crate::request_id`]'s layers, which set the header.
 pub async fn finish_errors(request: Request, next: Next) -> Response {
     let request_id = crate::request_id::of(request.headers()).map(str::to_owned);

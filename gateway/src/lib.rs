@@ -61,7 +61,7 @@
 //! - [`normalize`]: ingest payload → `AgentEventEnvelope` (pure, unit-tested).
 //! - [`openapi`]: the OpenAPI document, generated from the same declarations as the router
 //!   (`route_table` in this file, whose docs say how a route is declared).
-//! - [`routes`]: one file per resource: events, runs, conversations, agents, runners,
+//! - [`routes`](mod@routes): one file per resource: events, runs, conversations, agents, runners,
 //!   health, `resources` (models, tools, knowledge bases), `keys`, `sessions` and `turns`
 //!   (the turn API) and `host` (the remote Host API).
 //! - [`stream`]: SSE framing and the ledger-then-live, gap-free result stream.
@@ -155,7 +155,7 @@ pub enum GatewayError {
 /// then, on `/v1`, the API-key check (with the key's request rate); non-streaming `/v1`
 /// routes also get the request timeout. A stream's response is produced at once (its body is
 /// fed by a task), so the timeout never cuts a stream. Admin handlers are wrapped one by one
-/// in [`admin`], so the role of every route reads off this function (and the table in the
+/// in `admin`, so the role of every route reads off this function (and the table in the
 /// crate docs).
 pub fn app(state: AppState) -> Router {
     let max_body = state.options().max_body_bytes;

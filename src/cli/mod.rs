@@ -13,7 +13,7 @@
 //! - [`migrate`]: `migrate` (apply database migrations).
 //! - [`keys`]: `keys create|list|revoke` (API keys and their roles, on the database or through
 //!   the gateway).
-//! - [`send`], [`bench`]: `send` and `bench` (HTTP clients of a running gateway), on the
+//! - [`send`], [`bench`](mod@bench): `send` and `bench` (HTTP clients of a running gateway), on the
 //!   library's gateway client ([`crate::client`]).
 //! - [`resources`]: `models`, `tools`, `kb`, `schedules` (the resource registry and the
 //!   schedules, through the gateway).

@@ -37,7 +37,7 @@
 //!   and gateway address), used by the chaos suite (`tests/chaos`), which also passes its own
 //!   services to [`TestCluster::spawn_on`].
 //!
-//! The suites talk to the gateways with the crate's [`Client`](crate::Client) (and its
+//! The suites talk to the gateways with the crate's [`Client`] (and its
 //! [`SseStream`](crate::SseStream)), the same client the embedded suites use.
 
 use std::fs::File;

@@ -726,9 +726,10 @@ impl AuthorizationSnapshot {
 ///
 /// The orchestrator mints a random token per run, hands it to the runner in
 /// `ctx.runtime.metadata.host_api = {"url": PATH, "token": <token>}` and freezes only its
-/// [`digest`] into the run's [`AuthorizationSnapshot`]. The gateway compares the digest of a
-/// presented token with the frozen one; since the snapshot *is* the run session, the token
-/// stops working the moment the session ends (terminal result, cancel, deadline).
+/// [`digest`](host_api_token::digest) into the run's [`AuthorizationSnapshot`]. The gateway
+/// compares the digest of a presented token with the frozen one; since the snapshot *is* the
+/// run session, the token stops working the moment the session ends (terminal result,
+/// cancel, deadline).
 ///
 /// ```
 /// use sb_protocol::host::host_api_token;

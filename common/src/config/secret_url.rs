@@ -15,7 +15,8 @@ use url::Url;
 pub struct SecretUrl(String);
 
 impl SecretUrl {
-    /// Wraps a URL; it is checked by [`SwitchboardConfig::validate`], not here.
+    /// Wraps a URL; it is checked by
+    /// [`SwitchboardConfig::validate`](super::SwitchboardConfig::validate), not here.
     pub fn new(url: impl Into<String>) -> Self {
         Self(url.into())
     }

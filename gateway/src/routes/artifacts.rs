@@ -57,7 +57,7 @@ pub const UPLOAD_PATH: &str = "/v1/artifacts";
 const ENVELOPE_BYTES: usize = 64 * 1024;
 
 /// The body limit of `POST /v1/artifacts` for a content cap of `content_max` bytes: the
-/// base64 form of that much content plus [`ENVELOPE_BYTES`].
+/// base64 form of that much content plus `ENVELOPE_BYTES`.
 #[must_use]
 pub fn upload_body_limit(content_max: usize) -> usize {
     content_max

@@ -33,7 +33,7 @@
 //! through [`ResultSink::finalize`]. When an item fails transiently, it and every later item of the batch are requeued,
 //! so a run's items are still applied in sequence order; when it failed because the ledger
 //! or the session store is unreachable, they are retried in place instead, until the
-//! backend is back (see [`ResultSink::process_batch`]), so an outage never spends their
+//! backend is back (see `ResultSink::process_batch`), so an outage never spends their
 //! delivery limit. A delivery the bus refuses for good
 //! (a non-retryable [`BusError`](sb_common::bus::BusError), e.g. an invalid routing key) is
 //! dropped and counted, not requeued: the items are in the ledger, and requeueing would stall

@@ -7,7 +7,7 @@
 //! - [`send_events`]: `count` events at a fixed rate, each with its own conversation and
 //!   `Idempotency-Key`, re-posted with the same key until accepted (a lost `202` must not
 //!   become a second event);
-//! - [`follow`]: one follower per accepted event, reading `GET /v1/runs/{id}/stream` with
+//! - [`Api::follow`]: one follower per accepted event, reading `GET /v1/runs/{id}/stream` with
 //!   the workspace's SSE reader ([`sb_common::sse`]), reconnecting after any break with
 //!   `Last-Event-ID` or `?after_sequence` (alternately) from the last sequence it saw; some
 //!   followers also drop their first connection on purpose halfway.

@@ -431,7 +431,7 @@ impl OwnServices {
     }
 
     /// Stops `service`: its stop signal, then SIGKILL of it and its descendants after
-    /// [`STOP_TIMEOUT`].
+    /// `STOP_TIMEOUT`.
     pub fn stop(&mut self, service: Service) {
         let server = self.server(service);
         let Some(mut child) = server.child.take() else {

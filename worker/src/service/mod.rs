@@ -101,7 +101,7 @@ pub struct Worker;
 
 impl Worker {
     /// Starts a worker with the default options (bundled runners, the gate in front of
-    /// [`ActionDispatcher`](crate::actions::ActionDispatcher)). See [`Worker::spawn_with`].
+    /// [`ActionDispatcher`](sb_host_api::actions::ActionDispatcher)). See [`Worker::spawn_with`].
     pub async fn spawn(deps: WorkerDeps, shutdown: Shutdown) -> Result<WorkerHandle, WorkerError> {
         Self::spawn_with(deps, WorkerOptions::default(), shutdown).await
     }

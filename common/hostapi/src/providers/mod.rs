@@ -19,8 +19,8 @@
 //! may have side effects, and `call_tool` promises at-most-once execution.
 //!
 //! Time: nothing here waits without a bound. Connecting is bounded by
-//! [`ProviderOptions::connect_timeout`] (the client [`http_client`] builds); every attempt of
-//! a model call, the opening of a stream included, gets its response headers within
+//! [`ProviderOptions::connect_timeout`] (the client [`ProviderClient::new`] builds); every
+//! attempt of a model call, the opening of a stream included, gets its response headers within
 //! [`ProviderOptions::model_timeout`] and before the run's deadline; a retry whose backoff
 //! would end after the deadline is not attempted ([`ProviderError::OutOfTime`]).
 //!
@@ -115,11 +115,11 @@ impl ProviderOptions {
 ///
 /// # Contract
 ///
-/// - [`ProviderClient::post`] is the only way to build a request: it refuses a URL the
+/// - `ProviderClient::post` is the only way to build a request: it refuses a URL the
 ///   egress policy refuses (scheme, credentials, an IP literal in a denied range), and the
 ///   client's resolver keeps only the resolved addresses the policy allows.
 /// - Redirects are never followed and environment proxies never used.
-/// - [`ProviderClient::secret`] returns a value only for a name in `secrets.allow`.
+/// - `ProviderClient::secret` returns a value only for a name in `secrets.allow`.
 #[derive(Clone, Debug)]
 pub struct ProviderClient {
     http: reqwest::Client,

@@ -26,7 +26,7 @@
 //!
 //! A document's text is given inline (`text`) or read from an artifact of the workspace
 //! (`artifact_id`, e.g. a file a runner produced or an event attached); see
-//! [`add_document`](documents::add_document) for what an artifact must be.
+//! [`documents::add_document`] for what an artifact must be.
 //!
 //! Secrets never pass through here: a model names the environment variable holding its API
 //! key (`api_key_env`) and a tool the environment variables of its static headers

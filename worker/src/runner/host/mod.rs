@@ -14,8 +14,9 @@
 //!
 //! Host API calls get **exactly one** `api_result` each: the serving task and the end of the
 //! call's run (which answers `not_found`) race through the call's
-//! [`ApiStream`](crate::runner::ApiStream), which lets only the first answer through. A call id already in flight on the process is refused
-//! with `conflict` (answers carry no run id, so one id must name one call at a time).
+//! [`ApiStream`](sb_host_api::api::ApiStream), which lets only the first answer through. A
+//! call id already in flight on the process is refused with `conflict` (answers carry no run
+//! id, so one id must name one call at a time).
 //!
 //! Contract of [`RunHandle`]: items arrive in transport-sequence order (1, 2, 3, … with no
 //! gaps) and the stream ends with **exactly one** terminal item (`run.completed` or
