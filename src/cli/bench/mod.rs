@@ -27,13 +27,16 @@
 //! - [`check`]: [`RunCheck`], the per-run stream checks and outcome (pure).
 //! - [`report`]: [`Tally`] and [`Report`]: counting, histograms, the human and JSON output
 //!   (pure).
+//! - [`stages`]: where a sample of the completed runs spent their time on the host, read
+//!   back from the ledger after the measured window.
 
 pub mod check;
 pub mod report;
+pub mod stages;
 
 use std::process::ExitCode;
-use std::sync::Arc;
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use clap::Args;
@@ -42,6 +45,7 @@ use tokio::time::Instant;
 
 pub use check::{RunCheck, RunOutcome};
 pub use report::{Percentiles, Report, Tally};
+pub use stages::{RunIds, Stages};
 
 use crate::cli::config::{ConfigArgs, Overrides};
 use crate::cli::cpu::CpuSample;
@@ -117,6 +121,8 @@ pub struct Plan {
     next: AtomicU32,
     failed: AtomicU64,
     lost: AtomicU64,
+    /// The ids of the first [`stages::SAMPLE`] completed runs, read back after the window.
+    sample: Mutex<Vec<RunIds>>,
     progress: ProgressBar,
 }
 
@@ -142,6 +148,7 @@ impl Plan {
             next: AtomicU32::new(0),
             failed: AtomicU64::new(0),
             lost: AtomicU64::new(0),
+            sample: Mutex::new(Vec::new()),
             progress: ProgressBar::hidden(),
         }
     }
@@ -197,8 +204,12 @@ pub async fn run(args: BenchArgs, api_key: Option<String>) -> anyhow::Result<Exi
         tally.merge(&w.await?);
     }
     let wall = started.elapsed();
-    let report = Report::new(&tally, wall).with_cpu(cpu_before.until(&CpuSample::take(&args.pids)));
+    let cpu = cpu_before.until(&CpuSample::take(&args.pids));
     plan.progress.finish_and_clear();
+    let sample = std::mem::take(&mut *plan.sample.lock().expect("sample lock"));
+    let report = Report::new(&tally, wall)
+        .with_cpu(cpu)
+        .with_stages(stages::read(&plan.client, &sample).await);
     if args.json {
         println!("{}", report.to_json());
     } else {
@@ -218,11 +229,16 @@ async fn worker(plan: Arc<Plan>) -> Tally {
         if i >= plan.runs {
             return tally;
         }
-        let (outcome, reconnects, items) = one_run(&plan, i).await;
+        let (outcome, reconnects, items, ids) = one_run(&plan, i).await;
         tally.record_reconnects(reconnects);
         tally.record_items(items);
         match &outcome {
-            RunOutcome::Completed { .. } => {}
+            RunOutcome::Completed { .. } => {
+                let mut sample = plan.sample.lock().expect("sample lock");
+                if let (Some(ids), true) = (ids, sample.len() < stages::SAMPLE) {
+                    sample.push(ids);
+                }
+            }
             RunOutcome::Failed { code } => {
                 tracing::debug!(run = i, %code, "bench run failed");
                 plan.failed.fetch_add(1, Ordering::Relaxed);
@@ -245,9 +261,9 @@ async fn worker(plan: Arc<Plan>) -> Tally {
     }
 }
 
-/// Runs number `i`; also returns how many connections had to be re-opened and how many
-/// items its stream delivered.
-pub async fn one_run(plan: &Plan, i: u32) -> (RunOutcome, u32, u64) {
+/// Runs number `i`; also returns how many connections had to be re-opened, how many items
+/// its stream delivered and, once it has a run, the ids of its event and run.
+pub async fn one_run(plan: &Plan, i: u32) -> (RunOutcome, u32, u64, Option<RunIds>) {
     let event = NewEvent::message(
         &format!("bench-{}-{}", plan.tag, i % plan.conversations),
         BENCH_ACTOR,
@@ -278,7 +294,14 @@ pub async fn one_run(plan: &Plan, i: u32) -> (RunOutcome, u32, u64) {
             Err(error) => break RunOutcome::from_error(&error),
         }
     };
-    (outcome, follower.reconnects(), check.items)
+    let ids = follower
+        .event_id()
+        .zip(follower.run_id())
+        .map(|(event_id, run_id)| RunIds {
+            event_id: event_id.to_owned(),
+            run_id: run_id.to_owned(),
+        });
+    (outcome, follower.reconnects(), check.items, ids)
 }
 
 #[cfg(test)]

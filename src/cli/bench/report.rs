@@ -8,10 +8,11 @@ use hdrhistogram::Histogram;
 use serde_json::{Value, json};
 
 use super::check::RunOutcome;
+use super::stages::Stages;
 use crate::cli::cpu::CpuUsage;
 
 /// Highest latency the histograms record (longer ones are clamped): one hour, in µs.
-const MAX_LATENCY_US: u64 = 3_600_000_000;
+pub(super) const MAX_LATENCY_US: u64 = 3_600_000_000;
 
 /// Outcome counts and latency histograms (µs). Workers keep one each and merge at the end.
 #[derive(Debug, Clone)]
@@ -108,7 +109,8 @@ pub struct Percentiles {
 }
 
 impl Percentiles {
-    fn of(h: &Histogram<u64>) -> Self {
+    /// The percentiles of `h`, whose samples are microseconds.
+    pub(super) fn of(h: &Histogram<u64>) -> Self {
         let at = |q: f64| (!h.is_empty()).then(|| h.value_at_quantile(q) as f64 / 1000.0);
         Self {
             p50: at(0.50),
@@ -117,7 +119,7 @@ impl Percentiles {
         }
     }
 
-    fn to_json(self) -> Value {
+    pub(super) fn to_json(self) -> Value {
         json!({"p50": self.p50, "p95": self.p95, "p99": self.p99})
     }
 }
@@ -151,6 +153,9 @@ pub struct Report {
     pub items_per_s: f64,
     /// CPU the window cost: the machine's and the watched processes'.
     pub cpu: CpuUsage,
+    /// Where a sample of the completed runs spent their time on the host, from the ledger
+    /// ([`stages`](super::stages)); `None` when it could not be read.
+    pub stages: Option<Stages>,
 }
 
 impl Report {
@@ -180,6 +185,7 @@ impl Report {
                 0.0
             },
             cpu: CpuUsage::default(),
+            stages: None,
         }
     }
 
@@ -187,6 +193,13 @@ impl Report {
     #[must_use]
     pub fn with_cpu(mut self, cpu: CpuUsage) -> Self {
         self.cpu = cpu;
+        self
+    }
+
+    /// The same report with the ledger's `stages` of a sample of its runs.
+    #[must_use]
+    pub fn with_stages(mut self, stages: Option<Stages>) -> Self {
+        self.stages = stages;
         self
     }
 
@@ -229,6 +242,7 @@ impl Report {
             "items_per_s": (self.items_per_s * 10.0).round() / 10.0,
             "machine_cpu_ms_per_run": self.cpu_ms_per_run().0,
             "cpu_ms_per_run_by_process": self.cpu_ms_per_run().1,
+            "stages_ms": self.stages.as_ref().map(Stages::to_json),
         })
     }
 
@@ -267,6 +281,16 @@ impl Report {
         );
         out.push_str(&row("first result", &self.first_result_ms));
         out.push_str(&row("terminal", &self.terminal_ms));
+        if let Some(stages) = &self.stages {
+            out.push_str(&format!(
+                "host stages     from the ledger, {} runs
+",
+                stages.runs
+            ));
+            out.push_str(&row("  route", &stages.route));
+            out.push_str(&row("  claim", &stages.claim));
+            out.push_str(&row("  execute", &stages.execute));
+        }
         out.push_str(&format!(
             "items           {:.1} streamed items/s\n",
             self.items_per_s
@@ -370,10 +394,12 @@ mod tests {
         let keys: Vec<&str> = j.as_object().unwrap().keys().map(String::as_str).collect();
         assert_eq!(
             keys.len(),
-            11,
+            12,
             "runs, completed, failed, lost, runs_per_s, first_result_ms, terminal_ms, \
-             failed_codes, items_per_s, machine_cpu_ms_per_run, cpu_ms_per_run_by_process: {keys:?}"
+             failed_codes, items_per_s, machine_cpu_ms_per_run, cpu_ms_per_run_by_process, \
+             stages_ms: {keys:?}"
         );
+        assert_eq!(j["stages_ms"], Value::Null, "no stages read");
         // CPU per completed run, from the window's usage.
         let cpu = CpuUsage {
             machine: Some(0.5),

@@ -163,6 +163,46 @@ async fn bench_and_send_run_against_the_real_gateway() {
     assert_eq!(code, std::process::ExitCode::SUCCESS);
 }
 
+/// The bench's host stages read the ledger's stamps of real runs: each run's three spans are
+/// counted, and they add up to no more than the time the runs took from post to end.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn bench_stages_read_the_real_ledger() {
+    use switchboard::cli::bench::{RunIds, stages};
+
+    let gw = start().await;
+    let client = GatewayClient::new(&gw.url, Some(&gw.key)).unwrap();
+    let mut runs = Vec::new();
+    let started = Instant::now();
+    for i in 0..3 {
+        let mut follower = client.follow(
+            NewEvent::message(&format!("stages-{i}"), "u1", "one two three"),
+            format!("stages-{i}"),
+            options(),
+        );
+        while follower.next().await.unwrap().is_some() {}
+        runs.push(RunIds {
+            event_id: follower.event_id().unwrap().to_owned(),
+            run_id: follower.run_id().unwrap().to_owned(),
+        });
+    }
+    let elapsed_ms = started.elapsed().as_secs_f64() * 1000.0;
+    // A run the gateway does not know is left out, not counted as zero.
+    runs.push(RunIds {
+        event_id: runs[0].event_id.clone(),
+        run_id: uuid::Uuid::new_v4().to_string(),
+    });
+    let stages = stages::read(&client, &runs)
+        .await
+        .expect("stamps of the real runs");
+    assert_eq!(stages.runs, 3);
+    let p99 = |p: switchboard::cli::bench::Percentiles| p.p99.expect("a sample");
+    let total = p99(stages.route) + p99(stages.claim) + p99(stages.execute);
+    assert!(
+        total <= elapsed_ms + 3.0,
+        "stages {stages:?} exceed the {elapsed_ms} ms the runs took"
+    );
+}
+
 /// The JSON helper behind `switchboard models|tools|kb` against the real routes: created
 /// resources come back, and the gateway's refusals surface with their code.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
