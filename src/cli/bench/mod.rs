@@ -121,7 +121,8 @@ pub struct Plan {
     next: AtomicU32,
     failed: AtomicU64,
     lost: AtomicU64,
-    /// The ids of the first [`stages::SAMPLE`] completed runs, read back after the window.
+    /// The ids of up to [`stages::SAMPLE`] completed runs spread over the bench (every
+    /// [`Plan::sample_stride`]-th run), read back after the window.
     sample: Mutex<Vec<RunIds>>,
     progress: ProgressBar,
 }
@@ -151,6 +152,13 @@ impl Plan {
             sample: Mutex::new(Vec::new()),
             progress: ProgressBar::hidden(),
         }
+    }
+
+    /// Every how many runs one is read back for the host stages: the sample spreads over
+    /// the whole bench (its ramp-up and its steady state) and holds at most
+    /// [`stages::SAMPLE`] runs.
+    fn sample_stride(&self) -> u32 {
+        self.runs.div_ceil(stages::SAMPLE).max(1)
     }
 
     /// The same plan, showing its progress on `progress`.
@@ -233,12 +241,12 @@ async fn worker(plan: Arc<Plan>) -> Tally {
         tally.record_reconnects(reconnects);
         tally.record_items(items);
         match &outcome {
-            RunOutcome::Completed { .. } => {
-                let mut sample = plan.sample.lock().expect("sample lock");
-                if let (Some(ids), true) = (ids, sample.len() < stages::SAMPLE) {
-                    sample.push(ids);
+            RunOutcome::Completed { .. } if i % plan.sample_stride() == 0 => {
+                if let Some(ids) = ids {
+                    plan.sample.lock().expect("sample lock").push(ids);
                 }
             }
+            RunOutcome::Completed { .. } => {}
             RunOutcome::Failed { code } => {
                 tracing::debug!(run = i, %code, "bench run failed");
                 plan.failed.fetch_add(1, Ordering::Relaxed);
@@ -309,6 +317,28 @@ mod tests {
     use super::*;
     use crate::cli::{Cli, Command};
     use clap::Parser as _;
+
+    #[test]
+    fn the_stages_sample_spreads_over_the_bench() {
+        let plan = |runs| {
+            let client = GatewayClient::new("http://127.0.0.1:9", None).unwrap();
+            Plan::new(
+                client,
+                runs,
+                1,
+                Duration::from_secs(1),
+                String::new(),
+                "t".into(),
+            )
+        };
+        for (runs, stride, sampled) in [(3000, 15, 200), (300, 2, 150), (10, 1, 10), (1, 1, 1)] {
+            let plan = plan(runs);
+            assert_eq!(plan.sample_stride(), stride, "{runs} runs");
+            let n = (0..runs).filter(|i| i % plan.sample_stride() == 0).count();
+            assert_eq!(n, sampled, "{runs} runs");
+            assert!(n <= stages::SAMPLE as usize);
+        }
+    }
 
     #[test]
     fn text_has_the_requested_words() {

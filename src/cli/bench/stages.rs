@@ -25,7 +25,7 @@ use super::report::{MAX_LATENCY_US, Percentiles};
 use crate::client::GatewayClient;
 
 /// Most runs a bench reads back.
-pub const SAMPLE: usize = 200;
+pub const SAMPLE: u32 = 200;
 
 /// Requests in flight while reading the sample.
 const READS_IN_FLIGHT: usize = 8;
