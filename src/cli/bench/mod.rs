@@ -27,10 +27,12 @@
 //! - [`check`]: [`RunCheck`], the per-run stream checks and outcome (pure).
 //! - [`report`]: [`Tally`] and [`Report`]: counting, histograms, the human and JSON output
 //!   (pure).
+//! - [`percentiles`]: [`Percentiles`] of the latency histograms, shared by the two below.
 //! - [`stages`]: where a sample of the completed runs spent their time on the host, read
 //!   back from the ledger after the measured window.
 
 pub mod check;
+pub mod percentiles;
 pub mod report;
 pub mod stages;
 
@@ -44,7 +46,8 @@ use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
 use tokio::time::Instant;
 
 pub use check::{RunCheck, RunOutcome};
-pub use report::{Percentiles, Report, Tally};
+pub use percentiles::Percentiles;
+pub use report::{Report, Tally};
 pub use stages::{RunIds, Stages};
 
 use crate::cli::config::{ConfigArgs, Overrides};

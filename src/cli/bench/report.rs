@@ -8,11 +8,9 @@ use hdrhistogram::Histogram;
 use serde_json::{Value, json};
 
 use super::check::RunOutcome;
+use super::percentiles::{self, Percentiles};
 use super::stages::Stages;
 use crate::cli::cpu::CpuUsage;
-
-/// Highest latency the histograms record (longer ones are clamped): one hour, in µs.
-pub(super) const MAX_LATENCY_US: u64 = 3_600_000_000;
 
 /// Outcome counts and latency histograms (µs). Workers keep one each and merge at the end.
 #[derive(Debug, Clone)]
@@ -30,8 +28,7 @@ pub struct Tally {
 
 impl Default for Tally {
     fn default() -> Self {
-        let histogram =
-            || Histogram::new_with_bounds(1, MAX_LATENCY_US, 3).expect("valid histogram bounds");
+        let histogram = percentiles::histogram;
         Self {
             completed: 0,
             items: 0,
@@ -95,33 +92,6 @@ impl Tally {
 
 fn micros(d: Duration) -> u64 {
     u64::try_from(d.as_micros()).unwrap_or(u64::MAX).max(1)
-}
-
-/// p50/p95/p99 in milliseconds (`None` without samples).
-#[derive(Debug, Clone, Copy, PartialEq)]
-pub struct Percentiles {
-    /// Median.
-    pub p50: Option<f64>,
-    /// 95th percentile.
-    pub p95: Option<f64>,
-    /// 99th percentile.
-    pub p99: Option<f64>,
-}
-
-impl Percentiles {
-    /// The percentiles of `h`, whose samples are microseconds.
-    pub(super) fn of(h: &Histogram<u64>) -> Self {
-        let at = |q: f64| (!h.is_empty()).then(|| h.value_at_quantile(q) as f64 / 1000.0);
-        Self {
-            p50: at(0.50),
-            p95: at(0.95),
-            p99: at(0.99),
-        }
-    }
-
-    pub(super) fn to_json(self) -> Value {
-        json!({"p50": self.p50, "p95": self.p95, "p99": self.p99})
-    }
 }
 
 /// The summary of a bench.

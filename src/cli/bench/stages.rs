@@ -21,7 +21,7 @@ use futures::StreamExt as _;
 use hdrhistogram::Histogram;
 use serde_json::{Value, json};
 
-use super::report::{MAX_LATENCY_US, Percentiles};
+use super::percentiles::{self, Percentiles};
 use crate::client::GatewayClient;
 
 /// Most runs a bench reads back.
@@ -86,9 +86,7 @@ impl Stages {
         if stamps.is_empty() {
             return None;
         }
-        let mut histograms: [Histogram<u64>; 3] = std::array::from_fn(|_| {
-            Histogram::new_with_bounds(1, MAX_LATENCY_US, 3).expect("valid histogram bounds")
-        });
+        let mut histograms: [Histogram<u64>; 3] = std::array::from_fn(|_| percentiles::histogram());
         for stamp in stamps {
             for (h, ms) in histograms.iter_mut().zip(stamp.stages()) {
                 // Percentiles are kept in microseconds, as the report's latencies are.
