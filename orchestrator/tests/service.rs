@@ -824,6 +824,108 @@ async fn result_sink_is_idempotent() {
     orchestrator.join().await;
 }
 
+/// A result message of `run_id` in `c1`, as a worker makes it.
+fn result_message(run_id: RunId, sequence: u64, result: Value) -> ResultMessage {
+    let result: AgentRunResult = serde_json::from_value(result).unwrap();
+    ResultMessage::new(run_id, ws(), Some("c1".into()), sequence, result)
+}
+
+#[tokio::test]
+async fn the_sink_stores_applies_and_delivers_what_a_worker_hands_over_directly() {
+    use sb_protocol::error::{Disposition, HasErrorCode};
+    let h = harness().await;
+    standard_setup(&h, json!({})).await;
+    let mut deliveries = h.deliveries().await;
+    let run_id = claimed_run(&h, Some("c1"), "hello").await;
+    let sink = ResultSink::new(h.deps(), Arc::new(h.options()));
+    let delta = |sequence, text: &str| {
+        result_message(
+            run_id,
+            sequence,
+            json!({"type": "message.delta", "data": {"chunk": {"role": "assistant", "content": text}}}),
+        )
+    };
+
+    // Stored and delivered once it returns, in order.
+    sink.store(vec![delta(1, "hel"), delta(2, "lo")], false)
+        .await
+        .unwrap();
+    let stored = |h: &Harness| {
+        let runs = Arc::clone(&h.stores.runs);
+        async move {
+            runs.events_after(run_id, 0, 100)
+                .await
+                .unwrap()
+                .iter()
+                .map(|r| r.sequence)
+                .collect::<Vec<_>>()
+        }
+    };
+    assert_eq!(stored(&h).await, [1, 2]);
+    let delivered = drain(&mut deliveries, Duration::from_millis(200)).await;
+    assert_eq!(
+        delivered.iter().map(|d| d.sequence).collect::<Vec<_>>(),
+        [1, 2]
+    );
+
+    // The same items again: a plain duplicate is neither stored nor delivered twice...
+    sink.store(vec![delta(2, "lo")], false).await.unwrap();
+    assert!(
+        drain(&mut deliveries, Duration::from_millis(100))
+            .await
+            .is_empty()
+    );
+    // ...but a retried hand-over is applied and delivered again (its first attempt may have
+    // failed after the insert).
+    sink.store(vec![delta(2, "lo")], true).await.unwrap();
+    let again = drain(&mut deliveries, Duration::from_millis(200)).await;
+    assert_eq!(again.iter().map(|d| d.sequence).collect::<Vec<_>>(), [2]);
+
+    // The terminal item ends the run and writes the assembled transcript.
+    let end = result_message(
+        run_id,
+        3,
+        json!({"type": "run.completed", "data": {"finish_reason": "stop"}}),
+    );
+    sink.store(vec![end], false).await.unwrap();
+    assert_eq!(stored(&h).await, [1, 2, 3]);
+    assert_eq!(
+        h.stores.runs.get_run(run_id).await.unwrap().unwrap().status,
+        RunStatus::Completed
+    );
+    let page = h
+        .stores
+        .transcript
+        .page(TranscriptQuery::new(ws(), "c1"))
+        .await
+        .unwrap();
+    let assistant: Vec<_> = page
+        .items
+        .iter()
+        .filter(|i| i.role == "assistant")
+        .collect();
+    assert_eq!(assistant.len(), 1);
+    assert_eq!(assistant[0].content.as_deref(), Some("hello"));
+
+    // Nothing travelled the results queue.
+    let queues: Vec<String> = (0..2).map(|k| h.topology.results_queue(k).name).collect();
+    assert!(
+        queues
+            .iter()
+            .all(|q| h.bus.ready_count(q).unwrap_or(0) == 0)
+    );
+
+    // A run the ledger does not hold is refused for good (the worker then sends its items
+    // by the results queue, whose consumer settles them).
+    let ghost = result_message(
+        RunId::new(),
+        1,
+        json!({"type": "run.completed", "data": {}}),
+    );
+    let error = sink.store(vec![ghost], false).await.unwrap_err();
+    assert_ne!(error.code().disposition(), Disposition::Retry, "{error}");
+}
+
 #[tokio::test]
 async fn transcript_state_and_artifact_side_effects() {
     let h = harness().await;

@@ -70,6 +70,7 @@ use sb_common::shutdown::Shutdown;
 use sb_gateway::{GatewayDeps, GatewayError, GatewayOptions};
 use sb_orchestrator::catalog::StoreCatalog;
 use sb_orchestrator::recovery::{self, RecoveryError};
+use sb_orchestrator::sink::ResultSink;
 use sb_orchestrator::{Orchestrator, OrchestratorDeps, OrchestratorError, OrchestratorOptions};
 use sb_protocol::manifest::RunnerId;
 use sb_store::{SqlStore, StoreError, Stores};
@@ -81,6 +82,7 @@ use crate::default_agent::{Change, DefaultAgentError};
 
 mod backends;
 mod bootstrap;
+mod outlet;
 mod stop;
 
 pub use backends::{open_sessions, store_options, topology_options};
@@ -611,7 +613,20 @@ async fn start_roles(
         None => None,
     };
 
-    // The worker registers its runners before anything can be routed to them.
+    let orchestrator_deps = OrchestratorDeps {
+        bus: deps.bus.clone(),
+        sessions: deps.sessions.clone(),
+        stores: deps.stores.clone(),
+        topology: deps.topology.clone(),
+        // Models, tools and knowledge bases registered through `/v1/models`, `/v1/tools`
+        // and `/v1/knowledge-bases`.
+        catalog: Arc::new(StoreCatalog::new(deps.stores.resources.clone())),
+    };
+    let orchestrator_options = OrchestratorOptions::from_config(config);
+
+    // The worker registers its runners before anything can be routed to them. Its runs'
+    // items go straight to a result sink of this process (`outlet`), not by the results
+    // queue.
     if roles.worker {
         let shutdown = Shutdown::new();
         let worker_deps = WorkerDeps {
@@ -621,8 +636,15 @@ async fn start_roles(
             config: Arc::clone(config),
             topology: deps.topology.clone(),
         };
-        let handle =
-            Worker::spawn_with(worker_deps, options.worker.clone(), shutdown.clone()).await?;
+        let mut worker_options = options.worker.clone();
+        if worker_options.outlet.is_none() {
+            let sink = ResultSink::new(
+                orchestrator_deps.clone(),
+                Arc::new(orchestrator_options.clone()),
+            );
+            worker_options.outlet = Some(Arc::new(outlet::SinkOutlet::new(sink)));
+        }
+        let handle = Worker::spawn_with(worker_deps, worker_options, shutdown.clone()).await?;
         started.worker = Some(WorkerRole { shutdown, handle });
     }
 
@@ -648,17 +670,6 @@ async fn start_roles(
             report.agent = Some(agent);
         }
     }
-
-    let orchestrator_deps = OrchestratorDeps {
-        bus: deps.bus.clone(),
-        sessions: deps.sessions.clone(),
-        stores: deps.stores.clone(),
-        topology: deps.topology.clone(),
-        // Models, tools and knowledge bases registered through `/v1/models`, `/v1/tools`
-        // and `/v1/knowledge-bases`.
-        catalog: Arc::new(StoreCatalog::new(deps.stores.resources.clone())),
-    };
-    let orchestrator_options = OrchestratorOptions::from_config(config);
 
     let mut recovery = RecoveryReport::default();
     if roles.orchestrator && deps.memory_bus.is_some() {

@@ -6,7 +6,9 @@
 //! orchestrator routes and authorizes from there), and starts one [`runner::RunnerHost`] per
 //! runner. Each job is claimed in the run ledger (exactly one worker wins), guarded by a
 //! heartbeat lease in the session store, executed on the runner host, and its results are
-//! published in order to `switchboard.results`; at the end the run's session is removed so
+//! handed on in order: to the worker's [`outlet::ResultOutlet`] when it has one (the
+//! `switchboard` binary gives it the result sink, which stores them in this process), else
+//! published to `switchboard.results`; at the end the run's session is removed so
 //! the run's Host API closes, and the job is acknowledged. Runner processes reach the host
 //! only through the Host API of [`sb_host_api`] (`ApiGate` in front of `ActionDispatcher`),
 //! which checks every call against the run's frozen session before any action code runs; the
@@ -22,6 +24,8 @@
 //!   publishing, cancel via the control queue, drain on shutdown. It builds the Host API
 //!   (`sb_host_api::ApiGate` over `sb_host_api::ActionDispatcher`, or the dispatcher given
 //!   in [`WorkerOptions`]) and injects it into every runner host.
+//! - [`outlet`]: [`outlet::ResultOutlet`], the seam through which a worker may hand its
+//!   runs' items to a result sink in its own process instead of the results queue.
 //! - [`plugins`]: runner plugin manifests on disk → [`plugins::PluginRunner`]s.
 //! - [`runner`]: runner processes: framing, spawning, the protocol state machine of the
 //!   link to each process ([`runner::link::RunnerLink`]) and [`runner::RunnerHost`], which
@@ -33,6 +37,7 @@
 //! lives in `sb_host_api`, which the gateway's HTTP transport shares.
 
 mod lock;
+pub mod outlet;
 pub mod plugins;
 pub mod runner;
 pub mod sequencer;

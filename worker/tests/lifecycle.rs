@@ -8,6 +8,9 @@ use std::time::Duration;
 use sb_common::session::SessionStore;
 use sb_protocol::result::ResultType;
 use sb_worker::service::lease_key;
+use std::sync::Arc;
+
+use sb_worker::outlet::{OutletError, ResultOutlet};
 use support::{ECHO, Harness, SCRIPTED};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -344,4 +347,100 @@ async fn a_job_held_by_a_live_worker_is_dropped_after_one_lease_ttl() {
     );
     renewer.abort();
     h.stop().await;
+}
+
+/// An outlet that records what it is handed, answering `Unavailable` to the first
+/// `unavailable` hand-overs and refusing everything when `refuse` is set.
+#[derive(Default)]
+struct RecordingOutlet {
+    handed: std::sync::Mutex<Vec<(Vec<u64>, bool)>>,
+    unavailable: std::sync::atomic::AtomicUsize,
+    refuse: bool,
+}
+
+impl RecordingOutlet {
+    fn handed(&self) -> Vec<(Vec<u64>, bool)> {
+        self.handed.lock().unwrap().clone()
+    }
+}
+
+#[async_trait::async_trait]
+impl ResultOutlet for RecordingOutlet {
+    async fn hand_over(
+        &self,
+        messages: &[sb_protocol::messages::ResultMessage],
+        retried: bool,
+    ) -> Result<(), OutletError> {
+        use std::sync::atomic::Ordering;
+        self.handed
+            .lock()
+            .unwrap()
+            .push((messages.iter().map(|m| m.sequence).collect(), retried));
+        if self.refuse {
+            return Err(OutletError::Refused("not mine (test)".into()));
+        }
+        let left = self.unavailable.load(Ordering::SeqCst);
+        if left > 0 {
+            self.unavailable.store(left - 1, Ordering::SeqCst);
+            return Err(OutletError::Unavailable("ledger down (test)".into()));
+        }
+        Ok(())
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_worker_with_an_outlet_hands_its_items_over_in_order_and_again_when_unavailable() {
+    let mut h = Harness::start(|_, _| {}).await;
+    h.stop().await;
+    let outlet = Arc::new(RecordingOutlet {
+        unavailable: 1.into(),
+        ..RecordingOutlet::default()
+    });
+    let (worker, shutdown) = h.another_worker_with(Some(outlet.clone())).await;
+    let job = h.prepare_run(ECHO, "hello there").await;
+    h.publish_job(&job).await;
+    // The job is settled only after its terminal item was handed over.
+    h.jobs_settled().await;
+    let handed = outlet.handed();
+    // The first hand-over failed and was made again whole, marked retried.
+    assert_eq!(handed[0].0, handed[1].0);
+    assert!(!handed[0].1 && handed[1].1, "{handed:?}");
+    let taken: Vec<u64> = handed[1..].iter().flat_map(|(s, _)| s.clone()).collect();
+    assert_eq!(
+        taken,
+        (1..=taken.len() as u64).collect::<Vec<_>>(),
+        "{handed:?}"
+    );
+    assert!(
+        h.no_result_within(Duration::from_millis(200))
+            .await
+            .is_none(),
+        "nothing was published to the results queue"
+    );
+    shutdown.trigger();
+    worker.join().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn what_the_outlet_refuses_is_published_to_the_results_queue() {
+    let mut h = Harness::start(|_, _| {}).await;
+    h.stop().await;
+    let outlet = Arc::new(RecordingOutlet {
+        refuse: true,
+        ..RecordingOutlet::default()
+    });
+    let (worker, shutdown) = h.another_worker_with(Some(outlet.clone())).await;
+    let job = h.prepare_run(ECHO, "hello there").await;
+    h.publish_job(&job).await;
+    let results = h.results_until_terminal().await;
+    let sequences: Vec<u64> = results.iter().map(|m| m.sequence).collect();
+    assert_eq!(sequences, (1..=sequences.len() as u64).collect::<Vec<_>>());
+    let handed: Vec<u64> = outlet.handed().into_iter().flat_map(|(s, _)| s).collect();
+    assert_eq!(
+        handed, sequences,
+        "every item was offered to the outlet first"
+    );
+    h.jobs_settled().await;
+    shutdown.trigger();
+    worker.join().await;
 }

@@ -73,6 +73,40 @@ impl ResultSink {
         }
     }
 
+    /// Stores, applies and delivers the results a worker of this process hands over
+    /// directly, without the results queue (steps 2–4; see the [module docs](super)):
+    /// consecutive items of one run, in sequence order. `Ok` once every item is in the ledger
+    /// and applied, and its live delivery published (best effort, as always). An error is
+    /// that of the first item that failed; the items from it on were not applied, and the
+    /// caller hands them all over again with `retried` set (stored items are then applied
+    /// again, as a redelivery is: every side effect is idempotent).
+    ///
+    /// # Errors
+    /// The first item's error: retryable ones ([`Disposition::Retry`]) pass when the ledger,
+    /// the session store or the bus is back; others never will (the caller sends the items
+    /// by the results queue, whose consumer settles them as it settles any delivery).
+    ///
+    /// [`Disposition::Retry`]: sb_protocol::error::Disposition::Retry
+    pub async fn store(&self, messages: Vec<ResultMessage>, retried: bool) -> Result<()> {
+        let mut items: Vec<Item> = messages
+            .into_iter()
+            .map(|message| {
+                let stored = journal::stored_json(&message.result);
+                Item {
+                    delivery: 0,
+                    redelivered: retried,
+                    plan: journal::plan_stored(&message.result, &stored),
+                    stored: Some(stored),
+                    message,
+                }
+            })
+            .collect();
+        for outcome in self.persist(&mut items).await {
+            outcome?;
+        }
+        Ok(())
+    }
+
     /// One attempt of [`Self::process_batch`]: settles every delivery except those that
     /// failed on an unreachable backend (and those deferred behind them), which it returns.
     async fn process_once(
@@ -112,9 +146,55 @@ impl ResultSink {
             return Vec::new();
         }
 
+        let outcomes = self.persist(&mut items).await;
+
+        // 5. Settle each delivery in order, by the outcomes of its items.
+        let mut settled: Vec<Option<Result<()>>> = (0..kept.len()).map(|_| None).collect();
+        for (item, outcome) in items.iter().zip(outcomes) {
+            let slot = &mut settled[item.delivery];
+            *slot = Some(match (slot.take(), outcome) {
+                // The first failure of its items decides; a deferral only when nothing failed.
+                (Some(Err(e)), _) if !matches!(e, OrchestratorError::Deferred) => Err(e),
+                (_, Err(e)) => Err(e),
+                (Some(Err(e)), Ok(_)) => Err(e),
+                (_, Ok(_)) => Ok(()),
+            });
+        }
+        // An unreachable ledger or session store: what failed on it waits in place.
+        let outage = settled
+            .iter()
+            .any(|o| matches!(o, Some(Err(e)) if e.is_backend_outage()));
+        let mut waiting = Vec::new();
+        for (delivery, outcome) in kept.into_iter().zip(settled) {
+            match outcome.unwrap_or(Ok(())) {
+                Err(e)
+                    if outage
+                        && (e.is_backend_outage() || matches!(e, OrchestratorError::Deferred)) =>
+                {
+                    waiting.push(delivery);
+                }
+                Err(OrchestratorError::Deferred) => {
+                    if let Err(error) = delivery.nack(true).await {
+                        tracing::warn!(%error, queue, "could not requeue a deferred delivery");
+                    }
+                }
+                other => {
+                    settle_outcome(delivery, &other, queue, &options.retry, shutdown.as_ref())
+                        .await;
+                }
+            }
+        }
+        waiting
+    }
+
+    /// Steps 2–4 for `items` (in queue order): one ledger insert, the side effects in order
+    /// and the live deliveries after the ledger write. One outcome per item: `Ok(true)` when
+    /// it was applied and delivered, `Ok(false)` for a plain duplicate, else the error of the
+    /// item that failed ([`OrchestratorError::Deferred`] for the later ones, not attempted).
+    async fn persist(&self, items: &mut [Item]) -> Vec<Result<bool>> {
         // 2. One ledger call for the whole batch, with the runs' ends and the assistant
         // transcript rows it can carry.
-        let transcripts = self.transcripts(&items).await;
+        let transcripts = self.transcripts(items).await;
         // Built again for the per-item fallback rather than cloned for it up front: a clone
         // copies every item's JSON, on every batch, for a path that is rarely taken.
         let rows = |items: &mut [Item]| -> Vec<NewRunEvent> {
@@ -124,12 +204,12 @@ impl ResultSink {
                 .map(|(i, transcript)| ledger_row(i, transcript.clone()))
                 .collect()
         };
-        let inserted: Vec<Result<bool>> = match self.inserts.insert(rows(&mut items)).await {
+        let inserted: Vec<Result<bool>> = match self.inserts.insert(rows(items)).await {
             Some(flags) if flags.len() == items.len() => flags.into_iter().map(Ok).collect(),
             Some(_) | None => {
                 // Find out per item (one missing run must not fail the others).
                 let mut each = Vec::with_capacity(items.len());
-                for row in rows(&mut items) {
+                for row in rows(items) {
                     each.push(
                         self.deps
                             .stores
@@ -175,7 +255,7 @@ impl ResultSink {
                 Ok(_) => {
                     if !unsent.is_empty()
                         && writes_beyond_insert(&item.plan, written, self.checks_transcript(item))
-                        && !self.deliver(&items, &mut unsent, &mut outcomes).await
+                        && !self.deliver(items, &mut unsent, &mut outcomes).await
                     {
                         halted = true;
                         outcomes.push(Err(OrchestratorError::Deferred));
@@ -201,45 +281,8 @@ impl ResultSink {
         }
 
         // 4. The remaining deliveries, after the ledger write.
-        self.deliver(&items, &mut unsent, &mut outcomes).await;
-
-        // 5. Settle each delivery in order, by the outcomes of its items.
-        let mut settled: Vec<Option<Result<()>>> = (0..kept.len()).map(|_| None).collect();
-        for (item, outcome) in items.iter().zip(outcomes) {
-            let slot = &mut settled[item.delivery];
-            *slot = Some(match (slot.take(), outcome) {
-                // The first failure of its items decides; a deferral only when nothing failed.
-                (Some(Err(e)), _) if !matches!(e, OrchestratorError::Deferred) => Err(e),
-                (_, Err(e)) => Err(e),
-                (Some(Err(e)), Ok(_)) => Err(e),
-                (_, Ok(_)) => Ok(()),
-            });
-        }
-        // An unreachable ledger or session store: what failed on it waits in place.
-        let outage = settled
-            .iter()
-            .any(|o| matches!(o, Some(Err(e)) if e.is_backend_outage()));
-        let mut waiting = Vec::new();
-        for (delivery, outcome) in kept.into_iter().zip(settled) {
-            match outcome.unwrap_or(Ok(())) {
-                Err(e)
-                    if outage
-                        && (e.is_backend_outage() || matches!(e, OrchestratorError::Deferred)) =>
-                {
-                    waiting.push(delivery);
-                }
-                Err(OrchestratorError::Deferred) => {
-                    if let Err(error) = delivery.nack(true).await {
-                        tracing::warn!(%error, queue, "could not requeue a deferred delivery");
-                    }
-                }
-                other => {
-                    settle_outcome(delivery, &other, queue, &options.retry, shutdown.as_ref())
-                        .await;
-                }
-            }
-        }
-        waiting
+        self.deliver(items, &mut unsent, &mut outcomes).await;
+        outcomes
     }
 
     /// The assistant transcript rows of the batch's items, as far as they are known before

@@ -118,55 +118,59 @@ pub fn decide_pre_start(
     None
 }
 
-/// The bodies that carry `items` (consecutive items of `job`'s run, ascending) to the result
-/// sink: one `switchboard.result/1` for a single item, else `switchboard.results/1` batches,
-/// halved until each is at most [`BATCH_BYTES_MAX`] (or holds one item). Order is kept.
-pub(super) fn result_bodies(
+/// The result messages of `items` (consecutive items of `job`'s run, ascending), each with
+/// the run's facts from its job, so whoever stores them need not read the run row.
+pub(super) fn result_messages(
     job: &RunJob,
     conversation: Option<String>,
     items: Vec<RunItem>,
-) -> Vec<Vec<u8>> {
-    fn encode_items(
-        job: &RunJob,
-        conversation: &Option<String>,
-        items: Vec<RunItem>,
-        out: &mut Vec<Vec<u8>>,
-    ) {
-        if items.len() == 1 {
-            let item = items.into_iter().next().expect("one item");
-            out.push(encode(
-                &ResultMessage::new(
-                    job.run_id,
-                    job.workspace_id.clone(),
-                    conversation.clone(),
-                    item.sequence,
-                    item.result,
-                )
-                .with_run(job.run.clone()),
-            ));
+) -> Vec<ResultMessage> {
+    items
+        .into_iter()
+        .map(|item| {
+            ResultMessage::new(
+                job.run_id,
+                job.workspace_id.clone(),
+                conversation.clone(),
+                item.sequence,
+                item.result,
+            )
+            .with_run(job.run.clone())
+        })
+        .collect()
+}
+
+/// The bodies that carry `messages` (consecutive items of one run, ascending) to the result
+/// sink by the results queue: one `switchboard.result/1` for a single item, else
+/// `switchboard.results/1` batches, halved until each is at most [`BATCH_BYTES_MAX`] (or holds
+/// one item). Order is kept.
+pub(super) fn result_bodies(messages: &[ResultMessage]) -> Vec<Vec<u8>> {
+    fn encode_items(messages: &[ResultMessage], out: &mut Vec<Vec<u8>>) {
+        let [first, ..] = messages else {
+            return;
+        };
+        if messages.len() == 1 {
+            out.push(encode(first));
             return;
         }
         let batch = ResultBatch::new(
-            job.run_id,
-            job.workspace_id.clone(),
-            conversation.clone(),
-            items.iter().map(|i| (i.sequence, i.result.clone())),
+            first.run_id,
+            first.workspace_id.clone(),
+            first.conversation_id.clone(),
+            messages.iter().map(|m| (m.sequence, m.result.clone())),
         )
-        .with_run(job.run.clone());
+        .with_run(first.run.clone());
         let body = encode(&batch);
         if body.len() <= BATCH_BYTES_MAX {
             out.push(body);
         } else {
-            let mut first = items;
-            let second = first.split_off(first.len() / 2);
-            encode_items(job, conversation, first, out);
-            encode_items(job, conversation, second, out);
+            let (head, tail) = messages.split_at(messages.len() / 2);
+            encode_items(head, out);
+            encode_items(tail, out);
         }
     }
     let mut out = Vec::new();
-    if !items.is_empty() {
-        encode_items(job, &conversation, items, &mut out);
-    }
+    encode_items(messages, &mut out);
     out
 }
 

@@ -11,6 +11,7 @@ use sb_common::config::SwitchboardConfig;
 use sb_common::session::SessionStore;
 use sb_store::Stores;
 
+use crate::outlet::ResultOutlet;
 use crate::plugins::CommandLookup;
 use sb_host_api::api_gate::Dispatcher;
 
@@ -50,6 +51,9 @@ pub struct WorkerOptions {
     /// [`ActionDispatcher`](sb_host_api::actions::ActionDispatcher) over the worker's stores and
     /// session store and the configured `[limits]`.
     pub dispatcher: Option<Arc<dyn Dispatcher>>,
+    /// Where the runs' result items go; `None` (the default): the results queue, for an
+    /// orchestrator's result sink (see [`ResultOutlet`]).
+    pub outlet: Option<Arc<dyn ResultOutlet>>,
 }
 
 impl Default for WorkerOptions {
@@ -58,6 +62,7 @@ impl Default for WorkerOptions {
             bundled_runners: true,
             command_lookup: CommandLookup::from_env(),
             dispatcher: None,
+            outlet: None,
         }
     }
 }
@@ -67,6 +72,7 @@ impl std::fmt::Debug for WorkerOptions {
         f.debug_struct("WorkerOptions")
             .field("bundled_runners", &self.bundled_runners)
             .field("command_lookup", &self.command_lookup)
+            .field("outlet", &self.outlet.is_some())
             .finish_non_exhaustive()
     }
 }

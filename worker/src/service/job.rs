@@ -19,8 +19,10 @@
 //!     ▼ cancel flag set? deadline passed? runner missing? ─▶ terminal run.failed, seq 1
 //!     ▼ start on the RunnerHost; heartbeat renews the lease (missing while the run is still
 //!     │ ours ─▶ re-established with the run's session; held by another ─▶ cancel the run)
-//!     ▼ publish every item (seq 1, 2, 3, …, exactly one terminal) to switchboard.results,
-//!     │ ready items pipelined in one confirmed batch, failures retried in order
+//!     ▼ hand every item (seq 1, 2, 3, …, exactly one terminal) on, ready items together: to
+//!     │ the worker's result outlet (the result sink in this process, `outlet`) when it has
+//!     │ one, else — or when the outlet refuses them — published to switchboard.results in
+//!     │ one confirmed batch; failures retried in order
 //!     ▼ terminal: end_run: end the session, drop the cancel flag, mark the run handed off,
 //!     │ release the lease (one round trip) ─▶ steering.dropped audits ─▶ ack
 //! ```
@@ -48,7 +50,7 @@ use sb_lifecycle::{FinalizeError, Finalizer, HandOver, Origin, RunRef, SessionEn
 use sb_protocol::error::{ErrorCode, HasErrorCode, run_failure};
 use sb_protocol::ids::RunId;
 use sb_protocol::manifest::RunnerId;
-use sb_protocol::messages::{RunJob, decode};
+use sb_protocol::messages::{ResultMessage, RunJob, decode};
 use sb_protocol::result::{AgentRunResult, ResultLimits};
 use sb_store::{EventLog, RunLedger, RunOutcome, RunStatus};
 use serde_json::Value;
@@ -60,11 +62,12 @@ use tracing::Instrument as _;
 use super::claims::Claims;
 use super::decisions::{
     ClaimLost, PreStart, cancel_reason, decide_claim_lost, decide_pre_start, result_bodies,
-    settlement_for, terminal_status,
+    result_messages, settlement_for, terminal_status,
 };
 use super::deps::WorkerDeps;
 use super::lease::{HeartbeatRun, heartbeat, lease_key};
 use crate::lock::lock;
+use crate::outlet::{OutletError, ResultOutlet};
 use crate::runner::{RunHandle, RunRequest, RunnerHost};
 use crate::sequencer::{RunItem, RunSequencer};
 
@@ -93,6 +96,8 @@ pub(super) struct Core {
     ledger: Arc<dyn RunLedger>,
     /// The claims, in commits shared by the jobs received together.
     claims: Claims,
+    /// Where the runs' items go when not by the results queue (see [`ResultOutlet`]).
+    outlet: Option<Arc<dyn ResultOutlet>>,
     /// Audit rows (`steering.dropped`).
     events: Arc<dyn EventLog>,
     topology: Topology,
@@ -165,16 +170,18 @@ enum Streamed {
 }
 
 impl Core {
-    /// The state of worker `id` over `deps`, hosting `hosts`; `stop` is the root shutdown
-    /// token.
+    /// The state of worker `id` over `deps`, hosting `hosts` and handing its runs' items to
+    /// `outlet` (`None`: the results queue); `stop` is the root shutdown token.
     pub(super) fn new(
         id: String,
         deps: WorkerDeps,
         config: WorkerConfig,
         hosts: HashMap<RunnerId, RunnerHost>,
+        outlet: Option<Arc<dyn ResultOutlet>>,
         stop: CancellationToken,
     ) -> Self {
         Self {
+            outlet,
             claims: Claims::start(Arc::clone(&deps.stores.runs), id.clone()),
             id,
             retry: deps.config.retry.policy(),
@@ -678,22 +685,61 @@ impl Core {
         batch
     }
 
-    /// Publishes items in order, as few messages as [`result_bodies`] makes of them (one
-    /// `switchboard.results/1` batch per ≤
-    /// [`BATCH_BYTES_MAX`](super::decisions::BATCH_BYTES_MAX), or a single
-    /// `switchboard.result/1`), with confirms, retrying from the first failed message (later
-    /// ones that did land are published again; the result sink keeps the first copy of each
-    /// `(run_id, sequence)`). `false` only if the forced drain gave up while the bus kept
-    /// failing.
+    /// Hands `items` (consecutive items of `job`'s run, ascending) on: to the worker's
+    /// [`ResultOutlet`] when it has one, retrying while it is unavailable; else, or when the
+    /// outlet refuses them, to the results queue ([`Self::publish_messages`]). `false` only
+    /// if the forced drain gave up while they could not be handed on.
     async fn publish_items(&self, job: &RunJob, items: Vec<RunItem>) -> bool {
-        let exchange = self.topology.results_exchange();
-        let routing_key = self.topology.results_routing_key(&job.run_id);
         let conversation = job
             .context
             .conversation
             .as_ref()
             .and_then(|c| c.conversation_id.clone());
-        let mut pending: Vec<Outgoing> = result_bodies(job, conversation, items)
+        let messages = result_messages(job, conversation, items);
+        if let Some(outlet) = &self.outlet {
+            let mut retry = self.retry.start();
+            let mut retried = false;
+            loop {
+                match outlet.hand_over(&messages, retried).await {
+                    Ok(()) => return true,
+                    Err(OutletError::Refused(reason)) => {
+                        tracing::warn!(%reason, "the result outlet refused the items; publishing them to the results queue");
+                        break;
+                    }
+                    Err(OutletError::Unavailable(error)) => {
+                        let delay = retry.next_delay();
+                        tracing::warn!(%error, retry_in_ms = delay.as_millis() as u64, "handing run results over failed; retrying");
+                        self.metrics.inc(
+                            names::ERRORS_TOTAL,
+                            &[("error_type", "hand_over_failed"), ("stage", "retried")],
+                        );
+                        tokio::select! {
+                            biased;
+                            () = self.force.cancelled() => return false,
+                            () = tokio::time::sleep(delay) => {}
+                        }
+                        retried = true;
+                    }
+                }
+            }
+        }
+        self.publish_messages(&messages).await
+    }
+
+    /// Publishes `messages` (consecutive items of one run, ascending) to the results queue, in
+    /// order, as few messages as [`result_bodies`] makes of them (one `switchboard.results/1`
+    /// batch per ≤ [`BATCH_BYTES_MAX`](super::decisions::BATCH_BYTES_MAX), or a single
+    /// `switchboard.result/1`), with confirms, retrying from the first failed message (later
+    /// ones that did land are published again; the result sink keeps the first copy of each
+    /// `(run_id, sequence)`). `false` only if the forced drain gave up while the bus kept
+    /// failing.
+    async fn publish_messages(&self, messages: &[ResultMessage]) -> bool {
+        let Some(first) = messages.first() else {
+            return true;
+        };
+        let exchange = self.topology.results_exchange();
+        let routing_key = self.topology.results_routing_key(&first.run_id);
+        let mut pending: Vec<Outgoing> = result_bodies(messages)
             .into_iter()
             .map(|body| Outgoing::new(exchange.clone(), routing_key.clone(), body))
             .collect();

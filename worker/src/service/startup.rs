@@ -144,7 +144,14 @@ pub(super) async fn start(
     };
     let mut runners: Vec<RunnerId> = hosts.keys().cloned().collect();
     runners.sort();
-    let core = Arc::new(Core::new(id, deps, config, hosts, shutdown.token()));
+    let core = Arc::new(Core::new(
+        id,
+        deps,
+        config,
+        hosts,
+        options.outlet,
+        shutdown.token(),
+    ));
     tracing::info!(runners = runners.len(), pools = ?core.config.pools, slots = core.config.slots.get(), "worker started");
     Ok((core, jobs, control, runners))
 }

@@ -34,6 +34,7 @@ use sb_protocol::ids::{EventId, RunId, WorkspaceId};
 use sb_protocol::manifest::RunnerId;
 use sb_protocol::messages::{ControlMessage, ResultMessage, RunJob, decode_results, encode};
 use sb_store::{NewRun, SqlStore, SqlStoreOptions, Stores};
+use sb_worker::outlet::ResultOutlet;
 use sb_worker::plugins::CommandLookup;
 use sb_worker::{Worker, WorkerDeps, WorkerHandle, WorkerOptions};
 use serde_json::json;
@@ -301,6 +302,14 @@ impl Harness {
 
     /// Another worker on the same bus, stores and session store (a fresh id).
     pub async fn another_worker(&self) -> (WorkerHandle, Shutdown) {
+        self.another_worker_with(None).await
+    }
+
+    /// Another worker (a fresh id) that hands its runs' items to `outlet`, when given.
+    pub async fn another_worker_with(
+        &self,
+        outlet: Option<Arc<dyn ResultOutlet>>,
+    ) -> (WorkerHandle, Shutdown) {
         let mut config = (*self.config).clone();
         config.worker.id = Some(format!("worker-test-{}", uuid::Uuid::new_v4().simple()));
         let deps = WorkerDeps {
@@ -308,7 +317,7 @@ impl Harness {
             ..self.deps.clone()
         };
         let shutdown = Shutdown::new();
-        (spawn_worker(&deps, &shutdown).await, shutdown)
+        (spawn_worker_with(&deps, outlet, &shutdown).await, shutdown)
     }
 
     pub fn worker(&self) -> &WorkerHandle {
@@ -494,9 +503,18 @@ impl Harness {
 }
 
 async fn spawn_worker(deps: &WorkerDeps, shutdown: &Shutdown) -> WorkerHandle {
+    spawn_worker_with(deps, None, shutdown).await
+}
+
+async fn spawn_worker_with(
+    deps: &WorkerDeps,
+    outlet: Option<Arc<dyn ResultOutlet>>,
+    shutdown: &Shutdown,
+) -> WorkerHandle {
     let options = WorkerOptions {
         bundled_runners: false,
         command_lookup: CommandLookup::default(),
+        outlet,
         ..WorkerOptions::default()
     };
     Worker::spawn_with(deps.clone(), options, shutdown.clone())
