@@ -847,7 +847,11 @@ async fn the_sink_stores_applies_and_delivers_what_a_worker_hands_over_directly(
     };
 
     // Stored and delivered once it returns, in order.
-    sink.store(vec![delta(1, "hel"), delta(2, "lo")], false)
+    let store = |messages: Vec<ResultMessage>, retried: bool| {
+        let sink = &sink;
+        async move { sink.store(vec![(messages, retried)]).await.remove(0) }
+    };
+    store(vec![delta(1, "hel"), delta(2, "lo")], false)
         .await
         .unwrap();
     let stored = |h: &Harness| {
@@ -869,7 +873,7 @@ async fn the_sink_stores_applies_and_delivers_what_a_worker_hands_over_directly(
     );
 
     // The same items again: a plain duplicate is neither stored nor delivered twice...
-    sink.store(vec![delta(2, "lo")], false).await.unwrap();
+    store(vec![delta(2, "lo")], false).await.unwrap();
     assert!(
         drain(&mut deliveries, Duration::from_millis(100))
             .await
@@ -877,7 +881,7 @@ async fn the_sink_stores_applies_and_delivers_what_a_worker_hands_over_directly(
     );
     // ...but a retried hand-over is applied and delivered again (its first attempt may have
     // failed after the insert).
-    sink.store(vec![delta(2, "lo")], true).await.unwrap();
+    store(vec![delta(2, "lo")], true).await.unwrap();
     let again = drain(&mut deliveries, Duration::from_millis(200)).await;
     assert_eq!(again.iter().map(|d| d.sequence).collect::<Vec<_>>(), [2]);
 
@@ -887,7 +891,7 @@ async fn the_sink_stores_applies_and_delivers_what_a_worker_hands_over_directly(
         3,
         json!({"type": "run.completed", "data": {"finish_reason": "stop"}}),
     );
-    sink.store(vec![end], false).await.unwrap();
+    store(vec![end], false).await.unwrap();
     assert_eq!(stored(&h).await, [1, 2, 3]);
     assert_eq!(
         h.stores.runs.get_run(run_id).await.unwrap().unwrap().status,
@@ -922,8 +926,48 @@ async fn the_sink_stores_applies_and_delivers_what_a_worker_hands_over_directly(
         1,
         json!({"type": "run.completed", "data": {}}),
     );
-    let error = sink.store(vec![ghost], false).await.unwrap_err();
+    let error = store(vec![ghost], false).await.unwrap_err();
     assert_ne!(error.code().disposition(), Disposition::Retry, "{error}");
+}
+
+#[tokio::test]
+async fn hand_overs_stored_together_are_answered_each() {
+    let h = harness().await;
+    standard_setup(&h, json!({})).await;
+    let mut deliveries = h.deliveries().await;
+    let (a, b) = (
+        claimed_run(&h, Some("c1"), "one").await,
+        claimed_run(&h, Some("c2"), "two").await,
+    );
+    let sink = ResultSink::new(h.deps(), Arc::new(h.options()));
+    let end = |run_id| {
+        result_message(
+            run_id,
+            1,
+            json!({"type": "run.completed", "data": {"finish_reason": "stop"}}),
+        )
+    };
+    let answers = sink
+        .store(vec![
+            (vec![end(a)], false),
+            (vec![end(RunId::new())], false),
+            (vec![end(b)], false),
+        ])
+        .await;
+    assert!(answers[0].is_ok() && answers[2].is_ok(), "{answers:?}");
+    assert!(answers[1].is_err(), "{answers:?}");
+    for run_id in [a, b] {
+        assert_eq!(
+            h.stores.runs.get_run(run_id).await.unwrap().unwrap().status,
+            RunStatus::Completed
+        );
+    }
+    let delivered = drain(&mut deliveries, Duration::from_millis(200)).await;
+    let mut runs: Vec<RunId> = delivered.iter().map(|d| d.run_id).collect();
+    runs.sort();
+    let mut expected = vec![a, b];
+    expected.sort();
+    assert_eq!(runs, expected);
 }
 
 #[tokio::test]

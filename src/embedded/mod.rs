@@ -624,9 +624,12 @@ async fn start_roles(
     };
     let orchestrator_options = OrchestratorOptions::from_config(config);
 
-    // The worker registers its runners before anything can be routed to them. Its runs'
-    // items go straight to a result sink of this process (`outlet`), not by the results
-    // queue.
+    // The worker registers its runners before anything can be routed to them. On RabbitMQ
+    // its runs' items go straight to a result sink of this process (`outlet`) instead of
+    // through the results queue, a confirmed quorum-queue write and a delivery per batch
+    // saved. On the in-process bus that hop is a channel, and the orchestrator's sink
+    // consuming it costs less (measured: the embedded host was 9–20 % slower at 64 runs in
+    // flight with the worker storing its items itself), so there the items take it.
     if roles.worker {
         let shutdown = Shutdown::new();
         let worker_deps = WorkerDeps {
@@ -637,7 +640,7 @@ async fn start_roles(
             topology: deps.topology.clone(),
         };
         let mut worker_options = options.worker.clone();
-        if worker_options.outlet.is_none() {
+        if worker_options.outlet.is_none() && deps.memory_bus.is_none() {
             let sink = ResultSink::new(
                 orchestrator_deps.clone(),
                 Arc::new(orchestrator_options.clone()),

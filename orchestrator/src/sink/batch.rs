@@ -73,38 +73,51 @@ impl ResultSink {
         }
     }
 
-    /// Stores, applies and delivers the results a worker of this process hands over
-    /// directly, without the results queue (steps 2–4; see the [module docs](super)):
-    /// consecutive items of one run, in sequence order. `Ok` once every item is in the ledger
-    /// and applied, and its live delivery published (best effort, as always). An error is
-    /// that of the first item that failed; the items from it on were not applied, and the
-    /// caller hands them all over again with `retried` set (stored items are then applied
-    /// again, as a redelivery is: every side effect is idempotent).
+    /// Stores, applies and delivers the results workers of this process hand over directly,
+    /// without the results queue (steps 2–4; see the [module docs](super)): each hand-over is
+    /// consecutive items of one run, in sequence order, and whether they were handed over
+    /// before (`retried`: then its stored items are applied again, as a redelivery's are;
+    /// every side effect is idempotent). The hand-overs given together are one batch, as the
+    /// deliveries of one consume are: one ledger insert, their side effects in order, their
+    /// live deliveries in one publish.
     ///
-    /// # Errors
-    /// The first item's error: retryable ones ([`Disposition::Retry`]) pass when the ledger,
-    /// the session store or the bus is back; others never will (the caller sends the items
-    /// by the results queue, whose consumer settles them as it settles any delivery).
+    /// One answer per hand-over, in order: `Ok` once every item is in the ledger and applied,
+    /// and its live delivery published (best effort, as always); else the error of its first
+    /// item that failed (its items from there on were not applied: hand them all over again).
+    /// An item that fails transiently defers the later items of the batch, whose hand-overs
+    /// get [`OrchestratorError::Deferred`] (retryable).
+    ///
+    /// Retryable errors ([`Disposition::Retry`]) pass when the ledger, the session store or
+    /// the bus is back; others never will (the caller sends such items by the results queue,
+    /// whose consumer settles them as it settles any delivery).
     ///
     /// [`Disposition::Retry`]: sb_protocol::error::Disposition::Retry
-    pub async fn store(&self, messages: Vec<ResultMessage>, retried: bool) -> Result<()> {
-        let mut items: Vec<Item> = messages
-            .into_iter()
-            .map(|message| {
+    pub async fn store(&self, handed: Vec<(Vec<ResultMessage>, bool)>) -> Vec<Result<()>> {
+        let mut answers: Vec<Result<()>> = handed.iter().map(|_| Ok(())).collect();
+        let mut owners: Vec<usize> = Vec::new();
+        let mut items: Vec<Item> = Vec::new();
+        for (owner, (messages, retried)) in handed.into_iter().enumerate() {
+            for message in messages {
                 let stored = journal::stored_json(&message.result);
-                Item {
-                    delivery: 0,
+                owners.push(owner);
+                items.push(Item {
+                    delivery: owner,
                     redelivered: retried,
                     plan: journal::plan_stored(&message.result, &stored),
                     stored: Some(stored),
                     message,
-                }
-            })
-            .collect();
-        for outcome in self.persist(&mut items).await {
-            outcome?;
+                });
+            }
         }
-        Ok(())
+        if items.is_empty() {
+            return answers;
+        }
+        for (owner, outcome) in owners.into_iter().zip(self.persist(&mut items).await) {
+            if let (Err(error), Ok(())) = (outcome, &answers[owner]) {
+                answers[owner] = Err(error);
+            }
+        }
+        answers
     }
 
     /// One attempt of [`Self::process_batch`]: settles every delivery except those that
