@@ -709,14 +709,8 @@ impl Core {
                     Err(OutletError::Unavailable(error)) => {
                         let delay = retry.next_delay();
                         tracing::warn!(%error, retry_in_ms = delay.as_millis() as u64, "handing run results over failed; retrying");
-                        self.metrics.inc(
-                            names::ERRORS_TOTAL,
-                            &[("error_type", "hand_over_failed"), ("stage", "retried")],
-                        );
-                        tokio::select! {
-                            biased;
-                            () = self.force.cancelled() => return false,
-                            () = tokio::time::sleep(delay) => {}
+                        if !self.pause_to_retry("hand_over_failed", delay).await {
+                            return false;
                         }
                         retried = true;
                     }
@@ -776,17 +770,25 @@ impl Core {
                     pending.drain(..first_failed.min(pending.len()));
                     let delay = retry.next_delay();
                     tracing::warn!(%error, remaining = pending.len(), retry_in_ms = delay.as_millis() as u64, "publishing run results failed; retrying");
-                    self.metrics.inc(
-                        names::ERRORS_TOTAL,
-                        &[("error_type", "publish_failed"), ("stage", "retried")],
-                    );
-                    tokio::select! {
-                        biased;
-                        () = self.force.cancelled() => return false,
-                        () = tokio::time::sleep(delay) => {}
+                    if !self.pause_to_retry("publish_failed", delay).await {
+                        return false;
                     }
                 }
             }
+        }
+    }
+
+    /// Counts a failed attempt to hand a run's items on (`error_type`) and waits `delay`
+    /// before the next one; `false` when the forced drain came first (give up).
+    async fn pause_to_retry(&self, error_type: &'static str, delay: Duration) -> bool {
+        self.metrics.inc(
+            names::ERRORS_TOTAL,
+            &[("error_type", error_type), ("stage", "retried")],
+        );
+        tokio::select! {
+            biased;
+            () = self.force.cancelled() => false,
+            () = tokio::time::sleep(delay) => true,
         }
     }
 
