@@ -24,6 +24,11 @@
 //!    terminal item that arrived in the same batch;
 //! 5. ack each delivery once its publish is confirmed.
 //!
+//! A worker may also hand its items to a sink of its own process directly
+//! ([`ResultSink::store`], the worker's result outlet in cluster mode): the same steps 2–4 for
+//! the hand-overs pending at once, answered each instead of settled, and a hand-over made
+//! again after a failure is applied as a redelivery is.
+//!
 //! A plain duplicate (the same result published twice) is neither applied nor delivered
 //! again, except a terminal item the ledger holds exactly as received: a worker that
 //! finalizes a lost run stores its terminal item with the status itself
