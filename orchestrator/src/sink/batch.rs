@@ -94,27 +94,23 @@ impl ResultSink {
     /// [`Disposition::Retry`]: sb_protocol::error::Disposition::Retry
     pub async fn store(&self, handed: Vec<(Vec<ResultMessage>, bool)>) -> Vec<Result<()>> {
         let mut answers: Vec<Result<()>> = handed.iter().map(|_| Ok(())).collect();
-        let mut owners: Vec<usize> = Vec::new();
-        let mut items: Vec<Item> = Vec::new();
-        for (owner, (messages, retried)) in handed.into_iter().enumerate() {
-            for message in messages {
-                let stored = journal::stored_json(&message.result);
-                owners.push(owner);
-                items.push(Item {
-                    delivery: owner,
-                    redelivered: retried,
-                    plan: journal::plan_stored(&message.result, &stored),
-                    stored: Some(stored),
-                    message,
-                });
-            }
-        }
+        // An item's `delivery` is the hand-over it came with.
+        let mut items: Vec<Item> = handed
+            .into_iter()
+            .enumerate()
+            .flat_map(|(owner, (messages, retried))| {
+                messages
+                    .into_iter()
+                    .map(move |message| Item::new(message, owner, retried))
+            })
+            .collect();
         if items.is_empty() {
             return answers;
         }
-        for (owner, outcome) in owners.into_iter().zip(self.persist(&mut items).await) {
-            if let (Err(error), Ok(())) = (outcome, &answers[owner]) {
-                answers[owner] = Err(error);
+        let outcomes = self.persist(&mut items).await;
+        for (item, outcome) in items.iter().zip(outcomes) {
+            if let (Err(error), Ok(())) = (outcome, &answers[item.delivery]) {
+                answers[item.delivery] = Err(error);
             }
         }
         answers
@@ -137,16 +133,11 @@ impl ResultSink {
                     let index = kept.len();
                     let redelivered = delivery.redelivered;
                     kept.push(delivery);
-                    items.extend(decoded.into_iter().map(|message| {
-                        let stored = journal::stored_json(&message.result);
-                        Item {
-                            delivery: index,
-                            redelivered,
-                            plan: journal::plan_stored(&message.result, &stored),
-                            stored: Some(stored),
-                            message,
-                        }
-                    }));
+                    items.extend(
+                        decoded
+                            .into_iter()
+                            .map(|message| Item::new(message, index, redelivered)),
+                    );
                 }
                 Err(e) => {
                     let outcome: Result<()> = Err(e.into());

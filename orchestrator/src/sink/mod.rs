@@ -74,7 +74,7 @@ use serde_json::Value;
 use crate::conversations::Conversations;
 use crate::deps::{OrchestratorDeps, OrchestratorOptions};
 use crate::error::{OrchestratorError, Result};
-use crate::journal::{AppliedItems, ItemPlan, RunInfo};
+use crate::journal::{self, AppliedItems, ItemPlan, RunInfo};
 use crate::lock;
 use inserts::Inserts;
 
@@ -141,6 +141,20 @@ struct Item {
     /// The result as the ledger stores it ([`journal::stored_json`]), made once for the
     /// plan and moved into the item's ledger row; `None` once moved.
     stored: Option<Value>,
+}
+
+impl Item {
+    /// `message` as an item of delivery `delivery`, planned once from its stored JSON.
+    fn new(message: ResultMessage, delivery: usize, redelivered: bool) -> Self {
+        let stored = journal::stored_json(&message.result);
+        Self {
+            delivery,
+            redelivered,
+            plan: journal::plan_stored(&message.result, &stored),
+            stored: Some(stored),
+            message,
+        }
+    }
 }
 
 impl ResultSink {
