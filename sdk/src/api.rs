@@ -584,8 +584,8 @@ pub struct EventPageParams {
 mod tests {
     use super::*;
 
-    /// The runner's stdout as a channel of written chunks (whole lines: `Output` writes each
-    /// message with one `write_all`).
+    /// The runner's stdout as a channel of written chunks: whole lines, one per chunk here,
+    /// since each helper below waits for its answer before the next writes.
     struct Lines(mpsc::Sender<Vec<u8>>);
 
     impl std::io::Write for Lines {
@@ -605,7 +605,9 @@ mod tests {
     #[test]
     fn model_tool_and_knowledge_helpers_build_the_documented_params() {
         let (tx, rx) = mpsc::channel();
-        let router = Arc::new(ApiRouter::new(Arc::new(Output::new(Box::new(Lines(tx))))));
+        let router = Arc::new(ApiRouter::new(Arc::new(
+            Output::new(Box::new(Lines(tx))).unwrap(),
+        )));
         let api = HostApi::new("run-1".into(), router.clone(), CancelToken::new(), None);
         let messages = [json!({"role": "user", "content": "hi"})];
         let parameters = json!({"q": 1}).as_object().cloned().unwrap();
@@ -663,7 +665,9 @@ mod tests {
     #[test]
     fn storage_helpers_send_the_canonical_action_names() {
         let (tx, rx) = mpsc::channel();
-        let router = Arc::new(ApiRouter::new(Arc::new(Output::new(Box::new(Lines(tx))))));
+        let router = Arc::new(ApiRouter::new(Arc::new(
+            Output::new(Box::new(Lines(tx))).unwrap(),
+        )));
         let api = HostApi::new("run-1".into(), router.clone(), CancelToken::new(), None);
         let cases: [(Helper, &str, Value); 4] = [
             (

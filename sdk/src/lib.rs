@@ -29,8 +29,9 @@
 //!   one process serves many runs at once (`mode = "shared"` in the manifest) as well as one run
 //!   per process (`mode = "per_run"`). A runner is `Sync` and shared by all run threads.
 //! - Output goes through an [`Emitter`] bound to the run: results are numbered (`sequence`
-//!   1, 2, 3, …) and written as whole lines behind one process-wide lock, so lines of
-//!   concurrent runs never interleave.
+//!   1, 2, 3, …) and queued as whole lines for one writer thread, so lines of concurrent runs
+//!   never interleave; it writes every line queued since its last write in one `write` and
+//!   flushes it (a run's burst of items reaches the host together, in one syscall).
 //! - The host can cancel a run; the runner sees it through [`Run::is_cancelled`] /
 //!   [`Run::cancelled_within`] and should stop soon. If it returns without a terminal result
 //!   after a cancel, the SDK ends the run with `run.failed {code: "cancelled"}`.
@@ -52,7 +53,8 @@
 //! # Layout
 //! - [`serve`](crate::serve()) / [`serve_io`]: the main loop and run dispatch (`serve.rs`).
 //! - [`Run`]: one run's context (`run.rs`); [`CancelToken`]: its cancellation (`cancel.rs`).
-//! - [`Emitter`]: result output (`emit.rs`).
+//! - [`Emitter`]: result output (`emit.rs`), written by the process's writer thread
+//!   (`output.rs`).
 //! - [`HostApi`]: blocking Host API client with typed helpers (`api.rs`).
 
 mod api;

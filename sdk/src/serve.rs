@@ -147,7 +147,7 @@ pub fn serve_with<R: Runner>(
     output: impl Write + Send + 'static,
     config: ServeOptions,
 ) -> io::Result<()> {
-    let out = Arc::new(Output::new(Box::new(output)));
+    let out = Arc::new(Output::new(Box::new(output))?);
     let router = Arc::new(ApiRouter::new(out.clone()));
     let shared = Arc::new(Shared {
         registry: Mutex::new(Registry::default()),
@@ -190,6 +190,10 @@ pub fn serve_with<R: Runner>(
         // The reader thread has returned; collect its result.
         let _ = reader.join();
     }
+    // Every line queued is written before the process may exit (the reader thread, if still
+    // reading after a `shutdown`, holds the output too, so dropping ours would not do it).
+    // A write that failed has failed the sends after it.
+    let _ = out.close();
     Ok(())
 }
 
