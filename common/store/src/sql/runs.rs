@@ -219,10 +219,14 @@ async fn drop_after_terminal<C: ConnectionTrait>(
 /// ([`on_conflict_skip`]). Returns the `run_id` and `sequence` of each row written: the keys
 /// only, since the whole rows would come back with every item's `data`, parsed into JSON
 /// again for nothing (a fifth of a streaming run's sink time).
+///
+/// Each item's `data` is bound as the JSON text it is stored as, serialized here once: bound
+/// as a JSON value, sea-orm copies every item's tree (map by map) to bind it and sqlx then
+/// serializes the copy, for the same text in the column.
 fn sqlite_insert_events_statement(
     events: impl ExactSizeIterator<Item = NewRunEvent>,
     now: DateTime<Utc>,
-) -> Statement {
+) -> Result<Statement> {
     let mut sql = String::from(
         r#"INSERT INTO "run_events" ("run_id", "sequence", "result_type", "data", "created_at")
 SELECT v.column1, v.column2, v.column3, v.column4, v.column5 FROM (VALUES "#,
@@ -234,11 +238,13 @@ SELECT v.column1, v.column2, v.column3, v.column4, v.column5 FROM (VALUES "#,
         } else {
             ", (?, ?, ?, ?, ?)"
         });
+        let data = serde_json::to_string(&event.data)
+            .map_err(|e| StoreError::invalid(format!("result item not serializable: {e}")))?;
         values.extend([
             event.run_id.into_uuid().into(),
             event.sequence.into(),
             event.result_type.into(),
-            event.data.into(),
+            data.into(),
             now.into(),
         ]);
     }
@@ -251,7 +257,11 @@ ON CONFLICT DO NOTHING
 RETURNING "run_id", "sequence""#,
     );
     values.extend(terminal_types().map(sea_orm::Value::from));
-    Statement::from_sql_and_values(DbBackend::Sqlite, sql, values)
+    Ok(Statement::from_sql_and_values(
+        DbBackend::Sqlite,
+        sql,
+        values,
+    ))
 }
 
 /// The status update of `finish_run` / `finalize_run` (filtered to active runs by the caller).
@@ -1373,7 +1383,7 @@ impl SqlStore {
         while events.peek().is_some() {
             let chunk = events.by_ref().take(INSERT_CHUNK);
             let rows = txn
-                .query_all_raw(sqlite_insert_events_statement(chunk, now))
+                .query_all_raw(sqlite_insert_events_statement(chunk, now)?)
                 .await
                 .map_err(|e| run_missing(e, "run of a result item"))?;
             for row in rows {
