@@ -226,7 +226,7 @@ async fn drop_after_terminal<C: ConnectionTrait>(
 fn sqlite_insert_events_statement(
     events: impl ExactSizeIterator<Item = NewRunEvent>,
     now: DateTime<Utc>,
-) -> Result<Statement> {
+) -> Statement {
     let mut sql = String::from(
         r#"INSERT INTO "run_events" ("run_id", "sequence", "result_type", "data", "created_at")
 SELECT v.column1, v.column2, v.column3, v.column4, v.column5 FROM (VALUES "#,
@@ -238,13 +238,12 @@ SELECT v.column1, v.column2, v.column3, v.column4, v.column5 FROM (VALUES "#,
         } else {
             ", (?, ?, ?, ?, ?)"
         });
-        let data = serde_json::to_string(&event.data)
-            .map_err(|e| StoreError::invalid(format!("result item not serializable: {e}")))?;
         values.extend([
             event.run_id.into_uuid().into(),
             event.sequence.into(),
             event.result_type.into(),
-            data.into(),
+            // A `Value`'s compact JSON (infallible, unlike serializing arbitrary types).
+            event.data.to_string().into(),
             now.into(),
         ]);
     }
@@ -257,11 +256,7 @@ ON CONFLICT DO NOTHING
 RETURNING "run_id", "sequence""#,
     );
     values.extend(terminal_types().map(sea_orm::Value::from));
-    Ok(Statement::from_sql_and_values(
-        DbBackend::Sqlite,
-        sql,
-        values,
-    ))
+    Statement::from_sql_and_values(DbBackend::Sqlite, sql, values)
 }
 
 /// The status update of `finish_run` / `finalize_run` (filtered to active runs by the caller).
@@ -1383,7 +1378,7 @@ impl SqlStore {
         while events.peek().is_some() {
             let chunk = events.by_ref().take(INSERT_CHUNK);
             let rows = txn
-                .query_all_raw(sqlite_insert_events_statement(chunk, now)?)
+                .query_all_raw(sqlite_insert_events_statement(chunk, now))
                 .await
                 .map_err(|e| run_missing(e, "run of a result item"))?;
             for row in rows {
