@@ -444,3 +444,84 @@ async fn what_the_outlet_refuses_is_published_to_the_results_queue() {
     shutdown.trigger();
     worker.join().await;
 }
+
+/// What a hand-over saw of its run in the session store when it was made.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct Seen {
+    terminal: bool,
+    session: bool,
+    lease: bool,
+}
+
+/// An outlet that takes everything and records, per hand-over, whether it held the run's
+/// terminal item and whether the run's session and lease existed at that moment.
+struct SessionProbe {
+    sessions: Arc<sb_common::session::memory::MemorySessionStore>,
+    seen: std::sync::Mutex<Vec<Seen>>,
+}
+
+#[async_trait::async_trait]
+impl ResultOutlet for SessionProbe {
+    async fn hand_over(
+        &self,
+        messages: &[sb_protocol::messages::ResultMessage],
+        _retried: bool,
+    ) -> Result<(), OutletError> {
+        let run_id = messages[0].run_id;
+        let seen = Seen {
+            terminal: messages.iter().any(|m| m.result.is_terminal()),
+            session: self.sessions.get_session(&run_id).await.unwrap().is_some(),
+            lease: self
+                .sessions
+                .lease_holder(&lease_key(&run_id))
+                .await
+                .unwrap()
+                .is_some(),
+        };
+        self.seen.lock().unwrap().push(seen);
+        Ok(())
+    }
+}
+
+/// A run's token must be refused once its end can be seen: the sink stores (and may deliver)
+/// the terminal item before the worker hears back from the hand-over, so the session ends
+/// before it, while the lease is kept until the item is handed on (a worker lost in between
+/// leaves the run to the reaper once the lease lapses). Both ways a run ends here: a runner's
+/// own terminal item, and one the host makes before the runner starts.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_run_session_ends_before_its_terminal_item_is_handed_on_and_the_lease_after() {
+    let mut h = Harness::start(|_, _| {}).await;
+    h.stop().await;
+    let outlet = Arc::new(SessionProbe {
+        sessions: h.sessions.clone(),
+        seen: std::sync::Mutex::default(),
+    });
+    let (worker, shutdown) = h.another_worker_with(Some(outlet.clone())).await;
+
+    let ran = h.prepare_run(ECHO, "hello there").await;
+    h.publish_job(&ran).await;
+    h.jobs_settled().await;
+    let unstarted = h
+        .prepare_run("plugin:tests/not-hosted-here/default", "hello")
+        .await;
+    h.publish_job(&unstarted).await;
+    h.jobs_settled().await;
+
+    let seen = outlet.seen.lock().unwrap().clone();
+    let terminal: Vec<Seen> = seen.iter().copied().filter(|s| s.terminal).collect();
+    assert_eq!(terminal.len(), 2, "{seen:?}");
+    for s in &seen {
+        assert!(
+            s.lease,
+            "the lease is held until the end is handed on: {seen:?}"
+        );
+        assert_eq!(s.session, !s.terminal, "{seen:?}");
+    }
+    for job in [&ran, &unstarted] {
+        let key = lease_key(&job.run_id);
+        assert_eq!(h.sessions.lease_holder(&key).await.unwrap(), None);
+        assert!(h.sessions.get_session(&job.run_id).await.unwrap().is_none());
+    }
+    shutdown.trigger();
+    worker.join().await;
+}

@@ -3,13 +3,15 @@
 //! messages. No I/O: the job pipeline (`job`) and the lease heartbeat (`lease`) gather the
 //! facts and apply the outcome, and the rules are unit-tested here without services.
 //!
-//! # Why a redelivered job looks at the session
-//! A finished run's terminal status is written by the orchestrator's result sink, which may
-//! lag behind the worker. So `running` + free lease alone does not prove a crash: the run may
-//! have ended cleanly a moment ago. The worker ends the run's session before it releases the
-//! lease, so "session still present" is what distinguishes a crash (finalize `interrupted`)
-//! from a clean end (drop the duplicate). A crash old enough for the session to have expired
-//! is left to the orchestrator's reaper, which finalizes runs with expired leases.
+//! # Why a redelivered job looks at the hand-off mark
+//! A finished run's terminal status is written by the result sink, which may lag behind the
+//! worker. So `running` + free lease alone does not prove a crash: the run may have ended
+//! cleanly a moment ago. The worker marks the run handed off
+//! ([`run_handed_off_key`](sb_common::session::run_handed_off_key)) once its terminal item is
+//! handed on and before it releases the lease, so "no mark" is what distinguishes a crash
+//! (finalize `interrupted`) from a clean end (drop the duplicate). The session is no witness:
+//! it ends before the terminal item is handed on (a run whose end can be seen answers no
+//! Host API call), so a worker lost in that moment leaves a run without session or mark.
 
 use sb_common::bus::Settlement;
 use sb_protocol::error::{ErrorCode, run_failure};
@@ -43,17 +45,17 @@ pub enum ClaimLost {
     Retry,
 }
 
-/// Decides a lost claim from the run's ledger status and whether its session still exists
-/// (see the module docs for why the session is the crash witness).
+/// Decides a lost claim from the run's ledger status and whether the run is marked handed
+/// off (see the module docs for why the mark is the crash witness).
 #[must_use]
-pub fn decide_claim_lost(status: Option<RunStatus>, session_exists: bool) -> ClaimLost {
+pub fn decide_claim_lost(status: Option<RunStatus>, handed_off: bool) -> ClaimLost {
     match status {
         None => ClaimLost::Drop("the run does not exist"),
         Some(s) if s.is_terminal() => ClaimLost::Drop("the run already ended"),
-        Some(RunStatus::Running) if session_exists => ClaimLost::Interrupt,
-        Some(RunStatus::Running) => ClaimLost::Drop(
-            "the run ended elsewhere or its session expired (the reaper finalizes lost runs)",
+        Some(RunStatus::Running) if handed_off => ClaimLost::Drop(
+            "the run ended elsewhere: its terminal item is handed on and the sink applies it",
         ),
+        Some(RunStatus::Running) => ClaimLost::Interrupt,
         Some(_) => ClaimLost::Retry,
     }
 }
@@ -231,7 +233,7 @@ mod tests {
     #[test]
     fn claim_lost_decisions() {
         use ClaimLost::*;
-        assert!(matches!(decide_claim_lost(None, true), Drop(_)));
+        assert!(matches!(decide_claim_lost(None, false), Drop(_)));
         for terminal in [
             RunStatus::Completed,
             RunStatus::Failed,
@@ -240,16 +242,19 @@ mod tests {
             RunStatus::Interrupted,
         ] {
             assert!(
-                matches!(decide_claim_lost(Some(terminal), true), Drop(_)),
+                matches!(decide_claim_lost(Some(terminal), false), Drop(_)),
                 "{terminal}"
             );
         }
-        assert_eq!(decide_claim_lost(Some(RunStatus::Running), true), Interrupt);
-        assert!(matches!(
+        assert_eq!(
             decide_claim_lost(Some(RunStatus::Running), false),
+            Interrupt
+        );
+        assert!(matches!(
+            decide_claim_lost(Some(RunStatus::Running), true),
             Drop(_)
         ));
-        assert_eq!(decide_claim_lost(Some(RunStatus::Queued), true), Retry);
+        assert_eq!(decide_claim_lost(Some(RunStatus::Queued), false), Retry);
     }
 
     #[test]

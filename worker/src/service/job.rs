@@ -12,9 +12,9 @@
 //!     ▼ begin_run: acquire lease:<run_id>, read the cancel flag and the session (one round trip)
 //!     │   └─ held by a live worker (kept after waiting one lease TTL for it
 //!     │      to lapse) ───────────────────────────────────────────────────▶ ack (duplicate)
-//!     ▼ claim queued → running ── lost ─▶ decide_claim_lost(status, session?)
-//!     │                                     ├─ terminal / no run / no session ▶ ack (drop)
-//!     │                                     └─ running + session ─▶ finalize `interrupted`
+//!     ▼ claim queued → running ── lost ─▶ decide_claim_lost(status, handed off?)
+//!     │                                     ├─ terminal / no run / handed off ─▶ ack (drop)
+//!     │                                     └─ running, not handed off ─▶ finalize `interrupted`
 //!     │                                        (item + status in one ledger commit, then published)
 //!     ▼ cancel flag set? deadline passed? runner missing? ─▶ terminal run.failed, seq 1
 //!     ▼ start on the RunnerHost; heartbeat renews the lease (missing while the run is still
@@ -23,8 +23,9 @@
 //!     │ the worker's result outlet (the result sink in this process, `outlet`) when it has
 //!     │ one, else — or when the outlet refuses them — published to switchboard.results in
 //!     │ one confirmed batch; failures retried in order
-//!     ▼ terminal: end_run: end the session, drop the cancel flag, mark the run handed off,
-//!     │ release the lease (one round trip) ─▶ steering.dropped audits ─▶ ack
+//!     ▼ terminal: the session ends first (Host API calls refused; steering.dropped audits),
+//!     │ then the last items are handed on, then end_run: drop the cancel flag, mark the run
+//!     │ handed off, release the lease (one round trip) ─▶ ack
 //! ```
 //!
 //! # Why the lease comes before the claim
@@ -44,7 +45,9 @@ use sb_common::bus::topology::Topology;
 use sb_common::bus::{Bus, Delivery, Outgoing, QueueSpec, Settlement};
 use sb_common::config::WorkerConfig;
 use sb_common::retry::RetryPolicy;
-use sb_common::session::{RUN_HANDED_OFF_TTL, RunBegin, SessionError, SessionStore};
+use sb_common::session::{
+    RUN_HANDED_OFF_TTL, RunBegin, SessionError, SessionStore, run_handed_off_key,
+};
 use sb_common::telemetry::{Metrics, names};
 use sb_lifecycle::{FinalizeError, Finalizer, HandOver, Origin, RunRef, SessionEnd};
 use sb_protocol::error::{ErrorCode, HasErrorCode, run_failure};
@@ -163,8 +166,11 @@ struct Begun {
 
 /// How streaming a run ended.
 enum Streamed {
-    /// The terminal item was published.
-    Ended,
+    /// The runner ended the run: these items, the last one terminal, are still to be handed
+    /// on ([`Core::end_with`]); `first` when they include the run's first item.
+    Ending { items: Vec<RunItem>, first: bool },
+    /// The handle closed without a terminal item (it does not: it ends after one).
+    Closed,
     /// The drain gave up on the run.
     Forced,
 }
@@ -412,18 +418,18 @@ impl Core {
             }
         };
         let status = record.as_ref().map(|r| r.status);
-        let session_exists = if status == Some(RunStatus::Running) {
-            match self.sessions.get_session(&run_id).await {
-                Ok(session) => session.is_some(),
+        let handed_off = if status == Some(RunStatus::Running) {
+            match self.sessions.get(&run_handed_off_key(&run_id)).await {
+                Ok(mark) => mark.is_some(),
                 Err(error) => {
-                    tracing::warn!(%error, "reading the run session failed");
+                    tracing::warn!(%error, "reading the run's hand-off mark failed");
                     return settlement_for(error.code());
                 }
             }
         } else {
             false
         };
-        match decide_claim_lost(status, session_exists) {
+        match decide_claim_lost(status, handed_off) {
             ClaimLost::Drop(reason) => {
                 tracing::info!(status = ?status, reason, "job for a run that cannot start here dropped");
                 Settlement::Ack
@@ -579,7 +585,14 @@ impl Core {
         heartbeat.abort();
         let _ = heartbeat.await;
         match streamed {
-            Streamed::Ended => {
+            Streamed::Ending { items, first } => {
+                let started = Started {
+                    first,
+                    claimed_at: reservation.claimed_at,
+                };
+                self.end_with(job, reservation, items, Some(started)).await
+            }
+            Streamed::Closed => {
                 self.end_run(job, reservation).await;
                 Settlement::Ack
             }
@@ -604,11 +617,61 @@ impl Core {
             .end_with(result)
             .into_iter()
             .collect();
-        if self.publish_items(job, items).await {
-            self.end_run(job, reservation).await;
-            Settlement::Ack
-        } else {
-            Settlement::Nack { requeue: true }
+        self.end_with(job, reservation, items, None).await
+    }
+
+    /// Ends a run with its last `items` (the last one terminal): closes the run's Host API
+    /// first (its session ends and its unpulled steering is audited), then hands the items
+    /// on, then ends the run's execution here ([`Self::end_run`]). The order is the
+    /// guarantee that a run whose end can be seen (in the ledger, on a stream) no longer
+    /// answers its token: the sink stores the terminal item, and may deliver it, before this
+    /// worker hears back from its hand-over. The run is marked handed off only after the items
+    /// are handed on, so a worker lost in between leaves a run without the mark: its
+    /// redelivered job finalizes it `interrupted` ([`decide_claim_lost`]), as the reaper does
+    /// once the lease lapses. `started` when a runner ran it:
+    /// its first-result and duration metrics are observed once the items are handed on.
+    async fn end_with(
+        &self,
+        job: &RunJob,
+        reservation: &mut Reservation,
+        items: Vec<RunItem>,
+        started: Option<Started>,
+    ) -> Settlement {
+        let status = items
+            .last()
+            .filter(|item| item.is_terminal())
+            .map(|item| terminal_status(&item.result));
+        self.finalizer()
+            .end_session(run_ref(job), SessionEnd::Host)
+            .await;
+        if !self.publish_items(job, items).await {
+            tracing::warn!(
+                "run abandoned by the forced drain before its end was handed on; its job is requeued"
+            );
+            return Settlement::Nack { requeue: true };
+        }
+        if let Some(started) = started {
+            if started.first {
+                self.observe_first_result(job);
+            }
+            if let Some(status) = status {
+                self.metrics.observe(
+                    names::RUN_DURATION_SECONDS,
+                    &[("status", status)],
+                    started.claimed_at.elapsed().as_secs_f64(),
+                );
+            }
+        }
+        self.end_run(job, reservation).await;
+        Settlement::Ack
+    }
+
+    /// Observes the time from the event's acceptance to the run's first item handed on.
+    fn observe_first_result(&self, job: &RunJob) {
+        if let Some(accepted) = job.accepted_at_ms {
+            let seconds = (now_ms() - accepted).max(0) as f64 / 1000.0;
+            self.metrics
+                .observe(names::RUN_FIRST_RESULT_SECONDS, &[], seconds);
         }
     }
 
@@ -637,30 +700,18 @@ impl Core {
                 item = handle.next() => {
                     let Some(first) = item else {
                         // The handle ends only after its terminal item, which returned below.
-                        return Streamed::Ended;
+                        return Streamed::Closed;
                     };
                     let batch = self.gather(handle, first).await;
-                    let terminal = batch
-                        .last()
-                        .filter(|item| item.is_terminal())
-                        .map(|item| terminal_status(&item.result));
+                    if batch.last().is_some_and(RunItem::is_terminal) {
+                        return Streamed::Ending { items: batch, first: !first_published };
+                    }
                     if !self.publish_items(job, batch).await {
                         return Streamed::Forced;
                     }
                     if !first_published {
                         first_published = true;
-                        if let Some(accepted) = job.accepted_at_ms {
-                            let seconds = (now_ms() - accepted).max(0) as f64 / 1000.0;
-                            self.metrics.observe(names::RUN_FIRST_RESULT_SECONDS, &[], seconds);
-                        }
-                    }
-                    if let Some(status) = terminal {
-                        self.metrics.observe(
-                            names::RUN_DURATION_SECONDS,
-                            &[("status", status)],
-                            reservation.claimed_at.elapsed().as_secs_f64(),
-                        );
-                        return Streamed::Ended;
+                        self.observe_first_result(job);
                     }
                 }
             }
@@ -792,11 +843,11 @@ impl Core {
         }
     }
 
-    /// Ends the run in the session store in one round trip ([`SessionStore::end_run`]): the
-    /// session ends atomically (later Host API calls see `not_found`), the cancel flag has done
-    /// its job, the run is marked handed off (its terminal item is published: the reaper must
-    /// not take a lagging result sink for a lost worker), and the lease is released. Then
-    /// audits the steering items the run never pulled.
+    /// Ends the run's execution here in one round trip ([`SessionStore::end_run`]), once its
+    /// terminal item is handed on: the session ends if [`Self::end_with`] could not end it
+    /// (then its unpulled steering is audited here), the cancel flag has done its job, the
+    /// run is marked handed off (the reaper must not take a lagging result sink for a lost
+    /// worker), and the lease is released.
     async fn end_run(&self, job: &RunJob, reservation: &mut Reservation) {
         if self
             .finalizer()
@@ -809,6 +860,14 @@ impl Core {
         // still pass the gate's session check but the runner host refuses calls for ended
         // runs. `process` still tries to release the lease.
     }
+}
+
+/// What [`Core::end_with`] observes of a run a runner executed.
+struct Started {
+    /// The items it ends with include the run's first.
+    first: bool,
+    /// When the run was claimed (its duration's start).
+    claimed_at: std::time::Instant,
 }
 
 /// The run a job executes, as its end names it.
