@@ -429,12 +429,21 @@ impl Pump<'_> {
             return Ok(false);
         }
         if message.sequence == self.last + 1 {
-            let result = message
-                .result
-                .clone()
-                .with_run_id(message.run_id)
-                .with_sequence(message.sequence);
-            self.send(&result).await?;
+            // Framed as delivered when its envelope names its run and sequence already (every
+            // item a worker numbered does): copying a streamed item only to set them costs a
+            // whole copy of its data per item.
+            let delivered = &message.result;
+            if delivered.sequence == Some(message.sequence)
+                && delivered.run_id.parse::<RunId>().ok() == Some(message.run_id)
+            {
+                self.send(delivered).await?;
+            } else {
+                let result = delivered
+                    .clone()
+                    .with_run_id(message.run_id)
+                    .with_sequence(message.sequence);
+                self.send(&result).await?;
+            }
         } else {
             self.catch_up().await?;
         }

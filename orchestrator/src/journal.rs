@@ -228,6 +228,14 @@ pub fn stored_json(result: &AgentRunResult) -> Value {
 /// [`plan_item`] of `result` whose [`stored_json`] is `raw`.
 #[must_use]
 pub fn plan_stored(result: &AgentRunResult, raw: &Value) -> ItemPlan {
+    if !may_have_effects(result.known_type()) {
+        // Valid or not, such an item has no side effect and ends nothing: the streamed
+        // deltas, most of a run's items, are not classified again here.
+        return ItemPlan {
+            effect: Effect::None,
+            outcome: None,
+        };
+    }
     let classified = classify(raw, &ResultLimits::default());
     let typed = match classified {
         Classified::Valid(typed) => typed,
@@ -292,6 +300,22 @@ pub fn plan_stored(result: &AgentRunResult, raw: &Value) -> ItemPlan {
             outcome: None,
         },
     }
+}
+
+/// Whether an item of this type (`None`: unknown) can have a side effect or end its run;
+/// every other item's plan is [`Effect::None`] without an outcome, whether it validates or
+/// not (a dropped or invalid item of these types has none either).
+fn may_have_effects(result_type: Option<ResultType>) -> bool {
+    matches!(
+        result_type,
+        Some(
+            ResultType::MessageCompleted
+                | ResultType::StateUpdated
+                | ResultType::ArtifactCreated
+                | ResultType::RunCompleted
+                | ResultType::RunFailed
+        )
+    )
 }
 
 /// The state write for a `state.updated` item, checked against the run's frozen policy

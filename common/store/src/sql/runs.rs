@@ -227,10 +227,11 @@ fn sqlite_insert_events_statement(
     events: impl ExactSizeIterator<Item = NewRunEvent>,
     now: DateTime<Utc>,
 ) -> Statement {
-    let mut sql = String::from(
-        r#"INSERT INTO "run_events" ("run_id", "sequence", "result_type", "data", "created_at")
-SELECT v.column1, v.column2, v.column3, v.column4, v.column5 FROM (VALUES "#,
-    );
+    const HEAD: &str = r#"INSERT INTO "run_events" ("run_id", "sequence", "result_type", "data", "created_at")
+SELECT v.column1, v.column2, v.column3, v.column4, v.column5 FROM (VALUES "#;
+    // Sized once (a row's placeholders are 17 bytes, the tail under 256).
+    let mut sql = String::with_capacity(HEAD.len() + events.len() * 17 + 256);
+    sql.push_str(HEAD);
     let mut values: Vec<sea_orm::Value> = Vec::with_capacity(events.len() * 5 + 2);
     for (i, event) in events.enumerate() {
         sql.push_str(if i == 0 {
