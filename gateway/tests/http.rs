@@ -152,7 +152,7 @@ impl Harness {
                 run_id,
                 sequence: sequence as i64,
                 result_type: result.result_type.clone(),
-                data: serde_json::to_value(&result).unwrap(),
+                data: sb_store::ItemJson::of(&result),
                 ends_run: None,
                 transcript: None,
             })

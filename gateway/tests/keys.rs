@@ -514,7 +514,7 @@ async fn open_streams_are_limited_per_key_and_given_back() {
             run_id,
             sequence: 1,
             result_type: done.result_type.clone(),
-            data: serde_json::to_value(&done).unwrap(),
+            data: sb_store::ItemJson::of(&done),
             ends_run: None,
             transcript: None,
         })

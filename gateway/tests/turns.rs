@@ -384,7 +384,7 @@ async fn turns_are_idempotent_and_snapshots_follow_the_run() {
             run_id: turn_id,
             sequence,
             result_type: (*kind).into(),
-            data: json!({"run_id": turn_id.to_string(), "type": kind, "data": data, "sequence": sequence}),
+            data: json!({"run_id": turn_id.to_string(), "type": kind, "data": data, "sequence": sequence}).into(),
             ends_run: None,
             transcript: None,
         })

@@ -215,19 +215,6 @@ pub struct ItemPlan {
 /// guarantees exactly one terminal item, and a run must not stay active because of it.
 #[must_use]
 pub fn plan_item(result: &AgentRunResult) -> ItemPlan {
-    plan_stored(result, &stored_json(result))
-}
-
-/// The JSON a result item is stored as in the ledger (`run_events.data`) and classified
-/// from: made once per item by the result sink, for both.
-#[must_use]
-pub fn stored_json(result: &AgentRunResult) -> Value {
-    serde_json::to_value(result).unwrap_or(Value::Null)
-}
-
-/// [`plan_item`] of `result` whose [`stored_json`] is `raw`.
-#[must_use]
-pub fn plan_stored(result: &AgentRunResult, raw: &Value) -> ItemPlan {
     if !may_have_effects(result.known_type()) {
         // Valid or not, such an item has no side effect and ends nothing: the streamed
         // deltas, most of a run's items, are not classified again here.
@@ -236,7 +223,7 @@ pub fn plan_stored(result: &AgentRunResult, raw: &Value) -> ItemPlan {
             outcome: None,
         };
     }
-    let classified = classify(raw, &ResultLimits::default());
+    let classified = classify(&stored_json(result), &ResultLimits::default());
     let typed = match classified {
         Classified::Valid(typed) => typed,
         Classified::Telemetry(_) => {
@@ -300,6 +287,13 @@ pub fn plan_stored(result: &AgentRunResult, raw: &Value) -> ItemPlan {
             outcome: None,
         },
     }
+}
+
+/// The JSON a result item is stored as in the ledger (`run_events.data`), as a value: what
+/// it is classified from, and compared with to recognize a stored item.
+#[must_use]
+pub fn stored_json(result: &AgentRunResult) -> Value {
+    serde_json::to_value(result).unwrap_or(Value::Null)
 }
 
 /// Whether an item of this type (`None`: unknown) can have a side effect or end its run;

@@ -58,7 +58,7 @@ async fn a_pass_deletes_what_is_past_retention_once_and_counts_it() {
                 run_id: run.id,
                 sequence,
                 result_type: "message.delta".into(),
-                data: json!({"type": "message.delta", "data": {"chunk": "x"}}),
+                data: json!({"type": "message.delta", "data": {"chunk": "x"}}).into(),
                 ends_run: None,
                 transcript: None,
             })

@@ -1232,7 +1232,7 @@ async fn reaper_times_out_overdue_runs() {
         run_id,
         sequence: 1,
         result_type: "message.delta".into(),
-        data: serde_json::to_value(&msg.result).unwrap(),
+        data: sb_store::ItemJson::of(&msg.result),
         ends_run: None,
         transcript: None,
     };
@@ -1714,7 +1714,7 @@ async fn the_reaper_finishes_a_run_from_its_stored_terminal_item_once() {
             run_id,
             sequence,
             result_type: result["type"].as_str().unwrap().into(),
-            data: result,
+            data: result.into(),
             ends_run: None,
             transcript: None,
         };
@@ -1872,7 +1872,7 @@ async fn reaper_interrupts_runs_whose_lease_stays_missing() {
         run_id: lost,
         sequence: 2,
         result_type: "run.completed".into(),
-        data: json!({"type": "run.completed", "data": {}}),
+        data: json!({"type": "run.completed", "data": {}}).into(),
         ends_run: None,
         transcript: None,
     };

@@ -217,7 +217,7 @@ async fn recovery_ends_each_run_with_exactly_one_terminal_item() {
         run_id,
         sequence,
         result_type: result_type.to_owned(),
-        data: serde_json::json!({"type": result_type, "data": {}}),
+        data: serde_json::json!({"type": result_type, "data": {}}).into(),
         ends_run: None,
         transcript: None,
     };

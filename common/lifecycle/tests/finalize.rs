@@ -62,7 +62,7 @@ async fn store_item(db: &TestDb, run: &RunRecord, sequence: i64, result_type: &s
             run_id: run.id,
             sequence,
             result_type: result_type.to_owned(),
-            data: json!({"type": result_type, "data": {}}),
+            data: json!({"type": result_type, "data": {}}).into(),
             ends_run: None,
             transcript: None,
         })

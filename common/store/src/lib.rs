@@ -79,7 +79,7 @@ pub use resources::{
     NewKbDocument, NewModel, NewTool, ResourceRegistry, ToolRecord,
 };
 pub use runs::{
-    CancelOutcome, Finalized, NewRun, NewRunEvent, RunEventRecord, RunFilter, RunLedger,
+    CancelOutcome, Finalized, ItemJson, NewRun, NewRunEvent, RunEventRecord, RunFilter, RunLedger,
     RunOutcome, RunRecord, RunStart, RunStatus, StartReads, StartedRun,
 };
 pub use schedules::{

@@ -311,6 +311,65 @@ pub struct StartedRun {
     pub state: BTreeMap<String, BTreeMap<String, Value>>,
 }
 
+/// A result item's JSON as the ledger stores it (`run_events.data`): serialized once by
+/// whoever makes the row and written as this text, so storing a streamed item builds no JSON
+/// tree and serializes nothing again (on Postgres the text is embedded as is in the batch's
+/// JSON parameter, on SQLite it is bound as is).
+#[derive(Debug, Clone, Serialize)]
+#[serde(transparent)]
+pub struct ItemJson(Box<serde_json::value::RawValue>);
+
+impl ItemJson {
+    /// The JSON of `item`. A value that has no JSON text (a map with non-string keys: none
+    /// of the result types) is stored as `null`, as a JSON value of it would have been.
+    pub fn of<T: Serialize + ?Sized>(item: &T) -> Self {
+        Self(serde_json::value::to_raw_value(item).unwrap_or_else(|_| null_json()))
+    }
+
+    /// The JSON text.
+    #[must_use]
+    pub fn as_str(&self) -> &str {
+        self.0.get()
+    }
+
+    /// The JSON text, owned (no copy).
+    #[must_use]
+    pub fn into_string(self) -> String {
+        Box::<str>::from(self.0).into_string()
+    }
+
+    /// The JSON as a value (parsed: for the paths that store one row at a time).
+    #[must_use]
+    pub fn to_value(&self) -> Value {
+        serde_json::from_str(self.0.get()).unwrap_or(Value::Null)
+    }
+}
+
+impl From<&Value> for ItemJson {
+    fn from(value: &Value) -> Self {
+        Self::of(value)
+    }
+}
+
+impl From<Value> for ItemJson {
+    fn from(value: Value) -> Self {
+        Self::of(&value)
+    }
+}
+
+/// Two items' JSON are equal when their texts are: both are serialized by `serde_json`, in
+/// the order of their fields.
+impl PartialEq for ItemJson {
+    fn eq(&self, other: &Self) -> bool {
+        self.as_str() == other.as_str()
+    }
+}
+
+fn null_json() -> Box<serde_json::value::RawValue> {
+    serde_json::value::RawValue::from_string("null".to_owned())
+        .unwrap_or_else(|_| unreachable!("`null` is JSON"))
+}
+
 /// A result item to store.
 #[derive(Debug, Clone, PartialEq)]
 pub struct NewRunEvent {
@@ -321,7 +380,7 @@ pub struct NewRunEvent {
     /// `AgentRunResult.type`, e.g. `message.delta`, `run.completed` (≤ 100 chars).
     pub result_type: String,
     /// The whole result item.
-    pub data: Value,
+    pub data: ItemJson,
     /// The run's end that this item makes (a terminal item): applied with the insert, in the
     /// same commit, when the item is new and the run still active (as
     /// [`RunLedger::finish_run`] would), so the result sink ends a run without a statement

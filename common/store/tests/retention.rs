@@ -106,7 +106,7 @@ async fn result_expiry_in_batches(db: TestDb) {
             run_id: run.id,
             sequence: 1,
             result_type: "run.completed".into(),
-            data: json!({"type": "run.completed", "data": {}}),
+            data: json!({"type": "run.completed", "data": {}}).into(),
             ends_run: None,
             transcript: None,
         })

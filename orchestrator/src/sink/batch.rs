@@ -9,7 +9,7 @@ use sb_protocol::messages::{self, ResultMessage};
 use std::collections::HashMap;
 
 use sb_protocol::ids::RunId;
-use sb_store::{NewRunEvent, NewTranscriptItem};
+use sb_store::{ItemJson, NewRunEvent, NewTranscriptItem};
 
 use super::apply::writes_beyond_insert;
 use super::{Item, ResultSink, Written};
@@ -367,7 +367,7 @@ fn ledger_row(item: &mut Item, transcript: Option<NewTranscriptItem>) -> NewRunE
     let data = item
         .stored
         .take()
-        .unwrap_or_else(|| journal::stored_json(&item.message.result));
+        .unwrap_or_else(|| ItemJson::of(&item.message.result));
     let message = &item.message;
     NewRunEvent {
         run_id: message.run_id,

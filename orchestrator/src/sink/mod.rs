@@ -68,8 +68,7 @@ use sb_protocol::host::AuthorizationSnapshot;
 use sb_protocol::ids::{RunId, WorkspaceId};
 use sb_protocol::messages::{ResultMessage, RunFacts};
 use sb_protocol::result::AgentRunResult;
-use sb_store::RunRecord;
-use serde_json::Value;
+use sb_store::{ItemJson, RunRecord};
 
 use crate::conversations::Conversations;
 use crate::deps::{OrchestratorDeps, OrchestratorOptions};
@@ -138,20 +137,19 @@ struct Item {
     message: ResultMessage,
     /// What applying it does ([`journal::plan_item`], made once per item).
     plan: ItemPlan,
-    /// The result as the ledger stores it ([`journal::stored_json`]), made once for the
-    /// plan and moved into the item's ledger row; `None` once moved.
-    stored: Option<Value>,
+    /// The result's JSON as the ledger stores it, serialized once and moved into the item's
+    /// ledger row; `None` once moved.
+    stored: Option<ItemJson>,
 }
 
 impl Item {
-    /// `message` as an item of delivery `delivery`, planned once from its stored JSON.
+    /// `message` as an item of delivery `delivery`, planned and serialized once.
     fn new(message: ResultMessage, delivery: usize, redelivered: bool) -> Self {
-        let stored = journal::stored_json(&message.result);
         Self {
             delivery,
             redelivered,
-            plan: journal::plan_stored(&message.result, &stored),
-            stored: Some(stored),
+            plan: journal::plan_item(&message.result),
+            stored: Some(ItemJson::of(&message.result)),
             message,
         }
     }

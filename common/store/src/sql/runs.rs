@@ -26,8 +26,8 @@ use crate::page::{
     encode_time_id,
 };
 use crate::runs::{
-    CancelOutcome, Finalized, MAX_RUN_EVENTS_BATCH, NewRun, NewRunEvent, RunEventRecord, RunFilter,
-    RunLedger, RunOutcome, RunRecord, RunStart, RunStatus, StartReads, StartedRun,
+    CancelOutcome, Finalized, ItemJson, MAX_RUN_EVENTS_BATCH, NewRun, NewRunEvent, RunEventRecord,
+    RunFilter, RunLedger, RunOutcome, RunRecord, RunStart, RunStatus, StartReads, StartedRun,
 };
 use crate::transcript::Direction;
 
@@ -148,7 +148,7 @@ fn run_event_model(event: NewRunEvent, now: DateTime<Utc>) -> run_event::ActiveM
         run_id: Set(event.run_id.into_uuid()),
         sequence: Set(event.sequence),
         result_type: Set(event.result_type),
-        data: Set(event.data),
+        data: Set(event.data.to_value()),
         created_at: Set(now),
     }
 }
@@ -220,9 +220,9 @@ async fn drop_after_terminal<C: ConnectionTrait>(
 /// only, since the whole rows would come back with every item's `data`, parsed into JSON
 /// again for nothing (a fifth of a streaming run's sink time).
 ///
-/// Each item's `data` is bound as the JSON text it is stored as, serialized here once: bound
-/// as a JSON value, sea-orm copies every item's tree (map by map) to bind it and sqlx then
-/// serializes the copy, for the same text in the column.
+/// Each item's `data` is bound as the JSON text it is stored as ([`ItemJson`], serialized once
+/// by the row's maker): bound as a JSON value, sea-orm copies every item's tree (map by map)
+/// to bind it and sqlx then serializes the copy, for the same text in the column.
 fn sqlite_insert_events_statement(
     events: impl ExactSizeIterator<Item = NewRunEvent>,
     now: DateTime<Utc>,
@@ -243,8 +243,8 @@ SELECT v.column1, v.column2, v.column3, v.column4, v.column5 FROM (VALUES "#;
             event.run_id.into_uuid().into(),
             event.sequence.into(),
             event.result_type.into(),
-            // A `Value`'s compact JSON (infallible, unlike serializing arbitrary types).
-            event.data.to_string().into(),
+            // The item's JSON text, bound as it is stored.
+            event.data.into_string().into(),
             now.into(),
         ]);
     }
@@ -1120,7 +1120,7 @@ impl RunLedger for SqlStore {
                 run_id: id,
                 sequence,
                 result_type: item.result_type.clone(),
-                data: serde_json::to_value(&item).unwrap_or_default(),
+                data: ItemJson::of(&item),
                 // The run is ended below, with the status of the caller's outcome.
                 ends_run: None,
                 transcript: None,
@@ -1670,7 +1670,7 @@ struct EventRow<'a> {
     run_id: Uuid,
     sequence: i64,
     result_type: &'a str,
-    data: &'a Value,
+    data: &'a ItemJson,
     status: Option<&'a str>,
     error_code: Option<&'a str>,
     error_message: Option<&'a str>,

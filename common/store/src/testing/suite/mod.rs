@@ -118,7 +118,7 @@ fn run_event(run_id: RunId, sequence: i64, text: &str) -> NewRunEvent {
         run_id,
         sequence,
         result_type: "message.delta".into(),
-        data: json!({"type": "message.delta", "data": {"chunk": text}}),
+        data: json!({"type": "message.delta", "data": {"chunk": text}}).into(),
         ends_run: None,
         transcript: None,
     }

@@ -15,7 +15,7 @@ fn terminal_event(run_id: RunId, sequence: i64, result_type: &str) -> NewRunEven
         run_id,
         sequence,
         result_type: result_type.to_owned(),
-        data: json!({"type": result_type, "data": {}}),
+        data: json!({"type": result_type, "data": {}}).into(),
         ends_run: None,
         transcript: None,
     }
