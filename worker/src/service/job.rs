@@ -625,11 +625,11 @@ impl Core {
     /// on, then ends the run's execution here ([`Self::end_run`]). The order is the
     /// guarantee that a run whose end can be seen (in the ledger, on a stream) no longer
     /// answers its token: the sink stores the terminal item, and may deliver it, before this
-    /// worker hears back from its hand-over. The run is marked handed off only after the items
-    /// are handed on, so a worker lost in between leaves a run without the mark: its
+    /// worker hears back from its hand-over. The run is marked handed off only after the
+    /// items are handed on, so a worker lost in between leaves a run without the mark: its
     /// redelivered job finalizes it `interrupted` ([`decide_claim_lost`]), as the reaper does
-    /// once the lease lapses. `started` when a runner ran it:
-    /// its first-result and duration metrics are observed once the items are handed on.
+    /// once the lease lapses. `started` when a runner ran it: its first-result and duration
+    /// metrics are observed once the items are handed on.
     async fn end_with(
         &self,
         job: &RunJob,
