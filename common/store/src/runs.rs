@@ -323,7 +323,10 @@ impl ItemJson {
     /// The JSON of `item`. A value that has no JSON text (a map with non-string keys: none
     /// of the result types) is stored as `null`, as a JSON value of it would have been.
     pub fn of<T: Serialize + ?Sized>(item: &T) -> Self {
-        Self(serde_json::value::to_raw_value(item).unwrap_or_else(|_| null_json()))
+        Self(
+            serde_json::value::to_raw_value(item)
+                .unwrap_or_else(|_| serde_json::value::RawValue::NULL.to_owned()),
+        )
     }
 
     /// The JSON text.
@@ -345,12 +348,6 @@ impl ItemJson {
     }
 }
 
-impl From<&Value> for ItemJson {
-    fn from(value: &Value) -> Self {
-        Self::of(value)
-    }
-}
-
 impl From<Value> for ItemJson {
     fn from(value: Value) -> Self {
         Self::of(&value)
@@ -363,11 +360,6 @@ impl PartialEq for ItemJson {
     fn eq(&self, other: &Self) -> bool {
         self.as_str() == other.as_str()
     }
-}
-
-fn null_json() -> Box<serde_json::value::RawValue> {
-    serde_json::value::RawValue::from_string("null".to_owned())
-        .unwrap_or_else(|_| unreachable!("`null` is JSON"))
 }
 
 /// A result item to store.

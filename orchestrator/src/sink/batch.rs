@@ -94,17 +94,8 @@ impl ResultSink {
     /// [`Disposition::Retry`]: sb_protocol::error::Disposition::Retry
     pub async fn store(&self, handed: Vec<(Vec<ResultMessage>, bool)>) -> Vec<Result<()>> {
         let mut answers: Vec<Result<()>> = handed.iter().map(|_| Ok(())).collect();
-        // An item's `delivery` is the hand-over it came with. Sized once: a batch of streamed
-        // items is large, and growing it copies every item made so far.
-        let mut items: Vec<Item> =
-            Vec::with_capacity(handed.iter().map(|(messages, _)| messages.len()).sum());
-        for (owner, (messages, retried)) in handed.into_iter().enumerate() {
-            items.extend(
-                messages
-                    .into_iter()
-                    .map(|message| Item::new(message, owner, retried)),
-            );
-        }
+        // An item's `delivery` is the hand-over it came with.
+        let mut items = Item::all(handed);
         if items.is_empty() {
             return answers;
         }
@@ -127,12 +118,12 @@ impl ResultSink {
     ) -> Vec<Delivery> {
         let options = &self.options;
         let mut kept: Vec<Delivery> = Vec::with_capacity(deliveries.len());
-        let mut decoded: Vec<Vec<ResultMessage>> = Vec::with_capacity(deliveries.len());
+        let mut decoded: Vec<(Vec<ResultMessage>, bool)> = Vec::with_capacity(deliveries.len());
         for delivery in deliveries {
             match messages::decode_results(&delivery.body) {
                 Ok(messages) => {
+                    decoded.push((messages, delivery.redelivered));
                     kept.push(delivery);
-                    decoded.push(messages);
                 }
                 Err(e) => {
                     let outcome: Result<()> = Err(e.into());
@@ -141,17 +132,7 @@ impl ResultSink {
                 }
             }
         }
-        // Sized once: a batch of streamed items is large, and growing it copies every item
-        // made so far.
-        let mut items: Vec<Item> = Vec::with_capacity(decoded.iter().map(Vec::len).sum());
-        for (index, (delivery, messages)) in kept.iter().zip(decoded).enumerate() {
-            let redelivered = delivery.redelivered;
-            items.extend(
-                messages
-                    .into_iter()
-                    .map(|message| Item::new(message, index, redelivered)),
-            );
-        }
+        let mut items = Item::all(decoded);
         if items.is_empty() {
             return Vec::new();
         }

@@ -153,6 +153,21 @@ impl Item {
             message,
         }
     }
+
+    /// The items of `groups` (each the messages of one delivery or hand-over, and whether
+    /// they came before), in order; an item's `delivery` is its group's index. Sized once: a
+    /// batch of streamed items is large, and growing it copies every item made so far.
+    fn all(groups: Vec<(Vec<ResultMessage>, bool)>) -> Vec<Self> {
+        let mut items = Vec::with_capacity(groups.iter().map(|(messages, _)| messages.len()).sum());
+        for (delivery, (messages, redelivered)) in groups.into_iter().enumerate() {
+            items.extend(
+                messages
+                    .into_iter()
+                    .map(|message| Self::new(message, delivery, redelivered)),
+            );
+        }
+        items
+    }
 }
 
 impl ResultSink {
