@@ -175,6 +175,17 @@ async fn wait_gone(pid: u32) -> bool {
     false
 }
 
+/// Whether the host stops listing `pid` within two seconds.
+async fn forgotten(host: &RunnerHost, pid: u32) -> bool {
+    for _ in 0..100 {
+        if !host.pids().contains(&pid) {
+            return true;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    false
+}
+
 #[tokio::test]
 async fn echo_streams_words_in_order() {
     let host = host_for("runners/echo", Arc::new(BasicHostApi));
@@ -788,6 +799,12 @@ async fn an_idle_process_of_another_workspace_makes_room_at_the_cap() {
     assert!(
         wait_gone(first).await,
         "the idle process of `one` was drained"
+    );
+    // The host forgets a process once its actor has reaped it, a moment after it exits.
+    assert!(
+        forgotten(&host, first).await,
+        "the drained process leaves the host's pids: {:?}",
+        host.pids()
     );
     assert_eq!(host.shared_pid(&ws("one")), None);
     assert_eq!(host.shared_pid(&ws("two")), Some(second));
