@@ -168,11 +168,28 @@ fn terminal_types() -> [&'static str; 2] {
     ]
 }
 
+/// `result_type IN ('run.completed', 'run.failed')` with the types written out, not bound.
+///
+/// Why literal: a planner can use a partial index only where the query's condition implies
+/// the index's own, and a bound parameter implies nothing (SQLite plans a statement once, for
+/// any value; Postgres' generic plans likewise). With the list bound, "the run's terminal
+/// item" is found by walking every stored item of the run in the primary key, and a check per
+/// inserted item makes a streaming run's ledger writes quadratic in its length.
+static TERMINAL_TYPE_SQL: std::sync::LazyLock<String> = std::sync::LazyLock::new(|| {
+    let [completed, failed] = terminal_types();
+    format!(r#""result_type" IN ('{completed}', '{failed}')"#)
+});
+
+/// [`TERMINAL_TYPE_SQL`] as a sea-query condition.
+fn is_terminal_type() -> sea_orm::sea_query::SimpleExpr {
+    Expr::cust(TERMINAL_TYPE_SQL.as_str())
+}
+
 /// The sequence of the run's terminal item, if its ledger holds one.
 async fn terminal_sequence<C: ConnectionTrait>(db: &C, run_id: Uuid) -> Result<Option<u64>> {
     let row = run_event::Entity::find()
         .filter(run_event::Column::RunId.eq(run_id))
-        .filter(run_event::Column::ResultType.is_in(terminal_types()))
+        .filter(is_terminal_type())
         .one(db)
         .await?;
     Ok(row.map(|m| u64::try_from(m.sequence).unwrap_or_default()))
@@ -193,7 +210,7 @@ async fn drop_after_terminal<C: ConnectionTrait>(
         .column(run_event::Column::RunId)
         .column(run_event::Column::Sequence)
         .filter(run_event::Column::RunId.is_in(runs))
-        .filter(run_event::Column::ResultType.is_in(terminal_types()))
+        .filter(is_terminal_type())
         .into_tuple::<(Uuid, i64)>()
         .all(db)
         .await?
@@ -229,10 +246,11 @@ fn sqlite_insert_events_statement(
 ) -> Statement {
     const HEAD: &str = r#"INSERT INTO "run_events" ("run_id", "sequence", "result_type", "data", "created_at")
 SELECT v.column1, v.column2, v.column3, v.column4, v.column5 FROM (VALUES "#;
-    // Sized once (a row's placeholders are 17 bytes, the tail under 256).
-    let mut sql = String::with_capacity(HEAD.len() + events.len() * 17 + 256);
+    // Sized once (a row's placeholders are 17 bytes).
+    let mut sql =
+        String::with_capacity(HEAD.len() + events.len() * 17 + SQLITE_INSERT_EVENTS_TAIL.len());
     sql.push_str(HEAD);
-    let mut values: Vec<sea_orm::Value> = Vec::with_capacity(events.len() * 5 + 2);
+    let mut values: Vec<sea_orm::Value> = Vec::with_capacity(events.len() * 5);
     for (i, event) in events.enumerate() {
         sql.push_str(if i == 0 {
             "(?, ?, ?, ?, ?)"
@@ -248,17 +266,30 @@ SELECT v.column1, v.column2, v.column3, v.column4, v.column5 FROM (VALUES "#;
             now.into(),
         ]);
     }
-    // The `WHERE` also settles SQLite's parse of `INSERT … SELECT … ON CONFLICT`.
-    sql.push_str(
-        r#") AS v
-WHERE NOT EXISTS (SELECT 1 FROM "run_events" t WHERE t."run_id" = v.column1
-    AND t."result_type" IN (?, ?) AND t."sequence" < v.column2)
-ON CONFLICT DO NOTHING
-RETURNING "run_id", "sequence""#,
-    );
-    values.extend(terminal_types().map(sea_orm::Value::from));
+    sql.push_str(&SQLITE_INSERT_EVENTS_TAIL);
     Statement::from_sql_and_values(DbBackend::Sqlite, sql, values)
 }
+
+/// The end of [`sqlite_insert_events_statement`]. Each item's check for a stored terminal item
+/// of its run is one probe of the partial unique index of terminal items, named so that the
+/// plan cannot change under it (`INDEXED BY` makes a missing index an error, not a scan): the
+/// primary key also matches `run_id`, and SQLite, without statistics, picked it — a walk over
+/// every earlier item of the run, for each item (300 runs of 202 items inserted 20 at a time:
+/// 0.77 s of CPU against 0.25 s through the partial index). The `WHERE` also settles SQLite's
+/// parse of `INSERT … SELECT … ON CONFLICT`.
+static SQLITE_INSERT_EVENTS_TAIL: std::sync::LazyLock<String> = std::sync::LazyLock::new(|| {
+    format!(
+        r#") AS v
+WHERE NOT EXISTS (SELECT 1 FROM "run_events" t INDEXED BY "{TERMINAL_INDEX}"
+    WHERE t."run_id" = v.column1 AND t.{terminal} AND t."sequence" < v.column2)
+ON CONFLICT DO NOTHING
+RETURNING "run_id", "sequence""#,
+        terminal = TERMINAL_TYPE_SQL.as_str(),
+    )
+});
+
+/// The partial unique index of terminal items (migration `m20250601_000016`).
+const TERMINAL_INDEX: &str = "ux_run_events_one_terminal";
 
 /// The status update of `finish_run` / `finalize_run` (filtered to active runs by the caller).
 fn finish_update(outcome: RunOutcome) -> sea_orm::UpdateMany<run::Entity> {
