@@ -55,11 +55,13 @@
 //! on return still catches a connection broken in use.
 //!
 //! Durability: the journal is WAL with `synchronous = NORMAL`, so a commit appends to the WAL
-//! without an fsync; the WAL is synced at checkpoints. A committed transaction survives a
+//! without an fsync; the WAL is synced at checkpoints, which a background task takes off the
+//! writer (see `checkpoint`). A committed transaction survives a
 //! crash of the process; only a power loss or OS crash can roll back the last transactions
 //! before the latest checkpoint (never corrupting the database). That is the documented
 //! choice for embedded mode; cluster mode runs on Postgres.
 
+use std::sync::Arc;
 use std::time::Duration;
 
 use chrono::{DateTime, Utc};
@@ -70,11 +72,13 @@ use sea_orm::{
 };
 use serde_json::Value;
 
+use self::checkpoint::Checkpointer;
 use crate::error::{Result, StoreError};
 use crate::state::{DEFAULT_MAX_STATE_VALUE_BYTES, DEFAULT_MAX_STORAGE_VALUE_BYTES};
 
 mod agents;
 mod artifacts;
+mod checkpoint;
 mod entity;
 mod events;
 mod fts;
@@ -164,6 +168,9 @@ pub struct SqlStore {
     writer: DatabaseConnection,
     /// `writer` is its own pool.
     separate_writer: bool,
+    /// A SQLite file's background WAL checkpoints (shared by the clones, stopped with the
+    /// last one or by [`SqlStore::close`]).
+    checkpointer: Option<Arc<Checkpointer>>,
     limits: StoreLimits,
 }
 
@@ -239,6 +246,11 @@ impl SqlStore {
                     o.create_if_missing(true)
                         .journal_mode(SqliteJournalMode::Wal)
                         .synchronous(SqliteSynchronous::Normal)
+                        // The writer's own checkpoint is only the backstop: see `checkpoint`.
+                        .pragma(
+                            "wal_autocheckpoint",
+                            checkpoint::WRITER_AUTOCHECKPOINT_PAGES.to_string(),
+                        )
                 }
             });
             if memory {
@@ -273,10 +285,12 @@ impl SqlStore {
             sb_migrations::migrate(&writer).await?;
             tracing::info!("database migrations applied");
         }
+        let checkpointer = sqlite_file.then(|| Arc::new(Checkpointer::spawn(db.clone())));
         Ok(Self {
             db,
             writer,
             separate_writer: sqlite_file,
+            checkpointer,
             limits: options.limits.clone(),
         })
     }
@@ -289,6 +303,7 @@ impl SqlStore {
             writer: db.clone(),
             db,
             separate_writer: false,
+            checkpointer: None,
             limits,
         }
     }
@@ -327,6 +342,9 @@ impl SqlStore {
 
     /// Closes the pools.
     pub async fn close(self) -> Result<()> {
+        if let Some(checkpointer) = &self.checkpointer {
+            checkpointer.stop();
+        }
         if self.separate_writer {
             self.writer.close().await?;
         }
