@@ -237,7 +237,10 @@ impl SqlStore {
             let busy = options.sqlite_busy_timeout;
             opts.map_sqlx_sqlite_opts(move |o| {
                 use sea_orm::sqlx::sqlite::{SqliteJournalMode, SqliteSynchronous};
-                let o = o.busy_timeout(busy).foreign_keys(true);
+                let o = o
+                    .busy_timeout(busy)
+                    .foreign_keys(true)
+                    .row_buffer_size(SQLITE_ROW_BUFFER);
                 if memory {
                     o
                 } else {
@@ -363,6 +366,16 @@ impl SqlStore {
             .await?)
     }
 }
+
+/// Rows a SQLite connection's thread may hand to the caller's task before it waits for the
+/// task to take them (sqlx's default is 50). A statement's rows are sent one by one while it
+/// runs; once the buffer is full the thread sleeps until the task, woken on some runtime
+/// worker, has read them — on the one writer, with the write transaction open and every other
+/// write of the host queued behind it. The sink's insert answers with the key of every item it
+/// stored (hundreds for a batch of streaming runs), the ingest's with every event's; a buffer
+/// that holds them lets the thread finish the statement in one go. The rows are small and
+/// the memory is only taken while rows wait.
+const SQLITE_ROW_BUFFER: usize = 1024;
 
 async fn connect_admin(url: &str) -> Result<DatabaseConnection> {
     let mut opts = ConnectOptions::new(url.to_owned());
