@@ -165,9 +165,10 @@ fn process_gone(pid: u32) -> bool {
     stat.is_empty() || stat.contains(") Z ")
 }
 
-async fn wait_gone(pid: u32) -> bool {
+/// Whether `condition` holds within two seconds (checked every 20 ms).
+async fn eventually(condition: impl Fn() -> bool) -> bool {
     for _ in 0..100 {
-        if process_gone(pid) {
+        if condition() {
             return true;
         }
         tokio::time::sleep(Duration::from_millis(20)).await;
@@ -175,15 +176,13 @@ async fn wait_gone(pid: u32) -> bool {
     false
 }
 
+async fn wait_gone(pid: u32) -> bool {
+    eventually(|| process_gone(pid)).await
+}
+
 /// Whether the host stops listing `pid` within two seconds.
 async fn forgotten(host: &RunnerHost, pid: u32) -> bool {
-    for _ in 0..100 {
-        if !host.pids().contains(&pid) {
-            return true;
-        }
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
-    false
+    eventually(|| !host.pids().contains(&pid)).await
 }
 
 #[tokio::test]

@@ -1579,7 +1579,7 @@ async fn insert_chunk_postgres<C: ConnectionTrait>(
 /// one `jsonb` parameter), so Postgres plans it once per connection instead of once per
 /// batch size.
 pub(crate) static INSERT_EVENTS_SQL: std::sync::LazyLock<String> = std::sync::LazyLock::new(|| {
-    let [completed, failed] = terminal_types();
+    let terminal = TERMINAL_TYPE_SQL.as_str();
     let active = active()
         .iter()
         .map(|s| format!("'{s}'"))
@@ -1600,7 +1600,7 @@ ends AS (
     SELECT i.run_id, e.sequence FROM (SELECT DISTINCT run_id FROM input) i
     CROSS JOIN LATERAL (
         SELECT sequence FROM run_events
-        WHERE run_id = i.run_id AND result_type IN ('{completed}', '{failed}') LIMIT 1
+        WHERE run_id = i.run_id AND {terminal} LIMIT 1
     ) e
 ),
 ins AS (
