@@ -600,77 +600,91 @@ impl SqlStore {
         Ok(outcomes)
     }
 
-    /// [`Self::append_together`] on SQLite: every append in one write transaction.
+    /// [`Self::append_together`] on SQLite: every append in the writer's shared
+    /// transaction.
     async fn append_in_transaction(
         &self,
         appends: &[(Append, Vec<NewOutboxMessage>)],
         until: Option<DateTime<Utc>>,
     ) -> Result<Vec<Result<Appended>>> {
-        let txn = self.write_txn().await?;
-        // Every event in one multi-row insert, and every outbox row in another that writes
-        // only the rows of the events just written: both sent in one hand-over ([`Script`];
-        // each SQLite statement is a hand-over to the connection's thread and back). A taken
-        // event id fails it for all (the caller then appends one by one); a taken
-        // idempotency key only skips its row, whose request then reads the stored event.
-        let mut script = Script::new(&txn);
-        let mut events = event_log::Entity::insert_many(appends.iter().map(|(a, _)| a.row.clone()))
-            .on_conflict(Append::on_idempotency_conflict())
-            .into_query();
-        // Only what the database makes is read back (the events' `seq`, the outbox ids): the
-        // rest of every row is the append's own, and sqlx hands each returned row over as
-        // its own message, the envelope parsed again from its stored JSON.
-        script.push_query(
-            events.returning(
-                sea_orm::sea_query::Query::returning()
-                    .columns([event_log::Column::Seq, event_log::Column::Id]),
-            ),
-        );
-        let messages: Vec<(EventId, outbox::ActiveModel)> = appends
-            .iter()
-            .flat_map(|(append, outbox)| {
-                outbox_models(outbox.clone(), append.now, until)
-                    .into_iter()
-                    .map(|row| (append.id, row))
-            })
-            .collect();
-        for chunk in messages.chunks(OUTBOX_INSERT_CHUNK) {
-            script.push_statement(sqlite_outbox_insert(chunk)?);
-        }
-        let rows = script
-            .query_all(&txn)
-            .await
-            .map_err(|e| match (appends, e) {
-                ([(append, _)], StoreError::Database(e)) => append.insert_error(e),
-                (_, e) => e,
-            })?;
-        // The events' rows come first, then the outbox ids (the only rows with an
-        // `outbox_id`); SQLite numbers a statement's rows in order, so sorted the outbox ids
-        // are the messages' in request order.
-        let mut inserted: HashMap<uuid::Uuid, i64> = HashMap::new();
-        let mut outbox_ids = Vec::new();
-        for row in &rows {
-            if let Ok(id) = row.try_get::<i64>("", OUTBOX_ID) {
-                outbox_ids.push(id);
-            } else {
-                inserted.insert(row.try_get("", "id")?, row.try_get("", "seq")?);
+        loop {
+            let seat = self.seat().await?;
+            let written = append_sqlite(seat.txn(), appends, until).await;
+            if let Some(answer) = seat.settle(written).await {
+                return answer;
             }
         }
-        outbox_ids.sort_unstable();
-        let mut outbox_ids = outbox_ids.into_iter();
-        let mut outcomes = Vec::with_capacity(appends.len());
-        for (append, outbox) in appends {
-            let outcome = match inserted.remove(&append.id.into_uuid()) {
-                Some(seq) => append.created(
-                    seq,
-                    append.leased(outbox, outbox_ids.by_ref().map(Some), until),
-                ),
-                None => replayed(append.replay(&txn).await),
-            };
-            outcomes.push(outcome);
-        }
-        txn.commit().await?;
-        Ok(outcomes)
     }
+}
+
+/// [`SqlStore::append_together`]'s writes on SQLite, in `txn`.
+async fn append_sqlite(
+    txn: &DatabaseTransaction,
+    appends: &[(Append, Vec<NewOutboxMessage>)],
+    until: Option<DateTime<Utc>>,
+) -> Result<Vec<Result<Appended>>> {
+    // Every event in one multi-row insert, and every outbox row in another that writes
+    // only the rows of the events just written: both sent in one hand-over ([`Script`];
+    // each SQLite statement is a hand-over to the connection's thread and back). A taken
+    // event id fails it for all (the caller then appends one by one); a taken
+    // idempotency key only skips its row, whose request then reads the stored event.
+    let mut script = Script::new(txn);
+    let mut events = event_log::Entity::insert_many(appends.iter().map(|(a, _)| a.row.clone()))
+        .on_conflict(Append::on_idempotency_conflict())
+        .into_query();
+    // Only what the database makes is read back (the events' `seq`, the outbox ids): the
+    // rest of every row is the append's own, and sqlx hands each returned row over as
+    // its own message, the envelope parsed again from its stored JSON.
+    script.push_query(
+        events.returning(
+            sea_orm::sea_query::Query::returning()
+                .columns([event_log::Column::Seq, event_log::Column::Id]),
+        ),
+    );
+    let messages: Vec<(EventId, outbox::ActiveModel)> = appends
+        .iter()
+        .flat_map(|(append, outbox)| {
+            outbox_models(outbox.clone(), append.now, until)
+                .into_iter()
+                .map(|row| (append.id, row))
+        })
+        .collect();
+    for chunk in messages.chunks(OUTBOX_INSERT_CHUNK) {
+        script.push_statement(sqlite_outbox_insert(chunk)?);
+    }
+    let rows = script
+        .query_all(txn)
+        .await
+        .map_err(|e| match (appends, e) {
+            ([(append, _)], StoreError::Database(e)) => append.insert_error(e),
+            (_, e) => e,
+        })?;
+    // The events' rows come first, then the outbox ids (the only rows with an
+    // `outbox_id`); SQLite numbers a statement's rows in order, so sorted the outbox ids
+    // are the messages' in request order.
+    let mut inserted: HashMap<uuid::Uuid, i64> = HashMap::new();
+    let mut outbox_ids = Vec::new();
+    for row in &rows {
+        if let Ok(id) = row.try_get::<i64>("", OUTBOX_ID) {
+            outbox_ids.push(id);
+        } else {
+            inserted.insert(row.try_get("", "id")?, row.try_get("", "seq")?);
+        }
+    }
+    outbox_ids.sort_unstable();
+    let mut outbox_ids = outbox_ids.into_iter();
+    let mut outcomes = Vec::with_capacity(appends.len());
+    for (append, outbox) in appends {
+        let outcome = match inserted.remove(&append.id.into_uuid()) {
+            Some(seq) => append.created(
+                seq,
+                append.leased(outbox, outbox_ids.by_ref().map(Some), until),
+            ),
+            None => replayed(append.replay(txn).await),
+        };
+        outcomes.push(outcome);
+    }
+    Ok(outcomes)
 }
 
 /// The outcome of a request whose event was already stored.

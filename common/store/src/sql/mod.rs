@@ -24,7 +24,9 @@
 //! and while the writer waits for its task to send the next one, every other write of the
 //! host waits too. So a write counts its statements, not its rows: multi-row statements for
 //! the rows of a batch, and the statements that cannot be one sent together as a
-//! [`script::Script`] (one hand-over for the list).
+//! [`script::Script`] (one hand-over for the list). And the hot writes of different kinds
+//! (the ingest's events, the run starts, the sink's items) share one transaction per *tick*
+//! of the writer instead of one each (see `tick`).
 //!
 //! A statement is prepared once per connection and text (sqlx keeps a cache of them), so the
 //! hottest batches keep one text whatever they hold: their rows go in as one JSON parameter
@@ -68,11 +70,11 @@ use chrono::{DateTime, Utc};
 use sb_protocol::ids::WorkspaceId;
 use sea_orm::{
     ConnectOptions, ConnectionTrait, Database, DatabaseConnection, DatabaseTransaction, DbBackend,
-    SqliteTransactionMode, TransactionOptions, TransactionTrait,
 };
 use serde_json::Value;
 
 use self::checkpoint::Checkpointer;
+use self::tick::{Seat, Ticks};
 use crate::error::{Result, StoreError};
 use crate::state::{DEFAULT_MAX_STATE_VALUE_BYTES, DEFAULT_MAX_STORAGE_VALUE_BYTES};
 
@@ -89,6 +91,7 @@ mod schedules;
 mod script;
 mod shared;
 mod state;
+mod tick;
 mod transcript;
 mod turns;
 
@@ -168,6 +171,8 @@ pub struct SqlStore {
     writer: DatabaseConnection,
     /// `writer` is its own pool.
     separate_writer: bool,
+    /// On SQLite, the writer's shared transactions of the hot writes (see `tick`).
+    ticks: Option<Ticks>,
     /// A SQLite file's background WAL checkpoints (shared by the clones, stopped with the
     /// last one or by [`SqlStore::close`]).
     checkpointer: Option<Arc<Checkpointer>>,
@@ -289,10 +294,13 @@ impl SqlStore {
             tracing::info!("database migrations applied");
         }
         let checkpointer = sqlite_file.then(|| Arc::new(Checkpointer::spawn(db.clone())));
+        let ticks = (writer.get_database_backend() == DbBackend::Sqlite)
+            .then(|| Ticks::spawn(writer.clone()));
         Ok(Self {
             db,
             writer,
             separate_writer: sqlite_file,
+            ticks,
             checkpointer,
             limits: options.limits.clone(),
         })
@@ -306,6 +314,7 @@ impl SqlStore {
             writer: db.clone(),
             db,
             separate_writer: false,
+            ticks: None,
             checkpointer: None,
             limits,
         }
@@ -357,13 +366,16 @@ impl SqlStore {
 
     /// Begins a write transaction (`BEGIN IMMEDIATE` on SQLite) on the writer.
     async fn write_txn(&self) -> Result<DatabaseTransaction> {
-        Ok(self
-            .writer
-            .begin_with_options(TransactionOptions {
-                sqlite_transaction_mode: Some(SqliteTransactionMode::Immediate),
-                ..Default::default()
-            })
-            .await?)
+        tick::begin(&self.writer).await
+    }
+
+    /// A hot write's turn in the writer's shared transaction on SQLite (see `tick`), a
+    /// transaction of its own elsewhere; see [`Seat::settle`] for how to use it.
+    async fn seat(&self) -> Result<Seat<'_>> {
+        match &self.ticks {
+            Some(ticks) => ticks.seat().await,
+            None => Ok(Seat::alone(self.write_txn().await?)),
+        }
     }
 }
 

@@ -8,8 +8,8 @@ use sb_protocol::ids::{AgentId, EventId, RunId, WorkspaceId};
 use sb_protocol::result::{AgentRunResult, ResultType};
 use sea_orm::sea_query::{CaseStatement, Expr, OnConflict};
 use sea_orm::{
-    ActiveValue::Set, ColumnTrait, Condition, ConnectionTrait, DbBackend, EntityTrait,
-    FromQueryResult, QueryFilter, QueryOrder, QuerySelect, QueryTrait as _, Statement,
+    ActiveValue::Set, ColumnTrait, Condition, ConnectionTrait, DatabaseTransaction, DbBackend,
+    EntityTrait, FromQueryResult, QueryFilter, QueryOrder, QuerySelect, QueryTrait as _, Statement,
 };
 use serde_json::Value;
 use uuid::Uuid;
@@ -240,10 +240,7 @@ async fn drop_after_terminal<C: ConnectionTrait>(
 /// Each item's `data` is bound as the JSON text it is stored as ([`ItemJson`], serialized once
 /// by the row's maker): bound as a JSON value, sea-orm copies every item's tree (map by map)
 /// to bind it and sqlx then serializes the copy, for the same text in the column.
-fn sqlite_insert_events_statement(
-    events: impl ExactSizeIterator<Item = NewRunEvent>,
-    now: DateTime<Utc>,
-) -> Statement {
+fn sqlite_insert_events_statement(events: &[NewRunEvent], now: DateTime<Utc>) -> Statement {
     const HEAD: &str = r#"INSERT INTO "run_events" ("run_id", "sequence", "result_type", "data", "created_at")
 SELECT v.column1, v.column2, v.column3, v.column4, v.column5 FROM (VALUES "#;
     // Sized once (a row's placeholders are 17 bytes).
@@ -251,7 +248,7 @@ SELECT v.column1, v.column2, v.column3, v.column4, v.column5 FROM (VALUES "#;
         String::with_capacity(HEAD.len() + events.len() * 17 + SQLITE_INSERT_EVENTS_TAIL.len());
     sql.push_str(HEAD);
     let mut values: Vec<sea_orm::Value> = Vec::with_capacity(events.len() * 5);
-    for (i, event) in events.enumerate() {
+    for (i, event) in events.iter().enumerate() {
         sql.push_str(if i == 0 {
             "(?, ?, ?, ?, ?)"
         } else {
@@ -260,9 +257,9 @@ SELECT v.column1, v.column2, v.column3, v.column4, v.column5 FROM (VALUES "#;
         values.extend([
             event.run_id.into_uuid().into(),
             event.sequence.into(),
-            event.result_type.into(),
+            event.result_type.clone().into(),
             // The item's JSON text, bound as it is stored.
-            event.data.into_string().into(),
+            event.data.as_str().to_owned().into(),
             now.into(),
         ]);
     }
@@ -847,57 +844,20 @@ impl SqlStore {
     }
 
     /// The write of [`Self::start_together`]'s SQLite batch `writing` (starts of events
-    /// that existed at the reads), with their event `updates`; returns the runs written.
+    /// that existed at the reads), with their event `updates`, in the writer's shared
+    /// transaction; returns the runs written.
     async fn write_starts(
         &self,
         writing: &[&Start],
         updates: &[sea_orm::sea_query::UpdateStatement],
     ) -> Result<HashMap<uuid::Uuid, run::Model>> {
-        let txn = self.write_txn().await?;
-        // Every statement of the start in one hand-over (each SQLite statement is a
-        // hand-over to the connection's thread and back): the runs in one
-        // multi-row insert (an event that has a run already skips its row; a taken run id
-        // fails the script for all, and the caller then starts one by one), each event's
-        // update made only if its run was written, and the user rows (their ids are the
-        // events': a row written with its event's first run is skipped).
-        let mut script = Script::new(&txn);
-        let mut runs = run::Entity::insert_many(writing.iter().map(|start| start.run.clone()))
-            .on_conflict(one_run_per_event())
-            .into_query();
-        script.push_query(runs.returning_all());
-        for update in updates {
-            script.push_query(update);
-        }
-        let user_rows: Vec<_> = writing
-            .iter()
-            .filter_map(|s| s.transcript.clone())
-            .collect();
-        if !user_rows.is_empty() {
-            script.push(
-                &transcript::Entity::insert_many(user_rows)
-                    .on_conflict(OnConflict::new().do_nothing().to_owned()),
-            );
-        }
-        let rows = script.query_all(&txn).await?;
-        // The runs' rows (the only ones with an `event_id`), then the updated events' ids.
-        let mut inserted = HashMap::new();
-        let mut updated: HashSet<uuid::Uuid> = HashSet::new();
-        for row in &rows {
-            if row.try_get::<uuid::Uuid>("", "event_id").is_ok() {
-                let model = run::Model::from_query_result(row, "")?;
-                inserted.insert(model.id, model);
-            } else {
-                updated.insert(row.try_get("", "id")?);
+        loop {
+            let seat = self.seat().await?;
+            let written = write_starts_in(seat.txn(), writing, updates).await;
+            if let Some(answer) = seat.settle(written).await {
+                return answer;
             }
         }
-        // A run written whose event was not updated: the event was deleted (retention)
-        // since the reads. Dropping `txn` rolls the batch back (alone, that start then
-        // fails with its own event's id).
-        if inserted.len() != updated.len() {
-            return Err(StoreError::not_found("an event of the run starts"));
-        }
-        txn.commit().await?;
-        Ok(inserted)
     }
 
     /// [`Self::start_together`] on SQLite for a batch with an event update that cannot
@@ -964,6 +924,57 @@ impl SqlStore {
         txn.commit().await?;
         Ok(outcomes)
     }
+}
+
+/// [`SqlStore::write_starts`]'s writes, in `txn`.
+async fn write_starts_in(
+    txn: &DatabaseTransaction,
+    writing: &[&Start],
+    updates: &[sea_orm::sea_query::UpdateStatement],
+) -> Result<HashMap<uuid::Uuid, run::Model>> {
+    // Every statement of the start in one hand-over (each SQLite statement is a
+    // hand-over to the connection's thread and back): the runs in one
+    // multi-row insert (an event that has a run already skips its row; a taken run id
+    // fails the script for all, and the caller then starts one by one), each event's
+    // update made only if its run was written, and the user rows (their ids are the
+    // events': a row written with its event's first run is skipped).
+    let mut script = Script::new(txn);
+    let mut runs = run::Entity::insert_many(writing.iter().map(|start| start.run.clone()))
+        .on_conflict(one_run_per_event())
+        .into_query();
+    script.push_query(runs.returning_all());
+    for update in updates {
+        script.push_query(update);
+    }
+    let user_rows: Vec<_> = writing
+        .iter()
+        .filter_map(|s| s.transcript.clone())
+        .collect();
+    if !user_rows.is_empty() {
+        script.push(
+            &transcript::Entity::insert_many(user_rows)
+                .on_conflict(OnConflict::new().do_nothing().to_owned()),
+        );
+    }
+    let rows = script.query_all(txn).await?;
+    // The runs' rows (the only ones with an `event_id`), then the updated events' ids.
+    let mut inserted = HashMap::new();
+    let mut updated: HashSet<uuid::Uuid> = HashSet::new();
+    for row in &rows {
+        if row.try_get::<uuid::Uuid>("", "event_id").is_ok() {
+            let model = run::Model::from_query_result(row, "")?;
+            inserted.insert(model.id, model);
+        } else {
+            updated.insert(row.try_get("", "id")?);
+        }
+    }
+    // A run written whose event was not updated: the event was deleted (retention)
+    // since the reads. An error rolls the batch back (alone, that start then
+    // fails with its own event's id).
+    if inserted.len() != updated.len() {
+        return Err(StoreError::not_found("an event of the run starts"));
+    }
+    Ok(inserted)
 }
 
 #[async_trait]
@@ -1385,18 +1396,17 @@ impl SqlStore {
         Ok(new_keys)
     }
 
-    /// [`RunLedger::insert_events`] in one write transaction (SQLite): the terminal check,
-    /// the multi-row inserts and the `last_sequence` raise; returns the inserted keys.
+    /// [`RunLedger::insert_events`] on SQLite, in the writer's shared transaction: the
+    /// terminal check, the multi-row inserts and the `last_sequence` raise; returns the
+    /// inserted keys.
     async fn insert_events_in_transaction(
         &self,
         mut events: Vec<NewRunEvent>,
         now: DateTime<Utc>,
     ) -> Result<HashSet<(Uuid, i64)>> {
-        let txn = self.write_txn().await?;
-        type Writes = (Option<RunOutcome>, Option<crate::NewTranscriptItem>);
         // Taken out of the rows (the insert needs neither), not cloned; of a key given twice,
         // the last occurrence's writes are kept.
-        let mut writes: HashMap<(Uuid, i64), Writes> = HashMap::new();
+        let mut writes: HashMap<(Uuid, i64), SqliteItemWrites> = HashMap::new();
         for e in events
             .iter_mut()
             .filter(|e| e.ends_run.is_some() || e.transcript.is_some())
@@ -1405,44 +1415,61 @@ impl SqlStore {
             let taken = (e.ends_run.take(), e.transcript.take());
             writes.insert(key, taken);
         }
-        let mut new_keys: HashSet<(Uuid, i64)> = HashSet::new();
-        let mut events = events.into_iter().peekable();
-        while events.peek().is_some() {
-            let chunk = events.by_ref().take(INSERT_CHUNK);
-            let rows = txn
-                .query_all_raw(sqlite_insert_events_statement(chunk, now))
-                .await
-                .map_err(|e| run_missing(e, "run of a result item"))?;
-            for row in rows {
-                new_keys.insert((row.try_get("", "run_id")?, row.try_get("", "sequence")?));
+        loop {
+            let seat = self.seat().await?;
+            let written = insert_events_sqlite(seat.txn(), &events, &writes, now).await;
+            if let Some(answer) = seat.settle(written).await {
+                return answer;
             }
         }
-        // What the new items write beyond their rows, in key order (transcript rows are
-        // numbered as they are inserted), as one statement text.
-        let mut keys: Vec<&(Uuid, i64)> = new_keys.iter().collect();
-        keys.sort_unstable();
-        let mut runs: Vec<SqliteRunWrite> = Vec::new();
-        let mut transcripts = Vec::new();
-        for &&(run_id, sequence) in &keys {
-            match runs.last_mut() {
-                // Keys are sorted: a run's later item raises its sequence.
-                Some(last) if last.run_id == run_id => last.sequence = sequence,
-                _ => runs.push(SqliteRunWrite::new(run_id, sequence)),
-            }
-            if let Some((ends_run, transcript)) = writes.remove(&(run_id, sequence)) {
-                if let (Some(outcome), Some(run)) = (ends_run, runs.last_mut()) {
-                    run.ends(outcome);
-                }
-                if let Some(item) = transcript {
-                    transcripts.push(transcript_json(item)?);
-                }
-            }
-        }
-        txn.execute_raw(sqlite_item_writes_statement(&runs, &transcripts, now)?)
-            .await?;
-        txn.commit().await?;
-        Ok(new_keys)
     }
+}
+
+/// What a new item writes beyond its row: the run's end, a transcript row.
+type SqliteItemWrites = (Option<RunOutcome>, Option<crate::NewTranscriptItem>);
+
+/// [`SqlStore::insert_events_in_transaction`]'s writes in `txn`: the rows of `events` and
+/// what the new ones write beyond them (`writes`, by key).
+async fn insert_events_sqlite(
+    txn: &DatabaseTransaction,
+    events: &[NewRunEvent],
+    writes: &HashMap<(Uuid, i64), SqliteItemWrites>,
+    now: DateTime<Utc>,
+) -> Result<HashSet<(Uuid, i64)>> {
+    let mut new_keys: HashSet<(Uuid, i64)> = HashSet::new();
+    for chunk in events.chunks(INSERT_CHUNK) {
+        let rows = txn
+            .query_all_raw(sqlite_insert_events_statement(chunk, now))
+            .await
+            .map_err(|e| run_missing(e, "run of a result item"))?;
+        for row in rows {
+            new_keys.insert((row.try_get("", "run_id")?, row.try_get("", "sequence")?));
+        }
+    }
+    // What the new items write beyond their rows, in key order (transcript rows are
+    // numbered as they are inserted), as one statement text.
+    let mut keys: Vec<&(Uuid, i64)> = new_keys.iter().collect();
+    keys.sort_unstable();
+    let mut runs: Vec<SqliteRunWrite> = Vec::new();
+    let mut transcripts = Vec::new();
+    for &&(run_id, sequence) in &keys {
+        match runs.last_mut() {
+            // Keys are sorted: a run's later item raises its sequence.
+            Some(last) if last.run_id == run_id => last.sequence = sequence,
+            _ => runs.push(SqliteRunWrite::new(run_id, sequence)),
+        }
+        if let Some((ends_run, transcript)) = writes.get(&(run_id, sequence)) {
+            if let (Some(outcome), Some(run)) = (ends_run, runs.last_mut()) {
+                run.ends(outcome.clone());
+            }
+            if let Some(item) = transcript {
+                transcripts.push(transcript_json(item.clone())?);
+            }
+        }
+    }
+    txn.execute_raw(sqlite_item_writes_statement(&runs, &transcripts, now)?)
+        .await?;
+    Ok(new_keys)
 }
 
 /// A run's part of [`sqlite_item_writes_statement`]: its highest new item's sequence and,
