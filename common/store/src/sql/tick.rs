@@ -28,7 +28,9 @@
 //! and run again (their callers still hold everything they wrote), and the failing write
 //! answers its own error — the writes before it would have committed first in a transaction
 //! each, so it fails as it would have alone. A write whose caller is dropped half way drops the
-//! tick's transaction with it, which rolls back the same way. A tick left open whose queued
+//! tick's transaction with it, which rolls back the same way; the commit of a tick other writes
+//! wait on runs in a task of its own, so a caller dropped while committing never leaves them
+//! reading a commit that landed as a rollback. A tick left open whose queued
 //! writes are all dropped before their turn is committed by the tick's closer task, which is
 //! told whenever a tick is left open and takes its turn behind the writes then queued.
 
@@ -77,7 +79,7 @@ impl Drop for Inner {
 struct Tick {
     txn: DatabaseTransaction,
     outcome: watch::Sender<Outcome>,
-    /// The closer was told about this tick.
+    /// The tick was left open at least once: the closer was told, and writes wait on it.
     closer_told: bool,
 }
 
@@ -226,7 +228,18 @@ impl Seat<'_> {
             return Some(tick.txn.commit().await.map(|()| value).map_err(Into::into));
         };
         if inner.queued.load(Ordering::SeqCst) == 0 {
-            let committed = tick.commit().await;
+            let committed = if tick.closer_told {
+                // Writes wait on this tick: its commit runs to the end and tells them even if
+                // this write's caller is dropped meanwhile (dropped half way, the commit could
+                // still land while they read the silence as a rollback and write again).
+                tokio::spawn(tick.commit()).await.unwrap_or_else(|error| {
+                    Err(DbErr::Custom(format!(
+                        "the shared commit's task failed: {error}"
+                    )))
+                })
+            } else {
+                tick.commit().await
+            };
             drop(guard);
             return Some(committed.map(|()| value).map_err(Into::into));
         }
@@ -282,6 +295,7 @@ async fn close_left_open(inner: Weak<Inner>, left_open: Arc<Notify>) {
 mod tests {
     use std::future::Future;
     use std::pin::Pin;
+    use std::task::Poll;
     use std::time::Duration;
 
     use sea_orm::{ConnectionTrait, Database};
@@ -319,9 +333,15 @@ mod tests {
         .collect()
     }
 
-    /// Polls `future` once: whether it is still pending (it is then queued or waiting).
+    /// Polls `future` exactly once: whether it is still pending (it is then queued or
+    /// waiting).
     async fn pending<F: Future + ?Sized>(future: Pin<&mut F>) -> bool {
-        tokio::time::timeout(Duration::ZERO, future).await.is_err()
+        let mut future = Some(future);
+        std::future::poll_fn(|cx| {
+            let future = future.take().expect("polled once");
+            Poll::Ready(future.poll(cx).is_pending())
+        })
+        .await
     }
 
     type Waiting<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;
@@ -401,6 +421,27 @@ mod tests {
         drop(second);
         assert!(first_settled.await.is_none());
         assert!(rows(&reader).await.is_empty());
+    }
+
+    #[tokio::test]
+    async fn a_shared_tick_commits_and_tells_its_writes_when_the_committing_write_is_dropped() {
+        let (_dir, ticks, reader) = database().await;
+        let (second, first_settled) = first_left_open_for_second(&ticks).await;
+        let second = second.await.unwrap();
+        insert(second.txn(), "b").await.unwrap();
+        // Nothing is queued: the second write commits the tick, and is dropped as it does.
+        let mut committing = Box::pin(second.settle(Ok(2)));
+        assert!(pending(committing.as_mut()).await);
+        drop(committing);
+        let answer = tokio::time::timeout(Duration::from_secs(5), first_settled)
+            .await
+            .expect("the first write is told");
+        assert_eq!(
+            answer.unwrap().unwrap(),
+            1,
+            "told committed, not to write again"
+        );
+        assert_eq!(rows(&reader).await, ["a", "b"]);
     }
 
     #[tokio::test]
