@@ -607,13 +607,7 @@ impl SqlStore {
         appends: &[(Append, Vec<NewOutboxMessage>)],
         until: Option<DateTime<Utc>>,
     ) -> Result<Vec<Result<Appended>>> {
-        loop {
-            let seat = self.seat().await?;
-            let written = append_sqlite(seat.txn(), appends, until).await;
-            if let Some(answer) = seat.settle(written).await {
-                return answer;
-            }
-        }
+        super::tick::write_in_tick!(self, |txn| append_sqlite(txn, appends, until))
     }
 }
 

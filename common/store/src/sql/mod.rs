@@ -370,7 +370,7 @@ impl SqlStore {
     }
 
     /// A hot write's turn in the writer's shared transaction on SQLite (see `tick`), a
-    /// transaction of its own elsewhere; see [`Seat::settle`] for how to use it.
+    /// transaction of its own elsewhere; written through [`tick::write_in_tick!`].
     async fn seat(&self) -> Result<Seat<'_>> {
         match &self.ticks {
             Some(ticks) => ticks.seat().await,

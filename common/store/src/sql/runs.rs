@@ -851,13 +851,7 @@ impl SqlStore {
         writing: &[&Start],
         updates: &[sea_orm::sea_query::UpdateStatement],
     ) -> Result<HashMap<uuid::Uuid, run::Model>> {
-        loop {
-            let seat = self.seat().await?;
-            let written = write_starts_in(seat.txn(), writing, updates).await;
-            if let Some(answer) = seat.settle(written).await {
-                return answer;
-            }
-        }
+        super::tick::write_in_tick!(self, |txn| write_starts_in(txn, writing, updates))
     }
 
     /// [`Self::start_together`] on SQLite for a batch with an event update that cannot
@@ -1404,8 +1398,9 @@ impl SqlStore {
         mut events: Vec<NewRunEvent>,
         now: DateTime<Utc>,
     ) -> Result<HashSet<(Uuid, i64)>> {
-        // Taken out of the rows (the insert needs neither), not cloned; of a key given twice,
-        // the last occurrence's writes are kept.
+        // Taken out of the rows (the insert needs neither) and kept by key: each attempt of the
+        // write (again after a rollback of its tick) reads its own copies from here. Of a key
+        // given twice, the last occurrence's writes are kept.
         let mut writes: HashMap<(Uuid, i64), SqliteItemWrites> = HashMap::new();
         for e in events
             .iter_mut()
@@ -1415,13 +1410,7 @@ impl SqlStore {
             let taken = (e.ends_run.take(), e.transcript.take());
             writes.insert(key, taken);
         }
-        loop {
-            let seat = self.seat().await?;
-            let written = insert_events_sqlite(seat.txn(), &events, &writes, now).await;
-            if let Some(answer) = seat.settle(written).await {
-                return answer;
-            }
-        }
+        super::tick::write_in_tick!(self, |txn| insert_events_sqlite(txn, &events, &writes, now))
     }
 }
 

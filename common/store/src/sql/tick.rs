@@ -45,6 +45,31 @@ use tokio::sync::{Mutex, MutexGuard, Notify, watch};
 
 use crate::error::{Result, StoreError};
 
+/// Runs a write in the writer's current tick and answers what it wrote once the tick is
+/// committed: `write_in_tick!(store, |txn| write_in(txn, &what))` takes a [`Seat`] from
+/// `store` ([`SqlStore::seat`](super::SqlStore::seat)), awaits the write expression with `txn`
+/// bound to the seat's transaction, and [`Seat::settle`]s it, from a new seat again for as
+/// long as a later write rolls the tick back. The write must therefore be repeatable from what
+/// the caller still holds. Evaluates to the answer; a seat that cannot be taken returns its
+/// error from the enclosing function (`?`).
+///
+/// A macro rather than a function taking the write as a closure: the write's future borrows
+/// both the transaction and the caller's data, which a closure returning a boxed future over
+/// a higher-ranked lifetime cannot express.
+macro_rules! write_in_tick {
+    ($store:expr, |$txn:ident| $write:expr) => {
+        loop {
+            let seat = $store.seat().await?;
+            let $txn = seat.txn();
+            let written = $write.await;
+            if let Some(answer) = seat.settle(written).await {
+                break answer;
+            }
+        }
+    };
+}
+pub(super) use write_in_tick;
+
 /// A tick's outcome as its waiting writes see it: `None` until it is committed, then the
 /// commit's error if it failed. A tick rolled back drops its sender instead.
 type Outcome = Option<std::result::Result<(), String>>;
@@ -205,17 +230,7 @@ impl Seat<'_> {
     /// Ends the write's turn with what it `written`: `None` when its tick was rolled back
     /// by another write and the caller must write again from a new seat; otherwise the
     /// write's answer, after the tick committed (an error of the write itself rolls the tick
-    /// back and is the answer). Callers loop:
-    ///
-    /// ```ignore
-    /// loop {
-    ///     let seat = self.seat().await?;
-    ///     let written = write_in(seat.txn(), &what).await;
-    ///     if let Some(answer) = seat.settle(written).await {
-    ///         return answer;
-    ///     }
-    /// }
-    /// ```
+    /// back and is the answer). Callers loop, through [`write_in_tick!`].
     pub(crate) async fn settle<T>(mut self, written: Result<T>) -> Option<Result<T>> {
         let tick = self.tick.take().expect("a seat settles once");
         let value = match written {
