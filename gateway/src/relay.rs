@@ -362,7 +362,9 @@ impl OutboxRelay {
                 split_ids(&ids, |i| err.is_failed(i))
             }
         };
-        for row in rows.iter().filter(|r| confirmed.contains(&r.id)) {
+        // The confirmed rows are the others than the failed ones (usually none): filtering by
+        // those keeps this linear in the rows.
+        for row in rows.iter().filter(|r| !failed.contains(&r.id)) {
             // The base name (`events`, `runs`, …): low cardinality whatever the prefix.
             let exchange = row.exchange.rsplit('.').next().unwrap_or_default();
             self.metrics

@@ -35,6 +35,9 @@ impl Percentiles {
         }
     }
 
+    /// The `--json` form: `{"p50", "p95", "p99"}` in milliseconds, each `null` without
+    /// samples.
+    #[must_use]
     pub fn to_json(self) -> Value {
         json!({"p50": self.p50, "p95": self.p95, "p99": self.p99})
     }
