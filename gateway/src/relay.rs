@@ -362,8 +362,8 @@ impl OutboxRelay {
                 split_ids(&ids, |i| err.is_failed(i))
             }
         };
-        // The confirmed rows are the others than the failed ones (usually none): filtering by
-        // those keeps this linear in the rows.
+        // Every row that did not fail was confirmed; filtering by the failed ids (usually none)
+        // keeps the count linear in the rows.
         for row in rows.iter().filter(|r| !failed.contains(&r.id)) {
             // The base name (`events`, `runs`, …): low cardinality whatever the prefix.
             let exchange = row.exchange.rsplit('.').next().unwrap_or_default();
