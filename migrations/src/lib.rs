@@ -56,6 +56,7 @@ mod m20250601_000016_one_terminal_item_per_run;
 mod m20250601_000017_hot_run_claims;
 mod m20250601_000018_hot_event_dispatch;
 mod m20250601_000019_run_items_checked_by_the_insert;
+mod m20250601_000020_batch_rows;
 
 pub use sea_orm_migration::MigratorTrait;
 
@@ -86,6 +87,7 @@ impl MigratorTrait for Migrator {
             Box::new(m20250601_000017_hot_run_claims::Migration),
             Box::new(m20250601_000018_hot_event_dispatch::Migration),
             Box::new(m20250601_000019_run_items_checked_by_the_insert::Migration),
+            Box::new(m20250601_000020_batch_rows::Migration),
         ]
     }
 }

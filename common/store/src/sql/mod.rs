@@ -415,6 +415,13 @@ fn validate_schema_name(schema: &str) -> Result<()> {
     }
 }
 
+/// The Postgres function that reads a hot statement's `jsonb` batch as rows
+/// (`FROM sb_batch_rows($1::jsonb) AS r CROSS JOIN LATERAL jsonb_to_record(r) AS x(…)`),
+/// counted by the planner as one row where `jsonb_to_recordset` counts 100: with that count a
+/// probe by key is the cheaper plan of every join on the ledger, also in the generic plan a
+/// connection keeps from a time the ledger was small (see migration `m20250601_000020`).
+pub(crate) const BATCH_ROWS: &str = "sb_batch_rows";
+
 /// The rows of a statement's JSON input as one text parameter (Postgres'
 /// `jsonb_to_recordset($n::jsonb)` casts it, SQLite's `json_each(?)` reads it as it is), so
 /// the statement's text is the same whatever the batch holds. The driver clones every parameter before it

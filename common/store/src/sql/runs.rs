@@ -510,14 +510,16 @@ async fn sqlite_reads<C: ConnectionTrait>(
 /// connection instead of once per batch size. A chain of per-start `WITH` parts (the text
 /// before) cost more to plan than to run: 2.5 ms to plan a batch of four.
 ///
-/// It reads `event_log` by key only, whatever the planner's statistics say (as joins, a
-/// ledger of a few thousand events made it read the whole table for each start): `started`
-/// checks each start's event with a `LATERAL` subquery under a `LIMIT` (not flattened into a
-/// join), and `dispatched` names the events to update as an array of keys.
+/// It reads the ledger by key only, whatever the planner's statistics say and however small
+/// the ledger was when the connection planned it: the starts are read with
+/// [`BATCH_ROWS`](super::BATCH_ROWS) (which the planner counts as one row, so a probe by key
+/// is the cheaper plan of every join), `started` checks each start's event with a `LATERAL`
+/// subquery under a `LIMIT` (not flattened into a join), and the state rows are read for each
+/// scope the same way.
 pub(crate) static START_RUNS_SQL: std::sync::LazyLock<String> = std::sync::LazyLock::new(|| {
     format!(
         r#"WITH input AS (
-    SELECT * FROM jsonb_to_recordset($1::jsonb) AS x(
+    SELECT x.* FROM {BATCH_ROWS}($1::jsonb) AS r CROSS JOIN LATERAL jsonb_to_record(r) AS x(
         id uuid, workspace_id text, event_id uuid, agent_id uuid, runner_id text, pool text,
         conversation_id text, thread_id text, bot_id text, attempt bigint,
         deadline_at timestamptz, event_status text, event_reason text, event_run_id uuid,
@@ -557,17 +559,18 @@ dispatched AS (
     FROM input i
     JOIN started s ON s.id = i.id
     WHERE e.id = i.event_id
-        AND e.id = ANY(ARRAY(SELECT event_id FROM started))
 )
 SELECT s.*,
     CASE WHEN i.read_cursor THEN (SELECT t.seq FROM transcript t
         WHERE t.workspace_id = s.workspace_id AND t.conversation_id = s.conversation_id
         ORDER BY t.seq DESC LIMIT 1) END AS latest_seq,
-    (SELECT jsonb_agg(jsonb_build_array(a.scope_key, a.key, a.value)) FROM agent_state a
-        WHERE a.scope_key = ANY(i.state_scopes)) AS state_rows
+    (SELECT jsonb_agg(jsonb_build_array(a.scope_key, a.key, a.value))
+        FROM {BATCH_ROWS}(to_jsonb(i.state_scopes)) AS k(scope_key)
+        JOIN agent_state a ON a.scope_key = k.scope_key #>> '{{}}') AS state_rows
 FROM started s
 JOIN input i ON i.id = s.id"#,
         queued = RunStatus::Queued.as_str(),
+        BATCH_ROWS = super::BATCH_ROWS,
     )
 });
 
