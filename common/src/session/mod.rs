@@ -232,8 +232,9 @@ pub trait SessionStore: Send + Sync + 'static {
     /// plain key `read` (as [`get`](Self::get)) right after, whether or not the lease was
     /// taken: the router takes an event's route lock and reads the routing epoch with it.
     ///
-    /// The Redis backend does this in one round trip (one script). This provided body makes
-    /// the two calls one after the other.
+    /// The Redis backend does this in one round trip of plain commands (a second one, a
+    /// script, when `holder` has the lease already). This provided body makes the two calls
+    /// one after the other.
     async fn acquire_lease_and_get(
         &self,
         key: &str,
