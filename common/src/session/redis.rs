@@ -551,7 +551,7 @@ impl SessionStore for RedisSessionStore {
     ) -> Result<(bool, Option<Vec<u8>>)> {
         check_ttl(ttl)?;
         let lease = self.keys.lease(key);
-        let (taken, current, value): (redis::Value, Option<Vec<u8>>, Option<Vec<u8>>) =
+        let (taken, current, value): (Option<String>, Option<Vec<u8>>, Option<Vec<u8>>) =
             redis::pipe()
                 .cmd("SET")
                 .arg(&lease)
@@ -564,7 +564,7 @@ impl SessionStore for RedisSessionStore {
                 .query_async(&mut self.conn())
                 .await
                 .map_err(map_err)?;
-        if matches!(taken, redis::Value::Okay) {
+        if taken.is_some() {
             return Ok((true, value));
         }
         if current.as_deref() != Some(holder.as_bytes()) {
