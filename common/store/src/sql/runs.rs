@@ -515,7 +515,7 @@ async fn sqlite_reads<C: ConnectionTrait>(
 /// [`BATCH_ROWS`](super::BATCH_ROWS) (which the planner counts as one row, so a probe by key
 /// is the cheaper plan of every join), `started` checks each start's event with a `LATERAL`
 /// subquery under a `LIMIT` (not flattened into a join), and the state rows are read for each
-/// scope the same way.
+/// scope the same way (only for a start that reads scopes: most read none).
 pub(crate) static START_RUNS_SQL: std::sync::LazyLock<String> = std::sync::LazyLock::new(|| {
     format!(
         r#"WITH input AS (
@@ -564,9 +564,10 @@ SELECT s.*,
     CASE WHEN i.read_cursor THEN (SELECT t.seq FROM transcript t
         WHERE t.workspace_id = s.workspace_id AND t.conversation_id = s.conversation_id
         ORDER BY t.seq DESC LIMIT 1) END AS latest_seq,
-    (SELECT jsonb_agg(jsonb_build_array(a.scope_key, a.key, a.value))
+    CASE WHEN cardinality(i.state_scopes) > 0 THEN (
+        SELECT jsonb_agg(jsonb_build_array(a.scope_key, a.key, a.value))
         FROM {BATCH_ROWS}(to_jsonb(i.state_scopes)) AS k(scope_key)
-        JOIN agent_state a ON a.scope_key = k.scope_key #>> '{{}}') AS state_rows
+        JOIN agent_state a ON a.scope_key = k.scope_key #>> '{{}}') END AS state_rows
 FROM started s
 JOIN input i ON i.id = s.id"#,
         queued = RunStatus::Queued.as_str(),
