@@ -262,9 +262,9 @@ async fn channel_errors_keep_the_connection() {
 }
 
 /// Issue 15 finding 1: a routing key over AMQP's 255 bytes is refused at once, per message,
-/// as `invalid_argument` (permanent: a consumer must not retry it as an outage; lapin would
-/// truncate it silently), the messages around it in a batch are published, and the bounded
-/// live-delivery key of a 255-character conversation id is taken by the broker.
+/// as `invalid_argument` (permanent: a consumer must not retry it as an outage; an AMQP
+/// client would truncate or refuse it), the messages around it in a batch are published, and
+/// the bounded live-delivery key of a 255-character conversation id is taken by the broker.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_overlong_routing_key_is_a_permanent_error_and_bounded_keys_pass() {
     use sb_common::bus::Outgoing;

@@ -12,7 +12,7 @@
 //! - [`topology`]: every exchange, queue and routing-key name of SPEC §3, and
 //!   [`topology::declare_topology`], used by every backend.
 //! - [`memory`]: [`memory::MemoryBus`], tokio/mutex based, always compiled.
-//! - `amqp`: `AmqpBus` on lapin (feature `amqp`), with connection recovery.
+//! - `amqp`: `AmqpBus` on amqprs (feature `amqp`), with connection recovery.
 //! - [`dead_letters`]: [`dead_letters::DeadLetters`], the operator's capability to peek at,
 //!   replay and purge a dead-letter queue (`switchboard dlq`), implemented by both backends.
 //!

@@ -123,7 +123,7 @@ pub fn runs_routing_key(pool: &str) -> String {
 
 /// Longest word [`key_segment`] makes, in bytes. A live-delivery key has two free-text words
 /// and a run id (36 bytes) between two dots: `2 × 96 + 38 = 230`, under AMQP's 255-byte limit
-/// on routing keys (a short string; lapin would silently truncate a longer one), whatever the
+/// on routing keys (a short string, which an AMQP client cannot send longer), whatever the
 /// workspace and conversation ids are.
 pub const MAX_KEY_SEGMENT_BYTES: usize = 96;
 

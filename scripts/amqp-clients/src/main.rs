@@ -13,7 +13,11 @@
 //! ```text
 //! cargo run --release --manifest-path scripts/amqp-clients/Cargo.toml -- lapin 20000 64
 //! cargo run --release --manifest-path scripts/amqp-clients/Cargo.toml -- amqprs 20000 64
+//! cargo run --release --manifest-path scripts/amqp-clients/Cargo.toml -- lapin 20000 64 16
 //! ```
+//!
+//! The optional fourth argument acks every that many deliveries at once (`multiple`), as the
+//! bus coalesces the acks of what is settled together (`common/src/bus/amqp/settle.rs`).
 //!
 //! Run it on the broker's machine (127.0.0.1:5672, guest/guest), quiet. It declares the
 //! quorum queues `amqp_clients_lapin` and `amqp_clients_amqprs`, purges them first and
@@ -105,7 +109,7 @@ mod lap {
 
     const NAME: &str = "lapin";
 
-    pub async fn run(n: usize, inflight: usize) {
+    pub async fn run(n: usize, inflight: usize, ack_every: usize) {
         let props = ConnectionProperties::default()
             .with_executor(tokio_executor_trait::Tokio::current())
             .with_reactor(tokio_reactor_trait::Tokio::current());
@@ -161,9 +165,12 @@ mod lap {
             let starts = starts.clone();
             tokio::spawn(async move {
                 let mut lat = Vec::new();
-                for _ in 0..n {
+                for received in 1..=n {
                     let d = consumer.next().await.unwrap().unwrap();
-                    d.ack(BasicAckOptions::default()).await.unwrap();
+                    if received % ack_every == 0 || received == n {
+                        let multiple = ack_every > 1;
+                        d.ack(BasicAckOptions { multiple }).await.unwrap();
+                    }
                     if let Some(s) = starts.lock().unwrap().pop_front() {
                         let s: Instant = s;
                         lat.push(s.elapsed().as_secs_f64());
@@ -253,7 +260,7 @@ mod rs {
     }
     use amqprs::{BasicProperties, FieldTable, FieldValue};
 
-    pub async fn run(n: usize, inflight: usize) {
+    pub async fn run(n: usize, inflight: usize, ack_every: usize) {
         let conn = Connection::open(&OpenConnectionArguments::new(
             "127.0.0.1",
             5672,
@@ -310,13 +317,15 @@ mod rs {
             let conch = conch.clone();
             tokio::spawn(async move {
                 let mut lat = Vec::new();
-                for _ in 0..n {
+                for received in 1..=n {
                     let msg = rx.recv().await.unwrap();
                     let tag = msg.deliver.unwrap().delivery_tag();
-                    conch
-                        .basic_ack(BasicAckArguments::new(tag, false))
-                        .await
-                        .unwrap();
+                    if received % ack_every == 0 || received == n {
+                        conch
+                            .basic_ack(BasicAckArguments::new(tag, ack_every > 1))
+                            .await
+                            .unwrap();
+                    }
                     if let Some(s) = starts.lock().unwrap().pop_front() {
                         let s: Instant = s;
                         lat.push(s.elapsed().as_secs_f64());
@@ -357,11 +366,14 @@ mod rs {
 
 fn main() {
     let args: Vec<String> = std::env::args().collect();
-    let usage = "usage: amqp-clients lapin|amqprs MESSAGES INFLIGHT [RUNTIME_THREADS=2]";
+    let usage =
+        "usage: amqp-clients lapin|amqprs MESSAGES INFLIGHT [ACK_EVERY=1 [RUNTIME_THREADS=2]]";
     let which = args.get(1).expect(usage).clone();
     let n: usize = args.get(2).expect(usage).parse().expect(usage);
     let inflight: usize = args.get(3).expect(usage).parse().expect(usage);
-    let threads: usize = args.get(4).map_or(2, |s| s.parse().expect(usage));
+    // Ack every delivery, or every ACK_EVERY-th with `multiple` (as the bus coalesces acks).
+    let ack_every: usize = args.get(4).map_or(1, |s| s.parse().expect(usage)).max(1);
+    let threads: usize = args.get(5).map_or(2, |s| s.parse().expect(usage));
     let rt = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(threads)
         .enable_all()
@@ -369,8 +381,8 @@ fn main() {
         .unwrap();
     rt.block_on(async move {
         match which.as_str() {
-            "lapin" => lap::run(n, inflight).await,
-            "amqprs" => rs::run(n, inflight).await,
+            "lapin" => lap::run(n, inflight, ack_every).await,
+            "amqprs" => rs::run(n, inflight, ack_every).await,
             _ => panic!("{usage}"),
         }
     });

@@ -10,17 +10,16 @@
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
 
+use amqprs::channel::{BasicConsumeArguments, BasicQosArguments, ConsumerMessage};
+use amqprs::{BasicProperties, FieldValue};
 use bytes::Bytes;
-use futures::StreamExt;
-use lapin::options::{BasicConsumeOptions, BasicQosOptions};
-use lapin::types::{AMQPValue, FieldTable};
-use lapin::{BasicProperties, Channel};
 use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 
-use super::failure::{Failure, classify};
+use super::channel::Chan;
+use super::failure::{AmqpError, Failure, classify};
 use super::link::{Inner, Link, RETRY_PAUSE};
-use super::properties::{PUBLISHED_AT_HEADER, epoch_ms, header_count};
+use super::properties::{DELIVERY_COUNT, PUBLISHED_AT, epoch_ms, header, header_count};
 use super::settle::ChannelSettler;
 use crate::bus::{ConsumeOptions, Delivery, QueueKind, QueueSpec, Result, Subscription};
 
@@ -71,22 +70,28 @@ impl Inner {
     }
 }
 
-fn convert(delivery: lapin::message::Delivery, settler: &ChannelSettler) -> Delivery {
-    let header = delivery
-        .properties
-        .headers()
-        .as_ref()
-        .and_then(|h| h.inner().get("x-delivery-count").and_then(header_count));
-    let delivery_count = header.unwrap_or(u32::from(delivery.redelivered));
-    Delivery::new(
-        Bytes::from(delivery.data),
-        delivery.exchange.as_str().to_owned(),
-        delivery.routing_key.as_str().to_owned(),
-        delivery.redelivered,
+/// A delivery of the broker as the bus hands it on; `None` for a message without its method
+/// frame (amqprs always fills it in for a delivery).
+fn convert(message: ConsumerMessage, settler: &ChannelSettler) -> Option<Delivery> {
+    let deliver = message.deliver?;
+    let properties = message.basic_properties.unwrap_or_default();
+    observe_queue_lag(settler.queue(), &properties);
+    let redelivered = deliver.redelivered();
+    let delivery_count = header(&properties, &DELIVERY_COUNT)
+        .and_then(header_count)
+        .unwrap_or(u32::from(redelivered));
+    Some(Delivery::new(
+        Bytes::from(message.content.unwrap_or_default()),
+        deliver.exchange().clone(),
+        deliver.routing_key().clone(),
+        redelivered,
         delivery_count,
-        settler.delivered(delivery.delivery_tag),
-    )
+        settler.delivered(deliver.delivery_tag()),
+    ))
 }
+
+/// The deliveries of one consumer, in the order the broker sent them.
+type Consumer = mpsc::UnboundedReceiver<ConsumerMessage>;
 
 /// Opens a subscription channel with its prefetch and starts consuming.
 async fn start_consumer(
@@ -94,20 +99,23 @@ async fn start_consumer(
     queue: &str,
     prefetch: u16,
     tag: &str,
-) -> std::result::Result<(Channel, lapin::Consumer), lapin::Error> {
-    let channel = link.connection.create_channel().await?;
-    channel
-        .basic_qos(prefetch, BasicQosOptions { global: false })
-        .await?;
-    let consumer = channel
-        .basic_consume(
-            queue,
-            tag,
-            BasicConsumeOptions::default(),
-            FieldTable::default(),
+) -> std::result::Result<(Chan, Consumer), AmqpError> {
+    let chan = Chan::open(&link.connection, None).await?;
+    chan.call(
+        chan.channel
+            .basic_qos(BasicQosArguments::new(0, prefetch, false)),
+    )
+    .await?;
+    let (_, consumer) = chan
+        .call(
+            chan.channel.basic_consume_rx(
+                BasicConsumeArguments::new(queue, tag)
+                    .manual_ack(true)
+                    .finish(),
+            ),
         )
         .await?;
-    Ok((channel, consumer))
+    Ok((chan, consumer))
 }
 
 /// Forwards deliveries of one subscription, re-consuming after reconnections, until the
@@ -119,7 +127,7 @@ async fn run_consumer(
     tag: String,
     tx: mpsc::UnboundedSender<Result<Delivery>>,
     cancel: CancellationToken,
-    mut current: Option<(Channel, lapin::Consumer, Arc<Link>)>,
+    mut current: Option<(Chan, Consumer, Arc<Link>)>,
 ) {
     loop {
         let (channel, mut consumer, link) = match current.take() {
@@ -143,7 +151,7 @@ async fn run_consumer(
                             continue;
                         }
                         Failure::Channel => {
-                            if !link.connection.status().connected() {
+                            if !link.connection.is_open() {
                                 inner.report_broken(link.generation);
                             }
                             tokio::time::sleep(RETRY_PAUSE).await;
@@ -165,21 +173,21 @@ async fn run_consumer(
                     // What was settled goes out first; then closing the channel cancels the
                     // consumer and requeues its unsettled deliveries (and auto-deletes an
                     // exclusive queue left without consumer).
-                    settler.flush(inner.options.operation_timeout).await;
+                    settler.finish(inner.options.operation_timeout).await;
                     let _ = tokio::time::timeout(
                         inner.options.operation_timeout,
-                        channel.close(200, "subscription dropped"),
+                        channel.close(),
                     ).await;
                     finish(&inner, &queue);
                     return;
                 }
-                item = consumer.next() => match item {
-                    Some(Ok(delivery)) => {
+                item = consumer.recv() => match item {
+                    Some(message) => {
                         // A send error means the subscription is being dropped: `cancel` follows.
-                        observe_queue_lag(&queue, &delivery.properties);
-                        let _ = tx.send(Ok(convert(delivery, &settler)));
+                        if let Some(delivery) = convert(message, &settler) {
+                            let _ = tx.send(Ok(delivery));
+                        }
                     }
-                    Some(Err(error)) => tracing::debug!(%error, queue, "consumer error"),
                     None => break,
                 },
             }
@@ -189,11 +197,12 @@ async fn run_consumer(
         if inner.is_closed() || cancel.is_cancelled() {
             break;
         }
-        if !link.connection.status().connected() {
-            inner.report_broken(link.generation);
-        } else if channel.status().connected() {
+        if channel.consumer_cancelled() {
             tracing::info!(queue, "the broker cancelled the consumer (queue deleted)");
             break;
+        }
+        if !link.connection.is_open() {
+            inner.report_broken(link.generation);
         }
         // Otherwise only the channel closed: consume again on a fresh one.
     }
@@ -225,14 +234,10 @@ impl Drop for ConsumerGuard {
 /// Records the time from publish to consume of one delivery (clock skew between hosts can
 /// make it negative: clamped to zero).
 fn observe_queue_lag(queue: &str, properties: &BasicProperties) {
-    let published =
-        properties
-            .headers()
-            .as_ref()
-            .and_then(|h| match h.inner().get(PUBLISHED_AT_HEADER) {
-                Some(AMQPValue::LongLongInt(ms)) => Some(*ms),
-                _ => None,
-            });
+    let published = match header(properties, &PUBLISHED_AT) {
+        Some(FieldValue::l(ms)) => Some(*ms),
+        _ => None,
+    };
     if let Some(ms) = published {
         let lag = (epoch_ms() - ms).max(0) as f64 / 1000.0;
         crate::telemetry::Metrics::global().observe(

@@ -1,24 +1,24 @@
 //! Dead letters on RabbitMQ: [`DeadLetters`] for [`AmqpBus`], each operation on a channel of
 //! its own (see the impl's doc for how much a walk takes and why).
 
-use std::collections::BTreeMap;
 use std::future::Future;
 use std::sync::Arc;
 use std::time::Duration;
 
+use amqprs::channel::{
+    BasicAckArguments, BasicGetArguments, BasicNackArguments, GetMessage, QueuePurgeArguments,
+};
+use amqprs::{BasicProperties, FieldArray, FieldTable, FieldValue};
 use async_trait::async_trait;
 use bytes::Bytes;
-use lapin::options::{
-    BasicAckOptions, BasicGetOptions, BasicNackOptions, QueueDeclareOptions, QueuePurgeOptions,
-};
-use lapin::types::{AMQPValue, FieldTable};
-use lapin::{BasicProperties, Channel};
 use tokio::time::Instant;
 
 use super::AmqpBus;
-use super::failure::{Failure, classify};
+use super::channel::{Chan, ClientResult};
+use super::declare::passive_queue;
+use super::failure::{AmqpError, Failure, classify};
 use super::link::{Inner, Link, RETRY_PAUSE};
-use super::properties::{header_count, header_text};
+use super::properties::{field_name, header_count, header_text};
 use crate::bus::dead_letters::{
     DeadLetter, DeadLetterList, DeadLetters, Death, DeathReason, ReplayOptions, ReplayReport,
     ReplayWalk, Step, content_id, refusal_is_per_message,
@@ -50,9 +50,9 @@ impl DeadLetters for AmqpBus {
         for position in 1..=take {
             match dead.take().await {
                 Ok(Some(message)) => {
-                    dead.keep(message.delivery.delivery_tag);
+                    dead.keep(message.0.delivery_tag());
                     if letters.len() < limit {
-                        letters.push(dead_letter(position, &message.delivery));
+                        letters.push(dead_letter(position, &message));
                     }
                 }
                 Ok(None) => break,
@@ -84,8 +84,8 @@ impl DeadLetters for AmqpBus {
                 }
             };
             taken += 1;
-            let tag = message.delivery.delivery_tag;
-            let letter = dead_letter(taken, &message.delivery);
+            let tag = message.0.delivery_tag();
+            let letter = dead_letter(taken, &message);
             let Step::Replay {
                 exchange,
                 routing_key,
@@ -94,12 +94,12 @@ impl DeadLetters for AmqpBus {
                 dead.keep(tag);
                 continue;
             };
-            let properties = replay_properties(&message.delivery.properties);
+            let properties = replay_properties(&message.1);
             let published = inner
                 .publish_with_properties(
                     &exchange,
                     &routing_key,
-                    &message.delivery.data,
+                    &message.2,
                     // Mandatory and confirmed; the properties are the dead letter's.
                     PublishOptions::default(),
                     &properties,
@@ -133,7 +133,7 @@ impl DeadLetters for AmqpBus {
             while taken < dead.total {
                 match dead.take().await {
                     Ok(Some(message)) => {
-                        dead.keep(message.delivery.delivery_tag);
+                        dead.keep(message.0.delivery_tag());
                         taken += 1;
                     }
                     Ok(None) | Err(_) => break,
@@ -150,14 +150,15 @@ impl DeadLetters for AmqpBus {
         check_name(name)?;
         let purge = self.inner.retrying(|link| async move {
             link.topology_op(|ch| async move {
-                ch.queue_purge(name, QueuePurgeOptions::default()).await
+                ch.call(ch.channel.queue_purge(QueuePurgeArguments::new(name)))
+                    .await
             })
             .await
         });
         let purged = tokio::time::timeout(self.inner.options.operation_timeout, purge)
             .await
             .map_err(|_| BusError::Unavailable(format!("timed out purging {name:?}")))??;
-        Ok(u64::from(purged))
+        Ok(u64::from(purged.unwrap_or_default()))
     }
 }
 
@@ -171,7 +172,7 @@ const GIVE_BACK_SETTLE: Duration = Duration::from_secs(2);
 struct DeadQueue<'a> {
     inner: &'a Inner,
     link: Arc<Link>,
-    channel: Channel,
+    channel: Chan,
     queue: &'a str,
     /// Ready messages when opened: no walk takes more.
     total: usize,
@@ -186,11 +187,12 @@ impl<'a> DeadQueue<'a> {
     async fn open(inner: &'a Inner, queue: &'a str) -> Result<Self> {
         check_name(queue)?;
         let open = inner.retrying(|link| async move {
-            let channel = link.connection.create_channel().await?;
+            let channel = Chan::open(&link.connection, None).await?;
             let declared = channel
-                .queue_declare(queue, passive(), FieldTable::default())
+                .call(channel.channel.queue_declare(passive_queue(queue)))
                 .await?;
-            Ok((link, channel, declared.message_count()))
+            let total = declared.map_or(0, |(_, messages, _)| messages);
+            Ok((link, channel, total))
         });
         let (link, channel, total) = tokio::time::timeout(inner.options.operation_timeout, open)
             .await
@@ -206,12 +208,9 @@ impl<'a> DeadQueue<'a> {
     }
 
     /// Takes the next message unacknowledged (`None`: the queue has no ready message).
-    async fn take(&self) -> Result<Option<lapin::message::BasicGetMessage>> {
-        self.call(
-            self.channel
-                .basic_get(self.queue, BasicGetOptions { no_ack: false }),
-        )
-        .await
+    async fn take(&self) -> Result<Option<GetMessage>> {
+        let get = BasicGetArguments::new(self.queue).no_ack(false).finish();
+        self.call(self.channel.channel.basic_get(get)).await
     }
 
     /// Keeps a taken message: it goes back with [`give_back`](Self::give_back).
@@ -221,8 +220,12 @@ impl<'a> DeadQueue<'a> {
 
     /// Removes a taken message for good.
     async fn remove(&self, tag: u64) -> Result<()> {
-        self.call(self.channel.basic_ack(tag, BasicAckOptions::default()))
-            .await
+        self.call(
+            self.channel
+                .channel
+                .basic_ack(BasicAckArguments::new(tag, false)),
+        )
+        .await
     }
 
     /// Gives back every kept message with one `basic.nack(multiple, requeue)` — not
@@ -232,13 +235,10 @@ impl<'a> DeadQueue<'a> {
     /// held if the nack did not go out).
     async fn give_back(self, expected_ready: usize) {
         if let Some(tag) = self.kept {
-            let nack = self.channel.basic_nack(
-                tag,
-                BasicNackOptions {
-                    multiple: true,
-                    requeue: true,
-                },
-            );
+            let nack = self
+                .channel
+                .channel
+                .basic_nack(BasicNackArguments::new(tag, true, true));
             if let Err(error) = self.call(nack).await {
                 tracing::debug!(%error, queue = self.queue, "giving back dead letters failed; closing the channel returns them");
             }
@@ -247,41 +247,39 @@ impl<'a> DeadQueue<'a> {
                 let declared = self
                     .call(
                         self.channel
-                            .queue_declare(self.queue, passive(), FieldTable::default()),
+                            .channel
+                            .queue_declare(passive_queue(self.queue)),
                     )
                     .await;
                 match declared {
-                    Ok(queue) if queue.message_count() as usize >= expected_ready => break,
+                    Ok(Some((_, messages, _))) if messages as usize >= expected_ready => break,
                     Ok(_) => tokio::time::sleep(RETRY_PAUSE).await,
                     Err(_) => break,
                 }
             }
         }
-        let closing = self.channel.close(200, "dead letters done");
+        let closing = self.channel.close();
         let _ = tokio::time::timeout(self.inner.options.operation_timeout, closing).await;
     }
 
     /// One broker call, bounded by the operation timeout (a connection that died silently
     /// would hang it) and mapped to a [`BusError`].
-    async fn call<T>(
-        &self,
-        call: impl Future<Output = std::result::Result<T, lapin::Error>>,
-    ) -> Result<T> {
-        let error = match tokio::time::timeout(self.inner.options.operation_timeout, call).await {
-            Ok(Ok(value)) => return Ok(value),
-            Ok(Err(error)) => error,
-            Err(_) => {
-                return Err(BusError::Unavailable(
-                    "timed out waiting for the broker".into(),
-                ));
-            }
-        };
+    async fn call<T>(&self, call: impl Future<Output = ClientResult<T>>) -> Result<T> {
+        let call = self.channel.call(call);
+        let error: AmqpError =
+            match tokio::time::timeout(self.inner.options.operation_timeout, call).await {
+                Ok(Ok(value)) => return Ok(value),
+                Ok(Err(error)) => error,
+                Err(_) => {
+                    return Err(BusError::Unavailable(
+                        "timed out waiting for the broker".into(),
+                    ));
+                }
+            };
         match classify(&error) {
             Failure::Final(e) => Err(e),
             failure => {
-                if matches!(failure, Failure::Connection)
-                    || !self.link.connection.status().connected()
-                {
+                if matches!(failure, Failure::Connection) || !self.link.connection.is_open() {
                     self.inner.report_broken(self.link.generation);
                 }
                 Err(BusError::Unavailable(format!(
@@ -292,35 +290,26 @@ impl<'a> DeadQueue<'a> {
     }
 }
 
-fn passive() -> QueueDeclareOptions {
-    QueueDeclareOptions {
-        passive: true,
-        ..QueueDeclareOptions::default()
+/// A message taken from a dead-letter queue, as a [`DeadLetter`] at `position`.
+fn dead_letter(position: usize, (taken, properties, body): &GetMessage) -> DeadLetter {
+    let message_id = properties.message_id().cloned();
+    DeadLetter {
+        position,
+        id: message_id.clone().unwrap_or_else(|| content_id(body)),
+        message_id,
+        message_type: properties.message_type().cloned(),
+        death: properties
+            .headers()
+            .and_then(|headers| death_of(headers, taken.routing_key())),
+        body: Bytes::copy_from_slice(body),
     }
 }
 
-/// A message taken from a dead-letter queue, as a [`DeadLetter`] at `position`.
-fn dead_letter(position: usize, delivery: &lapin::message::Delivery) -> DeadLetter {
-    let properties = &delivery.properties;
-    let message_id = properties
-        .message_id()
-        .as_ref()
-        .map(|id| id.as_str().to_owned());
-    DeadLetter {
-        position,
-        id: message_id
-            .clone()
-            .unwrap_or_else(|| content_id(&delivery.data)),
-        message_id,
-        message_type: properties
-            .kind()
-            .as_ref()
-            .map(|kind| kind.as_str().to_owned()),
-        death: properties
-            .headers()
-            .as_ref()
-            .and_then(|headers| death_of(headers, delivery.routing_key.as_str())),
-        body: Bytes::copy_from_slice(&delivery.data),
+/// The values of an array header, in order.
+fn array_values(value: &FieldValue) -> Vec<FieldValue> {
+    match value {
+        FieldValue::A(array) => Vec::from(FieldArray::clone(array)),
+        _ => Vec::new(),
     }
 }
 
@@ -328,47 +317,50 @@ fn dead_letter(position: usize, delivery: &lapin::message::Delivery) -> DeadLett
 /// first), else the `x-first-death-*` summary. `routing_key` (the key it was dead-lettered
 /// with, the original one) fills in what the entry lacks.
 fn death_of(headers: &FieldTable, routing_key: &str) -> Option<Death> {
-    let headers = headers.inner();
-    let latest = match headers.get("x-death") {
-        Some(AMQPValue::FieldArray(deaths)) => {
-            deaths.as_slice().iter().find_map(|death| match death {
-                AMQPValue::FieldTable(entry) => Some(entry.inner()),
+    let get = |table: &FieldTable, name: &str| table.get(&field_name(name)).cloned();
+    let latest = get(headers, "x-death").and_then(|deaths| {
+        array_values(&deaths)
+            .into_iter()
+            .find_map(|death| match death {
+                FieldValue::F(entry) => Some(entry),
                 _ => None,
             })
-        }
-        _ => None,
-    };
-    let reason = |value: Option<&AMQPValue>| {
-        value.and_then(header_text).map_or_else(
+    });
+    let reason = |value: Option<FieldValue>| {
+        value.as_ref().and_then(header_text).map_or_else(
             || DeathReason::Other("unknown".into()),
             |r| DeathReason::parse(&r),
         )
     };
     if let Some(entry) = latest {
-        if let Some(exchange) = entry.get("exchange").and_then(header_text) {
-            let first_key = match entry.get("routing-keys") {
-                Some(AMQPValue::FieldArray(keys)) => keys.as_slice().first().and_then(header_text),
-                _ => None,
-            };
+        if let Some(exchange) = get(&entry, "exchange").as_ref().and_then(header_text) {
+            let first_key = get(&entry, "routing-keys")
+                .and_then(|keys| array_values(&keys).first().and_then(header_text));
             return Some(Death {
                 exchange,
                 routing_key: first_key.unwrap_or_else(|| routing_key.to_owned()),
-                queue: entry.get("queue").and_then(header_text).unwrap_or_default(),
-                reason: reason(entry.get("reason")),
-                count: entry.get("count").and_then(header_count).unwrap_or(1),
+                queue: get(&entry, "queue")
+                    .as_ref()
+                    .and_then(header_text)
+                    .unwrap_or_default(),
+                reason: reason(get(&entry, "reason")),
+                count: get(&entry, "count")
+                    .as_ref()
+                    .and_then(header_count)
+                    .unwrap_or(1),
             });
         }
     }
     Some(Death {
-        exchange: headers
-            .get("x-first-death-exchange")
+        exchange: get(headers, "x-first-death-exchange")
+            .as_ref()
             .and_then(header_text)?,
         routing_key: routing_key.to_owned(),
-        queue: headers
-            .get("x-first-death-queue")
+        queue: get(headers, "x-first-death-queue")
+            .as_ref()
             .and_then(header_text)
             .unwrap_or_default(),
-        reason: reason(headers.get("x-first-death-reason")),
+        reason: reason(get(headers, "x-first-death-reason")),
         count: 1,
     })
 }
@@ -380,43 +372,44 @@ fn death_of(headers: &FieldTable, routing_key: &str) -> Option<Death> {
 /// have to match this connection's user, and the broker already removed `expiration` when the
 /// message died.
 fn replay_properties(original: &BasicProperties) -> BasicProperties {
-    let mut properties = BasicProperties::default().with_delivery_mode(2);
+    let mut properties = BasicProperties::default();
+    properties.with_delivery_mode(2);
     if let Some(v) = original.content_type() {
-        properties = properties.with_content_type(v.clone());
+        properties.with_content_type(v);
     }
     if let Some(v) = original.content_encoding() {
-        properties = properties.with_content_encoding(v.clone());
+        properties.with_content_encoding(v);
     }
     if let Some(v) = original.priority() {
-        properties = properties.with_priority(*v);
+        properties.with_priority(v);
     }
     if let Some(v) = original.correlation_id() {
-        properties = properties.with_correlation_id(v.clone());
+        properties.with_correlation_id(v);
     }
     if let Some(v) = original.reply_to() {
-        properties = properties.with_reply_to(v.clone());
+        properties.with_reply_to(v);
     }
     if let Some(v) = original.message_id() {
-        properties = properties.with_message_id(v.clone());
+        properties.with_message_id(v);
     }
     if let Some(v) = original.timestamp() {
-        properties = properties.with_timestamp(*v);
+        properties.with_timestamp(v);
     }
-    if let Some(v) = original.kind() {
-        properties = properties.with_type(v.clone());
+    if let Some(v) = original.message_type() {
+        properties.with_message_type(v);
     }
     if let Some(v) = original.app_id() {
-        properties = properties.with_app_id(v.clone());
+        properties.with_app_id(v);
     }
     if let Some(headers) = original.headers() {
-        let kept: BTreeMap<_, _> = headers
-            .inner()
-            .iter()
-            .filter(|(name, _)| !name.as_str().starts_with("x-"))
-            .map(|(name, value)| (name.clone(), value.clone()))
-            .collect();
-        if !kept.is_empty() {
-            properties = properties.with_headers(kept.into());
+        let mut kept = FieldTable::new();
+        for (name, value) in AsRef::<std::collections::HashMap<_, _>>::as_ref(headers) {
+            if !AsRef::<String>::as_ref(name).starts_with("x-") {
+                kept.insert(name.clone(), value.clone());
+            }
+        }
+        if !AsRef::<std::collections::HashMap<_, _>>::as_ref(&kept).is_empty() {
+            properties.with_headers(kept);
         }
     }
     properties

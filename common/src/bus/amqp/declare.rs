@@ -7,84 +7,66 @@
 //! connection. The mapping of a [`QueueSpec`] onto RabbitMQ arguments
 //! ([`queue_arguments`]) lives here too.
 
-use lapin::options::{
-    ExchangeDeclareOptions, ExchangeDeleteOptions, QueueBindOptions, QueueDeclareOptions,
-    QueueDeleteOptions,
+use amqprs::channel::{
+    ExchangeDeclareArguments, ExchangeDeleteArguments, QueueBindArguments, QueueDeclareArguments,
+    QueueDeleteArguments, QueueUnbindArguments,
 };
-use lapin::types::{AMQPValue, FieldTable};
+use amqprs::{FieldTable, FieldValue};
 
-use super::failure::{Failure, classify};
+use super::failure::{AmqpError, Failure, classify};
 use super::link::{Inner, Link};
+use super::properties::field_name;
 use crate::bus::{
-    Binding, BusError, ExchangeKind, ExchangeSpec, QueueKind, QueueSpec, QueueType, QueueUse,
-    Result, check_key, check_name, in_use,
+    Binding, BusError, ExchangeSpec, QueueKind, QueueSpec, QueueType, QueueUse, Result, check_key,
+    check_name, in_use,
 };
 
-fn exchange_kind(kind: ExchangeKind) -> lapin::ExchangeKind {
-    match kind {
-        ExchangeKind::Direct => lapin::ExchangeKind::Direct,
-        ExchangeKind::Topic => lapin::ExchangeKind::Topic,
-        ExchangeKind::Fanout => lapin::ExchangeKind::Fanout,
-    }
-}
-
-/// Declare options and arguments of a queue spec.
-fn queue_arguments(spec: &QueueSpec) -> (QueueDeclareOptions, FieldTable) {
-    let mut args = FieldTable::default();
-    let options = match spec.kind {
-        QueueKind::Durable => QueueDeclareOptions {
-            durable: true,
-            exclusive: false,
-            auto_delete: false,
-            ..Default::default()
-        },
-        QueueKind::Exclusive => QueueDeclareOptions {
-            durable: false,
-            exclusive: true,
-            auto_delete: true,
-            ..Default::default()
-        },
-    };
+/// The declaration of a queue spec: its flags and RabbitMQ arguments.
+fn queue_arguments(spec: &QueueSpec) -> QueueDeclareArguments {
+    let mut args = FieldTable::new();
     if spec.effective_queue_type() == QueueType::Quorum {
-        args.insert(
-            "x-queue-type".into(),
-            AMQPValue::LongString("quorum".into()),
-        );
+        args.insert(field_name("x-queue-type"), FieldValue::from("quorum"));
     }
     if let Some(limit) = spec.effective_delivery_limit() {
         args.insert(
-            "x-delivery-limit".into(),
-            AMQPValue::LongLongInt(i64::from(limit)),
+            field_name("x-delivery-limit"),
+            FieldValue::l(i64::from(limit)),
         );
     }
     if let Some(dlx) = &spec.dead_letter_exchange {
         args.insert(
-            "x-dead-letter-exchange".into(),
-            AMQPValue::LongString(dlx.as_str().into()),
+            field_name("x-dead-letter-exchange"),
+            FieldValue::from(dlx.as_str()),
         );
     }
     if spec.single_active_consumer {
-        args.insert("x-single-active-consumer".into(), AMQPValue::Boolean(true));
+        args.insert(field_name("x-single-active-consumer"), FieldValue::t(true));
     }
-    (options, args)
+    let exclusive = spec.kind == QueueKind::Exclusive;
+    QueueDeclareArguments::new(&spec.name)
+        .durable(!exclusive)
+        .exclusive(exclusive)
+        .auto_delete(exclusive)
+        .arguments(args)
+        .finish()
+}
+
+/// A passive declaration of queue `name`: it creates nothing, answers its counts, and `404`
+/// for a missing queue.
+pub(super) fn passive_queue(name: &str) -> QueueDeclareArguments {
+    QueueDeclareArguments::new(name).passive(true).finish()
 }
 
 impl Link {
     pub(super) async fn declare_exchange(
         &self,
         spec: &ExchangeSpec,
-    ) -> std::result::Result<(), lapin::Error> {
+    ) -> std::result::Result<(), AmqpError> {
         self.topology_op(|ch| async move {
-            ch.exchange_declare(
-                spec.name.as_str(),
-                exchange_kind(spec.kind),
-                ExchangeDeclareOptions {
-                    durable: true,
-                    ..Default::default()
-                },
-                FieldTable::default(),
-            )
-            .await
+            let arguments = ExchangeDeclareArguments::new(&spec.name, spec.kind.as_str())
+                .durable(true)
+                .finish();
+            ch.call(ch.channel.exchange_declare(arguments)).await
         })
         .await
     }
@@ -92,10 +74,9 @@ impl Link {
     pub(super) async fn declare_queue(
         &self,
         spec: &QueueSpec,
-    ) -> std::result::Result<(), lapin::Error> {
-        let (options, args) = queue_arguments(spec);
+    ) -> std::result::Result<(), AmqpError> {
         self.topology_op(|ch| async move {
-            ch.queue_declare(spec.name.as_str(), options, args)
+            ch.call(ch.channel.queue_declare(queue_arguments(spec)))
                 .await
                 .map(drop)
         })
@@ -106,16 +87,10 @@ impl Link {
         &self,
         queue: &str,
         binding: &Binding,
-    ) -> std::result::Result<(), lapin::Error> {
+    ) -> std::result::Result<(), AmqpError> {
         self.topology_op(|ch| async move {
-            ch.queue_bind(
-                queue,
-                binding.exchange.as_str(),
-                binding.routing_key.as_str(),
-                QueueBindOptions::default(),
-                FieldTable::default(),
-            )
-            .await
+            let arguments = QueueBindArguments::new(queue, &binding.exchange, &binding.routing_key);
+            ch.call(ch.channel.queue_bind(arguments)).await
         })
         .await
     }
@@ -126,9 +101,9 @@ impl Link {
     pub(super) async fn redeclare(
         &self,
         registry: (Vec<ExchangeSpec>, Vec<QueueSpec>),
-    ) -> std::result::Result<(), lapin::Error> {
+    ) -> std::result::Result<(), AmqpError> {
         let (exchanges, queues) = registry;
-        let skip = |what: &str, name: &str, e: lapin::Error| match classify(&e) {
+        let skip = |what: &str, name: &str, e: AmqpError| match classify(&e) {
             Failure::Connection => Err(e),
             _ => {
                 tracing::warn!(error = %e, what, name, "could not re-declare after reconnecting");
@@ -177,8 +152,11 @@ impl Inner {
         let deleted = self
             .retrying(|link| async move {
                 link.topology_op(|ch| async move {
-                    ch.exchange_delete(name, ExchangeDeleteOptions::default())
-                        .await
+                    ch.call(
+                        ch.channel
+                            .exchange_delete(ExchangeDeleteArguments::new(name)),
+                    )
+                    .await
                 })
                 .await
             })
@@ -221,7 +199,7 @@ impl Inner {
         let deleted = self
             .retrying(|link| async move {
                 link.topology_op(|ch| async move {
-                    ch.queue_delete(name, QueueDeleteOptions::default())
+                    ch.call(ch.channel.queue_delete(QueueDeleteArguments::new(name)))
                         .await
                         .map(drop)
                 })
@@ -241,20 +219,19 @@ impl Inner {
         let inspected = self
             .retrying(|link| async move {
                 link.topology_op(|ch| async move {
-                    let passive = QueueDeclareOptions {
-                        passive: true,
-                        ..Default::default()
-                    };
-                    ch.queue_declare(name, passive, FieldTable::default()).await
+                    ch.call(ch.channel.queue_declare(passive_queue(name))).await
                 })
                 .await
             })
             .await;
         match inspected {
-            Ok(queue) => Ok(Some(QueueUse {
-                messages: queue.message_count(),
-                consumers: queue.consumer_count(),
+            Ok(Some((_, messages, consumers))) => Ok(Some(QueueUse {
+                messages,
+                consumers,
             })),
+            Ok(None) => Err(BusError::Internal(
+                "the broker did not answer a passive declaration".into(),
+            )),
             Err(BusError::NotFound(_)) => Ok(None),
             Err(e) => Err(e),
         }
@@ -293,13 +270,9 @@ impl Inner {
         let unbound = self
             .retrying(|link| async move {
                 link.topology_op(|ch| async move {
-                    ch.queue_unbind(
-                        queue,
-                        binding.exchange.as_str(),
-                        binding.routing_key.as_str(),
-                        FieldTable::default(),
-                    )
-                    .await
+                    let arguments =
+                        QueueUnbindArguments::new(queue, &binding.exchange, &binding.routing_key);
+                    ch.call(ch.channel.queue_unbind(arguments)).await
                 })
                 .await
             })
@@ -324,33 +297,30 @@ mod tests {
             .single_active_consumer()
             .delivery_limit(5)
             .dead_letter_exchange("dlx");
-        let (options, args) = queue_arguments(&spec);
-        assert!(options.durable && !options.exclusive && !options.auto_delete);
-        let args = args.inner();
-        assert_eq!(
-            args.get("x-queue-type"),
-            Some(&AMQPValue::LongString("quorum".into()))
-        );
-        assert_eq!(
-            args.get("x-delivery-limit"),
-            Some(&AMQPValue::LongLongInt(5))
-        );
-        assert_eq!(
-            args.get("x-dead-letter-exchange"),
-            Some(&AMQPValue::LongString("dlx".into()))
-        );
-        assert_eq!(
-            args.get("x-single-active-consumer"),
-            Some(&AMQPValue::Boolean(true))
-        );
+        let declared = format!("{:?}", queue_arguments(&spec));
+        for part in [
+            "durable: true",
+            "exclusive: false",
+            "auto_delete: false",
+            "x-queue-type",
+            "quorum",
+            "x-delivery-limit",
+            "x-dead-letter-exchange",
+            "dlx",
+            "x-single-active-consumer",
+        ] {
+            assert!(declared.contains(part), "{part} in {declared}");
+        }
     }
 
     #[test]
     fn exclusive_queues_are_classic_without_limit() {
         let spec = QueueSpec::exclusive("gw").delivery_limit(5);
-        let (options, args) = queue_arguments(&spec);
-        assert!(!options.durable && options.exclusive && options.auto_delete);
-        assert!(args.inner().get("x-queue-type").is_none());
-        assert!(args.inner().get("x-delivery-limit").is_none());
+        let declared = format!("{:?}", queue_arguments(&spec));
+        for part in ["durable: false", "exclusive: true", "auto_delete: true"] {
+            assert!(declared.contains(part), "{part} in {declared}");
+        }
+        assert!(!declared.contains("x-queue-type"), "{declared}");
+        assert!(!declared.contains("x-delivery-limit"), "{declared}");
     }
 }

@@ -2,15 +2,45 @@
 //! fresh channel, or give the broker's definitive answer as a [`BusError`].
 //!
 //! RabbitMQ reports most refusals by closing the channel (`404`, `406`, `405`) or the whole
-//! connection (hard errors); lapin surfaces both, and its own I/O failures, as one
-//! `lapin::Error`. Every retry loop of this backend (`Inner::retrying`, publishing,
+//! connection (hard errors). amqprs hands the reply of a closed channel to the channel's
+//! callback and fails the call that was waiting with a bare "channel closed"; the link's
+//! channels record that reply (`link::Chan`), so a failed call becomes an [`AmqpError`]
+//! that knows why. Every retry loop of this backend (`Inner::retrying`, publishing,
 //! consuming, dead letters) decides through [`classify`], so they all agree on which errors
 //! are transient.
 
-use lapin::ErrorKind;
-use lapin::protocol::{AMQPErrorKind, AMQPSoftError};
+use std::fmt;
 
 use crate::bus::BusError;
+
+/// A failed broker call, as this backend sees it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(super) enum AmqpError {
+    /// The broker closed the channel (or the connection) with this reply.
+    Refused {
+        /// The AMQP reply code (`404`, `406`, `320`, …).
+        code: u16,
+        /// The broker's reply text.
+        text: String,
+    },
+    /// The channel is closed, by an error of another operation or by its own closing.
+    ChannelClosed(String),
+    /// The connection is gone.
+    ConnectionLost(String),
+    /// Anything else the client reported.
+    Client(String),
+}
+
+impl fmt::Display for AmqpError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Self::Refused { code, text } => write!(f, "the broker refused ({code}): {text}"),
+            Self::ChannelClosed(text) => write!(f, "channel closed: {text}"),
+            Self::ConnectionLost(text) => write!(f, "connection lost: {text}"),
+            Self::Client(text) => write!(f, "AMQP client error: {text}"),
+        }
+    }
+}
 
 /// What to do with a failed broker call.
 pub(super) enum Failure {
@@ -23,29 +53,30 @@ pub(super) enum Failure {
     Final(BusError),
 }
 
-pub(super) fn classify(error: &lapin::Error) -> Failure {
-    match error.kind() {
-        ErrorKind::ProtocolError(amqp) => match amqp.kind() {
-            AMQPErrorKind::Soft(soft) => {
-                let text = amqp.get_message().as_str().to_owned();
-                Failure::Final(match soft {
-                    AMQPSoftError::NOTFOUND => return not_found(text),
-                    AMQPSoftError::PRECONDITIONFAILED => BusError::DeclarationConflict {
-                        name: extract_name(&text),
-                        reason: text,
-                    },
-                    AMQPSoftError::RESOURCELOCKED => BusError::Locked(extract_name(&text)),
-                    AMQPSoftError::ACCESSREFUSED => BusError::InvalidArgument(text),
-                    _ => BusError::Internal(text),
-                })
-            }
-            AMQPErrorKind::Hard(_) => Failure::Connection,
+/// AMQP 0-9-1 reply codes this backend tells apart.
+const CONNECTION_FORCED: u16 = 320;
+const ACCESS_REFUSED: u16 = 403;
+const NOT_FOUND: u16 = 404;
+const RESOURCE_LOCKED: u16 = 405;
+const PRECONDITION_FAILED: u16 = 406;
+
+pub(super) fn classify(error: &AmqpError) -> Failure {
+    match error {
+        AmqpError::Refused { code, text } => match *code {
+            NOT_FOUND => not_found(text.clone()),
+            PRECONDITION_FAILED => Failure::Final(BusError::DeclarationConflict {
+                name: extract_name(text),
+                reason: text.clone(),
+            }),
+            RESOURCE_LOCKED => Failure::Final(BusError::Locked(extract_name(text))),
+            ACCESS_REFUSED => Failure::Final(BusError::InvalidArgument(text.clone())),
+            // The hard errors (`320` and the 5xx codes) close the connection.
+            CONNECTION_FORCED | 500.. => Failure::Connection,
+            _ => Failure::Final(BusError::Internal(text.clone())),
         },
-        ErrorKind::IOError(_)
-        | ErrorKind::InvalidConnectionState(_)
-        | ErrorKind::MissingHeartbeatError => Failure::Connection,
-        ErrorKind::InvalidChannel(_) | ErrorKind::InvalidChannelState(..) => Failure::Channel,
-        _ => Failure::Final(BusError::Internal(error.to_string())),
+        AmqpError::ChannelClosed(_) => Failure::Channel,
+        AmqpError::ConnectionLost(_) => Failure::Connection,
+        AmqpError::Client(text) => Failure::Final(BusError::Internal(text.clone())),
     }
 }
 
@@ -87,6 +118,28 @@ mod tests {
         assert!(matches!(
             not_found(missing.into()),
             Failure::Final(BusError::NotFound(text)) if text == missing
+        ));
+    }
+
+    #[test]
+    fn reply_codes_decide_between_final_answers_and_a_lost_connection() {
+        let refused = |code| AmqpError::Refused {
+            code,
+            text: format!("{code} - for queue 'q' in vhost '/'"),
+        };
+        assert!(matches!(
+            classify(&refused(406)),
+            Failure::Final(BusError::DeclarationConflict { name, .. }) if name == "q"
+        ));
+        assert!(matches!(
+            classify(&refused(405)),
+            Failure::Final(BusError::Locked(name)) if name == "q"
+        ));
+        assert!(matches!(classify(&refused(320)), Failure::Connection));
+        assert!(matches!(classify(&refused(541)), Failure::Connection));
+        assert!(matches!(
+            classify(&AmqpError::ChannelClosed("x".into())),
+            Failure::Channel
         ));
     }
 

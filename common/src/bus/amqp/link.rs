@@ -14,20 +14,22 @@ use std::sync::atomic::AtomicU64;
 use std::sync::{Arc, Mutex, Weak};
 use std::time::Duration;
 
-use futures::StreamExt;
-use lapin::options::ConfirmSelectOptions;
-use lapin::{Channel, Connection, ConnectionProperties};
+use amqprs::Close;
+use amqprs::callbacks::ConnectionCallback;
+use amqprs::channel::ConfirmSelectArguments;
+use amqprs::connection::{Connection, OpenConnectionArguments};
 use tokio::sync::{Notify, watch};
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
 use super::AmqpOptions;
+use super::channel::{Chan, ClientResult};
 use super::confirms::Confirms;
-use super::failure::{Failure, classify};
+use super::failure::{AmqpError, Failure, classify};
 use crate::bus::{BusError, ExchangeSpec, QueueSpec, Result};
 
-/// How often the supervisor checks that the connection is still up, in addition to lapin's
-/// error callback (a client-side close, for instance, does not trigger the callback).
+/// How often the supervisor checks that the connection is still up, in addition to the
+/// connection's own notice of its end (which a task may subscribe to only after it came).
 const LIVENESS_INTERVAL: Duration = Duration::from_millis(500);
 /// Pause between two attempts of an operation that failed on a closed channel.
 pub(super) const RETRY_PAUSE: Duration = Duration::from_millis(20);
@@ -60,10 +62,10 @@ pub(super) struct Link {
     pub(super) generation: u64,
     pub(super) connection: Connection,
     /// The confirm-mode channel with the bookkeeping that pairs its returns with their owners.
-    publish: tokio::sync::Mutex<(Channel, Confirms)>,
+    publish: tokio::sync::Mutex<(Chan, Confirms)>,
     /// Without confirm mode: for unconfirmed messages ([`PublishOptions::confirmed`]).
-    best_effort: tokio::sync::Mutex<Channel>,
-    topology: tokio::sync::Mutex<Channel>,
+    best_effort: tokio::sync::Mutex<Chan>,
+    topology: tokio::sync::Mutex<Chan>,
 }
 
 #[derive(Default)]
@@ -77,29 +79,63 @@ impl Drop for Inner {
     fn drop(&mut self) {
         self.shutdown.cancel();
         if let LinkState::Up(link) = &*self.state.borrow() {
-            let link = link.clone();
+            let connection = link.connection.clone();
             if let Ok(handle) = tokio::runtime::Handle::try_current() {
                 handle.spawn(async move {
-                    let _ = link.connection.close(200, "bus dropped").await;
+                    let _ = connection.close().await;
                 });
             }
         }
     }
 }
 
+/// The connection arguments of an `amqp://user:password@host:port/vhost` URL (the vhost
+/// percent-decoded, `/` when the path is empty; port 5672 by default).
+fn open_arguments(
+    url: &str,
+    connection_name: &str,
+) -> std::result::Result<OpenConnectionArguments, AmqpError> {
+    let invalid = |why: &str| AmqpError::Client(format!("invalid broker URL: {why}"));
+    let parsed = url::Url::parse(url).map_err(|e| invalid(&e.to_string()))?;
+    if parsed.scheme() != "amqp" {
+        return Err(invalid("only amqp:// URLs are supported"));
+    }
+    let decode = |text: &str| {
+        percent_encoding::percent_decode_str(text)
+            .decode_utf8()
+            .map(|decoded| decoded.into_owned())
+            .map_err(|_| invalid("not UTF-8 once percent-decoded"))
+    };
+    let host = parsed.host_str().ok_or_else(|| invalid("no host"))?;
+    let user = match parsed.username() {
+        "" => "guest".to_owned(),
+        user => decode(user)?,
+    };
+    let password = decode(parsed.password().unwrap_or("guest"))?;
+    let vhost = match parsed.path() {
+        "" | "/" => "/".to_owned(),
+        path => decode(&path[1..])?,
+    };
+    let mut arguments =
+        OpenConnectionArguments::new(host, parsed.port().unwrap_or(5672), &user, &password);
+    arguments
+        .virtual_host(&vhost)
+        .connection_name(connection_name);
+    Ok(arguments)
+}
+
 impl Link {
     pub(super) async fn open(
         options: &AmqpOptions,
         generation: u64,
-    ) -> std::result::Result<Self, lapin::Error> {
-        let properties = ConnectionProperties::default()
-            .with_connection_name(options.connection_name.as_str().into())
-            .with_executor(tokio_executor_trait::Tokio::current())
-            .with_reactor(tokio_reactor_trait::Tokio::current());
-        let connection = Connection::connect(&options.url, properties).await?;
+    ) -> std::result::Result<Self, AmqpError> {
+        let arguments = open_arguments(&options.url, &options.connection_name)?;
+        let connection = Connection::open(&arguments)
+            .await
+            .map_err(|e| AmqpError::ConnectionLost(e.to_string()))?;
         let publish = Self::publish_channel(&connection).await?;
-        let best_effort = connection.create_channel().await?;
-        let topology = connection.create_channel().await?;
+        let best_effort = Chan::open(&connection, None).await?;
+        let topology = Chan::open(&connection, None).await?;
         Ok(Self {
             generation,
             connection,
@@ -111,42 +147,49 @@ impl Link {
 
     async fn publish_channel(
         connection: &Connection,
-    ) -> std::result::Result<(Channel, Confirms), lapin::Error> {
-        let channel = connection.create_channel().await?;
-        channel
-            .confirm_select(ConfirmSelectOptions::default())
-            .await?;
-        Ok((channel, Confirms::spawn()))
+    ) -> std::result::Result<(Chan, Confirms), AmqpError> {
+        let confirms = Confirms::new();
+        let chan = Chan::open(connection, Some(confirms.clone())).await?;
+        chan.call(
+            chan.channel
+                .confirm_select(ConfirmSelectArguments::default()),
+        )
+        .await?;
+        Ok((chan, confirms))
     }
 
-    /// The publish channel and its confirms, reopened if a channel error closed it.
-    pub(super) async fn publisher(&self) -> std::result::Result<(Channel, Confirms), lapin::Error> {
+    /// The publish channel and its confirms, reopened if a channel error closed it. Held
+    /// (the lock) while a message is written, so the channel numbers its messages in the
+    /// order the confirms book them (see `confirms`).
+    pub(super) async fn publisher(
+        &self,
+    ) -> std::result::Result<tokio::sync::MutexGuard<'_, (Chan, Confirms)>, AmqpError> {
         let mut publish = self.publish.lock().await;
-        if !publish.0.status().connected() {
+        if !publish.0.is_open() {
             *publish = Self::publish_channel(&self.connection).await?;
         }
-        Ok(publish.clone())
+        Ok(publish)
     }
 
     /// The best-effort channel, reopened if a channel error closed it.
-    pub(super) async fn best_effort_publisher(&self) -> std::result::Result<Channel, lapin::Error> {
+    pub(super) async fn best_effort_publisher(&self) -> std::result::Result<Chan, AmqpError> {
         let mut channel = self.best_effort.lock().await;
-        if !channel.status().connected() {
-            *channel = self.connection.create_channel().await?;
+        if !channel.is_open() {
+            *channel = Chan::open(&self.connection, None).await?;
         }
         Ok(channel.clone())
     }
 
     /// Runs one operation on the topology channel (serialized; the channel is reopened first
     /// if an earlier error closed it).
-    pub(super) async fn topology_op<T, F, Fut>(&self, op: F) -> std::result::Result<T, lapin::Error>
+    pub(super) async fn topology_op<T, F, Fut>(&self, op: F) -> std::result::Result<T, AmqpError>
     where
-        F: FnOnce(Channel) -> Fut,
-        Fut: Future<Output = std::result::Result<T, lapin::Error>>,
+        F: FnOnce(Chan) -> Fut,
+        Fut: Future<Output = std::result::Result<T, AmqpError>>,
     {
         let mut channel = self.topology.lock().await;
-        if !channel.status().connected() {
-            *channel = self.connection.create_channel().await?;
+        if !channel.is_open() {
+            *channel = Chan::open(&self.connection, None).await?;
         }
         op(channel.clone()).await
     }
@@ -174,11 +217,12 @@ impl Inner {
             // Make sure the old connection is really gone (its consumers must not keep
             // receiving) even if only one operation saw it failing.
             if let (true, Ok(handle)) = (
-                link.connection.status().connected(),
+                link.connection.is_open(),
                 tokio::runtime::Handle::try_current(),
             ) {
+                let connection = link.connection.clone();
                 handle.spawn(async move {
-                    let _ = link.connection.close(320, "replaced after an error").await;
+                    let _ = connection.close().await;
                 });
             }
         }
@@ -226,7 +270,7 @@ impl Inner {
     pub(super) async fn retrying<T, F, Fut>(&self, mut op: F) -> Result<T>
     where
         F: FnMut(Arc<Link>) -> Fut,
-        Fut: Future<Output = std::result::Result<T, lapin::Error>>,
+        Fut: Future<Output = std::result::Result<T, AmqpError>>,
     {
         let deadline = Instant::now() + self.options.operation_timeout;
         loop {
@@ -238,7 +282,7 @@ impl Inner {
             match classify(&error) {
                 Failure::Final(e) => return Err(e),
                 Failure::Connection => self.report_broken(link.generation),
-                Failure::Channel if !link.connection.status().connected() => {
+                Failure::Channel if !link.connection.is_open() => {
                     self.report_broken(link.generation)
                 }
                 Failure::Channel => {}
@@ -272,7 +316,7 @@ impl Inner {
             shutdown: CancellationToken::new(),
             next_consumer: AtomicU64::new(0),
         });
-        watch_link(&inner, &link);
+        watch_link(&inner, &link).await;
         tokio::spawn(supervise(Arc::downgrade(&inner), inner.shutdown.clone()));
         Ok(inner)
     }
@@ -284,10 +328,7 @@ impl Inner {
             LinkState::Up(link) => link.clone(),
             _ => return,
         };
-        let _ = link
-            .connection
-            .close(320, "severed for a recovery drill")
-            .await;
+        let _ = link.connection.clone().close().await;
     }
 
     /// Generation of the current link; `None` while reconnecting or closed.
@@ -301,7 +342,7 @@ impl Inner {
     /// Whether the current link is up (see [`Bus::ping`](crate::bus::Bus::ping)).
     pub(super) fn ping(&self) -> Result<()> {
         match &*self.state.borrow() {
-            LinkState::Up(link) if link.connection.status().connected() => Ok(()),
+            LinkState::Up(link) if link.connection.is_open() => Ok(()),
             LinkState::Closed => Err(BusError::Closed),
             _ => Err(BusError::Unavailable("not connected to the broker".into())),
         }
@@ -314,61 +355,69 @@ impl Inner {
         if let LinkState::Up(link) = previous {
             let _ = tokio::time::timeout(
                 self.options.operation_timeout,
-                link.connection.close(200, "bus closed"),
+                link.connection.clone().close(),
             )
             .await;
-            // `close` returns once the broker acknowledged, but lapin's I/O thread notices
-            // the closed state on its next turn and then deregisters its socket from the
-            // tokio reactor. A process that exits right after `close` tears the reactor down
-            // under it, and lapin logs that as an I/O error at every clean shutdown. The
-            // thread cannot be joined through lapin's API; a short pause lets it finish.
-            tokio::time::sleep(IO_LOOP_SETTLE).await;
         }
         Ok(())
     }
 }
 
-/// How long [`Inner::close`] leaves lapin's I/O thread to wind down (see there).
-const IO_LOOP_SETTLE: Duration = Duration::from_millis(50);
-
-/// Reports the link broken when lapin signals a connection error.
-fn watch_link(inner: &Arc<Inner>, link: &Arc<Link>) {
-    let weak = Arc::downgrade(inner);
+/// Reports the link broken as soon as its connection ends (a network failure, or the broker
+/// closing it: the connection's callback hears the broker's reason, and its end is announced
+/// to every listener). The supervisor's liveness check catches an end that came before the
+/// listener subscribed.
+async fn watch_link(inner: &Arc<Inner>, link: &Arc<Link>) {
     let generation = link.generation;
+    let callback = ConnectionEnd {
+        inner: Arc::downgrade(inner),
+        generation,
+    };
+    if let Err(error) = link.connection.register_callback(callback).await {
+        tracing::debug!(%error, generation, "could not watch the connection's close");
+    }
+    let weak = Arc::downgrade(inner);
     let shutdown = inner.shutdown.clone();
-    let mut events = Box::pin(link.connection.events_listener());
-    let status = link.connection.status().clone();
+    let connection = link.connection.clone();
     tokio::spawn(async move {
-        loop {
-            let event = tokio::select! {
-                () = shutdown.cancelled() => return,
-                event = events.next() => event,
-            };
-            let Some(inner) = weak.upgrade() else { return };
-            match event {
-                // lapin reports here too the errors that close a single channel (a 404 on a
-                // passive declare, a publish to a missing exchange): the connection is fine,
-                // and the operation that caused it gets its own error. Reconnecting would
-                // needlessly requeue every subscription's unacked deliveries.
-                Some(lapin::Event::Error(error))
-                    if status.connected() && matches!(classify(&error), Failure::Final(_)) =>
-                {
-                    tracing::debug!(%error, generation, "channel error; the connection is up");
-                }
-                Some(lapin::Event::Error(error)) => {
-                    tracing::debug!(%error, generation, "broker connection error");
+        tokio::select! {
+            () = shutdown.cancelled() => {}
+            network = connection.listen_network_io_failure() => {
+                if let Some(inner) = weak.upgrade() {
+                    tracing::debug!(network_failure = network, generation, "the broker connection ended");
                     inner.report_broken(generation);
-                    return;
-                }
-                Some(_) => {}
-                // The connection is gone.
-                None => {
-                    inner.report_broken(generation);
-                    return;
                 }
             }
         }
     });
+}
+
+/// The connection's callback: a close by the broker (a forced close, a hard error) breaks the
+/// link.
+struct ConnectionEnd {
+    inner: Weak<Inner>,
+    generation: u64,
+}
+
+#[async_trait::async_trait]
+impl ConnectionCallback for ConnectionEnd {
+    async fn close(&mut self, _connection: &Connection, close: Close) -> ClientResult<()> {
+        tracing::debug!(generation = self.generation, reason = %close, "the broker closed the connection");
+        if let Some(inner) = self.inner.upgrade() {
+            inner.report_broken(self.generation);
+        }
+        Ok(())
+    }
+
+    async fn blocked(&mut self, _connection: &Connection, reason: String) {
+        tracing::warn!(reason, "the broker blocks publishing (a resource alarm)");
+    }
+
+    async fn unblocked(&mut self, _connection: &Connection) {
+        tracing::info!("the broker accepts publishing again");
+    }
+
+    async fn secret_updated(&mut self, _connection: &Connection) {}
 }
 
 /// Reconnects whenever the link breaks, until shutdown.
@@ -390,7 +439,7 @@ async fn supervise(weak: Weak<Inner>, shutdown: CancellationToken) {
         }
         let Some(inner) = weak.upgrade() else { return };
         let lost = match &*inner.state.borrow() {
-            LinkState::Up(link) if !link.connection.status().connected() => Some(link.generation),
+            LinkState::Up(link) if !link.connection.is_open() => Some(link.generation),
             LinkState::Up(_) => None,
             LinkState::Down(generation) => Some(*generation),
             LinkState::Closed => return,
@@ -419,7 +468,7 @@ async fn reconnect(inner: &Arc<Inner>, lost: u64, shutdown: &CancellationToken) 
             Ok(Ok(link)) => match link.redeclare(inner.registry_snapshot()).await {
                 Ok(()) => {
                     let link = Arc::new(link);
-                    watch_link(inner, &link);
+                    watch_link(inner, &link).await;
                     let installed = inner.state.send_if_modified(|state| {
                         if matches!(state, LinkState::Closed) {
                             return false;
@@ -430,7 +479,7 @@ async fn reconnect(inner: &Arc<Inner>, lost: u64, shutdown: &CancellationToken) 
                     if installed {
                         tracing::info!(generation, attempt, "reconnected to the broker");
                     } else {
-                        let _ = link.connection.close(200, "bus closed").await;
+                        let _ = link.connection.clone().close().await;
                     }
                     return;
                 }

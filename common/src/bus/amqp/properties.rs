@@ -1,8 +1,9 @@
 //! What our messages carry besides the body: the properties every publish sets (delivery
 //! mode, the publish-time header) and the header values read back at consume time.
 
-use lapin::BasicProperties;
-use lapin::types::{AMQPValue, FieldTable};
+use std::sync::LazyLock;
+
+use amqprs::{BasicProperties, FieldName, FieldTable, FieldValue};
 
 use crate::bus::PublishOptions;
 
@@ -15,14 +16,32 @@ pub(super) const PUBLISHED_AT_HEADER: &str = "timestamp_in_ms";
 /// Properties of a message we publish: persistent (delivery mode 2) or not as `options`
 /// says, stamped with the publish time in [`PUBLISHED_AT_HEADER`].
 pub(super) fn properties(options: PublishOptions) -> BasicProperties {
-    let mut headers = FieldTable::default();
-    headers.insert(
-        PUBLISHED_AT_HEADER.into(),
-        AMQPValue::LongLongInt(epoch_ms()),
-    );
+    let mut headers = FieldTable::new();
+    headers.insert(field_name(PUBLISHED_AT_HEADER), FieldValue::l(epoch_ms()));
     BasicProperties::default()
         .with_delivery_mode(if options.persistent { 2 } else { 1 })
         .with_headers(headers)
+        .finish()
+}
+
+/// A header or argument name (all ours are short ASCII constants).
+pub(super) fn field_name(name: &str) -> FieldName {
+    name.try_into().expect("a field name of at most 255 bytes")
+}
+
+/// [`PUBLISHED_AT_HEADER`] and RabbitMQ's count of a quorum queue's returns, as names the
+/// header lookup of every delivery takes without making them again.
+pub(super) static PUBLISHED_AT: LazyLock<FieldName> =
+    LazyLock::new(|| field_name(PUBLISHED_AT_HEADER));
+pub(super) static DELIVERY_COUNT: LazyLock<FieldName> =
+    LazyLock::new(|| field_name("x-delivery-count"));
+
+/// The header `name` of `properties`, if set.
+pub(super) fn header<'p>(
+    properties: &'p BasicProperties,
+    name: &FieldName,
+) -> Option<&'p FieldValue> {
+    properties.headers()?.get(name)
 }
 
 /// Now, in milliseconds since the Unix epoch (0 for a clock before it).
@@ -34,25 +53,27 @@ pub(super) fn epoch_ms() -> i64 {
 
 /// A count carried in a header (`x-delivery-count`, an `x-death` entry's `count`), whatever
 /// integer type the broker chose; `None` for anything else or a negative value.
-pub(super) fn header_count(value: &AMQPValue) -> Option<u32> {
+pub(super) fn header_count(value: &FieldValue) -> Option<u32> {
     let n: i64 = match value {
-        AMQPValue::ShortShortInt(v) => (*v).into(),
-        AMQPValue::ShortShortUInt(v) => (*v).into(),
-        AMQPValue::ShortInt(v) => (*v).into(),
-        AMQPValue::ShortUInt(v) => (*v).into(),
-        AMQPValue::LongInt(v) => (*v).into(),
-        AMQPValue::LongUInt(v) => (*v).into(),
-        AMQPValue::LongLongInt(v) => *v,
+        FieldValue::b(v) => (*v).into(),
+        FieldValue::B(v) => (*v).into(),
+        FieldValue::s(v) => (*v).into(),
+        FieldValue::u(v) => (*v).into(),
+        FieldValue::I(v) => (*v).into(),
+        FieldValue::i(v) => (*v).into(),
+        FieldValue::l(v) => *v,
         _ => return None,
     };
     u32::try_from(n).ok()
 }
 
-/// A text carried in a header (long or short string).
-pub(super) fn header_text(value: &AMQPValue) -> Option<String> {
+/// A text carried in a header (a long string, or bytes).
+pub(super) fn header_text(value: &FieldValue) -> Option<String> {
     match value {
-        AMQPValue::LongString(text) => Some(String::from_utf8_lossy(text.as_bytes()).into_owned()),
-        AMQPValue::ShortString(text) => Some(text.as_str().to_owned()),
+        FieldValue::S(text) => Some(AsRef::<String>::as_ref(text).clone()),
+        FieldValue::x(bytes) => {
+            Some(String::from_utf8_lossy(&Vec::<u8>::from(bytes.clone())).into_owned())
+        }
         _ => None,
     }
 }
@@ -63,9 +84,19 @@ mod tests {
 
     #[test]
     fn delivery_count_header_values() {
-        assert_eq!(header_count(&AMQPValue::LongLongInt(3)), Some(3));
-        assert_eq!(header_count(&AMQPValue::LongInt(2)), Some(2));
-        assert_eq!(header_count(&AMQPValue::LongLongInt(-1)), None);
-        assert_eq!(header_count(&AMQPValue::Boolean(true)), None);
+        assert_eq!(header_count(&FieldValue::l(3)), Some(3));
+        assert_eq!(header_count(&FieldValue::I(2)), Some(2));
+        assert_eq!(header_count(&FieldValue::l(-1)), None);
+        assert_eq!(header_count(&FieldValue::t(true)), None);
+    }
+
+    #[test]
+    fn our_properties_carry_the_publish_time() {
+        let published = properties(PublishOptions::default());
+        assert_eq!(published.delivery_mode(), Some(2));
+        assert!(matches!(
+            header(&published, &PUBLISHED_AT),
+            Some(FieldValue::l(ms)) if *ms > 0
+        ));
     }
 }

@@ -7,15 +7,16 @@
 //! duplicated, never silently lost. A batch sends everything and then awaits every confirm,
 //! and only the messages whose outcome was lost are published again, one by one.
 
+use amqprs::BasicProperties;
+use amqprs::channel::{BasicPublishArguments, ExchangeDeclareArguments};
 use futures::future::join_all;
-use lapin::options::{BasicPublishOptions, ExchangeDeclareOptions};
-use lapin::publisher_confirm::Confirmation;
-use lapin::types::FieldTable;
-use lapin::{BasicProperties, Channel};
 use tokio::time::Instant;
 
-use super::confirms::{Confirms, Pending};
-use super::failure::{Failure, classify};
+use tokio::sync::oneshot;
+
+use super::channel::Chan;
+use super::confirms::{Confirmation, Confirms};
+use super::failure::{AmqpError, Failure, classify};
 use super::link::{Inner, Link, RETRY_PAUSE};
 use super::properties::properties;
 use crate::bus::{
@@ -32,20 +33,19 @@ impl Inner {
         body: &[u8],
         options: PublishOptions,
         properties: &BasicProperties,
-    ) -> std::result::Result<Confirmation, lapin::Error> {
-        let (publisher, best_effort);
-        let route = if options.confirmed() {
-            publisher = link.publisher().await?;
+    ) -> std::result::Result<Confirmation, AmqpError> {
+        let sent = if options.confirmed() {
+            let publisher = link.publisher().await?;
             Route::Confirmed(&publisher.0, &publisher.1)
+                .write(exchange, routing_key, body, options, properties.clone())
+                .await?
         } else {
-            best_effort = link.best_effort_publisher().await?;
+            let best_effort = link.best_effort_publisher().await?;
             Route::BestEffort(&best_effort)
+                .write(exchange, routing_key, body, options, properties.clone())
+                .await?
         };
-        route
-            .write(exchange, routing_key, body, options, properties.clone())
-            .await?
-            .confirmation()
-            .await
+        sent.confirmation().await
     }
 
     /// Publishes with retries; see [`Bus::publish`].
@@ -100,21 +100,18 @@ impl Inner {
         link: &Link,
         exchange: &str,
         routing_key: &str,
-        outcome: std::result::Result<Confirmation, lapin::Error>,
+        outcome: std::result::Result<Confirmation, AmqpError>,
     ) -> Judged {
         match outcome {
-            Ok(Confirmation::Ack(None)) => Judged::Done(Ok(())),
-            Ok(Confirmation::Ack(Some(_returned))) => Judged::Done(Err(BusError::Unroutable {
+            Ok(Confirmation::Ack { returned: false }) => Judged::Done(Ok(())),
+            Ok(Confirmation::Ack { returned: true }) => Judged::Done(Err(BusError::Unroutable {
                 exchange: exchange.to_owned(),
                 routing_key: routing_key.to_owned(),
             })),
-            Ok(Confirmation::Nack(_)) => Judged::Done(Err(BusError::Rejected {
+            Ok(Confirmation::Nack { .. }) => Judged::Done(Err(BusError::Rejected {
                 exchange: exchange.to_owned(),
                 routing_key: routing_key.to_owned(),
             })),
-            Ok(Confirmation::NotRequested) => Judged::Done(Err(BusError::Internal(
-                "publisher confirms are not enabled on the channel".into(),
-            ))),
             Err(error) => match classify(&error) {
                 // A 404 closes the whole publish channel, failing every publish in flight on
                 // it: only the one whose exchange is really missing gets the error.
@@ -130,7 +127,7 @@ impl Inner {
                     Judged::Retry(error.to_string())
                 }
                 Failure::Channel => {
-                    if !link.connection.status().connected() {
+                    if !link.connection.is_open() {
                         self.report_broken(link.generation);
                     }
                     Judged::Retry(error.to_string())
@@ -146,16 +143,10 @@ impl Inner {
         }
         let result = link
             .topology_op(|ch| async move {
-                ch.exchange_declare(
-                    exchange,
-                    lapin::ExchangeKind::Direct,
-                    ExchangeDeclareOptions {
-                        passive: true,
-                        ..Default::default()
-                    },
-                    FieldTable::default(),
-                )
-                .await
+                let passive = ExchangeDeclareArguments::new(exchange, "direct")
+                    .passive(true)
+                    .finish();
+                ch.call(ch.channel.exchange_declare(passive)).await
             })
             .await;
         match result {
@@ -192,7 +183,8 @@ impl Inner {
             }
         };
         // Send everything, then await every confirm: one round trip for the batch. Unconfirmed
-        // messages go on the best-effort channel and are done once sent.
+        // messages go on the best-effort channel and are done once sent. The publish channel
+        // is held while the batch is written (see `Link::publisher`).
         let confirm_channel = link.publisher().await;
         let best_effort_channel = link.best_effort_publisher().await;
         let mut pending = Vec::with_capacity(total);
@@ -200,7 +192,7 @@ impl Inner {
             let route = if message.options.confirmed() {
                 confirm_channel
                     .as_ref()
-                    .map(|(channel, confirms)| Route::Confirmed(channel, confirms))
+                    .map(|publisher| Route::Confirmed(&publisher.0, &publisher.1))
             } else {
                 best_effort_channel.as_ref().map(Route::BestEffort)
             };
@@ -223,6 +215,7 @@ impl Inner {
             };
             pending.push(sent);
         }
+        drop(confirm_channel);
         let confirms = join_all(pending.into_iter().map(|sent| async move {
             match sent {
                 Ok(sent) => Ok(sent.confirmation().await),
@@ -276,8 +269,8 @@ impl Inner {
 /// The channel a message goes on: the publish channel with its confirms when the message's
 /// options ask for a confirm, else the best-effort channel.
 enum Route<'c> {
-    Confirmed(&'c Channel, &'c Confirms),
-    BestEffort(&'c Channel),
+    Confirmed(&'c Chan, &'c Confirms),
+    BestEffort(&'c Chan),
 }
 
 impl Route<'_> {
@@ -289,27 +282,42 @@ impl Route<'_> {
         body: &'a [u8],
         options: PublishOptions,
         properties: BasicProperties,
-    ) -> std::result::Result<Sent<'a>, lapin::Error> {
-        let publish_options = BasicPublishOptions {
-            mandatory: options.mandatory,
-            immediate: false,
-        };
+    ) -> std::result::Result<Sent<'a>, AmqpError> {
         match *self {
-            Route::Confirmed(channel, confirms) => confirms
-                .send(
-                    channel,
+            Route::Confirmed(chan, confirms) => {
+                let (number, answered) = confirms.book()?;
+                let arguments = BasicPublishArguments::new(exchange, routing_key)
+                    .mandatory(options.mandatory)
+                    .finish();
+                let written = chan
+                    .call(
+                        chan.channel
+                            .basic_publish(properties, body.to_vec(), arguments),
+                    )
+                    .await;
+                if let Err(error) = written {
+                    confirms.unbook(number);
+                    return Err(error);
+                }
+                Ok(Sent::Confirming(Pending {
+                    confirms: confirms.clone(),
+                    chan: chan.clone(),
+                    answered,
                     exchange,
                     routing_key,
                     body,
-                    publish_options,
-                    properties,
+                    mandatory: options.mandatory,
+                }))
+            }
+            Route::BestEffort(chan) => {
+                let arguments = BasicPublishArguments::new(exchange, routing_key)
+                    .mandatory(options.mandatory)
+                    .finish();
+                chan.call(
+                    chan.channel
+                        .basic_publish(properties, body.to_vec(), arguments),
                 )
-                .await
-                .map(Sent::Confirming),
-            Route::BestEffort(channel) => {
-                channel
-                    .basic_publish(exchange, routing_key, publish_options, body, properties)
-                    .await?;
+                .await?;
                 Ok(Sent::Written)
             }
         }
@@ -326,11 +334,45 @@ enum Sent<'a> {
 
 impl Sent<'_> {
     /// The broker's answer; a best-effort message's silence counts as an ack.
-    async fn confirmation(self) -> std::result::Result<Confirmation, lapin::Error> {
+    async fn confirmation(self) -> std::result::Result<Confirmation, AmqpError> {
         match self {
             Sent::Confirming(pending) => pending.confirmed().await,
-            Sent::Written => Ok(Confirmation::Ack(None)),
+            Sent::Written => Ok(Confirmation::Ack { returned: false }),
         }
+    }
+}
+
+/// A written message awaiting its confirmation.
+struct Pending<'a> {
+    confirms: Confirms,
+    /// The channel it was written on: why it closed, if it did.
+    chan: Chan,
+    answered: oneshot::Receiver<Confirmation>,
+    exchange: &'a str,
+    routing_key: &'a str,
+    body: &'a [u8],
+    mandatory: bool,
+}
+
+impl Pending<'_> {
+    /// The broker's answer, `returned` exactly when this message was returned; an error when
+    /// the channel closed before the answer came.
+    async fn confirmed(mut self) -> std::result::Result<Confirmation, AmqpError> {
+        let confirmation = (&mut self.answered).await.map_err(|_| {
+            // The broker's reply if it closed the channel (a publish to a missing exchange
+            // closes it for every message in flight on it), else a lost channel.
+            self.chan.error(&amqprs::error::Error::InternalChannelError(
+                "the publish channel closed before the confirm".into(),
+            ))
+        })?;
+        let returned = self.mandatory
+            && self
+                .confirms
+                .claim_return(self.exchange, self.routing_key, self.body);
+        Ok(match confirmation {
+            Confirmation::Ack { .. } => Confirmation::Ack { returned },
+            Confirmation::Nack { .. } => Confirmation::Nack { returned },
+        })
     }
 }
 

@@ -17,17 +17,17 @@
 //! [`Delivery::ack`](crate::bus::Delivery::ack) returns once the settlement is handed to the
 //! task. A settlement that then fails (the connection drops before the frame goes out) is the
 //! case every consumer already handles: the broker redelivers the message. Before a
-//! subscription closes its channel, it flushes the task ([`ChannelSettler::flush`]), so a
+//! subscription closes its channel, it finishes the task ([`ChannelSettler::finish`]), so a
 //! consumer that stops does not get back what it had settled.
 
 use std::collections::BTreeSet;
 use std::time::Duration;
 
+use amqprs::channel::{BasicAckArguments, BasicNackArguments};
 use async_trait::async_trait;
-use lapin::options::{BasicAckOptions, BasicNackOptions};
-use lapin::types::DeliveryTag;
-use lapin::{Channel, ChannelStatus};
 use tokio::sync::{mpsc, oneshot};
+
+use super::channel::Chan;
 
 use crate::bus::{BusError, Result, Settlement, Settler};
 use crate::telemetry::{Metrics, names};
@@ -36,6 +36,9 @@ use crate::telemetry::{Metrics, names};
 /// sends its frames regularly.
 const MAX_ROUND: usize = 4096;
 
+/// A delivery's number on its channel.
+type DeliveryTag = u64;
+
 /// What the settling task of a channel is told, in the order it happened.
 #[derive(Debug)]
 enum Command {
@@ -43,8 +46,11 @@ enum Command {
     Delivered(DeliveryTag),
     /// Settle this delivery.
     Settle(DeliveryTag, Settlement),
-    /// Answer once everything asked before is sent.
-    Flush(oneshot::Sender<()>),
+    /// Send everything asked before, then nothing more: the channel is about to close, and
+    /// a frame sent after that would reach a channel the broker no longer has (RabbitMQ
+    /// answers that by closing the whole connection) or, once amqprs reuses its number,
+    /// another channel.
+    Finish(oneshot::Sender<()>),
 }
 
 /// One AMQP frame that settles deliveries.
@@ -87,21 +93,30 @@ pub(super) fn frames(
 
 /// The handle of a channel's settling task: told of every delivery before the consumer
 /// sees it, then of its settlement. Each delivery holds a clone, so it holds only what a
-/// settlement needs: the task's queue and the channel's status.
+/// settlement needs: the task's queue and the channel.
 #[derive(Clone)]
 pub(super) struct ChannelSettler {
     commands: mpsc::UnboundedSender<Command>,
-    status: ChannelStatus,
+    channel: Chan,
+    queue: std::sync::Arc<str>,
 }
 
 impl ChannelSettler {
     /// Starts the settling task of `channel`, a consumer of `queue`; `timeout` bounds
     /// sending one round of frames (a connection that died silently never completes a send).
-    pub(super) fn start(channel: Channel, queue: String, timeout: Duration) -> Self {
+    pub(super) fn start(channel: Chan, queue: String, timeout: Duration) -> Self {
         let (commands, rx) = mpsc::unbounded_channel();
-        let status = channel.status().clone();
-        tokio::spawn(run(channel, queue, rx, timeout));
-        Self { commands, status }
+        tokio::spawn(run(channel.clone(), queue.clone(), rx, timeout));
+        Self {
+            commands,
+            channel,
+            queue: queue.into(),
+        }
+    }
+
+    /// The queue the channel consumes.
+    pub(super) fn queue(&self) -> &str {
+        &self.queue
     }
 
     /// Records a delivery of the channel and returns its half of the settlement.
@@ -113,10 +128,12 @@ impl ChannelSettler {
         })
     }
 
-    /// Waits (at most `timeout`) until every settlement asked for so far is sent.
-    pub(super) async fn flush(&self, timeout: Duration) {
+    /// Waits (at most `timeout`) until every settlement asked for so far is sent, and stops
+    /// the task sending anything after: the caller closes the channel next (see
+    /// [`Command::Finish`]).
+    pub(super) async fn finish(&self, timeout: Duration) {
         let (done, sent) = oneshot::channel();
-        if self.commands.send(Command::Flush(done)).is_ok() {
+        if self.commands.send(Command::Finish(done)).is_ok() {
             let _ = tokio::time::timeout(timeout, sent).await;
         }
     }
@@ -136,7 +153,7 @@ impl Settler for DeliverySettler {
                 "the delivery's channel is closed; the broker requeued the message".into(),
             )
         };
-        if !self.channel.status.connected() {
+        if !self.channel.channel.is_open() {
             return Err(closed());
         }
         self.channel
@@ -158,16 +175,20 @@ impl Settler for DeliverySettler {
 /// [`frames`] decides, counted in `sb_bus_settle_frames_total`; ends when every handle is
 /// gone.
 async fn run(
-    channel: Channel,
+    channel: Chan,
     queue: String,
     mut commands: mpsc::UnboundedReceiver<Command>,
     timeout: Duration,
 ) {
     let mut unsettled = BTreeSet::new();
     let (mut acks, mut nacks, mut flushed) = (Vec::new(), Vec::new(), Vec::new());
+    // Set by `Command::Finish`: later settlements are dropped (the broker requeues what the
+    // closing channel held).
+    let mut finished = false;
     while let Some(first) = commands.recv().await {
         let mut next = Some(first);
         let mut taken = 0;
+        let mut closing = false;
         while let Some(command) = next {
             match command {
                 Command::Delivered(tag) => {
@@ -179,7 +200,12 @@ async fn run(
                     Settlement::Nack { requeue } => nacks.push((tag, requeue)),
                 },
                 Command::Settle(..) => {}
-                Command::Flush(done) => flushed.push(done),
+                Command::Finish(done) => {
+                    flushed.push(done);
+                    next = None;
+                    closing = true;
+                    continue;
+                }
             }
             taken += 1;
             next = if taken < MAX_ROUND {
@@ -189,7 +215,9 @@ async fn run(
             };
         }
         let round = frames(&unsettled, &nacks, &mut acks);
-        if !round.is_empty() {
+        // A channel already closed (by the broker, or with its connection) took its
+        // deliveries' record with it: nothing to send.
+        if !round.is_empty() && !finished && channel.is_open() {
             send(&channel, &round, timeout).await;
             Metrics::global().add(
                 names::BUS_SETTLE_FRAMES_TOTAL,
@@ -202,38 +230,36 @@ async fn run(
         for done in flushed.drain(..) {
             let _ = done.send(());
         }
+        finished |= closing;
     }
 }
 
 /// Sends one round's frames in order. A frame that cannot be sent means the channel is gone,
 /// and with it the broker's record of its deliveries: they are redelivered, which every
 /// consumer handles.
-async fn send(channel: &Channel, round: &[Frame], timeout: Duration) {
-    let sends = round.iter().map(|&frame| async move {
-        match frame {
-            Frame::Ack { tag, multiple } => {
-                channel.basic_ack(tag, BasicAckOptions { multiple }).await
-            }
-            Frame::Nack { tag, requeue } => {
-                channel
-                    .basic_nack(
-                        tag,
-                        BasicNackOptions {
-                            multiple: false,
-                            requeue,
-                        },
-                    )
-                    .await
-            }
+async fn send(channel: &Chan, round: &[Frame], timeout: Duration) {
+    // Each frame is handed to the connection's writer in turn, so they leave in `round`'s
+    // order.
+    let sends = async {
+        for &frame in round {
+            let sent = match frame {
+                Frame::Ack { tag, multiple } => {
+                    let ack = BasicAckArguments::new(tag, multiple);
+                    channel.channel.basic_ack(ack).await
+                }
+                Frame::Nack { tag, requeue } => {
+                    let nack = BasicNackArguments::new(tag, false, requeue);
+                    channel.channel.basic_nack(nack).await
+                }
+            };
+            sent?;
         }
-    });
-    // `join_all` polls the sends in order, and each queues its frame on its first poll, so
-    // the frames leave in `round`'s order.
-    match tokio::time::timeout(timeout, futures::future::join_all(sends)).await {
-        Ok(results) => {
-            if let Some(error) = results.into_iter().find_map(std::result::Result::err) {
-                tracing::debug!(%error, "could not settle deliveries; the broker redelivers them");
-            }
+        Ok::<(), amqprs::error::Error>(())
+    };
+    match tokio::time::timeout(timeout, sends).await {
+        Ok(Ok(())) => {}
+        Ok(Err(error)) => {
+            tracing::debug!(%error, "could not settle deliveries; the broker redelivers them");
         }
         Err(_) => tracing::debug!("timed out settling deliveries; the broker redelivers them"),
     }
