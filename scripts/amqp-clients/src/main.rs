@@ -56,6 +56,37 @@ fn broker_cpu() -> f64 {
     (field(11) + field(12)) / ticks
 }
 
+/// The messages in flight: at most `inflight` published and not yet delivered, each with the
+/// time it was published (a queue delivers in publish order).
+#[derive(Clone)]
+struct Flight {
+    permits: std::sync::Arc<tokio::sync::Semaphore>,
+    published: std::sync::Arc<std::sync::Mutex<std::collections::VecDeque<Instant>>>,
+}
+
+impl Flight {
+    fn new(inflight: usize) -> Self {
+        Self {
+            permits: std::sync::Arc::new(tokio::sync::Semaphore::new(inflight)),
+            published: std::sync::Arc::default(),
+        }
+    }
+
+    /// Waits for room, then notes a message about to be published.
+    async fn take_off(&self) {
+        self.permits.acquire().await.expect("never closed").forget();
+        self.published.lock().unwrap().push_back(Instant::now());
+    }
+
+    /// The oldest message in flight was delivered: its latency goes to `latencies`.
+    fn landed(&self, latencies: &mut Vec<f64>) {
+        if let Some(published) = self.published.lock().unwrap().pop_front() {
+            latencies.push(published.elapsed().as_secs_f64());
+        }
+        self.permits.add_permits(1);
+    }
+}
+
 /// The measured window: what the counters read when it opened.
 struct Window {
     name: &'static str,
@@ -157,12 +188,10 @@ mod lap {
             .await
             .unwrap();
         let body = vec![b'x'; 300];
-        let sem = std::sync::Arc::new(tokio::sync::Semaphore::new(inflight));
-        let starts = std::sync::Arc::new(std::sync::Mutex::new(std::collections::VecDeque::new()));
+        let flight = Flight::new(inflight);
         let window = Window::open(NAME, inflight);
         let consume = {
-            let sem = sem.clone();
-            let starts = starts.clone();
+            let flight = flight.clone();
             tokio::spawn(async move {
                 let mut lat = Vec::new();
                 for received in 1..=n {
@@ -171,11 +200,7 @@ mod lap {
                         let multiple = ack_every > 1;
                         d.ack(BasicAckOptions { multiple }).await.unwrap();
                     }
-                    if let Some(s) = starts.lock().unwrap().pop_front() {
-                        let s: Instant = s;
-                        lat.push(s.elapsed().as_secs_f64());
-                    }
-                    sem.add_permits(1);
+                    flight.landed(&mut lat);
                 }
                 lat
             })
@@ -189,8 +214,7 @@ mod lap {
             }
         });
         for _ in 0..n {
-            sem.acquire().await.unwrap().forget();
-            starts.lock().unwrap().push_back(Instant::now());
+            flight.take_off().await;
             let confirm = pubch
                 .basic_publish(
                     "",
@@ -308,12 +332,10 @@ mod rs {
             .await
             .unwrap();
         let body = vec![b'x'; 300];
-        let sem = std::sync::Arc::new(tokio::sync::Semaphore::new(inflight));
-        let starts = std::sync::Arc::new(std::sync::Mutex::new(std::collections::VecDeque::new()));
+        let flight = Flight::new(inflight);
         let window = Window::open(NAME, inflight);
         let consume = {
-            let sem = sem.clone();
-            let starts = starts.clone();
+            let flight = flight.clone();
             let conch = conch.clone();
             tokio::spawn(async move {
                 let mut lat = Vec::new();
@@ -326,11 +348,7 @@ mod rs {
                             .await
                             .unwrap();
                     }
-                    if let Some(s) = starts.lock().unwrap().pop_front() {
-                        let s: Instant = s;
-                        lat.push(s.elapsed().as_secs_f64());
-                    }
-                    sem.add_permits(1);
+                    flight.landed(&mut lat);
                 }
                 lat
             })
@@ -338,8 +356,7 @@ mod rs {
         let mut props = BasicProperties::default();
         props.with_delivery_mode(2);
         for i in 0..n {
-            sem.acquire().await.unwrap().forget();
-            starts.lock().unwrap().push_back(Instant::now());
+            flight.take_off().await;
             let waiting = confirmed.1.notified();
             pubch
                 .basic_publish(

@@ -29,7 +29,7 @@ pub(super) enum Confirmation {
     /// Taken by the broker; `returned` when it matched no binding (a `mandatory` message).
     Ack { returned: bool },
     /// Refused by the broker (`basic.nack`).
-    Nack { returned: bool },
+    Nack,
 }
 
 /// The confirm bookkeeping of one publish channel; cheap to clone. The channel's callback
@@ -42,7 +42,8 @@ struct Book {
     /// The number the channel gives the next message published on it.
     next: u64,
     /// Messages written and not yet confirmed, by number.
-    waiting: BTreeMap<u64, oneshot::Sender<Confirmation>>,
+    /// Each waiter is told whether the broker acked (`true`) or nacked its message.
+    waiting: BTreeMap<u64, oneshot::Sender<bool>>,
     /// Returns taken in, waiting for their owner to claim them.
     returns: VecDeque<Returned>,
     /// The channel is closed: nothing written on it will be confirmed any more.
@@ -73,8 +74,8 @@ impl Confirms {
 
     /// Books the next number of the channel for a message about to be written (the caller
     /// holds the channel's publish lock until it is written, or [`unbook`](Self::unbook)s
-    /// it), and returns the number and where its confirmation will come.
-    pub(super) fn book(&self) -> Result<(u64, oneshot::Receiver<Confirmation>), AmqpError> {
+    /// it), and returns the number and where the broker's answer will come (`true`: acked).
+    pub(super) fn book(&self) -> Result<(u64, oneshot::Receiver<bool>), AmqpError> {
         let (answer, answered) = oneshot::channel();
         let mut book = self.lock();
         if book.closed {
@@ -111,13 +112,8 @@ impl Confirms {
                 book.waiting.remove(&number).into_iter().collect()
             }
         };
-        let confirmation = if ack {
-            Confirmation::Ack { returned: false }
-        } else {
-            Confirmation::Nack { returned: false }
-        };
         for waiter in answered {
-            let _ = waiter.send(confirmation);
+            let _ = waiter.send(ack);
         }
     }
 
@@ -164,7 +160,7 @@ impl Confirms {
 mod tests {
     use super::*;
 
-    fn waiter(confirms: &Confirms) -> oneshot::Receiver<Confirmation> {
+    fn waiter(confirms: &Confirms) -> oneshot::Receiver<bool> {
         confirms.book().expect("open").1
     }
 
@@ -174,14 +170,11 @@ mod tests {
         let mut answers: Vec<_> = (0..4).map(|_| waiter(&confirms)).collect();
         confirms.acked(3, true, true);
         for answer in &mut answers[..3] {
-            assert_eq!(answer.try_recv(), Ok(Confirmation::Ack { returned: false }));
+            assert_eq!(answer.try_recv(), Ok(true));
         }
         assert!(answers[3].try_recv().is_err(), "4 is not confirmed yet");
         confirms.acked(4, false, false);
-        assert_eq!(
-            answers[3].try_recv(),
-            Ok(Confirmation::Nack { returned: false })
-        );
+        assert_eq!(answers[3].try_recv(), Ok(false));
     }
 
     #[test]

@@ -70,12 +70,12 @@ impl Inner {
     }
 }
 
-/// A delivery of the broker as the bus hands it on; `None` for a message without its method
-/// frame (amqprs always fills it in for a delivery).
-fn convert(message: ConsumerMessage, settler: &ChannelSettler) -> Option<Delivery> {
+/// A delivery of the broker from `queue` as the bus hands it on; `None` for a message without
+/// its method frame (amqprs always fills it in for a delivery).
+fn convert(message: ConsumerMessage, queue: &str, settler: &ChannelSettler) -> Option<Delivery> {
     let deliver = message.deliver?;
     let properties = message.basic_properties.unwrap_or_default();
-    observe_queue_lag(settler.queue(), &properties);
+    observe_queue_lag(queue, &properties);
     let redelivered = deliver.redelivered();
     let delivery_count = header(&properties, &DELIVERY_COUNT)
         .and_then(header_count)
@@ -184,7 +184,7 @@ async fn run_consumer(
                 item = consumer.recv() => match item {
                     Some(message) => {
                         // A send error means the subscription is being dropped: `cancel` follows.
-                        if let Some(delivery) = convert(message, &settler) {
+                        if let Some(delivery) = convert(message, &queue, &settler) {
                             let _ = tx.send(Ok(delivery));
                         }
                     }

@@ -17,7 +17,7 @@ pub(super) const PUBLISHED_AT_HEADER: &str = "timestamp_in_ms";
 /// says, stamped with the publish time in [`PUBLISHED_AT_HEADER`].
 pub(super) fn properties(options: PublishOptions) -> BasicProperties {
     let mut headers = FieldTable::new();
-    headers.insert(field_name(PUBLISHED_AT_HEADER), FieldValue::l(epoch_ms()));
+    headers.insert(PUBLISHED_AT.clone(), FieldValue::l(epoch_ms()));
     BasicProperties::default()
         .with_delivery_mode(if options.persistent { 2 } else { 1 })
         .with_headers(headers)

@@ -10,9 +10,8 @@
 use amqprs::BasicProperties;
 use amqprs::channel::{BasicPublishArguments, ExchangeDeclareArguments};
 use futures::future::join_all;
-use tokio::time::Instant;
-
 use tokio::sync::oneshot;
+use tokio::time::Instant;
 
 use super::channel::Chan;
 use super::confirms::{Confirmation, Confirms};
@@ -108,7 +107,7 @@ impl Inner {
                 exchange: exchange.to_owned(),
                 routing_key: routing_key.to_owned(),
             })),
-            Ok(Confirmation::Nack { .. }) => Judged::Done(Err(BusError::Rejected {
+            Ok(Confirmation::Nack) => Judged::Done(Err(BusError::Rejected {
                 exchange: exchange.to_owned(),
                 routing_key: routing_key.to_owned(),
             })),
@@ -285,17 +284,12 @@ impl Route<'_> {
     ) -> std::result::Result<Sent<'a>, AmqpError> {
         match *self {
             Route::Confirmed(chan, confirms) => {
+                // Booked before the write, so the callback finds the number however soon
+                // the broker's answer comes.
                 let (number, answered) = confirms.book()?;
-                let arguments = BasicPublishArguments::new(exchange, routing_key)
-                    .mandatory(options.mandatory)
-                    .finish();
-                let written = chan
-                    .call(
-                        chan.channel
-                            .basic_publish(properties, body.to_vec(), arguments),
-                    )
-                    .await;
-                if let Err(error) = written {
+                if let Err(error) =
+                    write_on(chan, exchange, routing_key, body, options, properties).await
+                {
                     confirms.unbook(number);
                     return Err(error);
                 }
@@ -310,18 +304,30 @@ impl Route<'_> {
                 }))
             }
             Route::BestEffort(chan) => {
-                let arguments = BasicPublishArguments::new(exchange, routing_key)
-                    .mandatory(options.mandatory)
-                    .finish();
-                chan.call(
-                    chan.channel
-                        .basic_publish(properties, body.to_vec(), arguments),
-                )
-                .await?;
+                write_on(chan, exchange, routing_key, body, options, properties).await?;
                 Ok(Sent::Written)
             }
         }
     }
+}
+
+/// Writes one message on `chan` (`basic.publish`, mandatory as `options` says).
+async fn write_on(
+    chan: &Chan,
+    exchange: &str,
+    routing_key: &str,
+    body: &[u8],
+    options: PublishOptions,
+    properties: BasicProperties,
+) -> std::result::Result<(), AmqpError> {
+    let arguments = BasicPublishArguments::new(exchange, routing_key)
+        .mandatory(options.mandatory)
+        .finish();
+    chan.call(
+        chan.channel
+            .basic_publish(properties, body.to_vec(), arguments),
+    )
+    .await
 }
 
 /// A message written on its channel.
@@ -347,7 +353,8 @@ struct Pending<'a> {
     confirms: Confirms,
     /// The channel it was written on: why it closed, if it did.
     chan: Chan,
-    answered: oneshot::Receiver<Confirmation>,
+    /// The broker's answer: `true` for an ack.
+    answered: oneshot::Receiver<bool>,
     exchange: &'a str,
     routing_key: &'a str,
     body: &'a [u8],
@@ -355,24 +362,24 @@ struct Pending<'a> {
 }
 
 impl Pending<'_> {
-    /// The broker's answer, `returned` exactly when this message was returned; an error when
-    /// the channel closed before the answer came.
+    /// The broker's answer, an ack `returned` exactly when this message was returned; an
+    /// error when the channel closed before the answer came.
     async fn confirmed(mut self) -> std::result::Result<Confirmation, AmqpError> {
-        let confirmation = (&mut self.answered).await.map_err(|_| {
+        let acked = (&mut self.answered).await.map_err(|_| {
             // The broker's reply if it closed the channel (a publish to a missing exchange
             // closes it for every message in flight on it), else a lost channel.
             self.chan.error(&amqprs::error::Error::InternalChannelError(
                 "the publish channel closed before the confirm".into(),
             ))
         })?;
+        if !acked {
+            return Ok(Confirmation::Nack);
+        }
         let returned = self.mandatory
             && self
                 .confirms
                 .claim_return(self.exchange, self.routing_key, self.body);
-        Ok(match confirmation {
-            Confirmation::Ack { .. } => Confirmation::Ack { returned },
-            Confirmation::Nack { .. } => Confirmation::Nack { returned },
-        })
+        Ok(Confirmation::Ack { returned })
     }
 }
 

@@ -28,7 +28,6 @@ use async_trait::async_trait;
 use tokio::sync::{mpsc, oneshot};
 
 use super::channel::Chan;
-
 use crate::bus::{BusError, Result, Settlement, Settler};
 use crate::telemetry::{Metrics, names};
 
@@ -46,10 +45,9 @@ enum Command {
     Delivered(DeliveryTag),
     /// Settle this delivery.
     Settle(DeliveryTag, Settlement),
-    /// Send everything asked before, then nothing more: the channel is about to close, and
-    /// a frame sent after that would reach a channel the broker no longer has (RabbitMQ
-    /// answers that by closing the whole connection) or, once amqprs reuses its number,
-    /// another channel.
+    /// Send everything asked before and end: the channel is about to close, and a frame sent
+    /// after that would reach a channel the broker no longer has (RabbitMQ answers that by
+    /// closing the whole connection) or, once amqprs reuses its number, another channel.
     Finish(oneshot::Sender<()>),
 }
 
@@ -98,7 +96,6 @@ pub(super) fn frames(
 pub(super) struct ChannelSettler {
     commands: mpsc::UnboundedSender<Command>,
     channel: Chan,
-    queue: std::sync::Arc<str>,
 }
 
 impl ChannelSettler {
@@ -106,17 +103,8 @@ impl ChannelSettler {
     /// sending one round of frames (a connection that died silently never completes a send).
     pub(super) fn start(channel: Chan, queue: String, timeout: Duration) -> Self {
         let (commands, rx) = mpsc::unbounded_channel();
-        tokio::spawn(run(channel.clone(), queue.clone(), rx, timeout));
-        Self {
-            commands,
-            channel,
-            queue: queue.into(),
-        }
-    }
-
-    /// The queue the channel consumes.
-    pub(super) fn queue(&self) -> &str {
-        &self.queue
+        tokio::spawn(run(channel.clone(), queue, rx, timeout));
+        Self { commands, channel }
     }
 
     /// Records a delivery of the channel and returns its half of the settlement.
@@ -128,9 +116,9 @@ impl ChannelSettler {
         })
     }
 
-    /// Waits (at most `timeout`) until every settlement asked for so far is sent, and stops
-    /// the task sending anything after: the caller closes the channel next (see
-    /// [`Command::Finish`]).
+    /// Waits (at most `timeout`) until every settlement asked for so far is sent, and ends
+    /// the task: the caller closes the channel next (see [`Command::Finish`]); a settlement
+    /// asked for after that fails as one on a closed channel does.
     pub(super) async fn finish(&self, timeout: Duration) {
         let (done, sent) = oneshot::channel();
         if self.commands.send(Command::Finish(done)).is_ok() {
@@ -181,14 +169,11 @@ async fn run(
     timeout: Duration,
 ) {
     let mut unsettled = BTreeSet::new();
-    let (mut acks, mut nacks, mut flushed) = (Vec::new(), Vec::new(), Vec::new());
-    // Set by `Command::Finish`: later settlements are dropped (the broker requeues what the
-    // closing channel held).
-    let mut finished = false;
+    let (mut acks, mut nacks) = (Vec::new(), Vec::new());
     while let Some(first) = commands.recv().await {
         let mut next = Some(first);
         let mut taken = 0;
-        let mut closing = false;
+        let mut finished = None;
         while let Some(command) = next {
             match command {
                 Command::Delivered(tag) => {
@@ -201,10 +186,8 @@ async fn run(
                 },
                 Command::Settle(..) => {}
                 Command::Finish(done) => {
-                    flushed.push(done);
-                    next = None;
-                    closing = true;
-                    continue;
+                    finished = Some(done);
+                    break;
                 }
             }
             taken += 1;
@@ -217,7 +200,7 @@ async fn run(
         let round = frames(&unsettled, &nacks, &mut acks);
         // A channel already closed (by the broker, or with its connection) took its
         // deliveries' record with it: nothing to send.
-        if !round.is_empty() && !finished && channel.is_open() {
+        if !round.is_empty() && channel.is_open() {
             send(&channel, &round, timeout).await;
             Metrics::global().add(
                 names::BUS_SETTLE_FRAMES_TOTAL,
@@ -227,10 +210,10 @@ async fn run(
         }
         acks.clear();
         nacks.clear();
-        for done in flushed.drain(..) {
+        if let Some(done) = finished {
             let _ = done.send(());
+            return;
         }
-        finished |= closing;
     }
 }
 
