@@ -19,10 +19,16 @@ use switchboard::cli;
 #[global_allocator]
 static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
-#[tokio::main]
-async fn main() -> ExitCode {
+fn main() -> ExitCode {
     let args = cli::Cli::parse();
-    match cli::run(args).await {
+    let runtime = match cli::runtime::build() {
+        Ok(runtime) => runtime,
+        Err(error) => {
+            eprintln!("error: cannot start the Tokio runtime: {error}");
+            return ExitCode::FAILURE;
+        }
+    };
+    match runtime.block_on(cli::run(args)) {
         Ok(code) => code,
         Err(error) => {
             // `{:#}` prints the whole context chain on one line: "cannot connect: …: …".

@@ -24,6 +24,7 @@
 //! - [`config`]: the flags every subcommand shares (`--config`, logging) and the overrides
 //!   the others become; [`gateway`]: the flags and the client of every gateway command.
 //! - [`db`]: database connection helpers shared by the commands above.
+//! - [`runtime`]: the Tokio runtime `src/main.rs` builds before running a command.
 //!
 //! Each command's clap arguments sit beside the command; this file only assembles them into
 //! [`Cli`] and dispatches. No command imports this file back: what they share lives in
@@ -44,6 +45,7 @@ pub mod output;
 pub mod resources;
 pub mod roles;
 pub mod runner;
+pub mod runtime;
 pub mod send;
 pub mod service;
 

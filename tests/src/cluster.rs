@@ -449,7 +449,10 @@ impl TestCluster {
                 command.env_remove(key);
             }
         }
+        // One runtime thread per process, as `scripts/cluster` gives each role: the
+        // current-thread scheduler (`switchboard::cli::runtime`) is what the cluster runs on.
         command
+            .env("TOKIO_WORKER_THREADS", "1")
             .envs(self.env.iter().map(|(k, v)| (k.as_str(), v.as_str())))
             .env("NO_COLOR", "1")
             .stdin(Stdio::null());
