@@ -156,17 +156,17 @@ impl Inner {
     /// `end_session` of `run_id`.
     fn end_session(&mut self, keys: &Keys, run_id: &RunId) -> Result<Option<EndedSession>> {
         let key = keys.session(run_id);
-        let session = match self.remove(&key) {
+        match self.remove(&key) {
             None => return Ok(None),
-            Some(Value::Json(v)) => v,
+            Some(Value::Json(_)) => {}
             Some(_) => return Err(wrong_type(&key)),
-        };
+        }
         let steering = match self.remove(&keys.steering(run_id)) {
             Some(Value::List(items)) => items.into(),
             _ => Vec::new(),
         };
         self.wrote();
-        Ok(Some(EndedSession { session, steering }))
+        Ok(Some(EndedSession { steering }))
     }
 
     /// `lease_holder` on the full key `k`.

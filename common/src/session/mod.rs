@@ -135,9 +135,12 @@ pub const RUN_HANDED_OFF_TTL: Duration = Duration::from_secs(600);
 /// **Run sessions.** [`put_session`](Self::put_session) stores (or replaces) the run's session
 /// with a TTL; [`get_session`](Self::get_session) reads it; [`touch_session`](Self::touch_session)
 /// extends the TTL of the session and its steering list. [`end_session`](Self::end_session) is
-/// atomic: it removes the session *and* its steering list and returns both, so among
-/// concurrent callers exactly one receives `Some` (the one that ends the run and audits the
-/// dropped steering items) and every later Host API call sees the session missing.
+/// atomic: it removes the session *and* its steering list and returns the list's items, so
+/// among concurrent callers exactly one receives `Some` (the one that ends the run and audits
+/// the dropped steering items) and every later Host API call sees the session missing. The
+/// session itself is not returned: nobody reads it after the run's end, and it is the largest
+/// value a run keeps in the store (≈ 2 KB: the frozen authorization and the context's
+/// facts), read back and parsed for nothing at every run's end.
 ///
 /// **Steering lists.** [`steering_push`](Self::steering_push) appends an item only while the
 /// run's session exists and the list holds fewer than `cap` items (atomic check-and-push);
@@ -202,8 +205,8 @@ pub trait SessionStore: Send + Sync + 'static {
     /// if there is no session.
     async fn touch_session(&self, run_id: &RunId, ttl: Duration) -> Result<bool>;
 
-    /// Atomically removes the session and its steering list and returns them; `None` if the
-    /// session is absent (already ended by someone else, or expired).
+    /// Atomically removes the session and its steering list and returns the list's items;
+    /// `None` if the session is absent (already ended by someone else, or expired).
     async fn end_session(&self, run_id: &RunId) -> Result<Option<EndedSession>>;
 
     /// Appends a steering item (atomic check-and-push; see the contract).
@@ -384,11 +387,9 @@ pub trait SessionStore: Send + Sync + 'static {
     async fn ping(&self) -> Result<()>;
 }
 
-/// What [`SessionStore::end_session`] removed.
+/// What [`SessionStore::end_session`] removed besides the session itself.
 #[derive(Clone, Debug, PartialEq)]
 pub struct EndedSession {
-    /// The session as last stored.
-    pub session: Value,
     /// Steering items never pulled, oldest first (to audit as `steering.dropped`).
     pub steering: Vec<Value>,
 }

@@ -100,14 +100,14 @@ struct Scripts {
 fn scripts() -> &'static Scripts {
     static SCRIPTS: std::sync::OnceLock<Scripts> = std::sync::OnceLock::new();
     SCRIPTS.get_or_init(|| Scripts {
-        // KEYS: session, steering. Returns nil, or {session, {items…}}.
+        // KEYS: session, steering. Returns {1, {items…}} if the session existed (and is
+        // removed now, with its list), else {0, {}}.
         end_session: Script::new(
             r"
-            local s = redis.call('GET', KEYS[1])
-            if not s then return false end
+            if redis.call('DEL', KEYS[1]) == 0 then return {0, {}} end
             local items = redis.call('LRANGE', KEYS[2], 0, -1)
-            redis.call('DEL', KEYS[1], KEYS[2])
-            return {s, items}
+            redis.call('DEL', KEYS[2])
+            return {1, items}
             ",
         ),
         // KEYS: session, steering. ARGV: ttl ms. Returns 1 if the session exists.
@@ -190,14 +190,15 @@ fn scripts() -> &'static Scripts {
         ),
         // KEYS: session, steering, cancel flag, hand-off marker, lease. ARGV: holder, marker
         // ttl ms. The session part is end_session's, the lease part release_lease's.
-        // Returns {session or nil, {items…}, 1 if the lease was released else 0}.
+        // Returns {1 if the session existed else 0, {items…}, 1 if the lease was released
+        // else 0}.
         end_run: Script::new(
             r"
-            local s = redis.call('GET', KEYS[1])
+            local s = redis.call('DEL', KEYS[1])
             local items = {}
-            if s then
+            if s == 1 then
               items = redis.call('LRANGE', KEYS[2], 0, -1)
-              redis.call('DEL', KEYS[1], KEYS[2])
+              redis.call('DEL', KEYS[2])
             end
             redis.call('DEL', KEYS[3])
             redis.call('SET', KEYS[4], ARGV[1], 'PX', ARGV[2])
@@ -391,21 +392,24 @@ impl RedisSessionStore {
 }
 
 impl RedisSessionStore {
-    /// Decodes what the `end_session` part of a script returned.
+    /// Decodes what the `end_session` part of a script returned: whether the session existed
+    /// (`1`) and its steering items.
     fn ended_session(
         &self,
         run_id: &RunId,
-        session: &[u8],
+        existed: i64,
         items: &[Vec<u8>],
-    ) -> Result<EndedSession> {
+    ) -> Result<Option<EndedSession>> {
+        if existed != 1 {
+            return Ok(None);
+        }
         let steering_key = self.keys.steering(run_id);
-        Ok(EndedSession {
-            session: decode_json(&self.keys.session(run_id), session)?,
+        Ok(Some(EndedSession {
             steering: items
                 .iter()
                 .map(|item| decode_json(&steering_key, item))
                 .collect::<Result<_>>()?,
-        })
+        }))
     }
 }
 
@@ -462,7 +466,7 @@ impl SessionStore for RedisSessionStore {
     }
 
     async fn end_session(&self, run_id: &RunId) -> Result<Option<EndedSession>> {
-        let ended: Option<(Vec<u8>, Vec<Vec<u8>>)> = self
+        let (existed, items): (i64, Vec<Vec<u8>>) = self
             .scripts
             .end_session
             .key(self.keys.session(run_id))
@@ -470,9 +474,7 @@ impl SessionStore for RedisSessionStore {
             .invoke_async(&mut self.conn())
             .await
             .map_err(map_err)?;
-        ended
-            .map(|(session, items)| self.ended_session(run_id, &session, &items))
-            .transpose()
+        self.ended_session(run_id, existed, &items)
     }
 
     async fn steering_push(&self, run_id: &RunId, item: &Value, cap: usize) -> Result<PushOutcome> {
@@ -680,7 +682,7 @@ impl SessionStore for RedisSessionStore {
         handed_off_ttl: Duration,
     ) -> Result<RunEnd> {
         check_ttl(handed_off_ttl)?;
-        let (session, items, released): (Option<Vec<u8>>, Vec<Vec<u8>>, i64) = self
+        let (existed, items, released): (i64, Vec<Vec<u8>>, i64) = self
             .scripts
             .end_run
             .key(self.keys.session(run_id))
@@ -694,9 +696,7 @@ impl SessionStore for RedisSessionStore {
             .await
             .map_err(map_err)?;
         Ok(RunEnd {
-            ended: session
-                .map(|session| self.ended_session(run_id, &session, &items))
-                .transpose()?,
+            ended: self.ended_session(run_id, existed, &items)?,
             lease_released: released == 1,
         })
     }
