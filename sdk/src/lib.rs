@@ -25,7 +25,8 @@
 //! ```
 //!
 //! # Model
-//! - [`serve`] reads host messages on one thread and starts **each run on its own thread**, so
+//! - [`serve`] reads host messages on one thread and starts **each run on its own thread** (a
+//!   thread whose run ended waits a few seconds for the next run instead of exiting), so
 //!   one process serves many runs at once (`mode = "shared"` in the manifest) as well as one run
 //!   per process (`mode = "per_run"`). A runner is `Sync` and shared by all run threads.
 //! - Output goes through an [`Emitter`] bound to the run: results are numbered (`sequence`
@@ -54,7 +55,7 @@
 //! - [`serve`](crate::serve()) / [`serve_io`]: the main loop and run dispatch (`serve.rs`).
 //! - [`Run`]: one run's context (`run.rs`); [`CancelToken`]: its cancellation (`cancel.rs`).
 //! - [`Emitter`]: result output (`emit.rs`), written by the process's writer thread
-//!   (`output.rs`).
+//!   (`output.rs`); the threads runs execute on (`threads.rs`).
 //! - [`HostApi`]: blocking Host API client with typed helpers (`api.rs`).
 
 mod api;
@@ -63,6 +64,7 @@ mod emit;
 mod output;
 mod run;
 mod serve;
+mod threads;
 
 pub use api::{
     EventPageParams, HistoryPageParams, HistorySearchParams, HostApi, StorageOwner, actions,

@@ -1,4 +1,5 @@
-//! The runner main loop: read host messages, start a thread per run, route API answers.
+//! The runner main loop: read host messages, run each run on a thread of its own (kept for
+//! later runs, `threads`), route API answers.
 
 use std::collections::HashMap;
 use std::io::{self, BufRead, Write};
@@ -15,6 +16,7 @@ use crate::cancel::CancelToken;
 use crate::emit::{EmitError, Emitter};
 use crate::output::Output;
 use crate::run::{Run, deadline_of};
+use crate::threads::RunThreads;
 
 /// A runner implementation. One value serves every run of the process, concurrently.
 pub trait Runner: Send + Sync + 'static {
@@ -130,6 +132,8 @@ struct Registry {
 struct Shared {
     registry: Mutex<Registry>,
     changed: Condvar,
+    /// The threads runs execute on, kept between runs.
+    threads: RunThreads,
 }
 
 impl Shared {
@@ -152,6 +156,7 @@ pub fn serve_with<R: Runner>(
     let shared = Arc::new(Shared {
         registry: Mutex::new(Registry::default()),
         changed: Condvar::new(),
+        threads: RunThreads::new(),
     });
     let runner = Arc::new(runner);
 
@@ -291,14 +296,12 @@ fn handle<R: Runner>(
             };
             let emitter = Emitter::new(wire_id.clone(), out.clone());
             let (shared2, runner2) = (shared.clone(), runner.clone());
-            let spawned = std::thread::Builder::new()
-                .name(format!("run-{wire_id}"))
-                .spawn(move || {
-                    execute(&*runner2, &run, &emitter);
-                    let mut registry = shared2.lock();
-                    registry.runs.remove(&wire_id);
-                    shared2.changed.notify_all();
-                });
+            let spawned = shared.threads.execute(Box::new(move || {
+                execute(&*runner2, &run, &emitter);
+                let mut registry = shared2.lock();
+                registry.runs.remove(&wire_id);
+                shared2.changed.notify_all();
+            }));
             if let Err(e) = spawned {
                 // Out of threads: fail the run instead of leaving it hanging.
                 let wire_id = run_id.to_string();
