@@ -6,7 +6,7 @@
 //! scheduler instead of a multi-thread one with a single worker: the same one thread runs
 //! every task, without the work-stealing scheduler's bookkeeping (its injection queue, its
 //! searching and parking protocol, the idle thread that blocks in `block_on`). On the 2-core
-//! benchmark machine that cut the cluster's machine CPU per run by ≈ 10 % (README,
+//! benchmark machine that cut the cluster's machine CPU per run by ≈ 14 % (README,
 //! Performance, session 52). Anything else (unset, `2`, …) is left to Tokio's multi-thread
 //! runtime, which reads the variable itself and refuses a value that is not a positive
 //! number.
@@ -48,8 +48,12 @@ pub fn scheduler_for(worker_threads: Option<&str>) -> Scheduler {
 /// When the runtime cannot be built (the operating system refuses a thread or the I/O
 /// driver).
 pub fn build() -> std::io::Result<Runtime> {
-    let threads = std::env::var(WORKER_THREADS_ENV).ok();
-    let mut builder = match scheduler_for(threads.as_deref()) {
+    build_for(std::env::var(WORKER_THREADS_ENV).ok().as_deref())
+}
+
+/// [`build`] for a given `TOKIO_WORKER_THREADS` value (`None`: unset).
+fn build_for(worker_threads: Option<&str>) -> std::io::Result<Runtime> {
+    let mut builder = match scheduler_for(worker_threads) {
         Scheduler::CurrentThread => Builder::new_current_thread(),
         Scheduler::MultiThread => Builder::new_multi_thread(),
     };
@@ -76,8 +80,12 @@ mod tests {
     }
 
     #[test]
-    fn a_current_thread_runtime_runs_spawned_and_blocking_work() {
-        let runtime = Builder::new_current_thread().enable_all().build().unwrap();
+    fn one_thread_builds_a_current_thread_runtime_that_runs_spawned_and_blocking_work() {
+        let runtime = build_for(Some("1")).unwrap();
+        assert_eq!(
+            runtime.handle().runtime_flavor(),
+            tokio::runtime::RuntimeFlavor::CurrentThread
+        );
         let answer = runtime.block_on(async {
             let spawned = tokio::spawn(async { 20 });
             let blocking = tokio::task::spawn_blocking(|| 22);

@@ -452,7 +452,7 @@ impl TestCluster {
         // One runtime thread per process, as `scripts/cluster` gives each role: the
         // current-thread scheduler (`switchboard::cli::runtime`) is what the cluster runs on.
         command
-            .env("TOKIO_WORKER_THREADS", "1")
+            .env(switchboard::cli::runtime::WORKER_THREADS_ENV, "1")
             .envs(self.env.iter().map(|(k, v)| (k.as_str(), v.as_str())))
             .env("NO_COLOR", "1")
             .stdin(Stdio::null());

@@ -140,7 +140,7 @@ pub const RUN_HANDED_OFF_TTL: Duration = Duration::from_secs(600);
 /// the dropped steering items) and every later Host API call sees the session missing. The
 /// session itself is not returned: nobody reads it after the run's end, and it is the largest
 /// value a run keeps in the store (≈ 2 KB: the frozen authorization and the context's
-/// facts), read back and parsed for nothing at every run's end.
+/// facts), so reading it back would cost every run's end a transfer and a parse.
 ///
 /// **Steering lists.** [`steering_push`](Self::steering_push) appends an item only while the
 /// run's session exists and the list holds fewer than `cap` items (atomic check-and-push);

@@ -238,7 +238,7 @@ macro_rules! session_suite {
             $crate::__conformance_tests!(session, SessionFixture, $fixture;
                 session_put_get_replace,
                 session_ttl_expires_and_touch_extends,
-                end_session_returns_session_and_steering,
+                end_session_returns_the_steering_once,
                 end_session_exactly_once_under_concurrency,
                 lease_acquire_renew_release,
                 lease_acquire_and_get_reads_the_key,

@@ -86,7 +86,7 @@ pub async fn session_ttl_expires_and_touch_extends(fx: &SessionFixture) {
 }
 
 /// `end_session` removes the session and its steering list and returns both, once.
-pub async fn end_session_returns_session_and_steering(fx: &SessionFixture) {
+pub async fn end_session_returns_the_steering_once(fx: &SessionFixture) {
     let s = &fx.store;
     let run = RunId::new();
     s.put_session(&run, &json!({"run": "x"}), LONG)
