@@ -452,8 +452,7 @@ impl ConversationPump<'_> {
                         }
                         if message.sequence == self.positions.last(run_id) + 1 {
                             let result = message
-                                .result
-                                .clone()
+                                .to_result()
                                 .with_run_id(run_id)
                                 .with_sequence(message.sequence);
                             self.send(run_id, &result).await?;

@@ -40,7 +40,7 @@ use sb_common::bus::{
 };
 use sb_common::retry::RetryConfig;
 use sb_protocol::ids::RunId;
-use sb_protocol::messages::{DeliveryMessage, decode_deliveries};
+use sb_protocol::messages::{LiveDelivery, LiveItem, decode_live};
 use tokio::sync::broadcast;
 use tokio_util::sync::CancellationToken;
 
@@ -94,7 +94,7 @@ impl WatchKey {
 }
 
 struct RunEntry {
-    sender: broadcast::Sender<Arc<DeliveryMessage>>,
+    sender: broadcast::Sender<Arc<LiveItem>>,
     /// Live [`Watch`]es of this run.
     watchers: usize,
     /// The run's binding is on the queue.
@@ -106,7 +106,7 @@ struct RunEntry {
 /// A stream's registration for one run or one conversation. Dropping it unregisters (and
 /// unbinds when it was the last one).
 pub struct Watch {
-    receiver: broadcast::Receiver<Arc<DeliveryMessage>>,
+    receiver: broadcast::Receiver<Arc<LiveItem>>,
     guard: WatchGuard,
 }
 
@@ -114,14 +114,14 @@ impl Watch {
     /// The next live item of the watched run (of any run of the watched conversation).
     /// `Err(Lagged)` means items were skipped (read the ledger); `Err(Closed)` means the hub
     /// stopped (rely on the ledger).
-    pub async fn recv(&mut self) -> Result<Arc<DeliveryMessage>, broadcast::error::RecvError> {
+    pub async fn recv(&mut self) -> Result<Arc<LiveItem>, broadcast::error::RecvError> {
         self.receiver.recv().await
     }
 
     /// Appends the items already received to `into`, without waiting. Items were skipped
     /// (lag) before the ones appended last: what `into` held before the lag is dropped, so
     /// it always ends with items received without a gap.
-    pub fn drain_into(&mut self, into: &mut Vec<Arc<DeliveryMessage>>) -> Drained {
+    pub fn drain_into(&mut self, into: &mut Vec<Arc<LiveItem>>) -> Drained {
         let mut drained = Drained::Complete;
         loop {
             match self.receiver.try_recv() {
@@ -341,31 +341,33 @@ impl LiveHub {
         &self.inner.queue.name
     }
 
-    /// Hands every delivery to the watchers of its run, then acks it.
-    /// Hands each item to the streams watching its run or its conversation, in order.
-    fn fan_out(&self, messages: Vec<DeliveryMessage>) {
-        for message in messages {
-            let conversation = WatchKey::conversation(
-                message.workspace_id.as_str(),
-                message.conversation_id.as_deref(),
-            );
-            let senders: Vec<_> = {
-                let runs = self.lock();
-                [
-                    runs.get(&WatchKey::Run(message.run_id)),
-                    runs.get(&conversation),
-                ]
+    /// Hands each item of `delivery` to the streams watching its run or its conversation,
+    /// in order. The items of one delivery are of one run, so its watchers are looked up
+    /// once.
+    fn fan_out(&self, delivery: LiveDelivery) {
+        let Some(first) = delivery.items.first() else {
+            return;
+        };
+        let conversation = WatchKey::conversation(
+            delivery.workspace_id.as_str(),
+            delivery.conversation_id.as_deref(),
+        );
+        let senders: Vec<_> = {
+            let runs = self.lock();
+            [runs.get(&WatchKey::Run(first.run_id)), runs.get(&conversation)]
                 .into_iter()
                 .flatten()
                 .map(|e| e.sender.clone())
                 .collect()
-            };
-            if !senders.is_empty() {
-                let message = Arc::new(message);
-                for sender in senders {
-                    // No receiver left is fine: the stream just ended.
-                    let _ = sender.send(Arc::clone(&message));
-                }
+        };
+        if senders.is_empty() {
+            return;
+        }
+        for item in delivery.items {
+            let item = Arc::new(item);
+            for sender in &senders {
+                // No receiver left is fine: the stream just ended.
+                let _ = sender.send(Arc::clone(&item));
             }
         }
     }
@@ -387,8 +389,8 @@ impl LiveHub {
             let (hub, shutdown, retry) = (&self, &shutdown, &retry);
             async move {
                 for delivery in batch {
-                    match decode_deliveries(&delivery.body) {
-                        Ok(messages) => hub.fan_out(messages),
+                    match decode_live(&delivery.body) {
+                        Ok(items) => hub.fan_out(items),
                         Err(error) => {
                             tracing::warn!(%error, routing_key = %delivery.routing_key, "undecodable live delivery dropped");
                         }

@@ -67,7 +67,7 @@ use futures::Stream;
 use sb_common::retry::RetryPolicy;
 use sb_protocol::error::ErrorCode;
 use sb_protocol::ids::{EventId, RunId, WorkspaceId};
-use sb_protocol::messages::DeliveryMessage;
+use sb_protocol::messages::LiveItem;
 use sb_protocol::result::AgentRunResult;
 use sb_store::events::{EventLog, EventStatus};
 use sb_store::runs::{RunEventRecord, RunLedger, RunRecord};
@@ -147,9 +147,20 @@ pub struct StreamContext {
 pub fn result_frame(result: &AgentRunResult) -> Event {
     let sequence = result.sequence.unwrap_or_default();
     let data = serde_json::to_string(result).unwrap_or_else(|_| "{}".to_owned());
+    frame(sequence, &result.result_type, &data)
+}
+
+/// Frame of a live item whose result names its run and sequence: its JSON as delivered is
+/// the `data` ([`result_frame`] of the parsed result would write the same text, as the
+/// delivery's producer serialized the same result).
+pub fn live_frame(item: &LiveItem) -> Event {
+    frame(item.sequence, &item.result_type, item.result.get())
+}
+
+fn frame(sequence: u64, result_type: &str, data: &str) -> Event {
     Event::default()
         .id(sequence.to_string())
-        .event(frame_event_name(&result.result_type))
+        .event(frame_event_name(result_type))
         .data(data)
 }
 
@@ -370,13 +381,24 @@ struct Pump<'a> {
 
 impl Pump<'_> {
     async fn send(&mut self, result: &AgentRunResult) -> Result<(), End> {
+        self.send_frame(result_frame(result), result.sequence, result.is_terminal())
+            .await
+    }
+
+    /// Sends `frame`, the item at `sequence` (`None`: unnumbered, `last` stays).
+    async fn send_frame(
+        &mut self,
+        frame: Event,
+        sequence: Option<u64>,
+        terminal: bool,
+    ) -> Result<(), End> {
         tokio::select! {
             biased;
             () = self.ctx.shutdown.cancelled() => return Err(End::Quiet),
-            sent = self.tx.send(result_frame(result)) => sent.map_err(|_| End::Quiet)?,
+            sent = self.tx.send(frame) => sent.map_err(|_| End::Quiet)?,
         }
-        self.last = result.sequence.unwrap_or(self.last);
-        self.terminal = result.is_terminal();
+        self.last = sequence.unwrap_or(self.last);
+        self.terminal = terminal;
         Ok(())
     }
 
@@ -424,24 +446,21 @@ impl Pump<'_> {
     /// Step 3 for one live item: drops it if already sent, sends it if it continues `last`,
     /// and reads the ledger for the items in between if it is further ahead. `false` if it
     /// was dropped (another run's item, or already sent): no progress.
-    async fn on_live(&mut self, message: &DeliveryMessage) -> Result<bool, End> {
-        if message.run_id != self.run_id || message.sequence <= self.last {
+    async fn on_live(&mut self, item: &LiveItem) -> Result<bool, End> {
+        if item.run_id != self.run_id || item.sequence <= self.last {
             return Ok(false);
         }
-        if message.sequence == self.last + 1 {
-            // Framed as delivered when its envelope names its run and sequence already (every
-            // item a worker numbered does): copying a streamed item only to set them costs a
-            // whole copy of its data per item.
-            let delivered = &message.result;
-            if delivered.sequence == Some(message.sequence)
-                && delivered.run_id.parse::<RunId>().ok() == Some(message.run_id)
-            {
-                self.send(delivered).await?;
+        if item.sequence == self.last + 1 {
+            // Sent as delivered when its result names its run and sequence already (every
+            // item a worker numbered does): neither parsed nor serialized again.
+            if item.names_itself {
+                self.send_frame(live_frame(item), Some(item.sequence), item.is_terminal())
+                    .await?;
             } else {
-                let result = delivered
-                    .clone()
-                    .with_run_id(message.run_id)
-                    .with_sequence(message.sequence);
+                let result = item
+                    .to_result()
+                    .with_run_id(item.run_id)
+                    .with_sequence(item.sequence);
                 self.send(&result).await?;
             }
         } else {
@@ -506,7 +525,7 @@ struct Bound {
     /// A watch bound before anything of the run was persisted.
     watch: Watch,
     /// Items it received in its last wake-up, in order and without a gap.
-    head: Vec<Arc<DeliveryMessage>>,
+    head: Vec<Arc<LiveItem>>,
     /// The watch has received every item of the run published so far: it was bound
     /// before the run's event was committed, and it dropped nothing that could have been
     /// the run's (see [`wait_for_route`]).
@@ -662,7 +681,7 @@ struct Route {
     /// The conversation's registration, bound before the run existed.
     watch: Watch,
     /// The items the watch received in its last wake-up, in order (see [`pump_run_with`]).
-    head: Vec<Arc<DeliveryMessage>>,
+    head: Vec<Arc<LiveItem>>,
     /// See [`Bound::complete`].
     complete: bool,
 }
@@ -707,7 +726,7 @@ async fn wait_for_route(
     let deadline = started + ctx.options.route_wait;
     let mut ticks = 0;
     let mut live = true;
-    let mut head: Vec<Arc<DeliveryMessage>> = Vec::new();
+    let mut head: Vec<Arc<LiveItem>> = Vec::new();
     loop {
         if let Some(run_id) = own_run(&head, event_id) {
             ctx.route_pace.observe(started.elapsed());
@@ -784,7 +803,7 @@ async fn wait_for_route(
 }
 
 /// The run of `event_id` among live items that name their run's trigger.
-fn own_run(items: &[Arc<DeliveryMessage>], event_id: EventId) -> Option<RunId> {
+fn own_run(items: &[Arc<LiveItem>], event_id: EventId) -> Option<RunId> {
     items
         .iter()
         .find(|m| m.event_id == Some(event_id))
@@ -866,7 +885,10 @@ async fn read_route(
 mod tests {
     use std::time::Duration;
 
-    use super::{RoutePace, StreamOptions, dense_prefix, moved, route_poll_delay};
+    use super::{
+        RoutePace, StreamOptions, dense_prefix, live_frame, moved, result_frame, route_poll_delay,
+    };
+    use serde_json::json;
 
     #[test]
     fn the_route_timer_starts_late_and_backs_off_to_a_read_a_second() {
@@ -933,16 +955,10 @@ mod tests {
         use std::sync::Arc;
 
         use sb_protocol::ids::{EventId, RunId, WorkspaceId};
-        use sb_protocol::messages::{DeliveryMessage, ResultMessage, RunFacts};
+        use sb_protocol::messages::{LiveItem, ResultMessage};
         use sb_protocol::result::AgentRunResult;
 
         let item = |run_id: RunId, event_id: Option<EventId>| {
-            let facts = event_id.map(|event_id| RunFacts {
-                event_id,
-                runner_id: "echo".into(),
-                thread_id: None,
-                bot_id: None,
-            });
             let result = AgentRunResult::run_failed("x", "y", false);
             let message = ResultMessage::new(
                 run_id,
@@ -950,9 +966,9 @@ mod tests {
                 Some("c".into()),
                 1,
                 result,
-            )
-            .with_run(facts);
-            Arc::new(DeliveryMessage::from(message))
+            );
+            let json = serde_json::value::to_raw_value(&message.result).unwrap();
+            Arc::new(LiveItem::new(run_id, event_id, 1, json).unwrap())
         };
         let (ours, other_event) = (EventId::new(), EventId::new());
         let (run, other_run) = (RunId::new(), RunId::new());
@@ -962,6 +978,29 @@ mod tests {
         assert_eq!(super::own_run(&head, ours), None);
         let head = vec![item(other_run, Some(other_event)), item(run, Some(ours))];
         assert_eq!(super::own_run(&head, ours), Some(run));
+    }
+
+    #[test]
+    fn a_live_item_is_framed_as_its_parsed_result_would_be() {
+        use sb_protocol::ids::RunId;
+        use sb_protocol::messages::LiveItem;
+        use sb_protocol::result::AgentRunResult;
+
+        let run = RunId::new();
+        let result: AgentRunResult = serde_json::from_value(json!({
+            "type": "message.delta",
+            "data": {"chunk": {"role": "assistant", "content": "a \"b\"\nc"}},
+        }))
+        .unwrap();
+        let result = result.with_run_id(run).with_sequence(3);
+        let json = serde_json::value::to_raw_value(&result).unwrap();
+        let item = LiveItem::new(run, None, 3, json).unwrap();
+        assert!(item.names_itself);
+        // The event's wire text: id, event name and data as the ledger path writes them.
+        assert_eq!(
+            format!("{:?}", live_frame(&item)),
+            format!("{:?}", result_frame(&result))
+        );
     }
 
     #[test]

@@ -21,6 +21,9 @@
 //! message, so a streaming run costs the broker, the sink and the gateway one message per
 //! batch instead of one per token. Consumers accept both forms ([`decode_results`],
 //! [`decode_deliveries`]), so producers of either age interoperate during a rolling upgrade.
+//! A delivery's results are the ledger's JSON text of each item ([`encode_delivery`]), and a
+//! gateway forwards that text as it is ([`decode_live`]): a streamed item is serialized once,
+//! by the sink, between the runner's line and the client's SSE frame.
 //! | `switchboard.control/1` | [`ControlMessage`] | gateway/orchestrator → worker |
 //!
 //! ```
@@ -37,6 +40,7 @@ use std::fmt;
 
 use serde::de::{self, DeserializeOwned, Deserializer};
 use serde::{Deserialize, Serialize, Serializer};
+use serde_json::value::RawValue;
 
 use crate::context::AgentRunContext;
 use crate::ids::{EventId, RunId, WorkspaceId};
@@ -637,13 +641,19 @@ pub fn encode<M: BusMessage>(message: &M) -> Vec<u8> {
     serde_json::to_vec(message).unwrap_or_default()
 }
 
-/// The live-delivery body of persisted `messages` (consecutive items of one run, ascending):
+/// One persisted item for [`encode_delivery`]: its message, and its result's JSON as the
+/// ledger stored it (`serde_json`'s text of `message.result`, which names its run and
+/// sequence), embedded as is.
+pub type StoredItem<'a> = (&'a ResultMessage, &'a RawValue);
+
+/// The live-delivery body of persisted `items` (consecutive items of one run, ascending):
 /// a [`DeliveryMessage`] for one, a [`DeliveryBatch`] for several, byte for byte as
-/// [`encode`] writes those, but serialized from the messages in place — the sink keeps its
-/// items, so building the owned forms would copy every result only to serialize it. Empty
-/// for no messages.
+/// [`encode`] writes those, but with each result's JSON taken from the ledger's copy — the
+/// sink serialized every result once to store it, and serializing it again for the delivery
+/// was the second of three passes over every streamed item (the gateway's parse and
+/// re-serialization being the third, see [`decode_live`]). Empty for no items.
 #[must_use]
-pub fn encode_delivery(messages: &[&ResultMessage]) -> Vec<u8> {
+pub fn encode_delivery(items: &[StoredItem<'_>]) -> Vec<u8> {
     /// [`DeliveryMessage`], borrowed (same fields, same order, same attributes).
     #[derive(Serialize)]
     struct Single<'a> {
@@ -652,7 +662,7 @@ pub fn encode_delivery(messages: &[&ResultMessage]) -> Vec<u8> {
         workspace_id: &'a WorkspaceId,
         conversation_id: &'a Option<String>,
         sequence: u64,
-        result: &'a AgentRunResult,
+        result: &'a RawValue,
         #[serde(skip_serializing_if = "Option::is_none")]
         event_id: Option<EventId>,
     }
@@ -660,7 +670,7 @@ pub fn encode_delivery(messages: &[&ResultMessage]) -> Vec<u8> {
     #[derive(Serialize)]
     struct Item<'a> {
         sequence: u64,
-        result: &'a AgentRunResult,
+        result: &'a RawValue,
     }
     /// [`DeliveryBatch`], borrowed.
     #[derive(Serialize)]
@@ -673,19 +683,19 @@ pub fn encode_delivery(messages: &[&ResultMessage]) -> Vec<u8> {
         #[serde(skip_serializing_if = "Option::is_none")]
         event_id: Option<EventId>,
     }
-    let Some(first) = messages.first() else {
+    let Some((first, _)) = items.first() else {
         return Vec::new();
     };
     let event_id = first.run.as_ref().map(|facts| facts.event_id);
     // Bodies contain only strings, numbers, maps and ids: serialization cannot fail.
-    if let [single] = messages {
+    if let [(single, result)] = items {
         serde_json::to_vec(&Single {
             schema: DeliverySchema,
             run_id: single.run_id,
             workspace_id: &single.workspace_id,
             conversation_id: &single.conversation_id,
             sequence: single.sequence,
-            result: &single.result,
+            result,
             event_id,
         })
     } else {
@@ -694,17 +704,247 @@ pub fn encode_delivery(messages: &[&ResultMessage]) -> Vec<u8> {
             run_id: first.run_id,
             workspace_id: &first.workspace_id,
             conversation_id: &first.conversation_id,
-            items: messages
+            items: items
                 .iter()
-                .map(|m| Item {
-                    sequence: m.sequence,
-                    result: &m.result,
+                .map(|(message, result)| Item {
+                    sequence: message.sequence,
+                    result,
                 })
                 .collect(),
             event_id,
         })
     }
     .unwrap_or_default()
+}
+
+/// A live delivery as a gateway forwards it: the run's routing facts once, and each item's
+/// result as the JSON text it arrived as. Streams send that text as the SSE `data` of the
+/// item without parsing it into an [`AgentRunResult`] and serializing it again (which cost
+/// a tree of maps per streamed token); see [`decode_live`].
+#[derive(Debug, Clone)]
+pub struct LiveDelivery {
+    /// Tenant.
+    pub workspace_id: WorkspaceId,
+    /// Conversation.
+    pub conversation_id: Option<String>,
+    /// The items, in the order delivered (ascending by sequence); never empty.
+    pub items: Vec<LiveItem>,
+}
+
+/// One item of a [`LiveDelivery`].
+#[derive(Debug, Clone)]
+pub struct LiveItem {
+    /// The run.
+    pub run_id: RunId,
+    /// The run's triggering event, when the sink knew it (see [`DeliveryMessage`]).
+    pub event_id: Option<EventId>,
+    /// Transport sequence.
+    pub sequence: u64,
+    /// The result's `type`.
+    pub result_type: String,
+    /// The result (an [`AgentRunResult`]), as delivered.
+    pub result: Box<RawValue>,
+    /// The result names its run and sequence as the delivery does (every item a worker
+    /// numbered does), so its text can be sent as it is.
+    pub names_itself: bool,
+}
+
+impl LiveItem {
+    /// The item of `run_id` at `sequence` whose result is `result`.
+    ///
+    /// # Errors
+    ///
+    /// `result` is not a JSON object with a string `type` (or has a `run_id` or `sequence`
+    /// of the wrong type).
+    pub fn new(
+        run_id: RunId,
+        event_id: Option<EventId>,
+        sequence: u64,
+        result: Box<RawValue>,
+    ) -> Result<Self, serde_json::Error> {
+        /// The fields of an [`AgentRunResult`] a stream needs, read without building the
+        /// rest (serde skips the other fields without allocating).
+        #[derive(Deserialize)]
+        struct Peek<'a> {
+            #[serde(rename = "type", default)]
+            result_type: String,
+            #[serde(default, borrow)]
+            run_id: Option<std::borrow::Cow<'a, str>>,
+            #[serde(default)]
+            sequence: Option<u64>,
+        }
+        let peek: Peek<'_> = serde_json::from_str(result.get())?;
+        let names_itself = peek.sequence == Some(sequence)
+            && peek
+                .run_id
+                .is_some_and(|id| id.parse::<RunId>().ok() == Some(run_id));
+        Ok(Self {
+            run_id,
+            event_id,
+            sequence,
+            result_type: peek.result_type,
+            result,
+            names_itself,
+        })
+    }
+
+    /// The result, parsed (for an item that does not name itself, which must be framed
+    /// from a copy naming its run and sequence). A result that fails to parse as an
+    /// [`AgentRunResult`] after [`LiveItem::new`] accepted it is framed as an empty one of
+    /// its type.
+    #[must_use]
+    pub fn to_result(&self) -> AgentRunResult {
+        serde_json::from_str::<AgentRunResult>(self.result.get()).unwrap_or_else(|_| {
+            AgentRunResult {
+                run_id: String::new(),
+                result_type: self.result_type.clone(),
+                data: serde_json::Map::new(),
+                sequence: None,
+                timestamp: None,
+                usage: None,
+            }
+        })
+    }
+
+    /// Whether this is `run.completed` or `run.failed`.
+    #[must_use]
+    pub fn is_terminal(&self) -> bool {
+        self.result_type
+            .parse::<crate::result::ResultType>()
+            .is_ok_and(crate::result::ResultType::is_terminal)
+    }
+}
+
+/// The raw forms of the three live-delivery bodies (same fields as [`DeliveryBatch`],
+/// [`DeliveryMessage`] and [`ResultMessage`]; `result` kept as text).
+mod raw {
+    use super::*;
+
+    #[derive(Serialize, Deserialize)]
+    pub(super) struct Item {
+        pub sequence: u64,
+        pub result: Box<RawValue>,
+    }
+
+    #[derive(Serialize, Deserialize)]
+    pub(super) struct Batch {
+        pub schema: DeliveryBatchSchema,
+        pub run_id: RunId,
+        pub workspace_id: WorkspaceId,
+        #[serde(default)]
+        pub conversation_id: Option<String>,
+        pub items: Vec<Item>,
+        #[serde(default)]
+        pub event_id: Option<EventId>,
+    }
+
+    #[derive(Serialize, Deserialize)]
+    pub(super) struct Single {
+        pub schema: DeliverySchema,
+        pub run_id: RunId,
+        pub workspace_id: WorkspaceId,
+        #[serde(default)]
+        pub conversation_id: Option<String>,
+        pub sequence: u64,
+        pub result: Box<RawValue>,
+        #[serde(default)]
+        pub event_id: Option<EventId>,
+    }
+
+    /// Of [`RunFacts`], the trigger.
+    #[derive(Serialize, Deserialize)]
+    pub(super) struct Facts {
+        pub event_id: EventId,
+    }
+
+    #[derive(Serialize, Deserialize)]
+    pub(super) struct Result {
+        pub schema: ResultSchema,
+        pub run_id: RunId,
+        pub workspace_id: WorkspaceId,
+        #[serde(default)]
+        pub conversation_id: Option<String>,
+        pub sequence: u64,
+        pub result: Box<RawValue>,
+        #[serde(default)]
+        pub run: Option<Facts>,
+    }
+
+    impl BusMessage for Batch {
+        const SCHEMA: &'static str = DeliveryBatchSchema::TEXT;
+    }
+    impl BusMessage for Single {
+        const SCHEMA: &'static str = DeliverySchema::TEXT;
+    }
+    impl BusMessage for Result {
+        const SCHEMA: &'static str = ResultSchema::TEXT;
+    }
+}
+
+/// Decodes a live delivery (a [`DeliveryBatch`], a single [`DeliveryMessage`], or a single
+/// [`ResultMessage`]) as the gateway forwards it: the same items as [`decode_deliveries`]
+/// gives, each result kept as its JSON text.
+///
+/// # Errors
+///
+/// The [`DecodeError`] of the single form when the body is none of them; a batch without
+/// items, or an item whose result is not an object with a string `type`, is malformed.
+pub fn decode_live(bytes: &[u8]) -> Result<LiveDelivery, DecodeError> {
+    let (workspace_id, conversation_id, run_id, event_id, items) =
+        match decode::<raw::Batch>(bytes) {
+            Ok(batch) => (
+                batch.workspace_id,
+                batch.conversation_id,
+                batch.run_id,
+                batch.event_id,
+                batch
+                    .items
+                    .into_iter()
+                    .map(|item| (item.sequence, item.result))
+                    .collect(),
+            ),
+            Err(DecodeError::WrongSchema { .. }) => match decode::<raw::Single>(bytes) {
+                Ok(m) => (
+                    m.workspace_id,
+                    m.conversation_id,
+                    m.run_id,
+                    m.event_id,
+                    vec![(m.sequence, m.result)],
+                ),
+                Err(DecodeError::WrongSchema { .. }) => {
+                    let m = decode::<raw::Result>(bytes)?;
+                    (
+                        m.workspace_id,
+                        m.conversation_id,
+                        m.run_id,
+                        m.run.map(|facts| facts.event_id),
+                        vec![(m.sequence, m.result)],
+                    )
+                }
+                Err(e) => return Err(e),
+            },
+            Err(e) => return Err(e),
+        };
+    let items: Vec<(u64, Box<RawValue>)> = items;
+    let malformed = |reason: String| DecodeError::Malformed {
+        expected: DeliveryBatchSchema::TEXT,
+        reason,
+    };
+    if items.is_empty() {
+        return Err(malformed("a batch without items".to_owned()));
+    }
+    let items = items
+        .into_iter()
+        .map(|(sequence, result)| {
+            LiveItem::new(run_id, event_id, sequence, result)
+                .map_err(|e| malformed(format!("item {sequence}: {e}")))
+        })
+        .collect::<Result<_, _>>()?;
+    Ok(LiveDelivery {
+        workspace_id,
+        conversation_id,
+        items,
+    })
 }
 
 /// Decodes a bus body, checking `schema` first so that a message of the wrong kind or
@@ -786,6 +1026,132 @@ mod tests {
         serde_json::from_value(json!({"type": "message.delta", "data": {"chunk": {"role": "assistant", "content": text}}})).unwrap()
     }
 
+    /// The results' JSON as the ledger stores it.
+    fn stored_json(messages: &[&ResultMessage]) -> Vec<Box<RawValue>> {
+        messages
+            .iter()
+            .map(|m| serde_json::value::to_raw_value(&m.result).unwrap())
+            .collect()
+    }
+
+    fn stored_items<'a>(
+        messages: &[&'a ResultMessage],
+        stored: &'a [Box<RawValue>],
+    ) -> Vec<StoredItem<'a>> {
+        messages
+            .iter()
+            .zip(stored)
+            .map(|(m, json)| (*m, json.as_ref()))
+            .collect()
+    }
+
+    /// What a stream sends for `item`: its text when it names itself, else a copy naming
+    /// its run and sequence (as the gateway frames it).
+    fn framed(item: &LiveItem) -> String {
+        if item.names_itself {
+            item.result.get().to_owned()
+        } else {
+            let result = item
+                .to_result()
+                .with_run_id(item.run_id)
+                .with_sequence(item.sequence);
+            serde_json::to_string(&result).unwrap()
+        }
+    }
+
+    #[test]
+    fn live_deliveries_keep_each_result_as_sent_and_frame_what_decoding_it_would() {
+        let run = RunId::new();
+        let ws = WorkspaceId::default_workspace();
+        let facts = RunFacts {
+            event_id: EventId::new(),
+            runner_id: "echo".into(),
+            thread_id: None,
+            bot_id: None,
+        };
+        let batch = ResultBatch::new(
+            run,
+            ws.clone(),
+            Some("c".into()),
+            [(1, item("a \"quoted\" é")), (2, item("b"))],
+        )
+        .with_run(Some(facts.clone()));
+        let singles = batch.into_messages();
+        let refs: Vec<&ResultMessage> = singles.iter().collect();
+        let stored = stored_json(&refs);
+        // Each form a gateway may receive: the sink's batch and single delivery, the
+        // owned batch and single forms, and a forwarded result.
+        let bodies = [
+            encode_delivery(&stored_items(&refs, &stored)),
+            encode_delivery(&stored_items(&refs[..1], &stored)),
+            encode(&DeliveryBatch::of(&refs).unwrap()),
+            encode(&DeliveryMessage::from(singles[0].clone())),
+            encode(&singles[0]),
+        ];
+        for body in &bodies {
+            let live = decode_live(body).unwrap();
+            let owned = decode_deliveries(body).unwrap();
+            assert_eq!(live.workspace_id, ws);
+            assert_eq!(live.conversation_id.as_deref(), Some("c"));
+            assert_eq!(live.items.len(), owned.len());
+            for (item, message) in live.items.iter().zip(&owned) {
+                assert_eq!(item.run_id, message.run_id);
+                assert_eq!(item.sequence, message.sequence);
+                assert_eq!(item.event_id, Some(facts.event_id));
+                assert_eq!(item.result_type, message.result.result_type);
+                assert!(item.names_itself);
+                assert!(!item.is_terminal());
+                // Byte for byte what serializing the decoded result gives.
+                assert_eq!(framed(item), serde_json::to_string(&message.result).unwrap());
+                assert_eq!(item.to_result(), message.result);
+            }
+        }
+        // A result that does not name its run and sequence is framed from a copy that does.
+        let anonymous = DeliveryMessage {
+            schema: DeliverySchema,
+            run_id: run,
+            workspace_id: ws.clone(),
+            conversation_id: None,
+            sequence: 7,
+            result: serde_json::from_value(json!({"type": "run.completed", "data": {}})).unwrap(),
+            event_id: None,
+        };
+        let live = decode_live(&encode(&anonymous)).unwrap();
+        let item = &live.items[0];
+        assert!(!item.names_itself && item.is_terminal());
+        assert_eq!(item.event_id, None);
+        let expected = anonymous.result.clone().with_run_id(run).with_sequence(7);
+        assert_eq!(framed(item), serde_json::to_string(&expected).unwrap());
+        // A result that names another sequence does not name itself either.
+        let mut other = anonymous.clone();
+        other.result = other.result.with_run_id(run).with_sequence(6);
+        assert!(!decode_live(&encode(&other)).unwrap().items[0].names_itself);
+    }
+
+    #[test]
+    fn live_deliveries_refuse_what_is_no_delivery_or_holds_no_result() {
+        let run = RunId::new();
+        let ws = WorkspaceId::default_workspace();
+        let event = EventMessage::new(ws.clone(), EventId::new());
+        assert!(matches!(
+            decode_live(&encode(&event)),
+            Err(DecodeError::WrongSchema { .. })
+        ));
+        let empty = json!({"schema": "switchboard.deliveries/1", "run_id": run,
+            "workspace_id": ws, "items": []});
+        assert!(matches!(
+            decode_live(empty.to_string().as_bytes()),
+            Err(DecodeError::Malformed { .. })
+        ));
+        let not_a_result = json!({"schema": "switchboard.delivery/1", "run_id": run,
+            "workspace_id": ws, "sequence": 1, "result": [1, 2]});
+        assert!(matches!(
+            decode_live(not_a_result.to_string().as_bytes()),
+            Err(DecodeError::Malformed { .. })
+        ));
+        assert!(matches!(decode_live(b"not json"), Err(DecodeError::Malformed { .. })));
+    }
+
     #[test]
     fn batches_decode_as_the_single_messages_they_hold() {
         let run = RunId::new();
@@ -827,10 +1193,12 @@ mod tests {
         );
         assert_eq!(decode_deliveries(&encode(&one)).unwrap(), vec![single]);
         assert!(DeliveryBatch::of(&[]).is_none());
-        // The sink's in-place encoding writes the same bytes.
-        assert_eq!(encode_delivery(&refs), encode(&deliveries));
+        // The sink's in-place encoding, from the results' stored JSON, writes the same bytes.
+        let stored = stored_json(&refs);
+        assert_eq!(encode_delivery(&stored_items(&refs, &stored)), encode(&deliveries));
+        let one_stored = stored_json(&[&one]);
         assert_eq!(
-            encode_delivery(&[&one]),
+            encode_delivery(&stored_items(&[&one], &one_stored)),
             encode(&DeliveryMessage::from(one.clone()))
         );
         assert!(encode_delivery(&[]).is_empty());
@@ -862,12 +1230,14 @@ mod tests {
         let singles = decode_results(&encode(&batch)).unwrap();
         assert!(singles.iter().all(|m| m.run.as_ref() == Some(&facts)));
         let refs: Vec<&ResultMessage> = singles.iter().collect();
+        let stored = stored_json(&refs);
+        let items = stored_items(&refs, &stored);
         assert_eq!(
-            encode_delivery(&refs),
+            encode_delivery(&items),
             encode(&DeliveryBatch::of(&refs).unwrap())
         );
         assert_eq!(
-            encode_delivery(&refs[..1]),
+            encode_delivery(&items[..1]),
             encode(&DeliveryMessage::from(singles[0].clone()))
         );
         let deliveries = decode_deliveries(&encode(&DeliveryBatch::of(&refs).unwrap())).unwrap();

@@ -335,6 +335,12 @@ impl ItemJson {
         self.0.get()
     }
 
+    /// The JSON, as a raw value to embed in another document.
+    #[must_use]
+    pub fn as_raw(&self) -> &serde_json::value::RawValue {
+        &self.0
+    }
+
     /// The JSON text, owned (no copy).
     #[must_use]
     pub fn into_string(self) -> String {

@@ -9,7 +9,7 @@ use sb_protocol::messages::{self, ResultMessage};
 use std::collections::HashMap;
 
 use sb_protocol::ids::RunId;
-use sb_store::{ItemJson, NewRunEvent, NewTranscriptItem};
+use sb_store::{NewRunEvent, NewTranscriptItem};
 
 use super::apply::writes_beyond_insert;
 use super::{Item, ResultSink, Written};
@@ -188,9 +188,9 @@ impl ResultSink {
         let transcripts = self.transcripts(items).await;
         // Built again for the per-item fallback rather than cloned for it up front: a clone
         // copies every item's JSON, on every batch, for a path that is rarely taken.
-        let rows = |items: &mut [Item]| -> Vec<NewRunEvent> {
+        let rows = |items: &[Item]| -> Vec<NewRunEvent> {
             items
-                .iter_mut()
+                .iter()
                 .zip(&transcripts)
                 .map(|(i, transcript)| ledger_row(i, transcript.clone()))
                 .collect()
@@ -343,12 +343,9 @@ impl ResultSink {
 
 /// The ledger row of `item`: a terminal item ends its run with the insert, and an item
 /// carries its assistant `transcript` row when it is known before the insert. Its data is
-/// the item's stored JSON, moved out (made again when a fallback asks a second time).
-fn ledger_row(item: &mut Item, transcript: Option<NewTranscriptItem>) -> NewRunEvent {
-    let data = item
-        .stored
-        .take()
-        .unwrap_or_else(|| ItemJson::of(&item.message.result));
+/// a copy of the item's stored JSON (the item keeps it for its live delivery).
+fn ledger_row(item: &Item, transcript: Option<NewTranscriptItem>) -> NewRunEvent {
+    let data = item.stored.clone();
     let message = &item.message;
     NewRunEvent {
         run_id: message.run_id,

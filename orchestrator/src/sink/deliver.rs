@@ -4,17 +4,18 @@ use sb_common::bus::topology::deliveries_routing_key;
 use sb_common::bus::{Outgoing, PublishOptions};
 use sb_common::telemetry::{Metrics, names};
 use sb_protocol::ids::RunId;
-use sb_protocol::messages::{self, ResultMessage};
+use sb_protocol::messages::{self, StoredItem};
 
 use super::{Item, ResultSink};
 use crate::error::{OrchestratorError, Result};
 
 impl ResultSink {
-    /// The live delivery of `messages`: consecutive persisted items of one run, as one
-    /// `switchboard.deliveries/1` message (or a single `switchboard.delivery/1`).
-    pub(super) fn outgoing(&self, messages: &[&ResultMessage]) -> Outgoing {
-        let first = messages[0];
-        let body = messages::encode_delivery(messages);
+    /// The live delivery of `items`: consecutive persisted items of one run (each with its
+    /// result's JSON as stored), as one `switchboard.deliveries/1` message (or a single
+    /// `switchboard.delivery/1`).
+    pub(super) fn outgoing(&self, items: &[StoredItem<'_>]) -> Outgoing {
+        let first = items[0].0;
+        let body = messages::encode_delivery(items);
         Outgoing {
             exchange: self.deps.topology.deliveries_exchange(),
             routing_key: deliveries_routing_key(
@@ -48,9 +49,11 @@ impl ResultSink {
         let batch = groups
             .iter()
             .map(|group| {
-                let messages: Vec<&ResultMessage> =
-                    group.iter().map(|&i| &items[i].message).collect();
-                self.outgoing(&messages)
+                let stored: Vec<StoredItem<'_>> = group
+                    .iter()
+                    .map(|&i| (&items[i].message, items[i].stored.as_raw()))
+                    .collect();
+                self.outgoing(&stored)
             })
             .collect();
         match self.deps.bus.publish_batch(batch).await {

@@ -78,10 +78,11 @@ impl HandOver for ApplyAndDeliver<'_> {
         let plan = journal::plan_item(&message.result);
         sink.apply(&info, &message, &plan, Written::default())
             .await?;
+        let stored = sb_store::ItemJson::of(&message.result);
         if let Err(error) = sink
             .deps
             .bus
-            .publish_batch(vec![sink.outgoing(&[&message])])
+            .publish_batch(vec![sink.outgoing(&[(&message, stored.as_raw())])])
             .await
         {
             tracing::warn!(run_id = %run.id, %error, origin = origin.as_str(), "live delivery of a terminal item failed");

@@ -137,9 +137,9 @@ struct Item {
     message: ResultMessage,
     /// What applying it does ([`journal::plan_item`], made once per item).
     plan: ItemPlan,
-    /// The result's JSON as the ledger stores it, serialized once and moved into the item's
-    /// ledger row; `None` once moved.
-    stored: Option<ItemJson>,
+    /// The result's JSON as the ledger stores it, serialized once: copied into the item's
+    /// ledger row and embedded in its live delivery.
+    stored: ItemJson,
 }
 
 impl Item {
@@ -149,7 +149,7 @@ impl Item {
             delivery,
             redelivered,
             plan: journal::plan_item(&message.result),
-            stored: Some(ItemJson::of(&message.result)),
+            stored: ItemJson::of(&message.result),
             message,
         }
     }
