@@ -354,11 +354,14 @@ impl LiveHub {
         );
         let senders: Vec<_> = {
             let runs = self.lock();
-            [runs.get(&WatchKey::Run(first.run_id)), runs.get(&conversation)]
-                .into_iter()
-                .flatten()
-                .map(|e| e.sender.clone())
-                .collect()
+            [
+                runs.get(&WatchKey::Run(first.run_id)),
+                runs.get(&conversation),
+            ]
+            .into_iter()
+            .flatten()
+            .map(|e| e.sender.clone())
+            .collect()
         };
         if senders.is_empty() {
             return;

@@ -816,7 +816,7 @@ impl LiveItem {
 }
 
 /// The raw forms of the three live-delivery bodies (same fields as [`DeliveryBatch`],
-/// [`DeliveryMessage`] and [`ResultMessage`]; `result` kept as text).
+/// [`DeliveryMessage`] and a forwarded [`ResultMessage`]; `result` kept as text).
 mod raw {
     use super::*;
 
@@ -858,7 +858,7 @@ mod raw {
     }
 
     #[derive(Serialize, Deserialize)]
-    pub(super) struct Result {
+    pub(super) struct Forwarded {
         pub schema: ResultSchema,
         pub run_id: RunId,
         pub workspace_id: WorkspaceId,
@@ -870,13 +870,46 @@ mod raw {
         pub run: Option<Facts>,
     }
 
+    /// The single forms as a batch of one.
+    impl From<Single> for Batch {
+        fn from(m: Single) -> Self {
+            Self {
+                schema: DeliveryBatchSchema,
+                run_id: m.run_id,
+                workspace_id: m.workspace_id,
+                conversation_id: m.conversation_id,
+                items: vec![Item {
+                    sequence: m.sequence,
+                    result: m.result,
+                }],
+                event_id: m.event_id,
+            }
+        }
+    }
+
+    impl From<Forwarded> for Batch {
+        fn from(m: Forwarded) -> Self {
+            Self {
+                schema: DeliveryBatchSchema,
+                run_id: m.run_id,
+                workspace_id: m.workspace_id,
+                conversation_id: m.conversation_id,
+                items: vec![Item {
+                    sequence: m.sequence,
+                    result: m.result,
+                }],
+                event_id: m.run.map(|facts| facts.event_id),
+            }
+        }
+    }
+
     impl BusMessage for Batch {
         const SCHEMA: &'static str = DeliveryBatchSchema::TEXT;
     }
     impl BusMessage for Single {
         const SCHEMA: &'static str = DeliverySchema::TEXT;
     }
-    impl BusMessage for Result {
+    impl BusMessage for Forwarded {
         const SCHEMA: &'static str = ResultSchema::TEXT;
     }
 }
@@ -890,59 +923,34 @@ mod raw {
 /// The [`DecodeError`] of the single form when the body is none of them; a batch without
 /// items, or an item whose result is not an object with a string `type`, is malformed.
 pub fn decode_live(bytes: &[u8]) -> Result<LiveDelivery, DecodeError> {
-    let (workspace_id, conversation_id, run_id, event_id, items) =
-        match decode::<raw::Batch>(bytes) {
-            Ok(batch) => (
-                batch.workspace_id,
-                batch.conversation_id,
-                batch.run_id,
-                batch.event_id,
-                batch
-                    .items
-                    .into_iter()
-                    .map(|item| (item.sequence, item.result))
-                    .collect(),
-            ),
-            Err(DecodeError::WrongSchema { .. }) => match decode::<raw::Single>(bytes) {
-                Ok(m) => (
-                    m.workspace_id,
-                    m.conversation_id,
-                    m.run_id,
-                    m.event_id,
-                    vec![(m.sequence, m.result)],
-                ),
-                Err(DecodeError::WrongSchema { .. }) => {
-                    let m = decode::<raw::Result>(bytes)?;
-                    (
-                        m.workspace_id,
-                        m.conversation_id,
-                        m.run_id,
-                        m.run.map(|facts| facts.event_id),
-                        vec![(m.sequence, m.result)],
-                    )
-                }
-                Err(e) => return Err(e),
-            },
+    let batch = match decode::<raw::Batch>(bytes) {
+        Ok(batch) => batch,
+        Err(DecodeError::WrongSchema { .. }) => match decode::<raw::Single>(bytes) {
+            Ok(single) => single.into(),
+            Err(DecodeError::WrongSchema { .. }) => decode::<raw::Forwarded>(bytes)?.into(),
             Err(e) => return Err(e),
-        };
-    let items: Vec<(u64, Box<RawValue>)> = items;
+        },
+        Err(e) => return Err(e),
+    };
     let malformed = |reason: String| DecodeError::Malformed {
         expected: DeliveryBatchSchema::TEXT,
         reason,
     };
-    if items.is_empty() {
+    if batch.items.is_empty() {
         return Err(malformed("a batch without items".to_owned()));
     }
-    let items = items
+    let (run_id, event_id) = (batch.run_id, batch.event_id);
+    let items = batch
+        .items
         .into_iter()
-        .map(|(sequence, result)| {
-            LiveItem::new(run_id, event_id, sequence, result)
-                .map_err(|e| malformed(format!("item {sequence}: {e}")))
+        .map(|item| {
+            LiveItem::new(run_id, event_id, item.sequence, item.result)
+                .map_err(|e| malformed(format!("item {}: {e}", item.sequence)))
         })
         .collect::<Result<_, _>>()?;
     Ok(LiveDelivery {
-        workspace_id,
-        conversation_id,
+        workspace_id: batch.workspace_id,
+        conversation_id: batch.conversation_id,
         items,
     })
 }
@@ -1102,7 +1110,10 @@ mod tests {
                 assert!(item.names_itself);
                 assert!(!item.is_terminal());
                 // Byte for byte what serializing the decoded result gives.
-                assert_eq!(framed(item), serde_json::to_string(&message.result).unwrap());
+                assert_eq!(
+                    framed(item),
+                    serde_json::to_string(&message.result).unwrap()
+                );
                 assert_eq!(item.to_result(), message.result);
             }
         }
@@ -1149,7 +1160,10 @@ mod tests {
             decode_live(not_a_result.to_string().as_bytes()),
             Err(DecodeError::Malformed { .. })
         ));
-        assert!(matches!(decode_live(b"not json"), Err(DecodeError::Malformed { .. })));
+        assert!(matches!(
+            decode_live(b"not json"),
+            Err(DecodeError::Malformed { .. })
+        ));
     }
 
     #[test]
@@ -1195,7 +1209,10 @@ mod tests {
         assert!(DeliveryBatch::of(&[]).is_none());
         // The sink's in-place encoding, from the results' stored JSON, writes the same bytes.
         let stored = stored_json(&refs);
-        assert_eq!(encode_delivery(&stored_items(&refs, &stored)), encode(&deliveries));
+        assert_eq!(
+            encode_delivery(&stored_items(&refs, &stored)),
+            encode(&deliveries)
+        );
         let one_stored = stored_json(&[&one]);
         assert_eq!(
             encode_delivery(&stored_items(&[&one], &one_stored)),
