@@ -313,6 +313,102 @@ async fn an_overlong_routing_key_is_a_permanent_error_and_bounded_keys_pass() {
     }
 }
 
+/// Declares `name` as an internal exchange (one nobody may publish to: RabbitMQ refuses a
+/// publish to it with `403` and closes the channel) on a connection of its own.
+async fn declare_internal_exchange(name: &str) {
+    use amqprs::channel::ExchangeDeclareArguments;
+    use amqprs::connection::{Connection, OpenConnectionArguments};
+
+    let url = url::Url::parse(&amqp_url()).unwrap();
+    let user = match url.username() {
+        "" => "guest",
+        user => user,
+    };
+    let arguments = OpenConnectionArguments::new(
+        url.host_str().unwrap(),
+        url.port().unwrap_or(5672),
+        user,
+        url.password().unwrap_or("guest"),
+    );
+    let connection = Connection::open(&arguments).await.unwrap();
+    let channel = connection.open_channel(None).await.unwrap();
+    channel
+        .exchange_declare(
+            ExchangeDeclareArguments::new(name, "direct")
+                .internal(true)
+                .finish(),
+        )
+        .await
+        .unwrap();
+    let _ = channel.close().await;
+    let _ = connection.close().await;
+}
+
+/// Review of session 51's backend, finding 1: a refusal closes the publish channel for every
+/// message in flight on it, so the message written after a refused one saw the same reply.
+/// Only the message the broker refuses alone fails (permanently: `invalid_argument`, never
+/// `conflict`, which consumers settle as done); the others are published.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_refusal_fails_only_the_message_the_broker_refuses() {
+    use sb_common::bus::Outgoing;
+    use sb_protocol::error::{Disposition, HasErrorCode};
+
+    let prefix = unique_prefix();
+    let bus = AmqpBus::connect(options(&prefix)).await.unwrap();
+    let fx = BusFixture::new(Arc::new(bus.clone()), prefix.clone()).with_teardown(teardown(prefix));
+    let ex = fx.name("ex");
+    bus.declare_exchange(&ExchangeSpec::new(&ex, ExchangeKind::Direct))
+        .await
+        .unwrap();
+    let internal = fx.name("internal");
+    declare_internal_exchange(&internal).await;
+    let spec = QueueSpec::durable(fx.name("q")).bind(&ex, "k");
+    let mut sub = bus
+        .subscribe(&spec, ConsumeOptions::prefetch(10))
+        .await
+        .unwrap();
+    let generation = bus.connection_generation();
+    // Written back to back on the one publish channel: the broker closes it at the second,
+    // and the third (and whatever else was in flight) gets the same reply.
+    let batch = vec![
+        Outgoing::new(&ex, "k", "before"),
+        Outgoing::new(&internal, "k", "refused"),
+        Outgoing::new(&ex, "k", "after"),
+        Outgoing::new(&ex, "k", "later"),
+    ];
+    let err = bus.publish_batch(batch).await.unwrap_err();
+    assert_eq!(err.failed.len(), 1, "{err}");
+    let (index, cause) = &err.failed[0];
+    assert_eq!(*index, 1);
+    assert!(matches!(cause, BusError::InvalidArgument(_)), "{cause:?}");
+    assert_ne!(cause.code().disposition(), Disposition::Ack);
+    // One at a time, racing: the same.
+    let (refused, published) = tokio::join!(
+        bus.publish(&internal, "k", "refused".into(), PublishOptions::default()),
+        bus.publish(&ex, "k", "raced".into(), PublishOptions::default()),
+    );
+    assert!(
+        matches!(refused, Err(BusError::InvalidArgument(_))),
+        "{refused:?}"
+    );
+    published.unwrap();
+    // At least once each (a message whose confirm the closed channel swallowed is published
+    // again, so it may come twice), and nothing of the refused ones.
+    let expected = std::collections::BTreeSet::from(["after", "before", "later", "raced"]);
+    let mut received = std::collections::BTreeSet::new();
+    while received.len() < expected.len() {
+        let delivery = tokio::time::timeout(Duration::from_secs(10), sub.next())
+            .await
+            .unwrap()
+            .unwrap();
+        let body = String::from_utf8(delivery.body.to_vec()).unwrap();
+        delivery.ack().await.unwrap();
+        assert!(expected.contains(body.as_str()), "{body}");
+        received.insert(body);
+    }
+    assert_eq!(bus.connection_generation(), generation, "no reconnection");
+}
+
 /// Publishing to an unreachable broker fails with `Unavailable` instead of hanging.
 #[tokio::test]
 async fn unreachable_broker_is_unavailable() {

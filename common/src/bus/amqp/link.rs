@@ -145,7 +145,8 @@ impl Link {
         })
     }
 
-    async fn publish_channel(
+    /// A new channel in confirm mode, with the book of its confirms.
+    pub(super) async fn publish_channel(
         connection: &Connection,
     ) -> std::result::Result<(Chan, Confirms), AmqpError> {
         let confirms = Confirms::new();

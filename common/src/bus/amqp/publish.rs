@@ -6,6 +6,13 @@
 //! error), and retries publish again until the operation timeout — so a message may be
 //! duplicated, never silently lost. A batch sends everything and then awaits every confirm,
 //! and only the messages whose outcome was lost are published again, one by one.
+//!
+//! A broker refusal (`403`, `406`, …) closes the shared publish channel, and every publish in
+//! flight on it sees the same reply: the refusal is only known to be a message's own once
+//! the broker refuses it **alone**, on a channel of its own. Every other message that saw it
+//! is published again. So one message the broker cannot take (say, over its size limit)
+//! fails alone, instead of failing the messages beside it with a permanent error their
+//! consumers would settle as done.
 
 use amqprs::BasicProperties;
 use amqprs::channel::{BasicPublishArguments, ExchangeDeclareArguments};
@@ -24,7 +31,8 @@ use crate::bus::{
 
 impl Inner {
     /// One publish attempt on `link`: send, then await the confirm (unless `options` asks
-    /// for none: then the broker's silence is taken as an ack).
+    /// for none: then the broker's silence is taken as an ack). `alone`: on a confirm channel
+    /// of its own, opened for this attempt and closed after it.
     async fn publish_on(
         link: &Link,
         exchange: &str,
@@ -32,7 +40,23 @@ impl Inner {
         body: &[u8],
         options: PublishOptions,
         properties: &BasicProperties,
+        alone: bool,
     ) -> std::result::Result<Confirmation, AmqpError> {
+        if alone && options.confirmed() {
+            let (chan, confirms) = Link::publish_channel(&link.connection).await?;
+            let confirmation = async {
+                Route::Confirmed(&chan, &confirms)
+                    .write(exchange, routing_key, body, options, properties.clone())
+                    .await?
+                    .confirmation()
+                    .await
+            }
+            .await;
+            if chan.is_open() {
+                chan.close().await;
+            }
+            return confirmation;
+        }
         let sent = if options.confirmed() {
             let publisher = link.publisher().await?;
             Route::Confirmed(&publisher.0, &publisher.1)
@@ -69,15 +93,43 @@ impl Inner {
         options: PublishOptions,
         properties: &BasicProperties,
     ) -> Result<()> {
+        self.publish_attempts(exchange, routing_key, body, options, properties, false)
+            .await
+    }
+
+    /// Publishes until the message's outcome is known or the operation times out. `alone`:
+    /// the message saw a refusal on a shared channel, so a confirmed one is published on a
+    /// channel of its own, and a refusal now is its own. (A best-effort message cannot be
+    /// asked alone — the broker answers nothing — so it is written once more, and a second
+    /// refusal is taken as its own.)
+    async fn publish_attempts(
+        &self,
+        exchange: &str,
+        routing_key: &str,
+        body: &[u8],
+        options: PublishOptions,
+        properties: &BasicProperties,
+        mut alone: bool,
+    ) -> Result<()> {
         check_name(exchange)?;
         check_key(routing_key)?;
         let deadline = Instant::now() + self.options.operation_timeout;
         loop {
             let link = self.link(Some(deadline)).await?;
-            let outcome =
-                Self::publish_on(&link, exchange, routing_key, body, options, properties).await;
+            let outcome = Self::publish_on(
+                &link,
+                exchange,
+                routing_key,
+                body,
+                options,
+                properties,
+                alone,
+            )
+            .await;
             match self.judge(&link, exchange, routing_key, outcome).await {
                 Judged::Done(result) => return result,
+                Judged::Refused(refusal) if alone => return Err(refusal),
+                Judged::Refused(_) => alone = true,
                 Judged::Retry(reason) => {
                     if self.is_closed() {
                         return Err(BusError::Closed);
@@ -119,6 +171,16 @@ impl Inner {
                         Some(false) => Judged::Done(Err(BusError::NotFound(text))),
                         _ => Judged::Retry(error.to_string()),
                     }
+                }
+                // Any other refusal closed the channel for every publish in flight on it too;
+                // a publish is not a declaration, whatever the reply code says.
+                Failure::Final(BusError::DeclarationConflict { reason, .. })
+                    if matches!(error, AmqpError::Refused { .. }) =>
+                {
+                    Judged::Refused(BusError::InvalidArgument(reason))
+                }
+                Failure::Final(e) if matches!(error, AmqpError::Refused { .. }) => {
+                    Judged::Refused(e)
                 }
                 Failure::Final(e) => Judged::Done(Err(e)),
                 Failure::Connection => {
@@ -249,6 +311,19 @@ impl Inner {
                         &message.routing_key,
                         &message.body,
                         message.options,
+                    )
+                    .await
+                }
+                // Refused on the shared channel: this message's refusal only if the broker
+                // refuses it alone.
+                Judged::Refused(_) => {
+                    self.publish_attempts(
+                        &message.exchange,
+                        &message.routing_key,
+                        &message.body,
+                        message.options,
+                        &properties(message.options),
+                        message.options.confirmed(),
                     )
                     .await
                 }
@@ -387,4 +462,7 @@ impl Pending<'_> {
 enum Judged {
     Done(Result<()>),
     Retry(String),
+    /// The broker refused a publish on the channel and closed it: the refusal is the
+    /// message's own only if the broker refuses it alone (see the module docs).
+    Refused(BusError),
 }
