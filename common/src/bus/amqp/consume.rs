@@ -18,7 +18,7 @@ use tokio_util::sync::CancellationToken;
 
 use super::channel::Chan;
 use super::failure::{AmqpError, Failure, classify};
-use super::link::{Inner, Link, RETRY_PAUSE};
+use super::link::{CHANNEL_RETRY, Inner, Link};
 use super::properties::{DELIVERY_COUNT, PUBLISHED_AT, epoch_ms, header, header_count};
 use super::settle::ChannelSettler;
 use crate::bus::{ConsumeOptions, Delivery, QueueKind, QueueSpec, Result, Subscription};
@@ -129,6 +129,8 @@ async fn run_consumer(
     cancel: CancellationToken,
     mut current: Option<(Chan, Consumer, Arc<Link>)>,
 ) {
+    // Channel failures in a row while starting the consumer, paced by `CHANNEL_RETRY`.
+    let mut channel_failures = 0_u32;
     loop {
         let (channel, mut consumer, link) = match current.take() {
             Some(started) => started,
@@ -139,7 +141,10 @@ async fn run_consumer(
                     link = inner.link(None) => match link { Ok(link) => link, Err(_) => break },
                 };
                 match start_consumer(&link, &queue, prefetch, &tag).await {
-                    Ok((channel, consumer)) => (channel, consumer, link),
+                    Ok((channel, consumer)) => {
+                        channel_failures = 0;
+                        (channel, consumer, link)
+                    }
                     Err(e) => match classify(&e) {
                         Failure::Final(error) => {
                             // The queue is gone (deleted while we were away) or refused us.
@@ -154,7 +159,8 @@ async fn run_consumer(
                             if !link.connection.is_open() {
                                 inner.report_broken(link.generation);
                             }
-                            tokio::time::sleep(RETRY_PAUSE).await;
+                            tokio::time::sleep(CHANNEL_RETRY.delay(channel_failures)).await;
+                            channel_failures = channel_failures.saturating_add(1);
                             continue;
                         }
                     },
