@@ -159,15 +159,48 @@ impl Settler for DeliverySettler {
     }
 }
 
+/// Where the settling task sends its frames: the consumer's channel (a test's fake).
+#[async_trait]
+trait Transport: Send + Sync {
+    /// Whether frames may still be sent.
+    fn is_open(&self) -> bool;
+    /// Sends one round's frames in order (within `timeout`); `false` if they did not all go.
+    async fn send(&self, round: &[Frame], timeout: Duration) -> bool;
+    /// Closes the channel: the broker requeues every delivery it has not seen settled.
+    async fn close(&self, timeout: Duration);
+}
+
+#[async_trait]
+impl Transport for Chan {
+    fn is_open(&self) -> bool {
+        Chan::is_open(self)
+    }
+
+    async fn send(&self, round: &[Frame], timeout: Duration) -> bool {
+        send(self, round, timeout).await
+    }
+
+    async fn close(&self, timeout: Duration) {
+        let _ = tokio::time::timeout(timeout, self.clone().close()).await;
+    }
+}
+
 /// The settling task: each round takes every command already waiting and sends the frames
 /// [`frames`] decides, counted in `sb_bus_settle_frames_total`; ends when every handle is
 /// gone.
+///
+/// A round that did not go out whole gives the channel up. Its tags have left `unsettled`,
+/// so a later round's `multiple` ack could cover one whose nack never reached the broker —
+/// acking a delivery its consumer wanted back or dead-lettered. Closed instead, the channel
+/// takes its unsettled deliveries back to their queue, and nothing more is sent on it (a
+/// settlement asked for afterwards fails as on any closed channel).
 async fn run(
-    channel: Chan,
+    channel: impl Transport,
     queue: String,
     mut commands: mpsc::UnboundedReceiver<Command>,
     timeout: Duration,
 ) {
+    let mut given_up = false;
     let mut unsettled = BTreeSet::new();
     let (mut acks, mut nacks) = (Vec::new(), Vec::new());
     while let Some(first) = commands.recv().await {
@@ -200,13 +233,17 @@ async fn run(
         let round = frames(&unsettled, &nacks, &mut acks);
         // A channel already closed (by the broker, or with its connection) took its
         // deliveries' record with it: nothing to send.
-        if !round.is_empty() && channel.is_open() {
-            send(&channel, &round, timeout).await;
-            Metrics::global().add(
-                names::BUS_SETTLE_FRAMES_TOTAL,
-                &[("queue", &queue)],
-                round.len() as u64,
-            );
+        if !round.is_empty() && channel.is_open() && !given_up {
+            if channel.send(&round, timeout).await {
+                Metrics::global().add(
+                    names::BUS_SETTLE_FRAMES_TOTAL,
+                    &[("queue", &queue)],
+                    round.len() as u64,
+                );
+            } else {
+                given_up = true;
+                channel.close(timeout).await;
+            }
         }
         acks.clear();
         nacks.clear();
@@ -217,10 +254,9 @@ async fn run(
     }
 }
 
-/// Sends one round's frames in order. A frame that cannot be sent means the channel is gone,
-/// and with it the broker's record of its deliveries: they are redelivered, which every
-/// consumer handles.
-async fn send(channel: &Chan, round: &[Frame], timeout: Duration) {
+/// Sends one round's frames in order; `false` if they did not all go (the task then closes
+/// the channel: its unsettled deliveries are redelivered, which every consumer handles).
+async fn send(channel: &Chan, round: &[Frame], timeout: Duration) -> bool {
     // Each frame is handed to the connection's writer in turn, so they leave in `round`'s
     // order.
     let sends = async {
@@ -240,16 +276,22 @@ async fn send(channel: &Chan, round: &[Frame], timeout: Duration) {
         Ok::<(), amqprs::error::Error>(())
     };
     match tokio::time::timeout(timeout, sends).await {
-        Ok(Ok(())) => {}
+        Ok(Ok(())) => true,
         Ok(Err(error)) => {
             tracing::debug!(%error, "could not settle deliveries; the broker redelivers them");
+            false
         }
-        Err(_) => tracing::debug!("timed out settling deliveries; the broker redelivers them"),
+        Err(_) => {
+            tracing::debug!("timed out settling deliveries; the broker redelivers them");
+            false
+        }
     }
 }
 
 #[cfg(test)]
 mod tests {
+    use std::sync::Arc;
+
     use super::*;
 
     fn set(tags: &[u64]) -> BTreeSet<u64> {
@@ -295,6 +337,74 @@ mod tests {
                 },
             ]
         );
+    }
+
+    /// A channel that fails its first round and records what it is sent after.
+    #[derive(Default)]
+    struct FailsFirstRound {
+        rounds: std::sync::Mutex<Vec<Vec<Frame>>>,
+        closed: std::sync::atomic::AtomicBool,
+    }
+
+    #[async_trait]
+    impl Transport for Arc<FailsFirstRound> {
+        fn is_open(&self) -> bool {
+            !self.closed.load(std::sync::atomic::Ordering::SeqCst)
+        }
+
+        async fn send(&self, round: &[Frame], _: Duration) -> bool {
+            let mut rounds = self.rounds.lock().unwrap();
+            rounds.push(round.to_vec());
+            rounds.len() > 1
+        }
+
+        async fn close(&self, _: Duration) {
+            self.closed.store(true, std::sync::atomic::Ordering::SeqCst);
+        }
+    }
+
+    /// Review finding: a nack lost with a failed round must not be acked by a later round's
+    /// `multiple` ack. The channel is given up instead (the broker requeues it).
+    #[tokio::test]
+    async fn a_failed_round_gives_the_channel_up_instead_of_acking_past_a_lost_nack() {
+        let channel = Arc::new(FailsFirstRound::default());
+        let (commands, rx) = mpsc::unbounded_channel();
+        let task = tokio::spawn(run(
+            Arc::clone(&channel),
+            "q".into(),
+            rx,
+            Duration::from_secs(1),
+        ));
+        let round = |batch: Vec<Command>| {
+            for command in batch {
+                commands.send(command).unwrap();
+            }
+        };
+        round(vec![
+            Command::Delivered(1),
+            Command::Delivered(2),
+            Command::Delivered(3),
+            Command::Settle(1, Settlement::Nack { requeue: true }),
+        ]);
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        round(vec![
+            Command::Settle(2, Settlement::Ack),
+            Command::Settle(3, Settlement::Ack),
+        ]);
+        let (done, finished) = oneshot::channel();
+        commands.send(Command::Finish(done)).unwrap();
+        finished.await.unwrap();
+        task.await.unwrap();
+        let rounds = channel.rounds.lock().unwrap().clone();
+        assert_eq!(
+            rounds,
+            [vec![Frame::Nack {
+                tag: 1,
+                requeue: true
+            }]],
+            "nothing is sent after the failed round"
+        );
+        assert!(channel.closed.load(std::sync::atomic::Ordering::SeqCst));
     }
 
     #[test]
