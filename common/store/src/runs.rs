@@ -314,19 +314,26 @@ pub struct StartedRun {
 /// A result item's JSON as the ledger stores it (`run_events.data`): serialized once by
 /// whoever makes the row and written as this text, so storing a streamed item builds no JSON
 /// tree and serializes nothing again (on Postgres the text is embedded as is in the batch's
-/// JSON parameter, on SQLite it is bound as is).
-#[derive(Debug, Clone, Serialize)]
-#[serde(transparent)]
-pub struct ItemJson(Box<serde_json::value::RawValue>);
+/// JSON parameter, on SQLite it is bound as is). Shared, not copied, when cloned: the result
+/// sink hands one copy to the item's ledger row and embeds another in its live delivery.
+#[derive(Debug, Clone)]
+pub struct ItemJson(std::sync::Arc<Box<serde_json::value::RawValue>>);
+
+impl Serialize for ItemJson {
+    /// The JSON text as is.
+    fn serialize<S: serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        self.as_raw().serialize(serializer)
+    }
+}
 
 impl ItemJson {
     /// The JSON of `item`. A value that has no JSON text (a map with non-string keys: none
     /// of the result types) is stored as `null`, as a JSON value of it would have been.
     pub fn of<T: Serialize + ?Sized>(item: &T) -> Self {
-        Self(
+        Self(std::sync::Arc::new(
             serde_json::value::to_raw_value(item)
                 .unwrap_or_else(|_| serde_json::value::RawValue::NULL.to_owned()),
-        )
+        ))
     }
 
     /// The JSON text.
@@ -339,12 +346,6 @@ impl ItemJson {
     #[must_use]
     pub fn as_raw(&self) -> &serde_json::value::RawValue {
         &self.0
-    }
-
-    /// The JSON text, owned (no copy).
-    #[must_use]
-    pub fn into_string(self) -> String {
-        Box::<str>::from(self.0).into_string()
     }
 
     /// The JSON as a value (parsed: for the paths that store one row at a time).

@@ -186,8 +186,8 @@ impl ResultSink {
         // 2. One ledger call for the whole batch, with the runs' ends and the assistant
         // transcript rows it can carry.
         let transcripts = self.transcripts(items).await;
-        // Built again for the per-item fallback rather than cloned for it up front: a clone
-        // copies every item's JSON, on every batch, for a path that is rarely taken.
+        // Built again for the per-item fallback (the rows share each item's JSON, see
+        // `ledger_row`).
         let rows = |items: &[Item]| -> Vec<NewRunEvent> {
             items
                 .iter()
@@ -343,7 +343,7 @@ impl ResultSink {
 
 /// The ledger row of `item`: a terminal item ends its run with the insert, and an item
 /// carries its assistant `transcript` row when it is known before the insert. Its data is
-/// a copy of the item's stored JSON (the item keeps it for its live delivery).
+/// the item's stored JSON, shared (the item keeps it for its live delivery).
 fn ledger_row(item: &Item, transcript: Option<NewTranscriptItem>) -> NewRunEvent {
     let data = item.stored.clone();
     let message = &item.message;

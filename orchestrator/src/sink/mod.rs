@@ -137,7 +137,7 @@ struct Item {
     message: ResultMessage,
     /// What applying it does ([`journal::plan_item`], made once per item).
     plan: ItemPlan,
-    /// The result's JSON as the ledger stores it, serialized once: copied into the item's
+    /// The result's JSON as the ledger stores it, serialized once: shared with the item's
     /// ledger row and embedded in its live delivery.
     stored: ItemJson,
 }
