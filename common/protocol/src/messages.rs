@@ -239,9 +239,9 @@ pub struct RunFacts {
     pub bot_id: Option<String>,
 }
 
-/// One sequenced result of a run, from the worker.
+/// One sequenced result of a run, from the worker (see [`DeliveryMessage`] for `R`).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-pub struct ResultMessage {
+pub struct ResultMessage<R = AgentRunResult> {
     /// Always `switchboard.result/1`.
     pub schema: ResultSchema,
     /// The run.
@@ -254,7 +254,7 @@ pub struct ResultMessage {
     /// Transport sequence assigned by the worker: 1, 2, 3, … per run.
     pub sequence: u64,
     /// The result (its own `sequence` equals the one above).
-    pub result: AgentRunResult,
+    pub result: R,
     /// The run's facts (from its job), so the sink need not read the run row.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub run: Option<RunFacts>,
@@ -290,13 +290,15 @@ impl ResultMessage {
     }
 }
 
-impl BusMessage for ResultMessage {
+impl<R: Serialize + DeserializeOwned> BusMessage for ResultMessage<R> {
     const SCHEMA: &'static str = ResultSchema::TEXT;
 }
 
-/// A persisted result, published for live delivery. Same shape as [`ResultMessage`].
+/// A persisted result, published for live delivery. Same shape as [`ResultMessage`]. `R` is
+/// how the result is held: parsed (the default), or as its JSON text where it is only passed
+/// on ([`decode_live`]).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-pub struct DeliveryMessage {
+pub struct DeliveryMessage<R = AgentRunResult> {
     /// Always `switchboard.delivery/1`.
     pub schema: DeliverySchema,
     /// The run.
@@ -309,15 +311,15 @@ pub struct DeliveryMessage {
     /// Transport sequence.
     pub sequence: u64,
     /// The result.
-    pub result: AgentRunResult,
+    pub result: R,
     /// The run's triggering event, when the sink knew it: `POST /v1/events?stream=true`
     /// recognizes its own run's first item by it, without reading the event's route.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub event_id: Option<EventId>,
 }
 
-impl From<ResultMessage> for DeliveryMessage {
-    fn from(m: ResultMessage) -> Self {
+impl<R> From<ResultMessage<R>> for DeliveryMessage<R> {
+    fn from(m: ResultMessage<R>) -> Self {
         Self {
             schema: DeliverySchema,
             run_id: m.run_id,
@@ -330,18 +332,18 @@ impl From<ResultMessage> for DeliveryMessage {
     }
 }
 
-impl BusMessage for DeliveryMessage {
+impl<R: Serialize + DeserializeOwned> BusMessage for DeliveryMessage<R> {
     const SCHEMA: &'static str = DeliverySchema::TEXT;
 }
 
 /// One item of a batch: its transport sequence and the result (whose own `sequence` and
 /// `run_id` match the batch's).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-pub struct SequencedResult {
+pub struct SequencedResult<R = AgentRunResult> {
     /// Transport sequence assigned by the worker.
     pub sequence: u64,
-    /// The result.
-    pub result: AgentRunResult,
+    /// The result (see [`DeliveryMessage`] for `R`).
+    pub result: R,
 }
 
 /// Consecutive result items of one run, published by a worker as one message (see the
@@ -430,7 +432,7 @@ impl BusMessage for ResultBatch {
 /// Consecutive persisted items of one run, published by the result sink for live delivery
 /// as one message (see the module docs).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-pub struct DeliveryBatch {
+pub struct DeliveryBatch<R = AgentRunResult> {
     /// Always `switchboard.deliveries/1`.
     pub schema: DeliveryBatchSchema,
     /// The run.
@@ -441,7 +443,7 @@ pub struct DeliveryBatch {
     #[serde(default)]
     pub conversation_id: Option<String>,
     /// The items, ascending by sequence; never empty.
-    pub items: Vec<SequencedResult>,
+    pub items: Vec<SequencedResult<R>>,
     /// The run's triggering event, when the sink knew it (see [`DeliveryMessage`]).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub event_id: Option<EventId>,
@@ -467,10 +469,12 @@ impl DeliveryBatch {
             event_id: first.run.as_ref().map(|facts| facts.event_id),
         })
     }
+}
 
+impl<R> DeliveryBatch<R> {
     /// The single messages, in order.
     #[must_use]
-    pub fn into_messages(self) -> Vec<DeliveryMessage> {
+    pub fn into_messages(self) -> Vec<DeliveryMessage<R>> {
         let Self {
             run_id,
             workspace_id,
@@ -494,7 +498,24 @@ impl DeliveryBatch {
     }
 }
 
-impl BusMessage for DeliveryBatch {
+/// A single delivery as a batch of one.
+impl<R> From<DeliveryMessage<R>> for DeliveryBatch<R> {
+    fn from(m: DeliveryMessage<R>) -> Self {
+        Self {
+            schema: DeliveryBatchSchema,
+            run_id: m.run_id,
+            workspace_id: m.workspace_id,
+            conversation_id: m.conversation_id,
+            items: vec![SequencedResult {
+                sequence: m.sequence,
+                result: m.result,
+            }],
+            event_id: m.event_id,
+        }
+    }
+}
+
+impl<R: Serialize + DeserializeOwned> BusMessage for DeliveryBatch<R> {
     const SCHEMA: &'static str = DeliveryBatchSchema::TEXT;
 }
 
@@ -815,105 +836,6 @@ impl LiveItem {
     }
 }
 
-/// The raw forms of the three live-delivery bodies (same fields as [`DeliveryBatch`],
-/// [`DeliveryMessage`] and a forwarded [`ResultMessage`]; `result` kept as text).
-mod raw {
-    use super::*;
-
-    #[derive(Serialize, Deserialize)]
-    pub(super) struct Item {
-        pub sequence: u64,
-        pub result: Box<RawValue>,
-    }
-
-    #[derive(Serialize, Deserialize)]
-    pub(super) struct Batch {
-        pub schema: DeliveryBatchSchema,
-        pub run_id: RunId,
-        pub workspace_id: WorkspaceId,
-        #[serde(default)]
-        pub conversation_id: Option<String>,
-        pub items: Vec<Item>,
-        #[serde(default)]
-        pub event_id: Option<EventId>,
-    }
-
-    #[derive(Serialize, Deserialize)]
-    pub(super) struct Single {
-        pub schema: DeliverySchema,
-        pub run_id: RunId,
-        pub workspace_id: WorkspaceId,
-        #[serde(default)]
-        pub conversation_id: Option<String>,
-        pub sequence: u64,
-        pub result: Box<RawValue>,
-        #[serde(default)]
-        pub event_id: Option<EventId>,
-    }
-
-    /// Of [`RunFacts`], the trigger.
-    #[derive(Serialize, Deserialize)]
-    pub(super) struct Facts {
-        pub event_id: EventId,
-    }
-
-    #[derive(Serialize, Deserialize)]
-    pub(super) struct Forwarded {
-        pub schema: ResultSchema,
-        pub run_id: RunId,
-        pub workspace_id: WorkspaceId,
-        #[serde(default)]
-        pub conversation_id: Option<String>,
-        pub sequence: u64,
-        pub result: Box<RawValue>,
-        #[serde(default)]
-        pub run: Option<Facts>,
-    }
-
-    /// The single forms as a batch of one.
-    impl From<Single> for Batch {
-        fn from(m: Single) -> Self {
-            Self {
-                schema: DeliveryBatchSchema,
-                run_id: m.run_id,
-                workspace_id: m.workspace_id,
-                conversation_id: m.conversation_id,
-                items: vec![Item {
-                    sequence: m.sequence,
-                    result: m.result,
-                }],
-                event_id: m.event_id,
-            }
-        }
-    }
-
-    impl From<Forwarded> for Batch {
-        fn from(m: Forwarded) -> Self {
-            Self {
-                schema: DeliveryBatchSchema,
-                run_id: m.run_id,
-                workspace_id: m.workspace_id,
-                conversation_id: m.conversation_id,
-                items: vec![Item {
-                    sequence: m.sequence,
-                    result: m.result,
-                }],
-                event_id: m.run.map(|facts| facts.event_id),
-            }
-        }
-    }
-
-    impl BusMessage for Batch {
-        const SCHEMA: &'static str = DeliveryBatchSchema::TEXT;
-    }
-    impl BusMessage for Single {
-        const SCHEMA: &'static str = DeliverySchema::TEXT;
-    }
-    impl BusMessage for Forwarded {
-        const SCHEMA: &'static str = ResultSchema::TEXT;
-    }
-}
-
 /// Decodes a live delivery (a [`DeliveryBatch`], a single [`DeliveryMessage`], or a single
 /// [`ResultMessage`]) as the gateway forwards it: the same items as [`decode_deliveries`]
 /// gives, each result kept as its JSON text.
@@ -923,11 +845,14 @@ mod raw {
 /// The [`DecodeError`] of the single form when the body is none of them; a batch without
 /// items, or an item whose result is not an object with a string `type`, is malformed.
 pub fn decode_live(bytes: &[u8]) -> Result<LiveDelivery, DecodeError> {
-    let batch = match decode::<raw::Batch>(bytes) {
+    type Raw = Box<RawValue>;
+    let batch = match decode::<DeliveryBatch<Raw>>(bytes) {
         Ok(batch) => batch,
-        Err(DecodeError::WrongSchema { .. }) => match decode::<raw::Single>(bytes) {
+        Err(DecodeError::WrongSchema { .. }) => match decode::<DeliveryMessage<Raw>>(bytes) {
             Ok(single) => single.into(),
-            Err(DecodeError::WrongSchema { .. }) => decode::<raw::Forwarded>(bytes)?.into(),
+            Err(DecodeError::WrongSchema { .. }) => {
+                DeliveryMessage::from(decode::<ResultMessage<Raw>>(bytes)?).into()
+            }
             Err(e) => return Err(e),
         },
         Err(e) => return Err(e),
@@ -1118,7 +1043,7 @@ mod tests {
             }
         }
         // A result that does not name its run and sequence is framed from a copy that does.
-        let anonymous = DeliveryMessage {
+        let anonymous: DeliveryMessage = DeliveryMessage {
             schema: DeliverySchema,
             run_id: run,
             workspace_id: ws.clone(),
