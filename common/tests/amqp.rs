@@ -417,3 +417,138 @@ async fn unreachable_broker_is_unavailable() {
     let err = AmqpBus::connect(options).await.unwrap_err();
     assert!(matches!(err, BusError::Unavailable(_)), "{err:?}");
 }
+
+/// A TCP relay to the test broker that can be frozen: from then on it forwards nothing in
+/// either direction while keeping the connections open — a broker that stopped reading (as
+/// under a memory or disk alarm, which blocks publishing connections) and answers nothing.
+struct FreezableRelay {
+    url: String,
+    frozen: tokio::sync::watch::Sender<bool>,
+}
+
+impl FreezableRelay {
+    async fn start() -> Self {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let mut url = url::Url::parse(&amqp_url()).unwrap();
+        let target = format!("{}:{}", url.host_str().unwrap(), url.port().unwrap_or(5672));
+        url.set_port(Some(addr.port())).unwrap();
+        let (frozen, _) = tokio::sync::watch::channel(false);
+        let watch = frozen.clone();
+        tokio::spawn(async move {
+            while let Ok((client, _)) = listener.accept().await {
+                let Ok(upstream) = tokio::net::TcpStream::connect(&target).await else {
+                    continue;
+                };
+                let (client_read, client_write) = client.into_split();
+                let (upstream_read, upstream_write) = upstream.into_split();
+                tokio::spawn(forward(client_read, upstream_write, watch.subscribe()));
+                tokio::spawn(forward(upstream_read, client_write, watch.subscribe()));
+            }
+        });
+        Self {
+            url: url.to_string(),
+            frozen,
+        }
+    }
+
+    fn freeze(&self) {
+        self.frozen.send_replace(true);
+    }
+}
+
+/// Copies `from` to `to` until either closes; once `frozen`, holds whatever it read.
+async fn forward(
+    mut from: tokio::net::tcp::OwnedReadHalf,
+    mut to: tokio::net::tcp::OwnedWriteHalf,
+    mut frozen: tokio::sync::watch::Receiver<bool>,
+) {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let mut buf = vec![0_u8; 64 * 1024];
+    loop {
+        let read = tokio::select! {
+            read = from.read(&mut buf) => Some(read),
+            _ = frozen.wait_for(|f| *f) => None,
+        };
+        let Some(Ok(n @ 1..)) = read else {
+            if read.is_none() {
+                std::future::pending::<()>().await;
+            }
+            return;
+        };
+        let is_frozen = *frozen.borrow();
+        if is_frozen {
+            std::future::pending::<()>().await;
+        }
+        if to.write_all(&buf[..n]).await.is_err() {
+            return;
+        }
+    }
+}
+
+/// A publish the broker never answers fails with `Unavailable` once the operation timeout
+/// has passed, one at a time and in a batch, instead of waiting forever (review of session
+/// 51's backend, finding (a); cutting attempts off is safe since a cut-off write gives its
+/// confirm number back, see the unit tests of `confirms`).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_publish_the_broker_never_answers_times_out() {
+    use sb_common::bus::Outgoing;
+
+    let prefix = unique_prefix();
+    let relay = FreezableRelay::start().await;
+    let mut relayed = options(&prefix);
+    relayed.url = relay.url.clone();
+    relayed.operation_timeout = Duration::from_secs(1);
+    let bus = AmqpBus::connect(relayed).await.unwrap();
+    let direct = AmqpBus::connect(options(&prefix)).await.unwrap();
+    let fx =
+        BusFixture::new(Arc::new(direct.clone()), prefix.clone()).with_teardown(teardown(prefix));
+    let ex = fx.name("ex");
+    direct
+        .declare_exchange(&ExchangeSpec::new(&ex, ExchangeKind::Direct))
+        .await
+        .unwrap();
+    let spec = QueueSpec::durable(fx.name("q")).bind(&ex, "k");
+    let mut sub = direct
+        .subscribe(&spec, ConsumeOptions::prefetch(10))
+        .await
+        .unwrap();
+    bus.publish(&ex, "k", "before".into(), PublishOptions::default())
+        .await
+        .unwrap();
+
+    relay.freeze();
+    let bounded = Duration::from_secs(10);
+    let single = tokio::time::timeout(
+        bounded,
+        bus.publish(&ex, "k", "frozen".into(), PublishOptions::default()),
+    )
+    .await
+    .expect("the publish ends within its operation timeout");
+    assert!(
+        matches!(single, Err(BusError::Unavailable(_))),
+        "{single:?}"
+    );
+    let batch = vec![
+        Outgoing::new(&ex, "k", "frozen-1"),
+        Outgoing::new(&ex, "k", "frozen-2"),
+    ];
+    let err = tokio::time::timeout(bounded, bus.publish_batch(batch))
+        .await
+        .expect("the batch ends within its operation timeout")
+        .unwrap_err();
+    assert_eq!(err.failed.len(), 2, "{err}");
+    assert!(
+        err.failed
+            .iter()
+            .all(|(_, e)| matches!(e, BusError::Unavailable(_))),
+        "{err}"
+    );
+    let delivery = tokio::time::timeout(Duration::from_secs(10), sub.next())
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(&delivery.body[..], b"before");
+    delivery.ack().await.unwrap();
+    let _ = direct.close().await;
+}

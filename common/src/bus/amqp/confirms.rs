@@ -73,7 +73,7 @@ impl Confirms {
     }
 
     /// Books the next number of the channel for a message about to be written (the caller
-    /// holds the channel's publish lock until it is written, or [`unbook`](Self::unbook)s
+    /// holds the channel's publish lock until it is written, or [`abandon`](Self::abandon)s
     /// it), and returns the number and where the broker's answer will come (`true`: acked).
     pub(super) fn book(&self) -> Result<(u64, oneshot::Receiver<bool>), AmqpError> {
         let (answer, answered) = oneshot::channel();
@@ -89,13 +89,30 @@ impl Confirms {
         Ok((number, answered))
     }
 
-    /// Gives back number `number`, the last one booked: its message was not written (the
-    /// channel did not number it, nor will it number anything after: a failed write means
-    /// the channel is gone).
-    pub(super) fn unbook(&self, number: u64) {
+    /// The message booked as `number` was not written: its write failed (the channel is
+    /// gone), or its future was dropped before the frame reached the connection's writer (a
+    /// timeout, a cancelled publisher), so the channel did not number it. Its number is
+    /// given back when it is the last one booked. When a later message was booked meanwhile
+    /// (possible only if the publish lock was released before the booking was given back),
+    /// the book can no longer tell which number the broker gives to which message: it
+    /// closes as if the channel had (every waiter fails and publishes again; the link then
+    /// opens a fresh channel, see [`is_closed`](Self::is_closed)), rather than answer a
+    /// message with another one's confirm.
+    pub(super) fn abandon(&self, number: u64) {
         let mut book = self.lock();
-        book.waiting.remove(&number);
-        book.next = number;
+        if book.next == number + 1 {
+            book.waiting.remove(&number);
+            book.next = number;
+        } else {
+            drop(book);
+            self.channel_closed();
+        }
+    }
+
+    /// Whether the book closed: its channel closed, or the book lost track of its numbers
+    /// ([`abandon`](Self::abandon)). Nothing more may be published with it.
+    pub(super) fn is_closed(&self) -> bool {
+        self.lock().closed
     }
 
     /// The broker confirmed message `number` (and every earlier one, with `multiple`):
@@ -197,8 +214,27 @@ mod tests {
         let confirms = Confirms::new();
         let (first, _answer) = confirms.book().expect("open");
         let (second, _) = confirms.book().expect("open");
-        confirms.unbook(second);
+        confirms.abandon(second);
         assert_eq!(confirms.book().expect("open").0, first + 1);
+        assert!(!confirms.is_closed());
+    }
+
+    #[test]
+    fn a_number_abandoned_after_a_later_booking_closes_the_book() {
+        let confirms = Confirms::new();
+        let (first, mut first_answer) = confirms.book().expect("open");
+        let (_second, mut second_answer) = confirms.book().expect("open");
+        // The first message was not written after all, but the second was booked after it:
+        // the broker would number the second 1, which the book has for the first.
+        confirms.abandon(first);
+        assert!(confirms.is_closed());
+        for answer in [&mut first_answer, &mut second_answer] {
+            assert!(matches!(
+                answer.try_recv(),
+                Err(oneshot::error::TryRecvError::Closed)
+            ));
+        }
+        assert!(confirms.book().is_err());
     }
 
     #[test]

@@ -166,14 +166,14 @@ impl Link {
         Ok((chan, confirms))
     }
 
-    /// The publish channel and its confirms, reopened if a channel error closed it. Held
-    /// (the lock) while a message is written, so the channel numbers its messages in the
-    /// order the confirms book them (see `confirms`).
+    /// The publish channel and its confirms, reopened if a channel error closed it or its
+    /// confirms lost track of its numbers. Held (the lock) while a message is written, so the
+    /// channel numbers its messages in the order the confirms book them (see `confirms`).
     pub(super) async fn publisher(
         &self,
     ) -> std::result::Result<tokio::sync::MutexGuard<'_, (Chan, Confirms)>, AmqpError> {
         let mut publish = self.publish.lock().await;
-        if !publish.0.is_open() {
+        if !publish.0.is_open() || publish.1.is_closed() {
             *publish = Self::publish_channel(&self.connection).await?;
         }
         Ok(publish)

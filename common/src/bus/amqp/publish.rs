@@ -93,8 +93,17 @@ impl Inner {
         options: PublishOptions,
         properties: &BasicProperties,
     ) -> Result<()> {
-        self.publish_attempts(exchange, routing_key, body, options, properties, false)
-            .await
+        let deadline = Instant::now() + self.options.operation_timeout;
+        self.publish_attempts(
+            exchange,
+            routing_key,
+            body,
+            options,
+            properties,
+            false,
+            deadline,
+        )
+        .await
     }
 
     /// Publishes until the message's outcome is known or the operation times out. `alone`:
@@ -102,6 +111,13 @@ impl Inner {
     /// channel of its own, and a refusal now is its own. (A best-effort message cannot be
     /// asked alone — the broker answers nothing — so it is written once more, and a second
     /// refusal is taken as its own.)
+    ///
+    /// `deadline` bounds every attempt, not only the pauses between them: a broker that stops
+    /// reading (a memory or disk alarm blocks publishing connections) or never confirms would
+    /// otherwise hold the publisher forever. A message whose attempt was cut off may have
+    /// reached the broker, so the error is `Unavailable` (retried by the caller: a duplicate,
+    /// never a loss).
+    #[allow(clippy::too_many_arguments)]
     async fn publish_attempts(
         &self,
         exchange: &str,
@@ -110,23 +126,29 @@ impl Inner {
         options: PublishOptions,
         properties: &BasicProperties,
         mut alone: bool,
+        deadline: Instant,
     ) -> Result<()> {
         check_name(exchange)?;
         check_key(routing_key)?;
-        let deadline = Instant::now() + self.options.operation_timeout;
         loop {
             let link = self.link(Some(deadline)).await?;
-            let outcome = Self::publish_on(
-                &link,
-                exchange,
-                routing_key,
-                body,
-                options,
-                properties,
-                alone,
-            )
-            .await;
-            match self.judge(&link, exchange, routing_key, outcome).await {
+            let attempt = async {
+                let outcome = Self::publish_on(
+                    &link,
+                    exchange,
+                    routing_key,
+                    body,
+                    options,
+                    properties,
+                    alone,
+                )
+                .await;
+                self.judge(&link, exchange, routing_key, outcome).await
+            };
+            let Ok(judged) = tokio::time::timeout_at(deadline, attempt).await else {
+                return Err(self.timed_out());
+            };
+            match judged {
                 Judged::Done(result) => return result,
                 Judged::Refused(refusal) if alone => return Err(refusal),
                 Judged::Refused(_) => alone = true,
@@ -143,6 +165,14 @@ impl Inner {
                 }
             }
         }
+    }
+
+    /// The error of a publish whose deadline passed while the broker had not answered it.
+    fn timed_out(&self) -> BusError {
+        BusError::Unavailable(format!(
+            "publish not confirmed within {:?} (the broker neither confirmed nor refused it)",
+            self.options.operation_timeout
+        ))
     }
 
     /// Turns the outcome of one publish attempt into a result or a retry.
@@ -245,89 +275,95 @@ impl Inner {
         };
         // Send everything, then await every confirm: one round trip for the batch. Unconfirmed
         // messages go on the best-effort channel and are done once sent. The publish channel
-        // is held while the batch is written (see `Link::publisher`).
-        let confirm_channel = link.publisher().await;
-        let best_effort_channel = link.best_effort_publisher().await;
-        let mut pending = Vec::with_capacity(total);
-        for message in &messages {
-            let route = if message.options.confirmed() {
-                confirm_channel
-                    .as_ref()
-                    .map(|publisher| Route::Confirmed(&publisher.0, &publisher.1))
-            } else {
-                best_effort_channel.as_ref().map(Route::BestEffort)
-            };
-            let sent = match (
-                route,
-                check_name(&message.exchange).and(check_key(&message.routing_key)),
-            ) {
-                (_, Err(invalid)) => Err(Err(invalid)),
-                (Err(e), _) => Err(Ok(e.clone())),
-                (Ok(route), Ok(())) => route
-                    .write(
-                        &message.exchange,
-                        &message.routing_key,
-                        &message.body,
-                        message.options,
-                        properties(message.options),
-                    )
-                    .await
-                    .map_err(Ok),
-            };
-            pending.push(sent);
-        }
-        drop(confirm_channel);
-        let confirms = join_all(pending.into_iter().map(|sent| async move {
-            match sent {
-                Ok(sent) => Ok(sent.confirmation().await),
-                Err(e) => Err(e),
+        // is held while the batch is written (see `Link::publisher`). The deadline bounds it
+        // all (see `publish_attempts`): past it, every message counts as failed, even one
+        // whose confirm came (a duplicate if it is published again, never a loss).
+        let sent = async {
+            let confirm_channel = link.publisher().await;
+            let best_effort_channel = link.best_effort_publisher().await;
+            let mut pending = Vec::with_capacity(total);
+            for message in &messages {
+                let route = if message.options.confirmed() {
+                    confirm_channel
+                        .as_ref()
+                        .map(|publisher| Route::Confirmed(&publisher.0, &publisher.1))
+                } else {
+                    best_effort_channel.as_ref().map(Route::BestEffort)
+                };
+                let sent = match (
+                    route,
+                    check_name(&message.exchange).and(check_key(&message.routing_key)),
+                ) {
+                    (_, Err(invalid)) => Err(Err(invalid)),
+                    (Err(e), _) => Err(Ok(e.clone())),
+                    (Ok(route), Ok(())) => route
+                        .write(
+                            &message.exchange,
+                            &message.routing_key,
+                            &message.body,
+                            message.options,
+                            properties(message.options),
+                        )
+                        .await
+                        .map_err(Ok),
+                };
+                pending.push(sent);
             }
-        }))
-        .await;
+            drop(confirm_channel);
+            join_all(pending.into_iter().map(|sent| async move {
+                match sent {
+                    Ok(sent) => Ok(sent.confirmation().await),
+                    Err(e) => Err(e),
+                }
+            }))
+            .await
+        };
+        let Ok(confirms) = tokio::time::timeout_at(deadline, sent).await else {
+            return Err(BatchPublishError::all(total, || self.timed_out()));
+        };
         let mut failed = Vec::new();
         for (index, (message, confirm)) in messages.iter().zip(confirms).enumerate() {
-            let outcome = match confirm {
-                Err(Err(invalid)) => Judged::Done(Err(invalid)),
-                Err(Ok(send_error)) => {
-                    self.judge(
-                        &link,
-                        &message.exchange,
-                        &message.routing_key,
-                        Err(send_error),
-                    )
-                    .await
-                }
-                Ok(confirmation) => {
-                    self.judge(&link, &message.exchange, &message.routing_key, confirmation)
+            let settled = async {
+                let outcome = match confirm {
+                    Err(Err(invalid)) => Judged::Done(Err(invalid)),
+                    Err(Ok(send_error)) => {
+                        self.judge(
+                            &link,
+                            &message.exchange,
+                            &message.routing_key,
+                            Err(send_error),
+                        )
                         .await
-                }
-            };
-            let result = match outcome {
-                Judged::Done(result) => result,
-                // Lost with the connection or channel: publish it again on its own.
-                Judged::Retry(_) => {
-                    self.publish(
-                        &message.exchange,
-                        &message.routing_key,
-                        &message.body,
-                        message.options,
-                    )
-                    .await
-                }
-                // Refused on the shared channel: this message's refusal only if the broker
-                // refuses it alone.
-                Judged::Refused(_) => {
+                    }
+                    Ok(confirmation) => {
+                        self.judge(&link, &message.exchange, &message.routing_key, confirmation)
+                            .await
+                    }
+                };
+                let message_properties = properties(message.options);
+                let again = |alone| {
                     self.publish_attempts(
                         &message.exchange,
                         &message.routing_key,
                         &message.body,
                         message.options,
-                        &properties(message.options),
-                        message.options.confirmed(),
+                        &message_properties,
+                        alone,
+                        deadline,
                     )
-                    .await
+                };
+                match outcome {
+                    Judged::Done(result) => result,
+                    // Lost with the connection or channel: publish it again on its own.
+                    Judged::Retry(_) => again(false).await,
+                    // Refused on the shared channel: this message's refusal only if the
+                    // broker refuses it alone.
+                    Judged::Refused(_) => again(message.options.confirmed()).await,
                 }
             };
+            let result = tokio::time::timeout_at(deadline, settled)
+                .await
+                .unwrap_or_else(|_| Err(self.timed_out()));
             if let Err(e) = result {
                 failed.push((index, e));
             }
@@ -360,14 +396,15 @@ impl Route<'_> {
         match *self {
             Route::Confirmed(chan, confirms) => {
                 // Booked before the write, so the callback finds the number however soon
-                // the broker's answer comes.
+                // the broker's answer comes; given back unless the write completes.
                 let (number, answered) = confirms.book()?;
-                if let Err(error) =
-                    write_on(chan, exchange, routing_key, body, options, properties).await
-                {
-                    confirms.unbook(number);
-                    return Err(error);
-                }
+                let booking = Booking {
+                    confirms,
+                    number,
+                    written: false,
+                };
+                write_on(chan, exchange, routing_key, body, options, properties).await?;
+                booking.written();
                 Ok(Sent::Confirming(Pending {
                     confirms: confirms.clone(),
                     chan: chan.clone(),
@@ -382,6 +419,34 @@ impl Route<'_> {
                 write_on(chan, exchange, routing_key, body, options, properties).await?;
                 Ok(Sent::Written)
             }
+        }
+    }
+}
+
+/// A confirm number booked for a message being written. Unless [`written`](Self::written)
+/// is called, dropping it abandons the number ([`Confirms::abandon`]): the write failed, or
+/// its future was dropped before completing (the publish deadline passed, the publisher was
+/// cancelled). Either way the frame did not reach the connection's writer — amqprs hands the
+/// whole message to it in one cancel-safe channel send, the write's only await — so the
+/// channel did not number it, and the book must not count it either: else every later
+/// message would be answered with its predecessor's confirm.
+struct Booking<'c> {
+    confirms: &'c Confirms,
+    number: u64,
+    written: bool,
+}
+
+impl Booking<'_> {
+    /// The message was handed to the connection: its number stays booked.
+    fn written(mut self) {
+        self.written = true;
+    }
+}
+
+impl Drop for Booking<'_> {
+    fn drop(&mut self) {
+        if !self.written {
+            self.confirms.abandon(self.number);
         }
     }
 }
