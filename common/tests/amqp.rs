@@ -552,3 +552,57 @@ async fn a_publish_the_broker_never_answers_times_out() {
     delivery.ack().await.unwrap();
     let _ = direct.close().await;
 }
+
+/// Closing the bus right after acking sends the acks first: the broker does not deliver
+/// the settled messages again (the acks are handed to each channel's settling task, which
+/// used to be cut off by the connection's close).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn closing_the_bus_sends_the_acks_of_its_subscriptions_first() {
+    let prefix = unique_prefix();
+    let direct = AmqpBus::connect(options(&prefix)).await.unwrap();
+    let fx = BusFixture::new(Arc::new(direct.clone()), prefix.clone())
+        .with_teardown(teardown(prefix.clone()));
+    let ex = fx.name("ex");
+    direct
+        .declare_exchange(&ExchangeSpec::new(&ex, ExchangeKind::Direct))
+        .await
+        .unwrap();
+    let spec = QueueSpec::durable(fx.name("q")).bind(&ex, "k");
+    for round in 0..10 {
+        let bus = AmqpBus::connect(options(&prefix)).await.unwrap();
+        let mut sub = bus
+            .subscribe(&spec, ConsumeOptions::prefetch(100))
+            .await
+            .unwrap();
+        for i in 0..50 {
+            direct
+                .publish(
+                    &ex,
+                    "k",
+                    format!("{round}-{i}").into(),
+                    PublishOptions::default(),
+                )
+                .await
+                .unwrap();
+        }
+        for _ in 0..50 {
+            let delivery = tokio::time::timeout(Duration::from_secs(10), sub.next())
+                .await
+                .unwrap()
+                .unwrap();
+            delivery.ack().await.unwrap();
+        }
+        bus.close().await.unwrap();
+        drop(sub);
+    }
+    let mut sub = direct
+        .subscribe(&spec, ConsumeOptions::prefetch(10))
+        .await
+        .unwrap();
+    let again = tokio::time::timeout(Duration::from_millis(1500), sub.next()).await;
+    assert!(
+        again.is_err(),
+        "a message acked before the close came again: {:?}",
+        again.map(|d| d.map(|d| String::from_utf8_lossy(&d.body).into_owned()))
+    );
+}

@@ -52,8 +52,9 @@ impl Inner {
             *consumers += 1;
         }
         let (tx, rx) = mpsc::unbounded_channel();
-        let cancel = CancellationToken::new();
-        tokio::spawn(run_consumer(
+        // Cancelled when the subscription is dropped or the bus closes.
+        let cancel = self.shutdown.child_token();
+        self.consumers.spawn(run_consumer(
             Arc::clone(self),
             queue.clone(),
             prefetch,

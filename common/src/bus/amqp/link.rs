@@ -21,6 +21,7 @@ use amqprs::connection::{Connection, OpenConnectionArguments};
 use tokio::sync::{Notify, watch};
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
 
 use super::AmqpOptions;
 use super::channel::{Chan, ClientResult};
@@ -53,6 +54,10 @@ pub(super) struct Inner {
     pub(super) shutdown: CancellationToken,
     /// Numbers the consumer tags of this connection's subscriptions.
     pub(super) next_consumer: AtomicU64,
+    /// The subscriptions' consumer tasks (their cancel tokens are children of `shutdown`),
+    /// which [`close`](Inner::close) lets send what their consumers settled before the
+    /// connection goes.
+    pub(super) consumers: TaskTracker,
 }
 
 #[derive(Clone)]
@@ -328,6 +333,7 @@ impl Inner {
             broken: Arc::new(Notify::new()),
             shutdown: CancellationToken::new(),
             next_consumer: AtomicU64::new(0),
+            consumers: TaskTracker::new(),
         });
         watch_link(&inner, &link).await;
         tokio::spawn(supervise(Arc::downgrade(&inner), inner.shutdown.clone()));
@@ -365,6 +371,11 @@ impl Inner {
     pub(super) async fn close(&self) -> Result<()> {
         let previous = self.state.send_replace(LinkState::Closed);
         self.shutdown.cancel();
+        // Every subscription first sends the acks and nacks its consumer asked for and closes
+        // its channel: closing the connection under them would drop those frames, and the
+        // broker would deliver the settled messages again after a graceful stop.
+        self.consumers.close();
+        let _ = tokio::time::timeout(self.options.operation_timeout, self.consumers.wait()).await;
         if let LinkState::Up(link) = previous {
             let _ = tokio::time::timeout(
                 self.options.operation_timeout,
