@@ -606,3 +606,52 @@ async fn closing_the_bus_sends_the_acks_of_its_subscriptions_first() {
         again.map(|d| d.map(|d| String::from_utf8_lossy(&d.body).into_owned()))
     );
 }
+
+/// Every refusal closes a channel on the broker's side, whose number amqprs never frees:
+/// more refusals than a connection has channel numbers (2,047 on RabbitMQ; each refused
+/// publish closes two channels, the shared one and the one it is asked again on) each fail
+/// as themselves, and publishing still works after them — the bus replaces the connection
+/// before its numbers run out, instead of amqprs panicking when they do.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn refusals_beyond_the_connections_channel_numbers_each_fail_alone() {
+    let prefix = unique_prefix();
+    let bus = AmqpBus::connect(options(&prefix)).await.unwrap();
+    let fx = BusFixture::new(Arc::new(bus.clone()), prefix.clone()).with_teardown(teardown(prefix));
+    let ex = fx.name("ex");
+    bus.declare_exchange(&ExchangeSpec::new(&ex, ExchangeKind::Direct))
+        .await
+        .unwrap();
+    let internal = fx.name("internal");
+    declare_internal_exchange(&internal).await;
+    let spec = QueueSpec::durable(fx.name("q")).bind(&ex, "k");
+    let mut sub = bus
+        .subscribe(&spec, ConsumeOptions::prefetch(10))
+        .await
+        .unwrap();
+    let generation = bus.connection_generation();
+    for i in 0..1_100 {
+        let refused = tokio::time::timeout(
+            Duration::from_secs(10),
+            bus.publish(&internal, "k", "refused".into(), PublishOptions::default()),
+        )
+        .await
+        .unwrap_or_else(|_| panic!("refusal {i} did not end"));
+        assert!(
+            matches!(refused, Err(BusError::InvalidArgument(_))),
+            "refusal {i}: {refused:?}"
+        );
+    }
+    assert!(
+        bus.connection_generation() > generation,
+        "the connection was replaced"
+    );
+    bus.publish(&ex, "k", "after".into(), PublishOptions::default())
+        .await
+        .unwrap();
+    let delivery = tokio::time::timeout(Duration::from_secs(10), sub.next())
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(&delivery.body[..], b"after");
+    delivery.ack().await.unwrap();
+}

@@ -33,6 +33,23 @@ pub(super) struct Chan {
     cancelled: Arc<AtomicBool>,
 }
 
+/// Whether a connection that just gave a channel number `id` of at most `max` must be
+/// replaced before its numbers run out.
+///
+/// amqprs 2.1 frees a channel's number only when the client closes the channel; a channel
+/// the broker closes (a refused publish, a passive declare of a missing exchange) keeps its
+/// number for the connection's life. When every number is taken, amqprs panics in the
+/// connection's reader task and the connection dies with whatever was in flight. amqprs gives
+/// the lowest free number, so a high one means most numbers are held — by far more channels
+/// than a Switchboard process keeps open (a few, plus one per subscription) — and the bus
+/// then replaces the connection, as after any connection loss, while that is still a
+/// planned step: at half the numbers.
+pub(super) fn numbers_running_out(id: u16, max: u16) -> bool {
+    // `max` 0 means "no limit" (65,535 numbers).
+    let max = if max == 0 { u16::MAX } else { max };
+    id > max / 2
+}
+
 impl Chan {
     /// Opens a channel on `connection`; its confirms, returns and acks go to `confirms`.
     pub(super) async fn open(
@@ -43,6 +60,16 @@ impl Chan {
             .open_channel(None)
             .await
             .map_err(|e| connection_error(connection, &e))?;
+        let id = channel.channel_id();
+        if numbers_running_out(id, connection.channel_max()) {
+            let _ = channel.close().await;
+            return Err(AmqpError::ConnectionLost(format!(
+                "channel number {} of at most {}: the connection's channel numbers are running \
+                 out (amqprs keeps the number of every channel the broker closed); reconnecting",
+                id,
+                connection.channel_max()
+            )));
+        }
         let closed = Arc::new(Mutex::new(None));
         let cancelled = Arc::new(AtomicBool::new(false));
         let chan = Self {
@@ -184,5 +211,19 @@ impl ChannelCallback for Callbacks {
         if let Some(confirms) = &self.confirms {
             confirms.returned(ret.exchange(), ret.routing_key(), content);
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::numbers_running_out;
+
+    #[test]
+    fn a_connection_is_replaced_at_half_its_channel_numbers() {
+        assert!(!numbers_running_out(1, 2047));
+        assert!(!numbers_running_out(1023, 2047));
+        assert!(numbers_running_out(1024, 2047));
+        assert!(!numbers_running_out(32_767, 0), "0: no limit");
+        assert!(numbers_running_out(32_768, 0));
     }
 }
