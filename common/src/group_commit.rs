@@ -12,9 +12,13 @@
 //! requests that arrive while a batch is committing form the next batch, so batches grow
 //! with the load by themselves. One commit is in flight at a time, which is what makes the
 //! batches form: the database does one transaction's work where it did one per request.
+//!
+//! [`SharedRead`] is the same idea for reads of a changing value: the callers waiting at once
+//! share one read, never one that began before they arrived.
 
 use std::future::Future;
 use std::panic::AssertUnwindSafe;
+use std::sync::atomic::{AtomicU64, Ordering as AtomicOrdering};
 
 use futures::FutureExt as _;
 use tokio::sync::{mpsc, oneshot};
@@ -107,6 +111,59 @@ impl<Req: Send + 'static, Resp: Send + 'static> GroupCommit<Req, Resp> {
     }
 }
 
+/// The read side of natural batching: one read of a value that changes (a revocation epoch,
+/// say) shared by the callers waiting at once, under the rule that makes sharing safe —
+/// **a caller is only given the result of a read that began after it arrived**. So a caller
+/// that arrives after a change was made (and acknowledged) sees it, exactly as with a read
+/// of its own, while under load the reads stay at about one per read's round trip instead of
+/// one per caller.
+///
+/// ```text
+///  a arrives ─ read 1 begins ──────────── read 1 ends ─▶ a
+///  b, c arrive during read 1 ─ (wait) ─── read 2 begins ─── read 2 ends ─▶ b, c
+/// ```
+///
+/// Reads run one at a time, in the calling tasks (no task of its own, nothing to spawn): a
+/// caller either takes the last read's result, if it began after the caller arrived, or
+/// makes the next read itself. A caller cancelled mid-read leaves no result; the next
+/// waiter reads instead.
+#[derive(Debug)]
+pub struct SharedRead<T> {
+    /// Numbers the callers in the order they arrived.
+    arrivals: AtomicU64,
+    /// Held while a read is out. The last read's result, with the number of callers that had
+    /// arrived when it began (those may take it).
+    last: tokio::sync::Mutex<Option<(u64, T)>>,
+}
+
+impl<T> Default for SharedRead<T> {
+    fn default() -> Self {
+        Self {
+            arrivals: AtomicU64::new(0),
+            last: tokio::sync::Mutex::new(None),
+        }
+    }
+}
+
+impl<T: Clone> SharedRead<T> {
+    /// The value `read` returns, from a read that began after this call did: the last one
+    /// if it qualifies, else a new one.
+    pub async fn read<F: Future<Output = T>>(&self, read: impl FnOnce() -> F) -> T {
+        let ticket = self.arrivals.fetch_add(1, AtomicOrdering::SeqCst);
+        let mut last = self.last.lock().await;
+        if let Some((arrived_before, value)) = &*last {
+            if ticket < *arrived_before {
+                return value.clone();
+            }
+        }
+        // Every caller numbered below this had arrived before this read begins.
+        let arrived_before = self.arrivals.load(AtomicOrdering::SeqCst);
+        let value = read().await;
+        *last = Some((arrived_before, value.clone()));
+        value
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use std::sync::Arc;
@@ -114,6 +171,73 @@ mod tests {
     use std::time::Duration;
 
     use super::*;
+
+    #[tokio::test]
+    async fn one_caller_at_a_time_reads_every_time() {
+        let shared = SharedRead::default();
+        let reads = AtomicUsize::new(0);
+        for i in 0..3 {
+            let value = shared
+                .read(|| async {
+                    reads.fetch_add(1, Ordering::SeqCst);
+                    i
+                })
+                .await;
+            assert_eq!(value, i, "never a read older than the call");
+        }
+        assert_eq!(reads.load(Ordering::SeqCst), 3);
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn callers_arriving_during_a_read_share_the_next_and_never_an_older_one() {
+        // The value is a version that a writer bumps; a read returns the version current when
+        // it began, after a pause (a round trip).
+        let version = Arc::new(AtomicU64::new(0));
+        let reads = Arc::new(AtomicUsize::new(0));
+        let shared = Arc::new(SharedRead::default());
+        let call = |shared: Arc<SharedRead<u64>>| {
+            let (version, reads) = (Arc::clone(&version), Arc::clone(&reads));
+            async move {
+                shared
+                    .read(|| async move {
+                        reads.fetch_add(1, Ordering::SeqCst);
+                        let seen = version.load(AtomicOrdering::SeqCst);
+                        tokio::time::sleep(Duration::from_millis(30)).await;
+                        seen
+                    })
+                    .await
+            }
+        };
+        let first = tokio::spawn(call(Arc::clone(&shared)));
+        tokio::time::sleep(Duration::from_millis(10)).await;
+        // A change made while the first read is out: callers arriving now must see it.
+        version.store(1, AtomicOrdering::SeqCst);
+        let later: Vec<_> = (0..20)
+            .map(|_| tokio::spawn(call(Arc::clone(&shared))))
+            .collect();
+        assert_eq!(first.await.unwrap(), 0);
+        for caller in later {
+            assert_eq!(
+                caller.await.unwrap(),
+                1,
+                "a read that began before the caller"
+            );
+        }
+        let reads = reads.load(Ordering::SeqCst);
+        assert!((2..=3).contains(&reads), "21 callers took {reads} reads");
+    }
+
+    #[tokio::test]
+    async fn a_caller_cancelled_mid_read_leaves_the_next_to_read() {
+        let shared = SharedRead::default();
+        let cancelled = tokio::time::timeout(
+            Duration::from_millis(10),
+            shared.read(std::future::pending::<u32>),
+        )
+        .await;
+        assert!(cancelled.is_err());
+        assert_eq!(shared.read(|| async { 7 }).await, 7);
+    }
 
     #[tokio::test]
     async fn one_caller_gets_batches_of_one() {

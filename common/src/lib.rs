@@ -9,7 +9,7 @@
 //! - [`egress`]: which addresses model and tool calls may reach (SPEC §14).
 //! - [`secrets`]: which environment variables models and tools may reference (SPEC §14).
 //! - [`group_commit`]: natural batching of concurrent writes into one commit (the ingest's
-//!   group commit).
+//!   group commit), and of reads of a changing value into one read (`SharedRead`).
 //! - [`error`]: re-export of the closed error-code set and the `HasErrorCode` trait, plus
 //!   `ShutdownError`.
 //! - [`bus`]: the `Bus` trait (publish with confirm, subscribe with manual ack), its in-memory

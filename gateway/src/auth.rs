@@ -18,7 +18,8 @@
 //! gateway of a deployment shares (Redis in cluster mode, memory in embedded mode):
 //!
 //! ```text
-//!  request ─ read epoch (one GET) ─┬─ differs from the cache's ─▶ clear the cache, adopt it
+//!  request ─ read epoch (one GET, ─┬─ differs from the cache's ─▶ clear the cache, adopt it
+//!            shared: see below)    │
 //!                                  └─ cached, younger than KEY_CACHE_MAX_AGE ─▶ answer
 //!           miss ─▶ ledger lookup ─▶ valid key: cache it under the epoch read *before* the
 //!                                    lookup, unless the cache moved to another epoch since
@@ -33,6 +34,12 @@
 //! a session store that lost its data (a Redis restart without persistence) cannot bring an
 //! old epoch back: the first gateway to find it missing writes a fresh one (`SET NX`), and
 //! every cache clears once.
+//!
+//! The requests that wait at once share one read of the epoch
+//! ([`SharedRead`](sb_common::group_commit::SharedRead)), but only a read that began after
+//! the request arrived: a request that arrives after an announcement never takes the result
+//! of a read sent before it, so the guarantee is the same as with a read per request, at
+//! about one read per session-store round trip under load.
 //!
 //! What does not go through the announcement: a session store that cannot be read makes the
 //! gateway clear its cache and ask the ledger for every request until it can (slower, never
@@ -52,6 +59,7 @@ use axum::http::request::Parts;
 use axum::middleware::Next;
 use axum::response::Response;
 use lru::LruCache;
+use sb_common::group_commit::SharedRead;
 use sb_common::session::{SessionError, SessionStore};
 use sb_protocol::ids::WorkspaceId;
 use sb_store::{ApiKeyRole, AuthenticatedKey, StoreError, Tenancy};
@@ -238,6 +246,11 @@ async fn current_epoch(sessions: &dyn SessionStore) -> Result<Vec<u8>, SessionEr
 pub struct KeyCache {
     state: Mutex<CacheState>,
     max_age: Duration,
+    /// The epoch reads, shared by the requests that wait at once — each request is answered
+    /// by a read that began after it arrived, so sharing keeps the guarantee (see the module
+    /// docs) while a busy gateway reads about once per session-store round trip, not once
+    /// per request.
+    epochs: SharedRead<Option<Vec<u8>>>,
 }
 
 struct CacheState {
@@ -270,6 +283,7 @@ impl KeyCache {
                 entries: LruCache::new(options.key_cache_entries),
             }),
             max_age: options.key_cache_max_age,
+            epochs: SharedRead::default(),
         }
     }
 
@@ -298,13 +312,18 @@ impl KeyCache {
         sessions: &dyn SessionStore,
     ) -> Result<Option<AuthenticatedKey>, StoreError> {
         let digest: [u8; 32] = Sha256::digest(token.as_bytes()).into();
-        let epoch = match current_epoch(sessions).await {
-            Ok(epoch) => Some(epoch),
-            Err(error) => {
-                tracing::warn!(%error, "cannot read the api key revocation epoch; asking the ledger");
-                None
-            }
-        };
+        let epoch = self
+            .epochs
+            .read(|| async {
+                match current_epoch(sessions).await {
+                    Ok(epoch) => Some(epoch),
+                    Err(error) => {
+                        tracing::warn!(%error, "cannot read the api key revocation epoch; asking the ledger");
+                        None
+                    }
+                }
+            })
+            .await;
         {
             let mut state = self.lock();
             if state.epoch != epoch {
