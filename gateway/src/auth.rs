@@ -35,11 +35,10 @@
 //! old epoch back: the first gateway to find it missing writes a fresh one (`SET NX`), and
 //! every cache clears once.
 //!
-//! The requests that wait at once share one read of the epoch
-//! ([`SharedRead`](sb_common::group_commit::SharedRead)), but only a read that began after
-//! the request arrived: a request that arrives after an announcement never takes the result
-//! of a read sent before it, so the guarantee is the same as with a read per request, at
-//! about one read per session-store round trip under load.
+//! The requests that wait at once share one read of the epoch ([`SharedRead`]), but only a
+//! read that began after the request arrived: a request that arrives after an announcement
+//! never takes the result of a read sent before it, so the guarantee is the same as with a
+//! read per request, at about one read per session-store round trip under load.
 //!
 //! What does not go through the announcement: a session store that cannot be read makes the
 //! gateway clear its cache and ask the ledger for every request until it can (slower, never
