@@ -655,3 +655,30 @@ async fn refusals_beyond_the_connections_channel_numbers_each_fail_alone() {
     assert_eq!(&delivery.body[..], b"after");
     delivery.ack().await.unwrap();
 }
+
+/// A batch of unroutable mandatory messages larger than the old return pool (1,024): every
+/// message is reported unroutable, each return paired with its own message at its ack. (With
+/// the broker answering message by message, the old pool was claimed from as fast as it
+/// filled; the unit tests of `confirms` cover the order in which it lost returns.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_message_of_a_large_unroutable_batch_is_reported_unroutable() {
+    use sb_common::bus::Outgoing;
+
+    let fx = amqp_fixture().await;
+    let ex = fx.name("ex");
+    fx.bus
+        .declare_exchange(&ExchangeSpec::new(&ex, ExchangeKind::Direct))
+        .await
+        .unwrap();
+    let batch: Vec<_> = (0..1_500)
+        .map(|i| Outgoing::new(&ex, "nobody", format!("m{i}")))
+        .collect();
+    let err = fx.bus.publish_batch(batch).await.unwrap_err();
+    assert_eq!(err.failed.len(), 1_500, "{err}");
+    assert!(
+        err.failed
+            .iter()
+            .all(|(_, e)| matches!(e, BusError::Unroutable { .. })),
+        "{err}"
+    );
+}

@@ -209,7 +209,7 @@ impl ChannelCallback for Callbacks {
         content: Vec<u8>,
     ) {
         if let Some(confirms) = &self.confirms {
-            confirms.returned(ret.exchange(), ret.routing_key(), content);
+            confirms.returned(ret.exchange(), ret.routing_key(), &content);
         }
     }
 }

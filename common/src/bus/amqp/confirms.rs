@@ -7,21 +7,27 @@
 //!
 //! RabbitMQ answers an unroutable `mandatory` message with `basic.return` before the
 //! message's ack, and amqprs calls the channel's callback for each frame in the order they
-//! came. A return carries no number, so it is pooled, and the owner claims it by its message's
-//! content (exchange, routing key, body) once its ack came: by then the return is in the pool.
-//! Two messages of equal content are interchangeable: whichever claims the return, the counts
-//! of delivered and returned messages are right.
+//! came. A return carries no number, only the message's content, so it is pooled by a
+//! fingerprint of that content (exchange, routing key, body) and paired when an ack comes:
+//! every message that ack answers and that was booked with the same fingerprint takes the
+//! oldest such return, in number order. A message's return always came before its ack, so
+//! it is in the pool by then; a return not yet paired belongs to a message not yet acked,
+//! which keeps the pool as small as what is in flight. Two messages of equal content are
+//! interchangeable: whichever takes the return, the counts of delivered and returned
+//! messages are right.
 
 use std::collections::{BTreeMap, VecDeque};
+use std::hash::{Hash, Hasher};
 use std::sync::{Arc, Mutex, MutexGuard};
 
 use tokio::sync::oneshot;
 
 use super::failure::AmqpError;
 
-/// Returns nobody claimed (their publisher gave up waiting) are kept up to this many, oldest
-/// dropped first, so a stray return cannot grow the pool without bound.
-const MAX_UNCLAIMED_RETURNS: usize = 1024;
+/// A safety net only: returns are paired at their message's ack, so the pool holds no more
+/// than the returned messages in flight. Should one ever be left over, the pool does not
+/// grow without bound (the oldest goes first).
+const MAX_UNPAIRED_RETURNS: usize = 4096;
 
 /// The broker's answer to one confirmed message.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -30,6 +36,17 @@ pub(super) enum Confirmation {
     Ack { returned: bool },
     /// Refused by the broker (`basic.nack`).
     Nack,
+}
+
+/// The fingerprint of a message's content by which its return is recognized.
+pub(super) fn fingerprint(exchange: &str, routing_key: &str, body: &[u8]) -> u64 {
+    // `DefaultHasher::new` hashes alike in every instance: the same on both sides of the
+    // pairing.
+    let mut hasher = std::hash::DefaultHasher::new();
+    exchange.hash(&mut hasher);
+    routing_key.hash(&mut hasher);
+    body.hash(&mut hasher);
+    hasher.finish()
 }
 
 /// The confirm bookkeeping of one publish channel; cheap to clone. The channel's callback
@@ -42,19 +59,19 @@ struct Book {
     /// The number the channel gives the next message published on it.
     next: u64,
     /// Messages written and not yet confirmed, by number.
-    /// Each waiter is told whether the broker acked (`true`) or nacked its message.
-    waiting: BTreeMap<u64, oneshot::Sender<bool>>,
-    /// Returns taken in, waiting for their owner to claim them.
-    returns: VecDeque<Returned>,
+    waiting: BTreeMap<u64, Waiter>,
+    /// Fingerprints of the returns whose message's ack has not come yet, oldest first.
+    returns: VecDeque<u64>,
     /// The channel is closed: nothing written on it will be confirmed any more.
     closed: bool,
 }
 
-/// A returned message, as its owner recognizes it.
-struct Returned {
-    exchange: String,
-    routing_key: String,
-    body: Vec<u8>,
+/// A message waiting for its confirm.
+struct Waiter {
+    /// Where the broker's answer goes.
+    answer: oneshot::Sender<Confirmation>,
+    /// Its content's fingerprint when it may be returned (`mandatory`).
+    returnable: Option<u64>,
 }
 
 impl Confirms {
@@ -74,8 +91,12 @@ impl Confirms {
 
     /// Books the next number of the channel for a message about to be written (the caller
     /// holds the channel's publish lock until it is written, or [`abandon`](Self::abandon)s
-    /// it), and returns the number and where the broker's answer will come (`true`: acked).
-    pub(super) fn book(&self) -> Result<(u64, oneshot::Receiver<bool>), AmqpError> {
+    /// it), and returns the number and where the broker's answer will come. `returnable`:
+    /// the message's [`fingerprint`] if it is `mandatory` (the broker may return it).
+    pub(super) fn book(
+        &self,
+        returnable: Option<u64>,
+    ) -> Result<(u64, oneshot::Receiver<Confirmation>), AmqpError> {
         let (answer, answered) = oneshot::channel();
         let mut book = self.lock();
         if book.closed {
@@ -85,7 +106,7 @@ impl Confirms {
         }
         let number = book.next;
         book.next += 1;
-        book.waiting.insert(number, answer);
+        book.waiting.insert(number, Waiter { answer, returnable });
         Ok((number, answered))
     }
 
@@ -116,34 +137,50 @@ impl Confirms {
     }
 
     /// The broker confirmed message `number` (and every earlier one, with `multiple`):
-    /// `ack`, or refused it.
+    /// `ack`, or refused it. Each acked message that may be returned takes a pooled return
+    /// of its content, if there is one (see the module docs).
     pub(super) fn acked(&self, number: u64, multiple: bool, ack: bool) {
-        let answered: Vec<_> = {
+        let answered: Vec<(oneshot::Sender<Confirmation>, Confirmation)> = {
             let mut book = self.lock();
-            if multiple {
+            let waiters: Vec<Waiter> = if multiple {
                 let later = book.waiting.split_off(&(number + 1));
                 std::mem::replace(&mut book.waiting, later)
                     .into_values()
                     .collect()
             } else {
                 book.waiting.remove(&number).into_iter().collect()
-            }
+            };
+            waiters
+                .into_iter()
+                .map(|waiter| {
+                    let confirmation = if ack {
+                        let returned = waiter.returnable.is_some_and(|fingerprint| {
+                            let position = book.returns.iter().position(|r| *r == fingerprint);
+                            position.is_some_and(|p| book.returns.remove(p).is_some())
+                        });
+                        Confirmation::Ack { returned }
+                    } else {
+                        Confirmation::Nack
+                    };
+                    (waiter.answer, confirmation)
+                })
+                .collect()
         };
-        for waiter in answered {
-            let _ = waiter.send(ack);
+        for (answer, confirmation) in answered {
+            let _ = answer.send(confirmation);
         }
     }
 
     /// The broker returned a message (its ack follows).
-    pub(super) fn returned(&self, exchange: &str, routing_key: &str, body: Vec<u8>) {
+    pub(super) fn returned(&self, exchange: &str, routing_key: &str, body: &[u8]) {
+        let fingerprint = fingerprint(exchange, routing_key, body);
         let mut book = self.lock();
-        book.returns.push_back(Returned {
-            exchange: exchange.to_owned(),
-            routing_key: routing_key.to_owned(),
-            body,
-        });
-        while book.returns.len() > MAX_UNCLAIMED_RETURNS {
+        book.returns.push_back(fingerprint);
+        if book.returns.len() > MAX_UNPAIRED_RETURNS {
             book.returns.pop_front();
+            tracing::warn!(
+                "a returned message was never paired with its confirm; dropping the oldest"
+            );
         }
     }
 
@@ -153,23 +190,10 @@ impl Confirms {
         let waiting = {
             let mut book = self.lock();
             book.closed = true;
+            book.returns.clear();
             std::mem::take(&mut book.waiting)
         };
         drop(waiting);
-    }
-}
-
-impl Confirms {
-    /// Takes the return of a message with this content out of the pool, if the broker
-    /// returned one: called once the message's confirmation came, which the broker sends
-    /// after its return.
-    pub(super) fn claim_return(&self, exchange: &str, routing_key: &str, body: &[u8]) -> bool {
-        let mut book = self.lock();
-        let position = book
-            .returns
-            .iter()
-            .position(|r| r.exchange == exchange && r.routing_key == routing_key && r.body == body);
-        position.is_some_and(|p| book.returns.remove(p).is_some())
     }
 }
 
@@ -177,9 +201,12 @@ impl Confirms {
 mod tests {
     use super::*;
 
-    fn waiter(confirms: &Confirms) -> oneshot::Receiver<bool> {
-        confirms.book().expect("open").1
+    fn waiter(confirms: &Confirms) -> oneshot::Receiver<Confirmation> {
+        confirms.book(None).expect("open").1
     }
+
+    const ACK: Confirmation = Confirmation::Ack { returned: false };
+    const RETURNED: Confirmation = Confirmation::Ack { returned: true };
 
     #[test]
     fn a_multiple_ack_answers_every_message_up_to_its_number() {
@@ -187,11 +214,11 @@ mod tests {
         let mut answers: Vec<_> = (0..4).map(|_| waiter(&confirms)).collect();
         confirms.acked(3, true, true);
         for answer in &mut answers[..3] {
-            assert_eq!(answer.try_recv(), Ok(true));
+            assert_eq!(answer.try_recv(), Ok(ACK));
         }
         assert!(answers[3].try_recv().is_err(), "4 is not confirmed yet");
         confirms.acked(4, false, false);
-        assert_eq!(answers[3].try_recv(), Ok(false));
+        assert_eq!(answers[3].try_recv(), Ok(Confirmation::Nack));
     }
 
     #[test]
@@ -204,7 +231,7 @@ mod tests {
             Err(oneshot::error::TryRecvError::Closed)
         ));
         assert!(
-            confirms.book().is_err(),
+            confirms.book(None).is_err(),
             "nothing is booked on a closed channel"
         );
     }
@@ -212,18 +239,18 @@ mod tests {
     #[test]
     fn a_message_not_written_gives_its_number_back() {
         let confirms = Confirms::new();
-        let (first, _answer) = confirms.book().expect("open");
-        let (second, _) = confirms.book().expect("open");
+        let (first, _answer) = confirms.book(None).expect("open");
+        let (second, _) = confirms.book(None).expect("open");
         confirms.abandon(second);
-        assert_eq!(confirms.book().expect("open").0, first + 1);
+        assert_eq!(confirms.book(None).expect("open").0, first + 1);
         assert!(!confirms.is_closed());
     }
 
     #[test]
     fn a_number_abandoned_after_a_later_booking_closes_the_book() {
         let confirms = Confirms::new();
-        let (first, mut first_answer) = confirms.book().expect("open");
-        let (_second, mut second_answer) = confirms.book().expect("open");
+        let (first, mut first_answer) = confirms.book(None).expect("open");
+        let (_second, mut second_answer) = confirms.book(None).expect("open");
         // The first message was not written after all, but the second was booked after it:
         // the broker would number the second 1, which the book has for the first.
         confirms.abandon(first);
@@ -234,15 +261,63 @@ mod tests {
                 Err(oneshot::error::TryRecvError::Closed)
             ));
         }
-        assert!(confirms.book().is_err());
+        assert!(confirms.book(None).is_err());
     }
 
     #[test]
-    fn a_return_is_claimed_by_its_own_content_once() {
+    fn a_return_goes_to_the_acked_message_of_its_content_only() {
         let confirms = Confirms::new();
-        confirms.returned("ex", "a", b"1".to_vec());
-        assert!(!confirms.claim_return("ex", "b", b"1"));
-        assert!(confirms.claim_return("ex", "a", b"1"));
-        assert!(!confirms.claim_return("ex", "a", b"1"), "claimed once");
+        let book = |key: &str| {
+            confirms
+                .book(Some(fingerprint("ex", key, b"1")))
+                .expect("open")
+                .1
+        };
+        let (mut a, mut b, mut c) = (book("a"), book("b"), book("a"));
+        // The broker returns the second message; its ack, with the first's, follows.
+        confirms.returned("ex", "b", b"1");
+        confirms.acked(2, true, true);
+        assert_eq!(a.try_recv(), Ok(ACK));
+        assert_eq!(b.try_recv(), Ok(RETURNED));
+        // A return of equal content waiting for a later ack is that message's.
+        confirms.returned("ex", "a", b"1");
+        confirms.acked(3, false, true);
+        assert_eq!(c.try_recv(), Ok(RETURNED));
+    }
+
+    #[test]
+    fn returns_are_paired_at_any_volume_in_flight() {
+        // More returned messages in flight than the old pool's bound (1,024): each is paired
+        // with its own message however many wait (before, the oldest returns were dropped and
+        // their messages reported as delivered).
+        let confirms = Confirms::new();
+        let n = 3 * MAX_UNPAIRED_RETURNS / 2;
+        let mut answers: Vec<_> = (0..n)
+            .map(|i| {
+                let key = format!("k{}", i % 2);
+                confirms
+                    .book(Some(fingerprint("ex", &key, b"x")))
+                    .expect("open")
+                    .1
+            })
+            .collect();
+        // Every message with key k1 is returned (in number order), then all are acked at once.
+        for _ in 0..n / 2 {
+            confirms.returned("ex", "k1", b"x");
+        }
+        confirms.acked(u64::try_from(n).unwrap(), true, true);
+        for (i, answer) in answers.iter_mut().enumerate() {
+            let expected = if i % 2 == 1 { RETURNED } else { ACK };
+            assert_eq!(answer.try_recv(), Ok(expected), "message {i}");
+        }
+    }
+
+    #[test]
+    fn a_message_that_cannot_be_returned_takes_no_return() {
+        let confirms = Confirms::new();
+        let mut plain = waiter(&confirms);
+        confirms.returned("ex", "a", b"1");
+        confirms.acked(1, false, true);
+        assert_eq!(plain.try_recv(), Ok(ACK));
     }
 }

@@ -21,7 +21,7 @@ use tokio::sync::oneshot;
 use tokio::time::Instant;
 
 use super::channel::Chan;
-use super::confirms::{Confirmation, Confirms};
+use super::confirms::{Confirmation, Confirms, fingerprint};
 use super::failure::{AmqpError, Failure, classify};
 use super::link::{Inner, Link, RETRY_PAUSE};
 use super::properties::properties;
@@ -385,19 +385,24 @@ enum Route<'c> {
 
 impl Route<'_> {
     /// Writes one message on this channel.
-    async fn write<'a>(
+    async fn write(
         &self,
-        exchange: &'a str,
-        routing_key: &'a str,
-        body: &'a [u8],
+        exchange: &str,
+        routing_key: &str,
+        body: &[u8],
         options: PublishOptions,
         properties: BasicProperties,
-    ) -> std::result::Result<Sent<'a>, AmqpError> {
+    ) -> std::result::Result<Sent, AmqpError> {
         match *self {
             Route::Confirmed(chan, confirms) => {
                 // Booked before the write, so the callback finds the number however soon
-                // the broker's answer comes; given back unless the write completes.
-                let (number, answered) = confirms.book()?;
+                // the broker's answer comes; given back unless the write completes. A
+                // mandatory message is booked with its content's fingerprint, by which the
+                // book pairs its return, if the broker returns it, with its ack.
+                let returnable = options
+                    .mandatory
+                    .then(|| fingerprint(exchange, routing_key, body));
+                let (number, answered) = confirms.book(returnable)?;
                 let booking = Booking {
                     confirms,
                     number,
@@ -406,13 +411,8 @@ impl Route<'_> {
                 write_on(chan, exchange, routing_key, body, options, properties).await?;
                 booking.written();
                 Ok(Sent::Confirming(Pending {
-                    confirms: confirms.clone(),
                     chan: chan.clone(),
                     answered,
-                    exchange,
-                    routing_key,
-                    body,
-                    mandatory: options.mandatory,
                 }))
             }
             Route::BestEffort(chan) => {
@@ -471,14 +471,14 @@ async fn write_on(
 }
 
 /// A message written on its channel.
-enum Sent<'a> {
+enum Sent {
     /// Awaiting the broker's confirm.
-    Confirming(Pending<'a>),
+    Confirming(Pending),
     /// Best effort: done once written (the broker sends nothing back).
     Written,
 }
 
-impl Sent<'_> {
+impl Sent {
     /// The broker's answer; a best-effort message's silence counts as an ack.
     async fn confirmation(self) -> std::result::Result<Confirmation, AmqpError> {
         match self {
@@ -489,37 +489,23 @@ impl Sent<'_> {
 }
 
 /// A written message awaiting its confirmation.
-struct Pending<'a> {
-    confirms: Confirms,
+struct Pending {
     /// The channel it was written on: why it closed, if it did.
     chan: Chan,
-    /// The broker's answer: `true` for an ack.
-    answered: oneshot::Receiver<bool>,
-    exchange: &'a str,
-    routing_key: &'a str,
-    body: &'a [u8],
-    mandatory: bool,
+    /// The broker's answer, an ack `returned` exactly when this message was returned.
+    answered: oneshot::Receiver<Confirmation>,
 }
 
-impl Pending<'_> {
-    /// The broker's answer, an ack `returned` exactly when this message was returned; an
-    /// error when the channel closed before the answer came.
-    async fn confirmed(mut self) -> std::result::Result<Confirmation, AmqpError> {
-        let acked = (&mut self.answered).await.map_err(|_| {
+impl Pending {
+    /// The broker's answer; an error when the channel closed before the answer came.
+    async fn confirmed(self) -> std::result::Result<Confirmation, AmqpError> {
+        self.answered.await.map_err(|_| {
             // The broker's reply if it closed the channel (a publish to a missing exchange
             // closes it for every message in flight on it), else a lost channel.
             self.chan.error(&amqprs::error::Error::InternalChannelError(
                 "the publish channel closed before the confirm".into(),
             ))
-        })?;
-        if !acked {
-            return Ok(Confirmation::Nack);
-        }
-        let returned = self.mandatory
-            && self
-                .confirms
-                .claim_return(self.exchange, self.routing_key, self.body);
-        Ok(Confirmation::Ack { returned })
+        })
     }
 }
 
