@@ -344,6 +344,47 @@ async fn declare_internal_exchange(name: &str) {
     let _ = connection.close().await;
 }
 
+/// Declares the fixture's exchange `ex` (direct) and returns its name with a durable queue
+/// `q` bound to it by key `k`.
+async fn exchange_and_queue(bus: &AmqpBus, fx: &BusFixture) -> (String, QueueSpec) {
+    let ex = fx.name("ex");
+    bus.declare_exchange(&ExchangeSpec::new(&ex, ExchangeKind::Direct))
+        .await
+        .unwrap();
+    let spec = QueueSpec::durable(fx.name("q")).bind(&ex, "k");
+    (ex, spec)
+}
+
+/// A bus of its own on the test broker with its fixture, an exchange whose messages reach a
+/// subscribed queue by key `k`, and an internal exchange (a publish to it is refused).
+struct Refusals {
+    bus: AmqpBus,
+    _fx: BusFixture,
+    ex: String,
+    internal: String,
+    sub: sb_common::bus::Subscription,
+}
+
+async fn refusals() -> Refusals {
+    let prefix = unique_prefix();
+    let bus = AmqpBus::connect(options(&prefix)).await.unwrap();
+    let fx = BusFixture::new(Arc::new(bus.clone()), prefix.clone()).with_teardown(teardown(prefix));
+    let (ex, spec) = exchange_and_queue(&bus, &fx).await;
+    let internal = fx.name("internal");
+    declare_internal_exchange(&internal).await;
+    let sub = bus
+        .subscribe(&spec, ConsumeOptions::prefetch(10))
+        .await
+        .unwrap();
+    Refusals {
+        bus,
+        _fx: fx,
+        ex,
+        internal,
+        sub,
+    }
+}
+
 /// Review of session 51's backend, finding 1: a refusal closes the publish channel for every
 /// message in flight on it, so the message written after a refused one saw the same reply.
 /// Only the message the broker refuses alone fails (permanently: `invalid_argument`, never
@@ -353,20 +394,13 @@ async fn a_refusal_fails_only_the_message_the_broker_refuses() {
     use sb_common::bus::Outgoing;
     use sb_protocol::error::{Disposition, HasErrorCode};
 
-    let prefix = unique_prefix();
-    let bus = AmqpBus::connect(options(&prefix)).await.unwrap();
-    let fx = BusFixture::new(Arc::new(bus.clone()), prefix.clone()).with_teardown(teardown(prefix));
-    let ex = fx.name("ex");
-    bus.declare_exchange(&ExchangeSpec::new(&ex, ExchangeKind::Direct))
-        .await
-        .unwrap();
-    let internal = fx.name("internal");
-    declare_internal_exchange(&internal).await;
-    let spec = QueueSpec::durable(fx.name("q")).bind(&ex, "k");
-    let mut sub = bus
-        .subscribe(&spec, ConsumeOptions::prefetch(10))
-        .await
-        .unwrap();
+    let Refusals {
+        bus,
+        _fx,
+        ex,
+        internal,
+        mut sub,
+    } = refusals().await;
     let generation = bus.connection_generation();
     // Written back to back on the one publish channel: the broker closes it at the second,
     // and the third (and whatever else was in flight) gets the same reply.
@@ -503,12 +537,7 @@ async fn a_publish_the_broker_never_answers_times_out() {
     let direct = AmqpBus::connect(options(&prefix)).await.unwrap();
     let fx =
         BusFixture::new(Arc::new(direct.clone()), prefix.clone()).with_teardown(teardown(prefix));
-    let ex = fx.name("ex");
-    direct
-        .declare_exchange(&ExchangeSpec::new(&ex, ExchangeKind::Direct))
-        .await
-        .unwrap();
-    let spec = QueueSpec::durable(fx.name("q")).bind(&ex, "k");
+    let (ex, spec) = exchange_and_queue(&direct, &fx).await;
     let mut sub = direct
         .subscribe(&spec, ConsumeOptions::prefetch(10))
         .await
@@ -562,12 +591,7 @@ async fn closing_the_bus_sends_the_acks_of_its_subscriptions_first() {
     let direct = AmqpBus::connect(options(&prefix)).await.unwrap();
     let fx = BusFixture::new(Arc::new(direct.clone()), prefix.clone())
         .with_teardown(teardown(prefix.clone()));
-    let ex = fx.name("ex");
-    direct
-        .declare_exchange(&ExchangeSpec::new(&ex, ExchangeKind::Direct))
-        .await
-        .unwrap();
-    let spec = QueueSpec::durable(fx.name("q")).bind(&ex, "k");
+    let (ex, spec) = exchange_and_queue(&direct, &fx).await;
     for round in 0..10 {
         let bus = AmqpBus::connect(options(&prefix)).await.unwrap();
         let mut sub = bus
@@ -614,20 +638,13 @@ async fn closing_the_bus_sends_the_acks_of_its_subscriptions_first() {
 /// before its numbers run out, instead of amqprs panicking when they do.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn refusals_beyond_the_connections_channel_numbers_each_fail_alone() {
-    let prefix = unique_prefix();
-    let bus = AmqpBus::connect(options(&prefix)).await.unwrap();
-    let fx = BusFixture::new(Arc::new(bus.clone()), prefix.clone()).with_teardown(teardown(prefix));
-    let ex = fx.name("ex");
-    bus.declare_exchange(&ExchangeSpec::new(&ex, ExchangeKind::Direct))
-        .await
-        .unwrap();
-    let internal = fx.name("internal");
-    declare_internal_exchange(&internal).await;
-    let spec = QueueSpec::durable(fx.name("q")).bind(&ex, "k");
-    let mut sub = bus
-        .subscribe(&spec, ConsumeOptions::prefetch(10))
-        .await
-        .unwrap();
+    let Refusals {
+        bus,
+        _fx,
+        ex,
+        internal,
+        mut sub,
+    } = refusals().await;
     let generation = bus.connection_generation();
     for i in 0..1_100 {
         let refused = tokio::time::timeout(
