@@ -62,7 +62,10 @@ impl Chan {
             .map_err(|e| connection_error(connection, &e))?;
         let id = channel.channel_id();
         if numbers_running_out(id, connection.channel_max()) {
-            let _ = channel.close().await;
+            // In a task of its own: a caller's deadline must not cut the close off half way.
+            tokio::spawn(async move {
+                let _ = channel.close().await;
+            });
             return Err(AmqpError::ConnectionLost(format!(
                 "channel number {} of at most {}: the connection's channel numbers are running \
                  out (amqprs keeps the number of every channel the broker closed); reconnecting",

@@ -9,25 +9,21 @@
 //! message's ack, and amqprs calls the channel's callback for each frame in the order they
 //! came. A return carries no number, only the message's content, so it is pooled by a
 //! fingerprint of that content (exchange, routing key, body) and paired when an ack comes:
-//! every message that ack answers and that was booked with the same fingerprint takes the
-//! oldest such return, in number order. A message's return always came before its ack, so
-//! it is in the pool by then; a return not yet paired belongs to a message not yet acked,
-//! which keeps the pool as small as what is in flight. Two messages of equal content are
-//! interchangeable: whichever takes the return, the counts of delivered and returned
-//! messages are right.
+//! every message that ack answers and that was booked with the same fingerprint takes one
+//! such return, in number order. A message's return always came before its ack, so it is in
+//! the pool by then; a return not yet paired belongs to a message not yet acked, so the pool
+//! never holds more returns than mandatory messages wait (one beyond that has no possible
+//! owner, and is dropped). Two messages of equal content (and equal properties, which
+//! Switchboard derives from its options) are interchangeable: whichever takes the return,
+//! the counts of delivered and returned messages are right.
 
-use std::collections::{BTreeMap, VecDeque};
+use std::collections::{BTreeMap, HashMap};
 use std::hash::{Hash, Hasher};
 use std::sync::{Arc, Mutex, MutexGuard};
 
 use tokio::sync::oneshot;
 
 use super::failure::AmqpError;
-
-/// A safety net only: returns are paired at their message's ack, so the pool holds no more
-/// than the returned messages in flight. Should one ever be left over, the pool does not
-/// grow without bound (the oldest goes first).
-const MAX_UNPAIRED_RETURNS: usize = 4096;
 
 /// The broker's answer to one confirmed message.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -60,10 +56,31 @@ struct Book {
     next: u64,
     /// Messages written and not yet confirmed, by number.
     waiting: BTreeMap<u64, Waiter>,
-    /// Fingerprints of the returns whose message's ack has not come yet, oldest first.
-    returns: VecDeque<u64>,
+    /// Returns whose message's ack has not come yet: how many of each fingerprint.
+    returns: HashMap<u64, usize>,
+    /// The returns in `returns`, all fingerprints together.
+    returns_pooled: usize,
+    /// The messages in `waiting` that may be returned: no more returns can be pooled.
+    returnable_waiting: usize,
     /// The channel is closed: nothing written on it will be confirmed any more.
     closed: bool,
+}
+
+impl Book {
+    /// A mandatory message of this fingerprint was answered (it no longer waits): takes a
+    /// pooled return of its content if there is one (then it was returned).
+    fn take_return(&mut self, fingerprint: u64) -> bool {
+        self.returnable_waiting -= 1;
+        let Some(count) = self.returns.get_mut(&fingerprint) else {
+            return false;
+        };
+        *count -= 1;
+        if *count == 0 {
+            self.returns.remove(&fingerprint);
+        }
+        self.returns_pooled -= 1;
+        true
+    }
 }
 
 /// A message waiting for its confirm.
@@ -80,7 +97,9 @@ impl Confirms {
         Self(Arc::new(Mutex::new(Book {
             next: 1,
             waiting: BTreeMap::new(),
-            returns: VecDeque::new(),
+            returns: HashMap::new(),
+            returns_pooled: 0,
+            returnable_waiting: 0,
             closed: false,
         })))
     }
@@ -106,6 +125,7 @@ impl Confirms {
         }
         let number = book.next;
         book.next += 1;
+        book.returnable_waiting += usize::from(returnable.is_some());
         book.waiting.insert(number, Waiter { answer, returnable });
         Ok((number, answered))
     }
@@ -122,7 +142,10 @@ impl Confirms {
     pub(super) fn abandon(&self, number: u64) {
         let mut book = self.lock();
         if book.next == number + 1 {
-            book.waiting.remove(&number);
+            let waiter = book.waiting.remove(&number);
+            if waiter.is_some_and(|w| w.returnable.is_some()) {
+                book.returnable_waiting -= 1;
+            }
             book.next = number;
         } else {
             drop(book);
@@ -153,11 +176,10 @@ impl Confirms {
             waiters
                 .into_iter()
                 .map(|waiter| {
+                    let returned = waiter
+                        .returnable
+                        .is_some_and(|fingerprint| book.take_return(fingerprint));
                     let confirmation = if ack {
-                        let returned = waiter.returnable.is_some_and(|fingerprint| {
-                            let position = book.returns.iter().position(|r| *r == fingerprint);
-                            position.is_some_and(|p| book.returns.remove(p).is_some())
-                        });
                         Confirmation::Ack { returned }
                     } else {
                         Confirmation::Nack
@@ -175,13 +197,14 @@ impl Confirms {
     pub(super) fn returned(&self, exchange: &str, routing_key: &str, body: &[u8]) {
         let fingerprint = fingerprint(exchange, routing_key, body);
         let mut book = self.lock();
-        book.returns.push_back(fingerprint);
-        if book.returns.len() > MAX_UNPAIRED_RETURNS {
-            book.returns.pop_front();
-            tracing::warn!(
-                "a returned message was never paired with its confirm; dropping the oldest"
-            );
+        if book.returns_pooled >= book.returnable_waiting {
+            // Every waiting mandatory message already has a return: this one is nobody's (a
+            // message this book did not send, or one whose waiter is gone with a closed book).
+            tracing::warn!("a returned message matches no message waiting for its confirm");
+            return;
         }
+        *book.returns.entry(fingerprint).or_default() += 1;
+        book.returns_pooled += 1;
     }
 
     /// The channel closed: whoever still waits is answered with an error (dropping their
@@ -191,6 +214,8 @@ impl Confirms {
             let mut book = self.lock();
             book.closed = true;
             book.returns.clear();
+            book.returns_pooled = 0;
+            book.returnable_waiting = 0;
             std::mem::take(&mut book.waiting)
         };
         drop(waiting);
@@ -291,7 +316,7 @@ mod tests {
         // with its own message however many wait (before, the oldest returns were dropped and
         // their messages reported as delivered).
         let confirms = Confirms::new();
-        let n = 3 * MAX_UNPAIRED_RETURNS / 2;
+        let n = 6_144;
         let mut answers: Vec<_> = (0..n)
             .map(|i| {
                 let key = format!("k{}", i % 2);
@@ -310,6 +335,19 @@ mod tests {
             let expected = if i % 2 == 1 { RETURNED } else { ACK };
             assert_eq!(answer.try_recv(), Ok(expected), "message {i}");
         }
+    }
+
+    #[test]
+    fn a_return_nobody_can_own_is_not_kept_for_a_later_message() {
+        let confirms = Confirms::new();
+        // No mandatory message waits: a return now is nobody's.
+        confirms.returned("ex", "a", b"1");
+        let mut later = confirms
+            .book(Some(fingerprint("ex", "a", b"1")))
+            .expect("open")
+            .1;
+        confirms.acked(1, false, true);
+        assert_eq!(later.try_recv(), Ok(ACK));
     }
 
     #[test]

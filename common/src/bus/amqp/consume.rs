@@ -160,7 +160,10 @@ async fn run_consumer(
                             if !link.connection.is_open() {
                                 inner.report_broken(link.generation);
                             }
-                            tokio::time::sleep(CHANNEL_RETRY.delay(channel_failures)).await;
+                            tokio::select! {
+                                () = cancel.cancelled() => break,
+                                () = tokio::time::sleep(CHANNEL_RETRY.delay(channel_failures)) => {}
+                            }
                             channel_failures = channel_failures.saturating_add(1);
                             continue;
                         }

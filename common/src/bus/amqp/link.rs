@@ -374,8 +374,13 @@ impl Inner {
         // Every subscription first sends the acks and nacks its consumer asked for and closes
         // its channel: closing the connection under them would drop those frames, and the
         // broker would deliver the settled messages again after a graceful stop.
+        // Each may take two operation timeouts: its settlements, then its channel's close.
         self.consumers.close();
-        let _ = tokio::time::timeout(self.options.operation_timeout, self.consumers.wait()).await;
+        let _ = tokio::time::timeout(
+            self.options.operation_timeout.saturating_mul(2),
+            self.consumers.wait(),
+        )
+        .await;
         if let LinkState::Up(link) = previous {
             let _ = tokio::time::timeout(
                 self.options.operation_timeout,

@@ -52,8 +52,10 @@ impl Inner {
                     .await
             }
             .await;
+            // Closed in a task of its own: a close cut off by the publish's deadline would leave
+            // amqprs answering a reply nobody waits for, and the channel's number taken.
             if chan.is_open() {
-                chan.close().await;
+                tokio::spawn(async move { chan.close().await });
             }
             return confirmation;
         }
@@ -112,11 +114,11 @@ impl Inner {
     /// asked alone — the broker answers nothing — so it is written once more, and a second
     /// refusal is taken as its own.)
     ///
-    /// `deadline` bounds every attempt, not only the pauses between them: a broker that stops
-    /// reading (a memory or disk alarm blocks publishing connections) or never confirms would
-    /// otherwise hold the publisher forever. A message whose attempt was cut off may have
-    /// reached the broker, so the error is `Unavailable` (retried by the caller: a duplicate,
-    /// never a loss).
+    /// `deadline` bounds every attempt's publish and confirm, not only the pauses between
+    /// attempts: a broker that stops reading (a memory or disk alarm blocks publishing
+    /// connections) or never confirms would otherwise hold the publisher forever. A message
+    /// whose attempt was cut off may have reached the broker, so the error is `Unavailable`
+    /// (retried by the caller: a duplicate, never a loss).
     #[allow(clippy::too_many_arguments)]
     async fn publish_attempts(
         &self,
@@ -132,23 +134,22 @@ impl Inner {
         check_key(routing_key)?;
         loop {
             let link = self.link(Some(deadline)).await?;
-            let attempt = async {
-                let outcome = Self::publish_on(
-                    &link,
-                    exchange,
-                    routing_key,
-                    body,
-                    options,
-                    properties,
-                    alone,
-                )
-                .await;
-                self.judge(&link, exchange, routing_key, outcome).await
-            };
-            let Ok(judged) = tokio::time::timeout_at(deadline, attempt).await else {
+            let attempt = Self::publish_on(
+                &link,
+                exchange,
+                routing_key,
+                body,
+                options,
+                properties,
+                alone,
+            );
+            let Ok(outcome) = tokio::time::timeout_at(deadline, attempt).await else {
                 return Err(self.timed_out());
             };
-            match judged {
+            // Not under the deadline: judging a 404 asks the broker on the shared topology
+            // channel, whose calls amqprs cannot have cut off (a dropped call leaves its
+            // reply to the next caller of the same kind).
+            match self.judge(&link, exchange, routing_key, outcome).await {
                 Judged::Done(result) => return result,
                 Judged::Refused(refusal) if alone => return Err(refusal),
                 Judged::Refused(_) => alone = true,
@@ -323,7 +324,9 @@ impl Inner {
         };
         let mut failed = Vec::new();
         for (index, (message, confirm)) in messages.iter().zip(confirms).enumerate() {
-            let settled = async {
+            // Judged outside the deadline (see `publish_attempts`); a message published again
+            // is bounded by it.
+            let result = async {
                 let outcome = match confirm {
                     Err(Err(invalid)) => Judged::Done(Err(invalid)),
                     Err(Ok(send_error)) => {
@@ -360,10 +363,8 @@ impl Inner {
                     // broker refuses it alone.
                     Judged::Refused(_) => again(message.options.confirmed()).await,
                 }
-            };
-            let result = tokio::time::timeout_at(deadline, settled)
-                .await
-                .unwrap_or_else(|_| Err(self.timed_out()));
+            }
+            .await;
             if let Err(e) = result {
                 failed.push((index, e));
             }
