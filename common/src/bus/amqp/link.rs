@@ -38,8 +38,9 @@ pub(super) const RETRY_PAUSE: Duration = Duration::from_millis(20);
 /// Pauses between the attempts of an operation that keeps failing on its channel: from
 /// [`RETRY_PAUSE`], doubled each time, at most 5 s. Each failure costs a channel the broker
 /// closed, and amqprs (2.1) never frees the number of a channel the broker closed: retrying
-/// every 20 ms for as long as a queue's home node is down would use up the connection's
-/// channel numbers within a minute, and RabbitMQ then closes the whole connection.
+/// every 20 ms for as long as a queue's home node is down would use up half the connection's
+/// channel numbers within a minute, and the bus would replace the connection every minute
+/// (see `channel::numbers_running_out`).
 pub(super) const CHANNEL_RETRY: RetryPolicy = RetryPolicy::new(RETRY_PAUSE, Duration::from_secs(5));
 
 pub(super) struct Inner {

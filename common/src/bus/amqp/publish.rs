@@ -276,9 +276,10 @@ impl Inner {
         };
         // Send everything, then await every confirm: one round trip for the batch. Unconfirmed
         // messages go on the best-effort channel and are done once sent. The publish channel
-        // is held while the batch is written (see `Link::publisher`). The deadline bounds it
-        // all (see `publish_attempts`): past it, every message counts as failed, even one
-        // whose confirm came (a duplicate if it is published again, never a loss).
+        // is held while the batch is written (see `Link::publisher`). The deadline bounds the
+        // writes and the confirms (see `publish_attempts`): past it, every message counts as
+        // failed, even one whose confirm came (a duplicate if it is published again, never a
+        // loss).
         let sent = async {
             let confirm_channel = link.publisher().await;
             let best_effort_channel = link.best_effort_publisher().await;
@@ -326,45 +327,42 @@ impl Inner {
         for (index, (message, confirm)) in messages.iter().zip(confirms).enumerate() {
             // Judged outside the deadline (see `publish_attempts`); a message published again
             // is bounded by it.
-            let result = async {
-                let outcome = match confirm {
-                    Err(Err(invalid)) => Judged::Done(Err(invalid)),
-                    Err(Ok(send_error)) => {
-                        self.judge(
-                            &link,
-                            &message.exchange,
-                            &message.routing_key,
-                            Err(send_error),
-                        )
-                        .await
-                    }
-                    Ok(confirmation) => {
-                        self.judge(&link, &message.exchange, &message.routing_key, confirmation)
-                            .await
-                    }
-                };
-                let message_properties = properties(message.options);
-                let again = |alone| {
-                    self.publish_attempts(
+            let outcome = match confirm {
+                Err(Err(invalid)) => Judged::Done(Err(invalid)),
+                Err(Ok(send_error)) => {
+                    self.judge(
+                        &link,
                         &message.exchange,
                         &message.routing_key,
-                        &message.body,
-                        message.options,
-                        &message_properties,
-                        alone,
-                        deadline,
+                        Err(send_error),
                     )
-                };
-                match outcome {
-                    Judged::Done(result) => result,
-                    // Lost with the connection or channel: publish it again on its own.
-                    Judged::Retry(_) => again(false).await,
-                    // Refused on the shared channel: this message's refusal only if the
-                    // broker refuses it alone.
-                    Judged::Refused(_) => again(message.options.confirmed()).await,
+                    .await
                 }
-            }
-            .await;
+                Ok(confirmation) => {
+                    self.judge(&link, &message.exchange, &message.routing_key, confirmation)
+                        .await
+                }
+            };
+            let message_properties = properties(message.options);
+            let again = |alone| {
+                self.publish_attempts(
+                    &message.exchange,
+                    &message.routing_key,
+                    &message.body,
+                    message.options,
+                    &message_properties,
+                    alone,
+                    deadline,
+                )
+            };
+            let result = match outcome {
+                Judged::Done(result) => result,
+                // Lost with the connection or channel: publish it again on its own.
+                Judged::Retry(_) => again(false).await,
+                // Refused on the shared channel: this message's refusal only if the
+                // broker refuses it alone.
+                Judged::Refused(_) => again(message.options.confirmed()).await,
+            };
             if let Err(e) = result {
                 failed.push((index, e));
             }
