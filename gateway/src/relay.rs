@@ -23,6 +23,9 @@
 //!  claim(batch, lease) (when woken, polled, or after a failure)
 //!        │ rows
 //!        ▼
+//!  pack: one message per shard's events
+//!        │
+//!        ▼
 //!  publish_batch (confirmed) ──all ok──▶ ids join the unmarked ──▶ wait for a hand-over, a
 //!        │ some failed                                            wake, the poll, the mark
 //!        ▼                                                        delay or shutdown
@@ -31,6 +34,12 @@
 //!  unmarked ids ──mark_delay after the first, or MARK_AT_ONCE of them, or shutdown──▶
 //!  mark_published(all of them)
 //! ```
+//!
+//! **One message per shard and round**: the event pointers a round publishes to one events
+//! shard go as one [`EventBatch`] (`pack`). A queued message costs the broker a replicated
+//! write, a delivery and a settlement whatever it holds, and under load a round carries the
+//! events of several ingest commits; the orchestrator routes each event of a batch in its own
+//! lane and settles the message once. A round of one event publishes it as it always was.
 //!
 //! **Marks are deferred**: a confirmed row stays leased to this relay (its lease is seconds,
 //! the mark delay a fraction of it), so nobody claims it meanwhile, and a busy relay marks a
@@ -51,6 +60,7 @@ use bytes::Bytes;
 use sb_common::bus::{Bus, Outgoing, PublishOptions};
 use sb_common::retry::RetryPolicy;
 use sb_common::telemetry::{Metrics, names};
+use sb_protocol::messages::{self, EventBatch, EventMessage};
 use sb_store::events::{Outbox, OutboxMessage};
 use tokio::sync::Notify;
 use tokio_util::sync::CancellationToken;
@@ -350,23 +360,25 @@ impl OutboxRelay {
         if rows.is_empty() {
             return Ok(RoundReport::default());
         }
-        let ids: Vec<i64> = rows.iter().map(|r| r.id).collect();
-        let messages: Vec<Outgoing> = rows.iter().map(to_outgoing).collect();
+        let packed = pack(&rows);
+        let (messages, carried): (Vec<Outgoing>, Vec<Vec<i64>>) = packed.into_iter().unzip();
+        let exchanges: Vec<String> = messages.iter().map(|m| m.exchange.clone()).collect();
         let (confirmed, failed): (Vec<i64>, Vec<i64>) = match self.bus.publish_batch(messages).await
         {
-            Ok(()) => (ids, Vec::new()),
+            Ok(()) => (carried.concat(), Vec::new()),
             Err(err) => {
                 if let Some((index, first)) = err.failed.first() {
-                    tracing::warn!(row = ids[*index], error = %first, failed = err.failed.len(), "outbox rows not confirmed");
+                    tracing::warn!(rows = ?carried[*index], error = %first, failed = err.failed.len(), "outbox rows not confirmed");
                 }
-                split_ids(&ids, |i| err.is_failed(i))
+                split_ids(&carried, |i| err.is_failed(i))
             }
         };
-        // Every row that did not fail was confirmed; filtering by the failed ids (usually none)
-        // keeps the count linear in the rows.
-        for row in rows.iter().filter(|r| !failed.contains(&r.id)) {
+        for (exchange, ids) in exchanges.iter().zip(&carried) {
+            if ids.first().is_some_and(|id| failed.contains(id)) {
+                continue;
+            }
             // The base name (`events`, `runs`, …): low cardinality whatever the prefix.
-            let exchange = row.exchange.rsplit('.').next().unwrap_or_default();
+            let exchange = exchange.rsplit('.').next().unwrap_or_default();
             self.metrics
                 .inc(names::BUS_PUBLISHED_TOTAL, &[("exchange", exchange)]);
         }
@@ -456,27 +468,91 @@ async fn mark_deferred(
 /// How often the relay refreshes `sb_outbox_pending`.
 const PENDING_GAUGE_INTERVAL: Duration = Duration::from_secs(5);
 
-/// Splits row ids into (confirmed, failed) by batch index.
-fn split_ids(ids: &[i64], failed: impl Fn(usize) -> bool) -> (Vec<i64>, Vec<i64>) {
-    let mut good = Vec::with_capacity(ids.len());
+/// Splits the row ids that messages carry into (confirmed, failed) by message index.
+fn split_ids(carried: &[Vec<i64>], failed: impl Fn(usize) -> bool) -> (Vec<i64>, Vec<i64>) {
+    let mut good = Vec::with_capacity(carried.len());
     let mut bad = Vec::new();
-    for (index, id) in ids.iter().enumerate() {
+    for (index, ids) in carried.iter().enumerate() {
         if failed(index) {
-            bad.push(*id)
+            bad.extend_from_slice(ids)
         } else {
-            good.push(*id)
+            good.extend_from_slice(ids)
         }
     }
     (good, bad)
 }
 
-/// The bus message of an outbox row: mandatory and persistent (an event nobody can receive
-/// must fail loudly and stay in the outbox, not vanish).
-fn to_outgoing(row: &OutboxMessage) -> Outgoing {
+/// The bus messages of a round's rows, each with the ids of the rows it carries, in the
+/// order to publish them.
+///
+/// The rows holding an event pointer (`switchboard.event/1`) for one exchange and routing key
+/// (one events shard) go as one [`EventBatch`] (at most [`EventBatch::MAX_EVENTS`] each): a
+/// queued message costs the broker far more than its bytes, and under load a round carries
+/// the events of several ingest commits. A lone pointer keeps the single form. Every other
+/// row is a message of its own, and breaks the batch of its exchange and key, so the
+/// messages of one queue keep the order of their rows.
+fn pack(rows: &[OutboxMessage]) -> Vec<(Outgoing, Vec<i64>)> {
+    /// The messages of one exchange and key, in row order: runs of event pointers, and
+    /// other rows alone.
+    enum Part<'a> {
+        Events(Vec<(EventMessage, &'a OutboxMessage)>),
+        Other(&'a OutboxMessage),
+    }
+    let mut destinations: Vec<(&str, &str, Vec<Part<'_>>)> = Vec::new();
+    for row in rows {
+        let at = match destinations
+            .iter()
+            .position(|(exchange, key, _)| *exchange == row.exchange && *key == row.routing_key)
+        {
+            Some(at) => at,
+            None => {
+                destinations.push((&row.exchange, &row.routing_key, Vec::new()));
+                destinations.len() - 1
+            }
+        };
+        let parts = &mut destinations[at].2;
+        match messages::decode::<EventMessage>(&row.body) {
+            Ok(event) => match parts.last_mut() {
+                Some(Part::Events(events)) if events.len() < EventBatch::MAX_EVENTS => {
+                    events.push((event, row));
+                }
+                _ => parts.push(Part::Events(vec![(event, row)])),
+            },
+            Err(_) => parts.push(Part::Other(row)),
+        }
+    }
+    destinations
+        .into_iter()
+        .flat_map(|(_, _, parts)| parts)
+        .map(|part| match part {
+            Part::Other(row) => (
+                to_outgoing(row, Bytes::from(row.body.clone())),
+                vec![row.id],
+            ),
+            Part::Events(mut events) if events.len() == 1 => {
+                let (_, row) = events.remove(0);
+                (
+                    to_outgoing(row, Bytes::from(row.body.clone())),
+                    vec![row.id],
+                )
+            }
+            Part::Events(events) => {
+                let ids = events.iter().map(|(_, row)| row.id).collect();
+                let row = events[0].1;
+                let batch = EventBatch::new(events.into_iter().map(|(event, _)| event).collect());
+                (to_outgoing(row, Bytes::from(messages::encode(&batch))), ids)
+            }
+        })
+        .collect()
+}
+
+/// The bus message with `body` to an outbox row's exchange and key: mandatory and persistent
+/// (an event nobody can receive must fail loudly and stay in the outbox, not vanish).
+fn to_outgoing(row: &OutboxMessage, body: Bytes) -> Outgoing {
     Outgoing {
         exchange: row.exchange.clone(),
         routing_key: row.routing_key.clone(),
-        body: Bytes::from(row.body.clone()),
+        body,
         options: PublishOptions::default(),
     }
 }
@@ -484,6 +560,78 @@ fn to_outgoing(row: &OutboxMessage) -> Outgoing {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// An outbox row with `body` to `key` of the events exchange.
+    fn row(id: i64, key: &str, body: Vec<u8>) -> OutboxMessage {
+        let now = chrono::Utc::now();
+        OutboxMessage {
+            id,
+            exchange: "switchboard.events".into(),
+            routing_key: key.into(),
+            body,
+            headers: None,
+            created_at: now,
+            available_at: now,
+            locked_until: None,
+            attempts: 1,
+        }
+    }
+
+    fn event(lane: u64) -> EventMessage {
+        EventMessage::new(
+            sb_protocol::ids::WorkspaceId::default_workspace(),
+            sb_protocol::ids::EventId::new(),
+        )
+        .in_lane(lane)
+    }
+
+    #[test]
+    fn a_rounds_events_go_as_one_message_per_shard_in_row_order() {
+        let events: Vec<EventMessage> = (0..6).map(event).collect();
+        let rows = vec![
+            row(1, "shard.0", messages::encode(&events[0])),
+            row(2, "shard.1", messages::encode(&events[1])),
+            row(3, "shard.0", messages::encode(&events[2])),
+            // Not an event pointer: a message of its own, which ends shard 0's batch.
+            row(4, "shard.0", b"{\"schema\":\"switchboard.job/1\"}".to_vec()),
+            row(5, "shard.0", messages::encode(&events[3])),
+            row(6, "shard.0", messages::encode(&events[4])),
+            row(7, "shard.2", messages::encode(&events[5])),
+        ];
+        let packed = pack(&rows);
+        let ids: Vec<Vec<i64>> = packed.iter().map(|(_, ids)| ids.clone()).collect();
+        assert_eq!(ids, [vec![1, 3], vec![4], vec![5, 6], vec![2], vec![7]]);
+        let keys: Vec<&str> = packed.iter().map(|(m, _)| m.routing_key.as_str()).collect();
+        assert_eq!(
+            keys,
+            ["shard.0", "shard.0", "shard.0", "shard.1", "shard.2"]
+        );
+        let decoded = |at: usize| messages::decode_events(&packed[at].0.body).unwrap();
+        assert_eq!(decoded(0), [events[0].clone(), events[2].clone()]);
+        assert_eq!(decoded(2), [events[3].clone(), events[4].clone()]);
+        // The others as they were: a lone event keeps the single form.
+        assert_eq!(packed[1].0.body, rows[3].body);
+        assert_eq!(packed[3].0.body, rows[1].body);
+        assert_eq!(packed[4].0.body, rows[6].body);
+    }
+
+    #[test]
+    fn an_event_batch_holds_at_most_its_maximum() {
+        let rows: Vec<OutboxMessage> = (0..EventBatch::MAX_EVENTS as i64 * 2 + 1)
+            .map(|id| row(id, "shard.0", messages::encode(&event(1))))
+            .collect();
+        let sizes: Vec<usize> = pack(&rows).iter().map(|(_, ids)| ids.len()).collect();
+        assert_eq!(sizes, [EventBatch::MAX_EVENTS, EventBatch::MAX_EVENTS, 1]);
+    }
+
+    #[test]
+    fn split_ids_fails_every_row_of_a_failed_message() {
+        let carried = vec![vec![1, 2], vec![3], vec![4, 5], vec![6]];
+        assert_eq!(
+            split_ids(&carried, |at| at == 1 || at == 2),
+            (vec![1, 2, 6], vec![3, 4, 5])
+        );
+    }
 
     #[test]
     fn backoff_doubles_up_to_the_cap() {
@@ -590,12 +738,5 @@ mod tests {
         // At once (enough ids), then never sooner than the delay after a failure.
         assert_eq!(ms, vec![0, 200, 400, 800]);
         assert!(tries.iter().all(|(_, tried)| tried == &ids));
-    }
-
-    #[test]
-    fn partition_by_failed_index() {
-        let (ok, bad) = split_ids(&[10, 11, 12, 13], |i| i == 1 || i == 3);
-        assert_eq!(ok, vec![10, 12]);
-        assert_eq!(bad, vec![11, 13]);
     }
 }

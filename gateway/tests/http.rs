@@ -15,7 +15,7 @@ use sb_gateway::relay::{OutboxRelay, RelayHandle, RelayOptions};
 use sb_gateway::{GatewayDeps, GatewayOptions};
 use sb_protocol::ids::{EventId, RunId, WorkspaceId};
 use sb_protocol::messages::{
-    DeliveryMessage, EventMessage, ResultMessage, RunFacts, decode, encode,
+    DeliveryMessage, EventMessage, ResultMessage, RunFacts, decode, decode_events, encode,
 };
 use sb_protocol::result::AgentRunResult;
 use sb_store::{
@@ -223,21 +223,24 @@ impl Harness {
         relay.round().await.unwrap()
     }
 
-    fn events_queue_messages(&self) -> usize {
+    /// The events waiting in the events queues: a message holds one, or the batch of an
+    /// outbox round ([`decode_events`]).
+    fn queued_events(&self) -> usize {
         (0..self.topology.options().events_shards.get())
-            .map(|k| {
+            .flat_map(|k| {
                 self.bus
-                    .ready_count(&self.topology.events_queue(k).name)
-                    .unwrap_or(0)
+                    .ready_bodies(&self.topology.events_queue(k).name)
+                    .unwrap_or_default()
             })
+            .map(|body| decode_events(&body).map_or(1, |events| events.len()))
             .sum()
     }
 
     /// Waits (at most 5 s, else panics with `failure`) until the events queues hold `n`
-    /// messages.
-    async fn wait_for_event_messages(&self, n: usize, failure: &str) {
+    /// events.
+    async fn wait_for_queued_events(&self, n: usize, failure: &str) {
         let deadline = tokio::time::Instant::now() + Duration::from_secs(5);
-        while self.events_queue_messages() < n {
+        while self.queued_events() < n {
             assert!(tokio::time::Instant::now() < deadline, "{failure}");
             tokio::time::sleep(Duration::from_millis(10)).await;
         }
@@ -503,7 +506,7 @@ async fn ingest_stores_the_event_and_relays_it() {
     assert_eq!(envelope["workspace_id"], "default");
 
     // The outbox row becomes a switchboard.event/1 message on the conversation's shard.
-    assert_eq!(h.events_queue_messages(), 0);
+    assert_eq!(h.queued_events(), 0);
     let report = h.relay_round().await;
     assert_eq!((report.claimed, report.published, report.failed), (1, 1, 0));
     let shard = sb_common::bus::topology::events_shard(
@@ -548,7 +551,7 @@ async fn the_relay_task_publishes_right_after_ingest() {
     tokio::time::sleep(Duration::from_millis(50)).await;
     h.ingested(&message("one")).await;
     h.ingested(&message("two")).await;
-    h.wait_for_event_messages(2, "relay did not publish after the wake-up")
+    h.wait_for_queued_events(2, "relay did not publish after the wake-up")
         .await;
     h.shutdown.trigger();
     tokio::time::timeout(Duration::from_secs(5), task)
@@ -579,7 +582,7 @@ async fn the_relay_task_marks_published_rows_together_after_the_mark_delay() {
     tokio::time::sleep(Duration::from_millis(50)).await;
     h.ingested(&message("one")).await;
     h.ingested(&message("two")).await;
-    h.wait_for_event_messages(2, "relay did not publish").await;
+    h.wait_for_queued_events(2, "relay did not publish").await;
     assert_eq!(
         h.stores.outbox.pending().await.unwrap(),
         2,
@@ -607,12 +610,39 @@ async fn the_relay_task_marks_published_rows_together_after_the_mark_delay() {
     tokio::time::sleep(Duration::from_millis(50)).await;
     h.ingested(&message("three")).await;
     let deadline = tokio::time::Instant::now() + Duration::from_secs(5);
-    while h.events_queue_messages() < 3 || h.stores.outbox.pending().await.unwrap() > 0 {
+    while h.queued_events() < 3 || h.stores.outbox.pending().await.unwrap() > 0 {
         assert!(tokio::time::Instant::now() < deadline, "relay did not mark");
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
     token.cancel();
     task.await.unwrap();
+}
+
+/// The events a relay round claims for one shard go as one message, in the order they
+/// were accepted.
+#[tokio::test]
+async fn a_relay_round_publishes_one_shards_events_as_one_message() {
+    let h = harness().await;
+    let mut accepted = Vec::new();
+    for text in ["one", "two", "three"] {
+        accepted.push(h.ingested(&message(text)).await);
+    }
+    let report = h.relay_round().await;
+    assert_eq!((report.claimed, report.published, report.failed), (3, 3, 0));
+    let bodies: Vec<_> = (0..h.topology.options().events_shards.get())
+        .flat_map(|k| {
+            h.bus
+                .ready_bodies(&h.topology.events_queue(k).name)
+                .unwrap_or_default()
+        })
+        .collect();
+    assert_eq!(bodies.len(), 1, "one message");
+    let published: Vec<EventId> = decode_events(&bodies[0])
+        .unwrap()
+        .into_iter()
+        .map(|e| e.event_id)
+        .collect();
+    assert_eq!(published, accepted);
 }
 
 #[tokio::test]
@@ -634,7 +664,7 @@ async fn relay_releases_rows_it_cannot_publish() {
         .unwrap();
     let report = h.relay_round().await;
     assert_eq!((report.claimed, report.published, report.failed), (1, 1, 0));
-    assert_eq!(h.events_queue_messages(), 1);
+    assert_eq!(h.queued_events(), 1);
 }
 
 #[tokio::test]
@@ -1879,7 +1909,7 @@ async fn serve_answers_on_a_socket_and_shuts_down_with_open_streams() {
     let (status, _) = h.ingest(&message("via relay")).await;
     assert_eq!(status, StatusCode::ACCEPTED);
     let deadline = tokio::time::Instant::now() + Duration::from_secs(5);
-    while h.events_queue_messages() < 1 {
+    while h.queued_events() < 1 {
         assert!(
             tokio::time::Instant::now() < deadline,
             "the served relay did not publish"

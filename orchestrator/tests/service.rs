@@ -25,7 +25,7 @@ use sb_protocol::context::{ActorContext, AgentInput, DeliveryContext, StateScope
 use sb_protocol::host::{AgentEventEnvelope, AuthorizationSnapshot, RunBudgets};
 use sb_protocol::ids::{EventId, RunId, WorkspaceId};
 use sb_protocol::messages::{
-    self, DeliveryMessage, EventMessage, ResultBatch, ResultMessage, RunJob,
+    self, DeliveryMessage, EventBatch, EventMessage, ResultBatch, ResultMessage, RunJob,
 };
 use sb_protocol::result::AgentRunResult;
 use sb_store::{
@@ -498,6 +498,63 @@ async fn event_is_routed_to_a_job_with_the_right_context() {
     tokio::time::timeout(Duration::from_secs(5), orchestrator.join())
         .await
         .expect("tasks stop on shutdown");
+}
+
+/// An outbox round's events published to one shard as one message: each is routed in its
+/// own lane, and the message is settled once, after all of them (an event that is not
+/// there is a final error: the batch is acked, not dead-lettered).
+#[tokio::test]
+async fn a_batch_of_events_routes_each_and_is_settled_once() {
+    use sb_common::bus::topology::{event_lane, events_shard};
+    let h = harness().await;
+    standard_setup(&h, json!({})).await;
+    let shutdown = Shutdown::new();
+    let orchestrator = Orchestrator::spawn(h.deps(), h.options(), &shutdown)
+        .await
+        .unwrap();
+    let mut jobs = h.jobs().await;
+    // Three conversations of one shard: the batch goes to one queue.
+    let shards = h.topology.options().events_shards;
+    let shard = events_shard(WS, Some("batch-0"), shards);
+    let conversations: Vec<String> = (0..)
+        .map(|i| format!("batch-{i}"))
+        .filter(|c| events_shard(WS, Some(c), shards) == shard)
+        .take(3)
+        .collect();
+    let mut events = Vec::new();
+    for conversation in &conversations {
+        let id = h.ingest(Some(conversation), "hello").await;
+        events.push(EventMessage::new(ws(), id).in_lane(event_lane(WS, id, Some(conversation))));
+    }
+    let routed: std::collections::BTreeSet<String> =
+        events.iter().map(|e| e.event_id.to_string()).collect();
+    events.push(EventMessage::new(ws(), EventId::new()));
+    h.bus
+        .publish(
+            &h.topology.events_exchange(),
+            &h.topology.events_routing_key(WS, Some(&conversations[0])),
+            messages::encode(&EventBatch::new(events)).into(),
+            PublishOptions::default(),
+        )
+        .await
+        .unwrap();
+    let mut jobs_of = std::collections::BTreeSet::new();
+    for _ in 0..3 {
+        jobs_of.insert(next_job(&mut jobs).await.context.event.event_id);
+    }
+    assert_eq!(jobs_of, routed);
+    let queue = h.topology.events_queue(shard).name;
+    eventually("the batch is settled", || async {
+        h.bus.ready_count(&queue) == Some(0) && h.bus.unacked_count(&queue) == Some(0)
+    })
+    .await;
+    assert_eq!(
+        h.bus.ready_count(&h.topology.dead_queue().name),
+        Some(0),
+        "nothing dead-lettered"
+    );
+    shutdown.trigger();
+    orchestrator.join().await;
 }
 
 #[tokio::test]

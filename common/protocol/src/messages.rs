@@ -15,12 +15,16 @@
 //! | `switchboard.delivery/1` | [`DeliveryMessage`] | result sink (after persistence) → gateway |
 //! | `switchboard.results/1` | [`ResultBatch`] | worker → orchestrator result sink (several items of one run) |
 //! | `switchboard.deliveries/1` | [`DeliveryBatch`] | result sink → gateway (several items of one run) |
+//! | `switchboard.events/1` | [`EventBatch`] | gateway outbox → orchestrator (several events of one shard) |
 //!
 //! The batch forms carry consecutive items of **one** run in sequence order (SPEC §15): a
 //! worker sends what its runner produced while the previous publish was in flight as one
 //! message, so a streaming run costs the broker, the sink and the gateway one message per
 //! batch instead of one per token. Consumers accept both forms ([`decode_results`],
-//! [`decode_deliveries`]), so producers of either age interoperate during a rolling upgrade.
+//! [`decode_deliveries`], [`decode_events`]), so producers of either age interoperate during
+//! a rolling upgrade. An [`EventBatch`] is the other way round: the pointers of events of
+//! *different* conversations that the outbox relay publishes in one round to one shard, each
+//! still routed in its own lane.
 //! A delivery's results are the ledger's JSON text of each item ([`encode_delivery`]), and a
 //! gateway forwards that text as it is ([`decode_live`]): a streamed item is serialized once,
 //! by the sink, between the runner's line and the client's SSE frame.
@@ -114,6 +118,10 @@ schema_marker!(
     /// `switchboard.deliveries/1`: the `schema` of a [`DeliveryBatch`].
     DeliveryBatchSchema = "switchboard.deliveries/1"
 );
+schema_marker!(
+    /// `switchboard.events/1`: the `schema` of an [`EventBatch`].
+    EventBatchSchema = "switchboard.events/1"
+);
 
 /// An event was accepted. A pointer only: the orchestrator loads the envelope from the event
 /// log, which is the source of truth.
@@ -159,6 +167,67 @@ impl EventMessage {
 
 impl BusMessage for EventMessage {
     const SCHEMA: &'static str = EventSchema::TEXT;
+}
+
+/// Event pointers published as one message to one events shard: what the outbox relay
+/// publishes in one round to that shard, in the order of their rows. A queued message costs
+/// the broker (a replicated write, a delivery, a settlement) much more than its bytes, so a
+/// busy gateway pays that once per round rather than once per event.
+///
+/// Each event keeps its own lane: the consumer routes the events of a batch as it routes
+/// separate messages (one lane in order, different lanes side by side) and settles the
+/// message once, after all of them (see [`EventBatch::MAX_EVENTS`]).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct EventBatch {
+    /// Always `switchboard.events/1`.
+    pub schema: EventBatchSchema,
+    /// The events, in publication order; never empty.
+    pub events: Vec<EventMessage>,
+}
+
+impl EventBatch {
+    /// Most events one batch carries: a message is settled once for all of them, so one
+    /// that must be retried takes the others with it (they are then found routed and
+    /// skipped); a bound keeps that, and a batch's routing time, small.
+    pub const MAX_EVENTS: usize = 64;
+
+    /// A batch of `events` (in order).
+    #[must_use]
+    pub fn new(events: Vec<EventMessage>) -> Self {
+        Self {
+            schema: EventBatchSchema,
+            events,
+        }
+    }
+}
+
+impl BusMessage for EventBatch {
+    const SCHEMA: &'static str = EventBatchSchema::TEXT;
+}
+
+/// Decodes an events-queue body: an [`EventBatch`] or a single [`EventMessage`], as the
+/// events it points to (in order).
+///
+/// # Errors
+///
+/// The [`DecodeError`] of the single form when the body is neither; an empty batch is
+/// [`DecodeError::Malformed`].
+pub fn decode_events(bytes: &[u8]) -> Result<Vec<EventMessage>, DecodeError> {
+    // The single form first: every publisher sends it for a round of one event.
+    let single = match decode::<EventMessage>(bytes) {
+        Ok(message) => return Ok(vec![message]),
+        Err(error @ DecodeError::WrongSchema { .. }) => error,
+        Err(error) => return Err(error),
+    };
+    match decode::<EventBatch>(bytes) {
+        Ok(batch) if batch.events.is_empty() => Err(DecodeError::Malformed {
+            expected: EventBatchSchema::TEXT,
+            reason: "a batch without events".to_owned(),
+        }),
+        Ok(batch) => Ok(batch.events),
+        Err(DecodeError::WrongSchema { .. }) => Err(single),
+        Err(error) => Err(error),
+    }
 }
 
 /// A run to execute, published to `switchboard.runs.<pool>`.
@@ -1088,6 +1157,45 @@ mod tests {
         assert!(matches!(
             decode_live(b"not json"),
             Err(DecodeError::Malformed { .. })
+        ));
+    }
+
+    #[test]
+    fn event_batches_decode_as_the_events_they_hold() {
+        let ws = WorkspaceId::default_workspace();
+        let a = EventMessage::new(ws.clone(), EventId::new()).in_lane(7);
+        let b = EventMessage::new(ws.clone(), EventId::new());
+        let batch = EventBatch::new(vec![a.clone(), b.clone()]);
+        let text = String::from_utf8(encode(&batch)).unwrap();
+        assert!(
+            text.starts_with(
+                r#"{"schema":"switchboard.events/1","events":[{"schema":"switchboard.event/1""#
+            ),
+            "{text}"
+        );
+        assert_eq!(decode_events(text.as_bytes()).unwrap(), vec![a.clone(), b]);
+        assert_eq!(decode_events(&encode(&a)).unwrap(), vec![a]);
+        assert!(matches!(
+            decode_events(&encode(&EventBatch::new(Vec::new()))),
+            Err(DecodeError::Malformed { .. })
+        ));
+        // Neither form: the single form's error.
+        let job = json!({"schema": "switchboard.job/1"}).to_string();
+        assert!(matches!(
+            decode_events(job.as_bytes()),
+            Err(DecodeError::WrongSchema {
+                expected: "switchboard.event/1",
+                ..
+            })
+        ));
+        // A batch with a bad event is the batch's error, not a wrong schema.
+        let bad = json!({"schema": "switchboard.events/1", "events": [{"schema": "switchboard.event/1"}]});
+        assert!(matches!(
+            decode_events(bad.to_string().as_bytes()),
+            Err(DecodeError::Invalid {
+                expected: "switchboard.events/1",
+                ..
+            })
         ));
     }
 

@@ -1,5 +1,6 @@
-//! The per-shard consume loop: the deliveries ready at once, routed side by side by lane
-//! (each lane in order) and settled one by one.
+//! The per-shard consume loop: the events of the deliveries ready at once (a delivery holds
+//! one event, or an outbox round's [`EventBatch`](messages::EventBatch)), routed side by side
+//! by lane (each lane in order); a delivery is settled when the last of its events is handled.
 //!
 //! ```text
 //!  batch:  a1 b1 a2 c1 ·x· a3        (a, b, c: lanes; x: a message without a lane)
@@ -14,6 +15,7 @@ use std::sync::Arc;
 use sb_common::bus::Delivery;
 use sb_common::bus::consumer::{ConsumeLoop, pause, settle_outcome};
 use sb_common::shutdown::Shutdown;
+use sb_protocol::error::{Disposition, HasErrorCode as _};
 use sb_protocol::messages::{self, DecodeError, EventMessage};
 use tracing::Instrument;
 
@@ -82,32 +84,94 @@ pub async fn run_shard(router: Arc<EventRouter>, shard: u32, shutdown: Shutdown)
     };
     consumer
         .run(None, shutdown.as_ref(), |batch| async {
-            let decoded = batch.into_iter().map(|delivery| {
-                let message = messages::decode::<EventMessage>(&delivery.body);
-                (delivery, message)
-            });
-            let lane =
-                |(_, message): &(Delivery, std::result::Result<EventMessage, DecodeError>)| {
-                    message.as_ref().ok().and_then(|m| m.lane)
+            // Each delivery's events ([`messages::decode_events`]: one, or an outbox round's
+            // batch), each with its delivery's index; a body that does not decode is one
+            // item that fails.
+            let mut events = Vec::with_capacity(batch.len());
+            let mut pending = Vec::with_capacity(batch.len());
+            for (at, delivery) in batch.into_iter().enumerate() {
+                let decoded = match messages::decode_events(&delivery.body) {
+                    Ok(decoded) => decoded.into_iter().map(Ok).collect(),
+                    Err(error) => vec![Err(error)],
                 };
-            for segment in segments(decoded.collect(), lane) {
+                pending.push(Pending {
+                    left: decoded.len(),
+                    delivery: Some(delivery),
+                    outcome: Ok(()),
+                });
+                events.extend(decoded.into_iter().map(|message| (at, message)));
+            }
+            let pending = std::sync::Mutex::new(pending);
+            let lane = |(_, message): &(usize, std::result::Result<EventMessage, DecodeError>)| {
+                message.as_ref().ok().and_then(|m| m.lane)
+            };
+            for segment in segments(events, lane) {
                 futures::future::join_all(segment.into_iter().map(|lane| async {
-                    for (delivery, message) in lane {
+                    for (at, message) in lane {
                         let outcome = router.handle(message, &shutdown).await.map(|_| ());
-                        settle_outcome(
-                            delivery,
-                            &outcome,
-                            &queue.name,
-                            &options.retry,
-                            shutdown.as_ref(),
-                        )
-                        .await;
+                        let done = pending
+                            .lock()
+                            .unwrap_or_else(std::sync::PoisonError::into_inner)[at]
+                            .handled(outcome);
+                        if let Some((delivery, outcome)) = done {
+                            settle_outcome(
+                                delivery,
+                                &outcome,
+                                &queue.name,
+                                &options.retry,
+                                shutdown.as_ref(),
+                            )
+                            .await;
+                        }
                     }
                 }))
                 .await;
             }
         })
         .await;
+}
+
+/// A delivery whose events are being routed: settled once the last of them is handled, by
+/// the outcome that asks most of the broker (see [`Pending::handled`]).
+struct Pending {
+    /// Events not handled yet.
+    left: usize,
+    /// Taken when the last event is handled.
+    delivery: Option<Delivery>,
+    /// The outcome to settle with so far.
+    outcome: Result<()>,
+}
+
+impl Pending {
+    /// Records an event's outcome; after the last one, the delivery and the outcome to
+    /// settle it with. A retry wins over a dead letter, which wins over a final error,
+    /// which wins over success: a requeued batch is routed again whole (its routed events
+    /// are then found handled and skipped), and one dead-lettered keeps the event that needs
+    /// a human, its routed companions alongside.
+    fn handled(&mut self, outcome: Result<()>) -> Option<(Delivery, Result<()>)> {
+        if severity(&outcome) > severity(&self.outcome) {
+            self.outcome = outcome;
+        }
+        self.left = self.left.saturating_sub(1);
+        if self.left > 0 {
+            return None;
+        }
+        let outcome = std::mem::replace(&mut self.outcome, Ok(()));
+        self.delivery.take().map(|delivery| (delivery, outcome))
+    }
+}
+
+/// How much an outcome asks of the broker when its delivery is settled (see
+/// [`Pending::handled`]).
+fn severity(outcome: &Result<()>) -> u8 {
+    match outcome {
+        Ok(()) => 0,
+        Err(error) => match error.code().disposition() {
+            Disposition::Ack => 1,
+            Disposition::DeadLetter => 2,
+            Disposition::Retry => 3,
+        },
+    }
 }
 
 /// Lanes that may run side by side, each a list of items to handle in order.
@@ -146,7 +210,48 @@ fn segments<T>(items: Vec<T>, lane: impl Fn(&T) -> Option<u64>) -> Vec<Segment<T
 
 #[cfg(test)]
 mod tests {
-    use super::{Segment, segments};
+    use super::{Pending, Segment, segments};
+    use crate::error::OrchestratorError;
+    use sb_protocol::ids::EventId;
+
+    #[test]
+    fn a_batch_keeps_the_outcome_that_asks_most_of_the_broker() {
+        let not_found = || Err(OrchestratorError::EventNotFound(EventId::new())); // ack
+        let broken = || {
+            Err(OrchestratorError::BadEnvelope {
+                event_id: EventId::new(),
+                reason: "test".into(),
+            })
+        }; // dead letter
+        let busy = || Err(OrchestratorError::RouteInProgress(EventId::new())); // retry
+        let mut batch = Pending {
+            left: 9,
+            delivery: None,
+            outcome: Ok(()),
+        };
+        let kept = |batch: &Pending| match &batch.outcome {
+            Ok(()) => "ok",
+            Err(OrchestratorError::EventNotFound(_)) => "final",
+            Err(OrchestratorError::BadEnvelope { .. }) => "dead letter",
+            Err(OrchestratorError::RouteInProgress(_)) => "retry",
+            Err(_) => "other",
+        };
+        assert!(batch.handled(Ok(())).is_none());
+        assert_eq!(kept(&batch), "ok");
+        batch.handled(not_found());
+        assert_eq!(kept(&batch), "final");
+        batch.handled(Ok(()));
+        assert_eq!(kept(&batch), "final");
+        batch.handled(broken());
+        assert_eq!(kept(&batch), "dead letter");
+        batch.handled(not_found());
+        assert_eq!(kept(&batch), "dead letter");
+        batch.handled(busy());
+        assert_eq!(kept(&batch), "retry");
+        batch.handled(broken());
+        assert_eq!(kept(&batch), "retry");
+        assert_eq!(batch.left, 2);
+    }
 
     /// A named item and its lane.
     type Item = (&'static str, Option<u64>);

@@ -69,6 +69,15 @@ impl MemoryBus {
         lock(&self.shared).queues.get(queue).map(|q| q.ready.len())
     }
 
+    /// The bodies of the ready (undelivered) messages in `queue`, in queue order, for tests
+    /// and diagnostics.
+    pub fn ready_bodies(&self, queue: &str) -> Option<Vec<Bytes>> {
+        lock(&self.shared)
+            .queues
+            .get(queue)
+            .map(|q| q.ready.iter().map(|m| m.body.clone()).collect())
+    }
+
     /// Number of delivered but unsettled messages in `queue`, for tests and diagnostics.
     pub fn unacked_count(&self, queue: &str) -> Option<usize> {
         lock(&self.shared)
