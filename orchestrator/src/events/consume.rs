@@ -12,6 +12,7 @@
 use std::collections::HashMap;
 use std::sync::Arc;
 
+use futures::StreamExt as _;
 use sb_common::bus::Delivery;
 use sb_common::bus::consumer::{ConsumeLoop, pause, settle_outcome};
 use sb_common::shutdown::Shutdown;
@@ -65,7 +66,7 @@ impl EventRouter {
 /// How often a consumer waiting for another's route lock tries again (see `handle`).
 const ROUTE_LOCK_POLL: std::time::Duration = std::time::Duration::from_millis(200);
 
-/// Most deliveries of a shard taken in one batch (and routed side by side, by lane).
+/// Most deliveries of a shard taken in one batch, and most lanes routed side by side.
 const MAX_ROUTE_BATCH: usize = 64;
 
 /// Consumes events shard `shard` until shutdown. The deliveries ready at once are routed
@@ -106,26 +107,30 @@ pub async fn run_shard(router: Arc<EventRouter>, shard: u32, shutdown: Shutdown)
                 message.as_ref().ok().and_then(|m| m.lane)
             };
             for segment in segments(events, lane) {
-                futures::future::join_all(segment.into_iter().map(|lane| async {
-                    for (at, message) in lane {
-                        let outcome = router.handle(message, &shutdown).await.map(|_| ());
-                        let done = pending
-                            .lock()
-                            .unwrap_or_else(std::sync::PoisonError::into_inner)[at]
-                            .handled(outcome);
-                        if let Some((delivery, outcome)) = done {
-                            settle_outcome(
-                                delivery,
-                                &outcome,
-                                &queue.name,
-                                &options.retry,
-                                shutdown.as_ref(),
-                            )
-                            .await;
+                // Batches of events make a segment's lanes as many as its events: at most
+                // `MAX_ROUTE_BATCH` are routed at once, as when each delivery held one.
+                let lanes = futures::stream::iter(segment);
+                lanes
+                    .for_each_concurrent(MAX_ROUTE_BATCH, |lane| async {
+                        for (at, message) in lane {
+                            let outcome = router.handle(message, &shutdown).await.map(|_| ());
+                            let done = pending
+                                .lock()
+                                .unwrap_or_else(std::sync::PoisonError::into_inner)[at]
+                                .handled(outcome);
+                            if let Some((delivery, outcome)) = done {
+                                settle_outcome(
+                                    delivery,
+                                    &outcome,
+                                    &queue.name,
+                                    &options.retry,
+                                    shutdown.as_ref(),
+                                )
+                                .await;
+                            }
                         }
-                    }
-                }))
-                .await;
+                    })
+                    .await;
             }
         })
         .await;
