@@ -557,6 +557,68 @@ async fn a_batch_of_events_routes_each_and_is_settled_once() {
     orchestrator.join().await;
 }
 
+/// A batch routed only in part (one event's route lock is held elsewhere) acks what was
+/// routed and sends only the rest again: the routed event's job is published once, not again
+/// with every retry of its batch.
+#[tokio::test]
+async fn a_batch_routed_in_part_sends_only_the_rest_again() {
+    let h = harness().await;
+    standard_setup(&h, json!({})).await;
+    let shutdown = Shutdown::new();
+    let options = OrchestratorOptions {
+        route_lock_ttl: Duration::from_millis(300),
+        ..h.options()
+    };
+    let orchestrator = Orchestrator::spawn(h.deps(), options, &shutdown)
+        .await
+        .unwrap();
+    let mut jobs = h.jobs().await;
+    let free = h.ingest(None, "free").await;
+    let held = h.ingest(None, "held").await;
+    // Another consumer routes `held` (its lock outlives the test's waits).
+    let lock = format!("route:{held}");
+    assert!(
+        h.sessions
+            .acquire_lease(&lock, "elsewhere", Duration::from_secs(60))
+            .await
+            .unwrap()
+    );
+    let batch = EventBatch::new(vec![
+        EventMessage::new(ws(), free).in_lane(1),
+        EventMessage::new(ws(), held).in_lane(2),
+    ]);
+    h.bus
+        .publish(
+            &h.topology.events_exchange(),
+            &h.topology.events_routing_key(WS, None),
+            messages::encode(&batch).into(),
+            PublishOptions::default(),
+        )
+        .await
+        .unwrap();
+    let first = next_job(&mut jobs).await;
+    assert_eq!(first.context.event.event_id, free.to_string());
+    // `held` waits for its lock and goes again, more than once, alone.
+    assert!(
+        tokio::time::timeout(Duration::from_millis(1_000), jobs.next())
+            .await
+            .is_err(),
+        "a job published while the lock is held (the routed event's again?)"
+    );
+    h.sessions.release_lease(&lock, "elsewhere").await.unwrap();
+    let second = next_job(&mut jobs).await;
+    assert_eq!(second.context.event.event_id, held.to_string());
+    assert!(
+        tokio::time::timeout(Duration::from_millis(500), jobs.next())
+            .await
+            .is_err(),
+        "one job per event"
+    );
+    assert_eq!(h.run_count().await, 2);
+    shutdown.trigger();
+    orchestrator.join().await;
+}
+
 #[tokio::test]
 async fn unrouted_events_get_a_reason_and_no_run() {
     let h = harness().await;

@@ -24,7 +24,8 @@
 //! [`decode_deliveries`], [`decode_events`]), so producers of either age interoperate during
 //! a rolling upgrade. An [`EventBatch`] is the other way round: the pointers of events of
 //! *different* conversations that the outbox relay publishes in one round to one shard, each
-//! still routed in its own lane.
+//! still routed in its own lane (orchestrators must be upgraded before the gateways that
+//! send it).
 //! A delivery's results are the ledger's JSON text of each item ([`encode_delivery`]), and a
 //! gateway forwards that text as it is ([`decode_live`]): a streamed item is serialized once,
 //! by the sink, between the runner's line and the client's SSE frame.
@@ -176,7 +177,11 @@ impl BusMessage for EventMessage {
 ///
 /// Each event keeps its own lane: the consumer routes the events of a batch as it routes
 /// separate messages (one lane in order, different lanes side by side) and settles the
-/// message once, after all of them (see [`EventBatch::MAX_EVENTS`]).
+/// message once, after all of them; when only some were routed, it acks the message and
+/// publishes the others again on their own, so no routed event is routed again.
+///
+/// Consumers that predate this form reject it (as a wrong schema, dead-lettered): upgrade
+/// the orchestrators before the gateways.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct EventBatch {
     /// Always `switchboard.events/1`.
@@ -186,9 +191,8 @@ pub struct EventBatch {
 }
 
 impl EventBatch {
-    /// Most events one batch carries: a message is settled once for all of them, so one
-    /// that must be retried takes the others with it (they are then found routed and
-    /// skipped); a bound keeps that, and a batch's routing time, small.
+    /// Most events one batch carries: a bound on a message's routing time, and on what a
+    /// lost acknowledgement (a consumer that died mid-batch) has routed again.
     pub const MAX_EVENTS: usize = 64;
 
     /// A batch of `events` (in order).

@@ -1,6 +1,8 @@
 //! The per-shard consume loop: the events of the deliveries ready at once (a delivery holds
 //! one event, or an outbox round's [`EventBatch`](messages::EventBatch)), routed side by side
-//! by lane (each lane in order); a delivery is settled when the last of its events is handled.
+//! by lane (each lane in order); a delivery is settled when the last of its events is handled,
+//! whole, or — a batch routed only in part — acked with its unrouted events sent again on
+//! their own ([`Settlement`]).
 //!
 //! ```text
 //!  batch:  a1 b1 a2 c1 ·x· a3        (a, b, c: lanes; x: a message without a lane)
@@ -96,9 +98,11 @@ pub async fn run_shard(router: Arc<EventRouter>, shard: u32, shutdown: Shutdown)
                     Err(error) => vec![Err(error)],
                 };
                 pending.push(Pending {
+                    events: decoded.len(),
                     left: decoded.len(),
                     delivery: Some(delivery),
-                    outcome: Ok(()),
+                    worst: Ok(()),
+                    unsettled: Vec::new(),
                 });
                 events.extend(decoded.into_iter().map(|message| (at, message)));
             }
@@ -113,12 +117,19 @@ pub async fn run_shard(router: Arc<EventRouter>, shard: u32, shutdown: Shutdown)
                 lanes
                     .for_each_concurrent(MAX_ROUTE_BATCH, |lane| async {
                         for (at, message) in lane {
+                            let event = message.as_ref().ok().cloned();
                             let outcome = router.handle(message, &shutdown).await.map(|_| ());
                             let done = pending
                                 .lock()
                                 .unwrap_or_else(std::sync::PoisonError::into_inner)[at]
-                                .handled(outcome);
-                            if let Some((delivery, outcome)) = done {
+                                .handled(event, outcome);
+                            if let Some((delivery, settlement)) = done {
+                                let outcome = match settlement {
+                                    Settlement::Whole(outcome) => outcome,
+                                    Settlement::Apart { events, otherwise } => {
+                                        router.republish(&delivery, events).await.or(otherwise)
+                                    }
+                                };
                                 settle_outcome(
                                     delivery,
                                     &outcome,
@@ -136,38 +147,80 @@ pub async fn run_shard(router: Arc<EventRouter>, shard: u32, shutdown: Shutdown)
         .await;
 }
 
-/// A delivery whose events are being routed: settled once the last of them is handled, by
-/// the outcome that asks most of the broker (see [`Pending::handled`]).
+/// A delivery whose events are being routed: settled once the last of them is handled
+/// ([`Pending::handled`]).
 struct Pending {
+    /// Events the delivery holds.
+    events: usize,
     /// Events not handled yet.
     left: usize,
     /// Taken when the last event is handled.
     delivery: Option<Delivery>,
-    /// The outcome to settle with so far.
-    outcome: Result<()>,
+    /// The outcome that asks most of the broker so far ([`severity`]).
+    worst: Result<()>,
+    /// The events whose outcome was not final: to be retried or dead-lettered.
+    unsettled: Vec<EventMessage>,
+}
+
+/// How a delivery whose events were all handled is settled.
+#[derive(Debug)]
+enum Settlement {
+    /// As a whole, by this outcome.
+    Whole(Result<()>),
+    /// Some of its events (not all) are to be retried or dead-lettered: those go again in a
+    /// message of their own ([`EventRouter::republish`]) and the delivery is acked, so the
+    /// others are not routed again (routing an event whose run is still queued publishes its
+    /// job again, with a new Host API token). If that publish fails, the delivery is settled
+    /// as a whole by `otherwise`.
+    Apart {
+        events: Vec<EventMessage>,
+        otherwise: Result<()>,
+    },
 }
 
 impl Pending {
-    /// Records an event's outcome; after the last one, the delivery and the outcome to
-    /// settle it with. A retry wins over a dead letter, which wins over a final error,
-    /// which wins over success: a requeued batch is routed again whole (its routed events
-    /// are then found handled and skipped), and one dead-lettered keeps the event that needs
-    /// a human, its routed companions alongside.
-    fn handled(&mut self, outcome: Result<()>) -> Option<(Delivery, Result<()>)> {
-        if severity(&outcome) > severity(&self.outcome) {
-            self.outcome = outcome;
+    /// Records the outcome of one of the delivery's events; after the last one, the delivery
+    /// and how to settle it ([`Pending::record`]).
+    fn handled(
+        &mut self,
+        event: Option<EventMessage>,
+        outcome: Result<()>,
+    ) -> Option<(Delivery, Settlement)> {
+        let settlement = self.record(event, outcome)?;
+        self.delivery.take().map(|delivery| (delivery, settlement))
+    }
+
+    /// Records the outcome of one of the delivery's events (`event`: `None` for a body that
+    /// did not decode, the delivery's only item); after the last one, how to settle the
+    /// delivery. One of a single event, or whose events were all routed or all not, is
+    /// settled whole by the outcome that asks most of the broker (retry > dead letter > final
+    /// error > success); a batch routed only in part is settled [`Settlement::Apart`].
+    fn record(&mut self, event: Option<EventMessage>, outcome: Result<()>) -> Option<Settlement> {
+        if severity(&outcome) > 1 {
+            self.unsettled.extend(event);
+        }
+        if severity(&outcome) > severity(&self.worst) {
+            self.worst = outcome;
         }
         self.left = self.left.saturating_sub(1);
         if self.left > 0 {
             return None;
         }
-        let outcome = std::mem::replace(&mut self.outcome, Ok(()));
-        self.delivery.take().map(|delivery| (delivery, outcome))
+        let worst = std::mem::replace(&mut self.worst, Ok(()));
+        let unsettled = std::mem::take(&mut self.unsettled);
+        Some(if unsettled.is_empty() || unsettled.len() == self.events {
+            Settlement::Whole(worst)
+        } else {
+            Settlement::Apart {
+                events: unsettled,
+                otherwise: worst,
+            }
+        })
     }
 }
 
-/// How much an outcome asks of the broker when its delivery is settled (see
-/// [`Pending::handled`]).
+/// How much an outcome asks of the broker when its delivery is settled: 0 success, 1 a
+/// final error (ack), 2 dead letter, 3 retry.
 fn severity(outcome: &Result<()>) -> u8 {
     match outcome {
         Ok(()) => 0,
@@ -176,6 +229,33 @@ fn severity(outcome: &Result<()>) -> u8 {
             Disposition::DeadLetter => 2,
             Disposition::Retry => 3,
         },
+    }
+}
+
+impl EventRouter {
+    /// Publishes `events` of `delivery` again, as a message of their own to the same queue
+    /// (confirmed), for [`Settlement::Apart`]. The new message starts its delivery count
+    /// afresh, once: when its events fail again they are all of it, and it is settled whole.
+    async fn republish(&self, delivery: &Delivery, events: Vec<EventMessage>) -> Result<()> {
+        let count = events.len();
+        let body = match <[EventMessage; 1]>::try_from(events) {
+            Ok([event]) => messages::encode(&event),
+            Err(events) => messages::encode(&messages::EventBatch::new(events)),
+        };
+        self.deps
+            .bus
+            .publish(
+                &delivery.exchange,
+                &delivery.routing_key,
+                body.into(),
+                sb_common::bus::PublishOptions::default(),
+            )
+            .await?;
+        tracing::info!(
+            events = count,
+            "events of a batch not routed yet go again on their own"
+        );
+        Ok(())
     }
 }
 
@@ -215,47 +295,123 @@ fn segments<T>(items: Vec<T>, lane: impl Fn(&T) -> Option<u64>) -> Vec<Segment<T
 
 #[cfg(test)]
 mod tests {
-    use super::{Pending, Segment, segments};
-    use crate::error::OrchestratorError;
-    use sb_protocol::ids::EventId;
+    use super::{Pending, Segment, Settlement, segments};
+    use crate::error::{OrchestratorError, Result};
+    use sb_protocol::ids::{EventId, WorkspaceId};
+    use sb_protocol::messages::EventMessage;
 
-    #[test]
-    fn a_batch_keeps_the_outcome_that_asks_most_of_the_broker() {
-        let not_found = || Err(OrchestratorError::EventNotFound(EventId::new())); // ack
-        let broken = || {
-            Err(OrchestratorError::BadEnvelope {
-                event_id: EventId::new(),
-                reason: "test".into(),
-            })
-        }; // dead letter
-        let busy = || Err(OrchestratorError::RouteInProgress(EventId::new())); // retry
-        let mut batch = Pending {
-            left: 9,
+    fn pending(events: usize) -> Pending {
+        Pending {
+            events,
+            left: events,
             delivery: None,
-            outcome: Ok(()),
-        };
-        let kept = |batch: &Pending| match &batch.outcome {
+            worst: Ok(()),
+            unsettled: Vec::new(),
+        }
+    }
+
+    fn event() -> EventMessage {
+        EventMessage::new(WorkspaceId::default_workspace(), EventId::new())
+    }
+
+    /// A final error: acked.
+    fn not_found() -> Result<()> {
+        Err(OrchestratorError::EventNotFound(EventId::new()))
+    }
+
+    /// Dead-lettered.
+    fn broken() -> Result<()> {
+        Err(OrchestratorError::BadEnvelope {
+            event_id: EventId::new(),
+            reason: "test".into(),
+        })
+    }
+
+    /// Retried.
+    fn busy() -> Result<()> {
+        Err(OrchestratorError::RouteInProgress(EventId::new()))
+    }
+
+    /// The name of an outcome.
+    fn name(outcome: &Result<()>) -> &'static str {
+        match outcome {
             Ok(()) => "ok",
             Err(OrchestratorError::EventNotFound(_)) => "final",
             Err(OrchestratorError::BadEnvelope { .. }) => "dead letter",
             Err(OrchestratorError::RouteInProgress(_)) => "retry",
             Err(_) => "other",
-        };
-        assert!(batch.handled(Ok(())).is_none());
-        assert_eq!(kept(&batch), "ok");
-        batch.handled(not_found());
-        assert_eq!(kept(&batch), "final");
-        batch.handled(Ok(()));
-        assert_eq!(kept(&batch), "final");
-        batch.handled(broken());
-        assert_eq!(kept(&batch), "dead letter");
-        batch.handled(not_found());
-        assert_eq!(kept(&batch), "dead letter");
-        batch.handled(busy());
-        assert_eq!(kept(&batch), "retry");
-        batch.handled(broken());
-        assert_eq!(kept(&batch), "retry");
-        assert_eq!(batch.left, 2);
+        }
+    }
+
+    #[test]
+    fn a_batch_keeps_the_outcome_that_asks_most_of_the_broker() {
+        let mut batch = pending(9);
+        let steps = [
+            (Ok(()), "ok"),
+            (not_found(), "final"),
+            (Ok(()), "final"),
+            (broken(), "dead letter"),
+            (not_found(), "dead letter"),
+            (busy(), "retry"),
+            (broken(), "retry"),
+        ];
+        for (outcome, kept) in steps {
+            assert!(batch.record(Some(event()), outcome).is_none());
+            assert_eq!(name(&batch.worst), kept);
+        }
+        assert_eq!((batch.left, batch.unsettled.len()), (2, 3));
+    }
+
+    /// The settlement of a delivery whose events had `outcomes`, in order.
+    fn settled(outcomes: Vec<(EventMessage, Result<()>)>) -> Settlement {
+        let mut batch = pending(outcomes.len());
+        let mut last = None;
+        for (event, outcome) in outcomes {
+            assert!(last.is_none(), "settled before its last event");
+            last = batch.record(Some(event), outcome);
+        }
+        last.expect("settled after its last event")
+    }
+
+    #[test]
+    fn a_batch_routed_in_part_sends_only_the_rest_again() {
+        let (a, b, c) = (event(), event(), event());
+        // Routed, or a final error: acked whole.
+        match settled(vec![(a.clone(), Ok(())), (b.clone(), not_found())]) {
+            Settlement::Whole(outcome) => assert_eq!(name(&outcome), "final"),
+            other => panic!("{other:?}"),
+        }
+        // One to retry among routed ones: only it goes again.
+        match settled(vec![
+            (a.clone(), Ok(())),
+            (b.clone(), busy()),
+            (c.clone(), Ok(())),
+        ]) {
+            Settlement::Apart { events, otherwise } => {
+                assert_eq!(events, std::slice::from_ref(&b));
+                assert_eq!(name(&otherwise), "retry");
+            }
+            other => panic!("{other:?}"),
+        }
+        // A dead letter and a retry beside a routed one: both go again, in order.
+        match settled(vec![
+            (a.clone(), broken()),
+            (b.clone(), Ok(())),
+            (c.clone(), busy()),
+        ]) {
+            Settlement::Apart { events, .. } => assert_eq!(events, [a.clone(), c.clone()]),
+            other => panic!("{other:?}"),
+        }
+        // None routed: settled whole, so the broker's count of its deliveries goes on.
+        match settled(vec![(a, busy()), (b, broken())]) {
+            Settlement::Whole(outcome) => assert_eq!(name(&outcome), "retry"),
+            other => panic!("{other:?}"),
+        }
+        // One event: whole.
+        match settled(vec![(c, broken())]) {
+            Settlement::Whole(outcome) => assert_eq!(name(&outcome), "dead letter"),
+            other => panic!("{other:?}"),
+        }
     }
 
     /// A named item and its lane.

@@ -304,7 +304,8 @@ fn dispatched(
 /// attempt, if a worker claims it, carries the earlier token, which the gateway then refuses
 /// (`unauthorized`). Only the remote Host API is affected (runner processes of the worker
 /// use the stdio wire), and only after an orchestrator lost an ack between publishing a job
-/// and acknowledging its event.
+/// and acknowledging its event's message (which may hold an outbox round's batch: every
+/// routed event of it whose run is still queued is then routed again).
 fn mint_host_api_token() -> String {
     use base64::Engine as _;
     use rand::RngCore as _;

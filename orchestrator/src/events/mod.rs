@@ -1,5 +1,7 @@
-//! The event consumer: one loop per events shard turning `switchboard.event/1` pointers into
-//! runs, steering claims, parked or rejected events (SPEC §2 step 2, §7).
+//! The event consumer: one loop per events shard turning `switchboard.event/1` pointers (one
+//! per message, or an outbox round's `switchboard.events/1` batch) into runs, steering claims,
+//! parked or rejected events (SPEC §2 step 2, §7). The steps below are one event's; the
+//! settlement of a batch's message is `consume`'s.
 //!
 //! For one event, in this order (every step is idempotent, so a redelivered event redoes
 //! them without effect beyond the first time):
