@@ -525,17 +525,8 @@ fn pack(rows: &[OutboxMessage]) -> Vec<(Outgoing, Vec<i64>)> {
         .into_iter()
         .flat_map(|(_, _, parts)| parts)
         .map(|part| match part {
-            Part::Other(row) => (
-                to_outgoing(row, Bytes::from(row.body.clone())),
-                vec![row.id],
-            ),
-            Part::Events(mut events) if events.len() == 1 => {
-                let (_, row) = events.remove(0);
-                (
-                    to_outgoing(row, Bytes::from(row.body.clone())),
-                    vec![row.id],
-                )
-            }
+            Part::Other(row) => as_it_is(row),
+            Part::Events(events) if events.len() == 1 => as_it_is(events[0].1),
             Part::Events(events) => {
                 let ids = events.iter().map(|(_, row)| row.id).collect();
                 let row = events[0].1;
@@ -544,6 +535,14 @@ fn pack(rows: &[OutboxMessage]) -> Vec<(Outgoing, Vec<i64>)> {
             }
         })
         .collect()
+}
+
+/// The bus message of one outbox row, its body as written, with the row's id.
+fn as_it_is(row: &OutboxMessage) -> (Outgoing, Vec<i64>) {
+    (
+        to_outgoing(row, Bytes::from(row.body.clone())),
+        vec![row.id],
+    )
 }
 
 /// The bus message with `body` to an outbox row's exchange and key: mandatory and persistent

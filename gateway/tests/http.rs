@@ -223,16 +223,23 @@ impl Harness {
         relay.round().await.unwrap()
     }
 
-    /// The events waiting in the events queues: a message holds one, or the batch of an
-    /// outbox round ([`decode_events`]).
-    fn queued_events(&self) -> usize {
+    /// The bodies of the messages waiting in the events queues, shard by shard.
+    fn queued_event_messages(&self) -> Vec<bytes::Bytes> {
         (0..self.topology.options().events_shards.get())
             .flat_map(|k| {
                 self.bus
                     .ready_bodies(&self.topology.events_queue(k).name)
                     .unwrap_or_default()
             })
-            .map(|body| decode_events(&body).map_or(1, |events| events.len()))
+            .collect()
+    }
+
+    /// The events waiting in the events queues: a message holds one, or the batch of an
+    /// outbox round ([`decode_events`]).
+    fn queued_events(&self) -> usize {
+        self.queued_event_messages()
+            .iter()
+            .map(|body| decode_events(body).map_or(1, |events| events.len()))
             .sum()
     }
 
@@ -629,13 +636,7 @@ async fn a_relay_round_publishes_one_shards_events_as_one_message() {
     }
     let report = h.relay_round().await;
     assert_eq!((report.claimed, report.published, report.failed), (3, 3, 0));
-    let bodies: Vec<_> = (0..h.topology.options().events_shards.get())
-        .flat_map(|k| {
-            h.bus
-                .ready_bodies(&h.topology.events_queue(k).name)
-                .unwrap_or_default()
-        })
-        .collect();
+    let bodies = h.queued_event_messages();
     assert_eq!(bodies.len(), 1, "one message");
     let published: Vec<EventId> = decode_events(&bodies[0])
         .unwrap()

@@ -97,13 +97,7 @@ pub async fn run_shard(router: Arc<EventRouter>, shard: u32, shutdown: Shutdown)
                     Ok(decoded) => decoded.into_iter().map(Ok).collect(),
                     Err(error) => vec![Err(error)],
                 };
-                pending.push(Pending {
-                    events: decoded.len(),
-                    left: decoded.len(),
-                    delivery: Some(delivery),
-                    worst: Ok(()),
-                    unsettled: Vec::new(),
-                });
+                pending.push(Pending::new(Some(delivery), decoded.len()));
                 events.extend(decoded.into_iter().map(|message| (at, message)));
             }
             let pending = std::sync::Mutex::new(pending);
@@ -179,6 +173,17 @@ enum Settlement {
 }
 
 impl Pending {
+    /// `delivery`, holding `events` events, none handled yet.
+    fn new(delivery: Option<Delivery>, events: usize) -> Self {
+        Self {
+            events,
+            left: events,
+            delivery,
+            worst: Ok(()),
+            unsettled: Vec::new(),
+        }
+    }
+
     /// Records the outcome of one of the delivery's events; after the last one, the delivery
     /// and how to settle it ([`Pending::record`]).
     fn handled(
@@ -196,7 +201,7 @@ impl Pending {
     /// settled whole by the outcome that asks most of the broker (retry > dead letter > final
     /// error > success); a batch routed only in part is settled [`Settlement::Apart`].
     fn record(&mut self, event: Option<EventMessage>, outcome: Result<()>) -> Option<Settlement> {
-        if severity(&outcome) > 1 {
+        if !is_final(&outcome) {
             self.unsettled.extend(event);
         }
         if severity(&outcome) > severity(&self.worst) {
@@ -217,6 +222,11 @@ impl Pending {
             }
         })
     }
+}
+
+/// Whether an outcome is done with its event: success, or a final error (acked).
+fn is_final(outcome: &Result<()>) -> bool {
+    severity(outcome) <= 1
 }
 
 /// How much an outcome asks of the broker when its delivery is settled: 0 success, 1 a
@@ -301,13 +311,7 @@ mod tests {
     use sb_protocol::messages::EventMessage;
 
     fn pending(events: usize) -> Pending {
-        Pending {
-            events,
-            left: events,
-            delivery: None,
-            worst: Ok(()),
-            unsettled: Vec::new(),
-        }
+        Pending::new(None, events)
     }
 
     fn event() -> EventMessage {
