@@ -6,7 +6,7 @@
 //! prefetch, returns, dead-lettering) before the lock is released; nothing here awaits.
 //! Deliveries leave through each consumer's unbounded channel, whose length prefetch bounds.
 
-use std::collections::{BTreeSet, HashMap, VecDeque};
+use std::collections::{BTreeMap, BTreeSet, HashMap, VecDeque};
 use std::sync::Weak;
 
 use bytes::Bytes;
@@ -36,7 +36,161 @@ pub(super) struct State {
 pub(super) struct Exchange {
     pub(super) kind: ExchangeKind,
     /// (binding key, queue name).
-    pub(super) bindings: BTreeSet<(String, String)>,
+    bindings: BTreeSet<(String, String)>,
+    /// A topic exchange's bindings by a literal word every key they match has at a known place
+    /// ([`Anchor`]): a publish matches word by word only the bindings filed under its key's
+    /// words at the places in use, and those in `unanchored`. A gateway binds `*.*.<run id>`
+    /// per watched run and `<workspace>.<conversation>.*` per watched conversation, so without
+    /// this every publish would match every watched run's and conversation's binding, under
+    /// the bus's lock.
+    anchored: HashMap<(Anchor, String), BTreeSet<(String, String)>>,
+    /// How many bindings are filed at each place: the places a publish looks up.
+    anchors: BTreeMap<Anchor, usize>,
+    /// A topic exchange's bindings without an anchor (`#`, `#.*`, ``).
+    unanchored: BTreeSet<(String, String)>,
+}
+
+/// Where a topic binding key has a literal word every routing key it matches has too.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+enum Anchor {
+    /// The last word.
+    Last,
+    /// The word at this index, counted from the first (no `#` before it).
+    FromStart(usize),
+}
+
+impl Anchor {
+    /// Where to file a binding with `key`, and its word there: the last word when it is
+    /// literal, else the last literal word before the first `#`. `None`: every word that
+    /// could anchor it is a wildcard.
+    fn of(key: &str) -> Option<(Self, &str)> {
+        if key.is_empty() {
+            return None;
+        }
+        let literal = |word: &str| !matches!(word, "*" | "#");
+        let words: Vec<&str> = key.split('.').collect();
+        if let Some(last) = words.last().copied().filter(|word| literal(word)) {
+            return Some((Self::Last, last));
+        }
+        words
+            .into_iter()
+            .take_while(|word| *word != "#")
+            .enumerate()
+            .filter(|(_, word)| literal(word))
+            .last()
+            .map(|(at, word)| (Self::FromStart(at), word))
+    }
+
+    /// The word of `routing_key` (split into `words`) at this place, if it has one.
+    fn word<'k>(self, words: &[&'k str]) -> Option<&'k str> {
+        match self {
+            Self::Last => words.last().copied(),
+            Self::FromStart(at) => words.get(at).copied(),
+        }
+    }
+}
+
+impl Exchange {
+    fn new(kind: ExchangeKind) -> Self {
+        Self {
+            kind,
+            bindings: BTreeSet::new(),
+            anchored: HashMap::new(),
+            anchors: BTreeMap::new(),
+            unanchored: BTreeSet::new(),
+        }
+    }
+
+    fn insert(&mut self, key: &str, queue: &str) {
+        let binding = (key.to_owned(), queue.to_owned());
+        if !self.bindings.insert(binding.clone()) || self.kind != ExchangeKind::Topic {
+            return;
+        }
+        match Anchor::of(key) {
+            Some((anchor, word)) => {
+                self.anchored
+                    .entry((anchor, word.to_owned()))
+                    .or_default()
+                    .insert(binding);
+                *self.anchors.entry(anchor).or_default() += 1;
+            }
+            None => {
+                self.unanchored.insert(binding);
+            }
+        }
+    }
+
+    fn remove(&mut self, key: &str, queue: &str) {
+        let binding = (key.to_owned(), queue.to_owned());
+        if !self.bindings.remove(&binding) || self.kind != ExchangeKind::Topic {
+            return;
+        }
+        match Anchor::of(key) {
+            Some((anchor, word)) => {
+                let filed = (anchor, word.to_owned());
+                if let Some(bucket) = self.anchored.get_mut(&filed) {
+                    bucket.remove(&binding);
+                    if bucket.is_empty() {
+                        self.anchored.remove(&filed);
+                    }
+                }
+                if let Some(count) = self.anchors.get_mut(&anchor) {
+                    *count -= 1;
+                    if *count == 0 {
+                        self.anchors.remove(&anchor);
+                    }
+                }
+            }
+            None => {
+                self.unanchored.remove(&binding);
+            }
+        }
+    }
+
+    fn remove_queue(&mut self, queue: &str) {
+        let keys: Vec<String> = self
+            .bindings
+            .iter()
+            .filter(|(_, q)| q == queue)
+            .map(|(key, _)| key.clone())
+            .collect();
+        for key in keys {
+            self.remove(&key, queue);
+        }
+    }
+
+    /// The queues of the bindings that route `routing_key` (a queue bound twice is listed
+    /// twice).
+    fn route(&self, routing_key: &str) -> Vec<String> {
+        let bound = |(_, q): &(String, String)| q.clone();
+        match self.kind {
+            ExchangeKind::Fanout => self.bindings.iter().map(bound).collect(),
+            ExchangeKind::Direct => self
+                .bindings
+                .range((routing_key.to_owned(), String::new())..)
+                .take_while(|(k, _)| k == routing_key)
+                .map(bound)
+                .collect(),
+            ExchangeKind::Topic => {
+                let words: Vec<&str> = if routing_key.is_empty() {
+                    Vec::new()
+                } else {
+                    routing_key.split('.').collect()
+                };
+                self.anchors
+                    .keys()
+                    .filter_map(|anchor| {
+                        let word = anchor.word(&words)?;
+                        self.anchored.get(&(*anchor, word.to_owned()))
+                    })
+                    .flatten()
+                    .chain(&self.unanchored)
+                    .filter(|(pattern, _)| topic_matches(pattern, routing_key))
+                    .map(bound)
+                    .collect()
+            }
+        }
+    }
 }
 
 pub(super) struct Queue {
@@ -120,13 +274,8 @@ impl State {
             }),
             Some(_) => Ok(()),
             None => {
-                self.exchanges.insert(
-                    spec.name.clone(),
-                    Exchange {
-                        kind: spec.kind,
-                        bindings: BTreeSet::new(),
-                    },
-                );
+                self.exchanges
+                    .insert(spec.name.clone(), Exchange::new(spec.kind));
                 Ok(())
             }
         }
@@ -196,17 +345,13 @@ impl State {
             .exchanges
             .get_mut(&binding.exchange)
             .expect("checked above");
-        exchange
-            .bindings
-            .insert((binding.routing_key.clone(), queue.to_owned()));
+        exchange.insert(&binding.routing_key, queue);
         Ok(())
     }
 
     pub(super) fn unbind(&mut self, queue: &str, binding: &Binding) -> Result<()> {
         if let Some(exchange) = self.exchanges.get_mut(&binding.exchange) {
-            exchange
-                .bindings
-                .remove(&(binding.routing_key.clone(), queue.to_owned()));
+            exchange.remove(&binding.routing_key, queue);
         }
         Ok(())
     }
@@ -214,7 +359,7 @@ impl State {
     pub(super) fn delete_queue(&mut self, name: &str) {
         if self.queues.remove(name).is_some() {
             for exchange in self.exchanges.values_mut() {
-                exchange.bindings.retain(|(_, q)| q != name);
+                exchange.remove_queue(name);
             }
         }
         // Dropping the queue drops its consumers' senders: their subscriptions end with
@@ -258,21 +403,7 @@ impl State {
             .exchanges
             .get(exchange)
             .ok_or_else(|| BusError::NotFound(format!("exchange {exchange:?}")))?;
-        let mut queues: Vec<String> = match ex.kind {
-            ExchangeKind::Fanout => ex.bindings.iter().map(|(_, q)| q.clone()).collect(),
-            ExchangeKind::Direct => ex
-                .bindings
-                .range((routing_key.to_owned(), String::new())..)
-                .take_while(|(k, _)| k == routing_key)
-                .map(|(_, q)| q.clone())
-                .collect(),
-            ExchangeKind::Topic => ex
-                .bindings
-                .iter()
-                .filter(|(pattern, _)| topic_matches(pattern, routing_key))
-                .map(|(_, q)| q.clone())
-                .collect(),
-        };
+        let mut queues = ex.route(routing_key);
         queues.sort();
         queues.dedup();
         Ok(queues)
@@ -629,4 +760,88 @@ pub(super) fn spec_conflict(existing: &QueueSpec, new: &QueueSpec) -> Option<Str
         diffs.push("dead-letter exchange");
     }
     (!diffs.is_empty()).then(|| format!("{} differ", diffs.join(", ")))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn routed(exchange: &Exchange, key: &str) -> Vec<String> {
+        let mut queues = exchange.route(key);
+        queues.sort();
+        queues
+    }
+
+    /// The index finds what matching every binding would, and forgets what is unbound or
+    /// deleted.
+    #[test]
+    fn a_topic_exchange_routes_through_its_index_as_through_every_binding() {
+        let mut ex = Exchange::new(ExchangeKind::Topic);
+        let bindings = [
+            ("*.*.run1", "gw1"),
+            ("*.*.run2", "gw2"),
+            ("ws.conv.*", "gw3"),
+            ("ws.other.*", "gw4"),
+            ("#.run1", "any-run1"),
+            ("ws.#", "ws"),
+            ("*.conv.#", "conv"),
+            ("ws.conv.run1", "exact"),
+            ("#", "all"),
+        ];
+        for (key, queue) in bindings {
+            ex.insert(key, queue);
+        }
+        let keys = [
+            "ws.conv.run1",
+            "ws.conv.run2",
+            "ws.other.run2",
+            "x.y.run1",
+            "run1",
+            "ws",
+            "x.conv",
+            "other",
+            "",
+        ];
+        for key in keys {
+            let mut everything: Vec<String> = bindings
+                .iter()
+                .filter(|(pattern, _)| topic_matches(pattern, key))
+                .map(|(_, q)| (*q).to_owned())
+                .collect();
+            everything.sort();
+            assert_eq!(routed(&ex, key), everything, "{key:?}");
+        }
+
+        ex.remove("*.*.run1", "gw1");
+        ex.remove("*.*.run1", "gw1");
+        ex.remove_queue("exact");
+        ex.remove_queue("all");
+        ex.remove_queue("conv");
+        assert_eq!(routed(&ex, "ws.conv.run1"), ["any-run1", "gw3", "ws"]);
+        ex.remove("*.*.run2", "gw2");
+        ex.remove("#.run1", "any-run1");
+        assert!(!ex.anchored.contains_key(&(Anchor::Last, "run2".into())));
+        assert_eq!(
+            ex.anchors.get(&Anchor::Last),
+            None,
+            "no binding is filed by its last word"
+        );
+        assert_eq!(ex.anchors.get(&Anchor::FromStart(1)), Some(&2));
+    }
+
+    #[test]
+    fn a_binding_is_filed_by_a_word_every_key_it_matches_has() {
+        assert_eq!(Anchor::of("*.*.run1"), Some((Anchor::Last, "run1")));
+        assert_eq!(Anchor::of("#.c"), Some((Anchor::Last, "c")));
+        assert_eq!(Anchor::of("a"), Some((Anchor::Last, "a")));
+        assert_eq!(
+            Anchor::of("ws.conv.*"),
+            Some((Anchor::FromStart(1), "conv"))
+        );
+        assert_eq!(Anchor::of("*.x.#.*"), Some((Anchor::FromStart(1), "x")));
+        assert_eq!(Anchor::of("a.#"), Some((Anchor::FromStart(0), "a")));
+        assert_eq!(Anchor::of("#.a.*"), None);
+        assert_eq!(Anchor::of("*.*"), None);
+        assert_eq!(Anchor::of(""), None);
+    }
 }

@@ -98,6 +98,21 @@ pub async fn bind_and_unbind_on_a_live_exclusive_queue(fx: &BusFixture) {
     let d = recv(&mut sub).await;
     assert_eq!(text(&d), "for run2");
     d.ack().await.expect("ack");
+
+    // A key without wildcards matches itself only, and goes with its unbinding too.
+    let exact = Binding::new(&ex, "ws.conv.run3");
+    fx.bus.bind(&spec.name, &exact).await.expect("bind");
+    publish(fx, &ex, "ws.conv.run3", "for run3").await;
+    let d = recv(&mut sub).await;
+    assert_eq!(text(&d), "for run3");
+    d.ack().await.expect("ack");
+    fx.bus.unbind(&spec.name, &exact).await.expect("unbind");
+    let err = fx
+        .bus
+        .publish(&ex, "ws.conv.run3", "x".into(), PublishOptions::default())
+        .await
+        .unwrap_err();
+    assert!(matches!(err, BusError::Unroutable { .. }), "{err:?}");
     assert_idle(&mut sub).await;
 }
 
