@@ -3,7 +3,9 @@
 
 use std::time::Duration;
 
-use super::{WAIT, assert_idle, exchange, publish, recv, subscribe, text, wait_unconsumed};
+use super::{
+    WAIT, assert_idle, assert_unroutable, exchange, publish, recv, subscribe, text, wait_unconsumed,
+};
 use crate::bus::{
     Binding, BusError, ExchangeKind, ExchangeSpec, PublishOptions, QueueSpec, QueueUse,
 };
@@ -69,12 +71,7 @@ pub async fn bind_and_unbind_on_a_live_exclusive_queue(fx: &BusFixture) {
         .await
         .expect("bind is idempotent");
     publish(fx, &ex, "ws.conv.run1", "for run1").await;
-    let err = fx
-        .bus
-        .publish(&ex, "ws.conv.run2", "x".into(), PublishOptions::default())
-        .await
-        .unwrap_err();
-    assert!(matches!(err, BusError::Unroutable { .. }), "{err:?}");
+    assert_unroutable(fx, &ex, "ws.conv.run2").await;
     let d = recv(&mut sub).await;
     assert_eq!(text(&d), "for run1");
     d.ack().await.expect("ack");
@@ -84,12 +81,7 @@ pub async fn bind_and_unbind_on_a_live_exclusive_queue(fx: &BusFixture) {
         .unbind(&spec.name, &run1)
         .await
         .expect("unbind is idempotent");
-    let err = fx
-        .bus
-        .publish(&ex, "ws.conv.run1", "x".into(), PublishOptions::default())
-        .await
-        .unwrap_err();
-    assert!(matches!(err, BusError::Unroutable { .. }), "{err:?}");
+    assert_unroutable(fx, &ex, "ws.conv.run1").await;
     fx.bus
         .bind(&spec.name, &Binding::new(&ex, "*.*.run2"))
         .await
@@ -107,12 +99,7 @@ pub async fn bind_and_unbind_on_a_live_exclusive_queue(fx: &BusFixture) {
     assert_eq!(text(&d), "for run3");
     d.ack().await.expect("ack");
     fx.bus.unbind(&spec.name, &exact).await.expect("unbind");
-    let err = fx
-        .bus
-        .publish(&ex, "ws.conv.run3", "x".into(), PublishOptions::default())
-        .await
-        .unwrap_err();
-    assert!(matches!(err, BusError::Unroutable { .. }), "{err:?}");
+    assert_unroutable(fx, &ex, "ws.conv.run3").await;
     assert_idle(&mut sub).await;
 }
 

@@ -13,7 +13,8 @@ use tokio::time::timeout;
 
 use super::BusFixture;
 use crate::bus::{
-    ConsumeOptions, Delivery, ExchangeKind, ExchangeSpec, PublishOptions, QueueSpec, Subscription,
+    BusError, ConsumeOptions, Delivery, ExchangeKind, ExchangeSpec, PublishOptions, QueueSpec,
+    Subscription,
 };
 
 mod consumers;
@@ -82,6 +83,16 @@ async fn publish(fx: &BusFixture, exchange: &str, key: &str, body: &str) {
         )
         .await
         .unwrap_or_else(|e| panic!("publish {body:?} to {exchange}/{key}: {e}"));
+}
+
+/// Publishing to `exchange` with `key` is refused as unroutable: no queue is bound for it.
+async fn assert_unroutable(fx: &BusFixture, exchange: &str, key: &str) {
+    let err = fx
+        .bus
+        .publish(exchange, key, "x".into(), PublishOptions::default())
+        .await
+        .unwrap_err();
+    assert!(matches!(err, BusError::Unroutable { .. }), "{key}: {err:?}");
 }
 
 async fn subscribe(fx: &BusFixture, spec: &QueueSpec, prefetch: u16) -> Subscription {
