@@ -43,9 +43,9 @@ pub(super) struct Exchange {
     /// per watched run and `<workspace>.<conversation>.*` per watched conversation, so without
     /// this every publish would match every watched run's and conversation's binding, under
     /// the bus's lock.
-    anchored: HashMap<(Anchor, String), BTreeSet<(String, String)>>,
-    /// How many bindings are filed at each place: the places a publish looks up.
-    anchors: BTreeMap<Anchor, usize>,
+    /// Keyed by place, then word: the places in use are the outer keys (a place whose last
+    /// binding goes is dropped), and a routing key's word is looked up without a copy.
+    anchored: BTreeMap<Anchor, HashMap<String, BTreeSet<(String, String)>>>,
     /// A topic exchange's bindings without an anchor (`#`, `#.*`, ``).
     unanchored: BTreeSet<(String, String)>,
 }
@@ -95,8 +95,7 @@ impl Exchange {
         Self {
             kind,
             bindings: BTreeSet::new(),
-            anchored: HashMap::new(),
-            anchors: BTreeMap::new(),
+            anchored: BTreeMap::new(),
             unanchored: BTreeSet::new(),
         }
     }
@@ -109,10 +108,11 @@ impl Exchange {
         match Anchor::of(key) {
             Some((anchor, word)) => {
                 self.anchored
-                    .entry((anchor, word.to_owned()))
+                    .entry(anchor)
+                    .or_default()
+                    .entry(word.to_owned())
                     .or_default()
                     .insert(binding);
-                *self.anchors.entry(anchor).or_default() += 1;
             }
             None => {
                 self.unanchored.insert(binding);
@@ -127,18 +127,17 @@ impl Exchange {
         }
         match Anchor::of(key) {
             Some((anchor, word)) => {
-                let filed = (anchor, word.to_owned());
-                if let Some(bucket) = self.anchored.get_mut(&filed) {
+                let Some(words) = self.anchored.get_mut(&anchor) else {
+                    return;
+                };
+                if let Some(bucket) = words.get_mut(word) {
                     bucket.remove(&binding);
                     if bucket.is_empty() {
-                        self.anchored.remove(&filed);
+                        words.remove(word);
                     }
                 }
-                if let Some(count) = self.anchors.get_mut(&anchor) {
-                    *count -= 1;
-                    if *count == 0 {
-                        self.anchors.remove(&anchor);
-                    }
+                if words.is_empty() {
+                    self.anchored.remove(&anchor);
                 }
             }
             None => {
@@ -177,12 +176,9 @@ impl Exchange {
                 } else {
                     routing_key.split('.').collect()
                 };
-                self.anchors
-                    .keys()
-                    .filter_map(|anchor| {
-                        let word = anchor.word(&words)?;
-                        self.anchored.get(&(*anchor, word.to_owned()))
-                    })
+                self.anchored
+                    .iter()
+                    .filter_map(|(anchor, filed)| filed.get(anchor.word(&words)?))
                     .flatten()
                     .chain(&self.unanchored)
                     .filter(|(pattern, _)| topic_matches(pattern, routing_key))
@@ -819,14 +815,19 @@ mod tests {
         ex.remove_queue("conv");
         assert_eq!(routed(&ex, "ws.conv.run1"), ["any-run1", "gw3", "ws"]);
         ex.remove("*.*.run2", "gw2");
+        assert!(!ex.anchored[&Anchor::Last].contains_key("run2"));
         ex.remove("#.run1", "any-run1");
-        assert!(!ex.anchored.contains_key(&(Anchor::Last, "run2".into())));
         assert_eq!(
-            ex.anchors.get(&Anchor::Last),
+            ex.anchored.get(&Anchor::Last),
             None,
             "no binding is filed by its last word"
         );
-        assert_eq!(ex.anchors.get(&Anchor::FromStart(1)), Some(&2));
+        let filed = |anchor| {
+            ex.anchored
+                .get(&anchor)
+                .map_or(0, |w| w.values().map(BTreeSet::len).sum())
+        };
+        assert_eq!(filed(Anchor::FromStart(1)), 2);
     }
 
     #[test]
