@@ -196,12 +196,20 @@ impl Harness {
     }
 
     async fn publish_event(&self, event_id: EventId, conversation: Option<&str>) {
-        let msg = EventMessage::new(ws(), event_id);
+        self.publish_to_events(
+            messages::encode(&EventMessage::new(ws(), event_id)),
+            conversation,
+        )
+        .await;
+    }
+
+    /// Publishes `body` to the events shard of `conversation`, as the outbox relay does.
+    async fn publish_to_events(&self, body: Vec<u8>, conversation: Option<&str>) {
         self.bus
             .publish(
                 &self.topology.events_exchange(),
                 &self.topology.events_routing_key(WS, conversation),
-                messages::encode(&msg).into(),
+                body.into(),
                 PublishOptions::default(),
             )
             .await
@@ -293,6 +301,14 @@ impl Harness {
             .items
             .len()
     }
+}
+
+/// Asserts that no job arrives `within` this long (`why`: what one would mean).
+async fn assert_no_job(sub: &mut Subscription, within: Duration, why: &str) {
+    assert!(
+        tokio::time::timeout(within, sub.next()).await.is_err(),
+        "{why}"
+    );
 }
 
 async fn next_job(sub: &mut Subscription) -> RunJob {
@@ -529,15 +545,11 @@ async fn a_batch_of_events_routes_each_and_is_settled_once() {
     let routed: std::collections::BTreeSet<String> =
         events.iter().map(|e| e.event_id.to_string()).collect();
     events.push(EventMessage::new(ws(), EventId::new()));
-    h.bus
-        .publish(
-            &h.topology.events_exchange(),
-            &h.topology.events_routing_key(WS, Some(&conversations[0])),
-            messages::encode(&EventBatch::new(events)).into(),
-            PublishOptions::default(),
-        )
-        .await
-        .unwrap();
+    h.publish_to_events(
+        messages::encode(&EventBatch::new(events)),
+        Some(&conversations[0]),
+    )
+    .await;
     let mut jobs_of = std::collections::BTreeSet::new();
     for _ in 0..3 {
         jobs_of.insert(next_job(&mut jobs).await.context.event.event_id);
@@ -587,33 +599,20 @@ async fn a_batch_routed_in_part_sends_only_the_rest_again() {
         EventMessage::new(ws(), free).in_lane(1),
         EventMessage::new(ws(), held).in_lane(2),
     ]);
-    h.bus
-        .publish(
-            &h.topology.events_exchange(),
-            &h.topology.events_routing_key(WS, None),
-            messages::encode(&batch).into(),
-            PublishOptions::default(),
-        )
-        .await
-        .unwrap();
+    h.publish_to_events(messages::encode(&batch), None).await;
     let first = next_job(&mut jobs).await;
     assert_eq!(first.context.event.event_id, free.to_string());
     // `held` waits for its lock and goes again, more than once, alone.
-    assert!(
-        tokio::time::timeout(Duration::from_millis(1_000), jobs.next())
-            .await
-            .is_err(),
-        "a job published while the lock is held (the routed event's again?)"
-    );
+    assert_no_job(
+        &mut jobs,
+        Duration::from_millis(1_000),
+        "a job published while the lock is held (the routed event's again?)",
+    )
+    .await;
     h.sessions.release_lease(&lock, "elsewhere").await.unwrap();
     let second = next_job(&mut jobs).await;
     assert_eq!(second.context.event.event_id, held.to_string());
-    assert!(
-        tokio::time::timeout(Duration::from_millis(500), jobs.next())
-            .await
-            .is_err(),
-        "one job per event"
-    );
+    assert_no_job(&mut jobs, Duration::from_millis(500), "one job per event").await;
     assert_eq!(h.run_count().await, 2);
     shutdown.trigger();
     orchestrator.join().await;
@@ -807,12 +806,7 @@ async fn redelivered_event_reuses_its_run() {
         router.route(&msg).await.unwrap(),
         RouteOutcome::AlreadyHandled
     );
-    assert!(
-        tokio::time::timeout(Duration::from_millis(100), jobs.next())
-            .await
-            .is_err(),
-        "no third job"
-    );
+    assert_no_job(&mut jobs, Duration::from_millis(100), "no third job").await;
     assert_eq!(h.run_count().await, 1);
 }
 
@@ -1597,12 +1591,7 @@ async fn two_orchestrators_split_the_shards_and_route_each_event_once() {
         );
     }
     assert_eq!(routed, sent);
-    assert!(
-        tokio::time::timeout(Duration::from_millis(200), jobs.next())
-            .await
-            .is_err(),
-        "no extra job"
-    );
+    assert_no_job(&mut jobs, Duration::from_millis(200), "no extra job").await;
     assert_eq!(h.run_count().await, sent.len());
     for k in 0..SHARDS {
         let q = h.topology.events_queue(k).name;
