@@ -19,8 +19,11 @@
 //!   parses it and calls [`cli::run`], so every command is testable in-process.
 //! - [`client`]: the HTTP client of a running gateway (`send`, `bench`, the operator
 //!   commands, the tests).
+//! - [`allocator`]: the global allocator's tuning, applied first thing in `src/main.rs`
+//!   (how long freed pages stay mapped).
 //! - `testing` (feature `testing`): the in-memory host the end-to-end suites run on.
 
+pub mod allocator;
 pub mod builtin;
 pub mod cli;
 pub mod client;

@@ -15,11 +15,13 @@ use switchboard::cli;
 /// flight); mimalloc's thread-local free lists make those calls cheap. Its 2.x line (the
 /// crate's `v2` feature), not the 3.x it builds by default: on the embedded benchmark the
 /// allocator's functions were 14 % of the host's profile with 3.x and 10.5 % with 2.x, and
-/// three alternating pairs measured 3–6 % less machine CPU per run with 2.x.
+/// three alternating pairs measured 3–6 % less machine CPU per run with 2.x. `main` first
+/// tells it to keep freed pages mapped a while ([`switchboard::allocator`]).
 #[global_allocator]
 static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
 fn main() -> ExitCode {
+    switchboard::allocator::keep_freed_pages();
     let args = cli::Cli::parse();
     let runtime = match cli::runtime::build() {
         Ok(runtime) => runtime,
