@@ -14,7 +14,7 @@
 
 use std::ffi::c_long;
 
-use libmimalloc_sys::{mi_option_get, mi_option_set, mi_option_t};
+use libmimalloc_sys::{mi_option_set, mi_option_t};
 
 /// How long a page mimalloc no longer uses stays mapped before it is returned to the OS,
 /// in milliseconds (mimalloc's default is 10).
@@ -44,20 +44,21 @@ pub fn keep_freed_pages() {
     }
 }
 
-/// mimalloc's current purge delay in milliseconds.
-#[must_use]
-pub fn purge_delay_ms() -> c_long {
-    // SAFETY: `mi_option_get` reads one entry of mimalloc's option table (initializing it
-    // from the environment on first use); it takes no pointers.
-    #[allow(unsafe_code)]
-    unsafe {
-        mi_option_get(MI_OPTION_PURGE_DELAY)
-    }
-}
-
 #[cfg(test)]
 mod tests {
+    use libmimalloc_sys::mi_option_get;
+
     use super::*;
+
+    /// mimalloc's current purge delay in milliseconds.
+    fn purge_delay_ms() -> c_long {
+        // SAFETY: `mi_option_get` reads one entry of mimalloc's option table (initializing
+        // it from the environment on first use); it takes no pointers.
+        #[allow(unsafe_code)]
+        unsafe {
+            mi_option_get(MI_OPTION_PURGE_DELAY)
+        }
+    }
 
     /// One test, not two: both read and write the process's one option table.
     #[test]
