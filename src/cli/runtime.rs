@@ -6,10 +6,10 @@
 //! scheduler instead of a multi-thread one with a single worker: the same one thread runs
 //! every task, without the work-stealing scheduler's bookkeeping (its injection queue, its
 //! searching and parking protocol, the idle thread that blocks in `block_on`). On the 2-core
-//! benchmark machine that cut the cluster's machine CPU per run by ≈ 14 % (README,
-//! Performance, session 52). Anything else (unset, `2`, …) is left to Tokio's multi-thread
-//! runtime, which reads the variable itself and refuses a value that is not a positive
-//! number.
+//! benchmark machine that cut the cluster's machine CPU per run by ≈ 14 %
+//! (`docs/PERFORMANCE.md`, session 52). Anything else (unset, `2`, …) is left to Tokio's
+//! multi-thread runtime, which reads the variable itself and refuses a value that is not a
+//! positive number.
 //!
 //! Nothing in the roles needs more than one scheduler thread to make progress: no task
 //! blocks its thread (`block_in_place` is not used; blocking work goes to the blocking pool,

@@ -78,7 +78,7 @@ impl Default for BusConfig {
             // orchestrator keeps up with well over a thousand runs a second on one core. Each
             // shard is a queue of its own, so spreading the load over more of them leaves the
             // broker and the consumers smaller batches: on the 2-core benchmark, 8 shards cost
-            // 4.7 ms of machine CPU per run against 2.9 ms for 1 (README, Performance).
+            // 4.7 ms of machine CPU per run against 2.9 ms for 1 (`docs/PERFORMANCE.md`).
             events_shards: nz16(1),
             results_shards: nz16(1),
             // Keeps a consumer busy across one round trip to the database without letting a
