@@ -22,6 +22,7 @@ static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
 fn main() -> ExitCode {
     switchboard::allocator::keep_freed_pages();
+    switchboard::allocator::sqlite_allocates_with_mimalloc();
     let args = cli::Cli::parse();
     let runtime = match cli::runtime::build() {
         Ok(runtime) => runtime,
