@@ -1,17 +1,7 @@
-//! The global allocator's tuning: mimalloc 2.x is the `switchboard` binary's allocator
-//! (`main.rs`), [`keep_freed_pages`] sets how soon it gives unused memory back, and
-//! [`sqlite_allocates_with_mimalloc`] makes the bundled SQLite allocate from it too.
-//!
-//! Why: mimalloc returns the pages of a freed span to the OS (`MADV_DONTNEED`) 10 ms after
-//! they fall empty by default. A run's buffers (bodies, frames, batches, rows) are freed when
-//! the run ends and the next runs allocate them again, so under steady load the same pages
-//! were given back and faulted in again, each zero-filled by the kernel on first touch: a
-//! profile of a worker at 64 runs in flight had 8.7 % of its CPU on the instruction of
-//! `_mi_page_malloc` that first touches a block, and `perf stat` counted ≈ 12 page faults per
-//! run in the three cluster roles and ≈ 4.4 in the embedded host. Kept for a second, a page
-//! freed by one run is reused by the next; memory freed after a burst still goes back to
-//! the OS a second later (arenas ten, mimalloc's multiplier), so an idle host shrinks as
-//! before.
+//! The allocators' tuning, applied first thing in `main`: mimalloc 2.x is the `switchboard`
+//! binary's global allocator (`main.rs`), [`keep_freed_pages`] sets how soon it gives unused
+//! memory back, and [`sqlite_allocates_with_mimalloc`] makes the bundled SQLite allocate from
+//! it too (it would otherwise use glibc's `malloc`). Each function's documentation says why.
 
 use std::ffi::{c_int, c_long, c_void};
 
@@ -34,8 +24,21 @@ pub const PURGE_DELAY_ENV: &str = "MIMALLOC_PURGE_DELAY";
 const MI_OPTION_PURGE_DELAY: mi_option_t = 15;
 
 /// Sets mimalloc's purge delay to [`PURGE_DELAY_MS`] unless [`PURGE_DELAY_ENV`] is set (an
-/// operator's choice stays theirs). Call it first thing in `main`; it only changes when
-/// freed memory is returned, never what is allocated, so calling it later is harmless too.
+/// operator's choice stays theirs).
+///
+/// Why: mimalloc returns the pages of a freed span to the OS (`MADV_DONTNEED`) 10 ms after
+/// they fall empty by default. A run's buffers (bodies, frames, batches, rows) are freed when
+/// the run ends and the next runs allocate them again, so under steady load the same pages
+/// were given back and faulted in again, each zero-filled by the kernel on first touch: a
+/// profile of a worker at 64 runs in flight had 8.7 % of its CPU on the instruction of
+/// `_mi_page_malloc` that first touches a block, and `perf stat` counted ≈ 12 page faults per
+/// run in the three cluster roles and ≈ 4.4 in the embedded host. Kept for a second, a page
+/// freed by one run is reused by the next; memory freed after a burst still goes back to
+/// the OS a second later (arenas ten, mimalloc's multiplier), so an idle host shrinks as
+/// before.
+///
+/// Call it first thing in `main`; it only changes when freed memory is returned, never what
+/// is allocated, so calling it later is harmless too.
 pub fn keep_freed_pages() {
     if std::env::var_os(PURGE_DELAY_ENV).is_some() {
         return;

@@ -19,8 +19,8 @@
 //!   parses it and calls [`cli::run`], so every command is testable in-process.
 //! - [`client`]: the HTTP client of a running gateway (`send`, `bench`, the operator
 //!   commands, the tests).
-//! - [`allocator`]: the global allocator's tuning, applied first thing in `src/main.rs`
-//!   (how long freed pages stay mapped).
+//! - [`allocator`]: the allocators' tuning, applied first thing in `src/main.rs` (how long
+//!   mimalloc keeps freed pages mapped; SQLite allocating from mimalloc).
 //! - `testing` (feature `testing`): the in-memory host the end-to-end suites run on.
 
 pub mod allocator;

@@ -16,7 +16,8 @@ use switchboard::cli;
 /// crate's `v2` feature), not the 3.x it builds by default: on the embedded benchmark the
 /// allocator's functions were 14 % of the host's profile with 3.x and 10.5 % with 2.x, and
 /// three alternating pairs measured 3–6 % less machine CPU per run with 2.x. `main` first
-/// tells it to keep freed pages mapped a while ([`switchboard::allocator`]).
+/// tells it to keep freed pages mapped a while and has the bundled SQLite allocate from it
+/// ([`switchboard::allocator`]).
 #[global_allocator]
 static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
